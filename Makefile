@@ -1,0 +1,38 @@
+# LLM efficiency, measured: one environment, three commands.
+#   make test   bootstrap .venv (once) and run the test suite
+#   make lab    bootstrap .venv (once) and start JupyterLab on notebooks/
+#   make run    bootstrap .venv (once) and execute every notebook headlessly, with a report
+# The profile is picked by the device: "full" on CUDA, "smoke" on CPU (override: make run PROFILE=smoke).
+
+PYTHON ?= python3
+VENV   ?= .venv
+# The torch build to install. The pin keeps every machine on the release the course was tested
+# with; on a GPU box PyPI's wheel for Linux is a CUDA build. Override e.g. TORCH="torch>=2.6".
+TORCH  ?= torch==2.13.0
+PROFILE ?= auto
+ARGS   ?=
+
+PY    := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: test lab run clean-venv
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --upgrade --quiet pip
+	$(PY) -m pip install --quiet "$(TORCH)"
+	$(PY) -m pip install --quiet -e ".[dev]"
+	@touch $(STAMP)
+	@echo "environment ready in $(VENV)"
+
+test: $(STAMP)
+	$(PY) -m pytest $(ARGS)
+
+lab: $(STAMP)
+	$(VENV)/bin/jupyter lab --notebook-dir=notebooks
+
+run: $(STAMP)
+	$(PY) -m helpers.run --profile $(PROFILE) $(ARGS)
+
+clean-venv:
+	rm -rf $(VENV)

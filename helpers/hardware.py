@@ -1,0 +1,294 @@
+"""What the device is, what it can do on paper (datasheets) and what it does in practice (measured)."""
+from __future__ import annotations
+
+import importlib.util
+import os
+import platform
+import re
+from dataclasses import dataclass, field
+from importlib import metadata
+from typing import Any
+
+MATMUL_DTYPES = ("fp32", "tf32", "fp16", "bf16", "fp8")
+
+
+@dataclass(frozen=True)
+class Peak:
+    """Dense datasheet peaks in TFLOP/s (None: no such unit) and memory bandwidth in GB/s."""
+
+    name: str
+    fp32: float | None
+    tf32: float | None
+    fp16: float | None
+    bf16: float | None
+    fp8: float | None
+    bandwidth_gbs: float
+    memory_gb: float
+    source: str
+    note: str = ""
+
+    def tflops(self, dtype: str) -> float | None:
+        """The dense peak for a dtype name from MATMUL_DTYPES."""
+        return getattr(self, dtype)
+
+    def ridge_point(self, dtype: str) -> float | None:
+        """FLOPs per byte at which the roofline turns from memory- to compute-bound."""
+        peak = self.tflops(dtype)
+        return None if peak is None else peak * 1e12 / (self.bandwidth_gbs * 1e9)
+
+
+_SPARSE_NOTE = "tensor-core figures are dense (half of the datasheet's 'with sparsity' numbers)"
+
+# pattern on the lowercased CUDA device name -> datasheet row
+PEAKS: dict[str, Peak] = {
+    r"h200": Peak("NVIDIA H200 SXM", 67.0, 494.7, 989.4, 989.4, 1978.9, 4800, 141,
+                  "NVIDIA H200 Tensor Core GPU datasheet (2024)", _SPARSE_NOTE),
+    r"h100.*pcie": Peak("NVIDIA H100 PCIe", 51.0, 378.0, 756.0, 756.0, 1513.0, 2000, 80,
+                        "NVIDIA H100 Tensor Core GPU datasheet (2023)", _SPARSE_NOTE),
+    r"h100": Peak("NVIDIA H100 SXM", 67.0, 494.7, 989.4, 989.4, 1978.9, 3350, 80,
+                  "NVIDIA H100 Tensor Core GPU datasheet (2023)", _SPARSE_NOTE),
+    r"a100.*40gb": Peak("NVIDIA A100 SXM 40GB", 19.5, 156.0, 312.0, 312.0, None, 1555, 40,
+                        "NVIDIA A100 Tensor Core GPU datasheet (2021)", _SPARSE_NOTE),
+    r"a100": Peak("NVIDIA A100 SXM 80GB", 19.5, 156.0, 312.0, 312.0, None, 2039, 80,
+                  "NVIDIA A100 Tensor Core GPU datasheet (2021)",
+                  _SPARSE_NOTE + "; the 80GB PCIe card has 1935 GB/s"),
+    r"\bl4\b": Peak("NVIDIA L4", 30.3, 60.0, 121.0, 121.0, 242.5, 300, 24,
+                    "NVIDIA L4 Tensor Core GPU datasheet (2023)", _SPARSE_NOTE),
+    r"\bt4\b": Peak("NVIDIA T4", 8.1, None, 65.0, None, None, 320, 16,
+                    "NVIDIA T4 Tensor Core GPU datasheet (2019)",
+                    "fp16 is mixed-precision tensor-core peak; Turing has no bf16, tf32 or fp8 units"),
+    r"a10g": Peak("NVIDIA A10G", 35.0, None, 70.0, 70.0, None, 600, 24,
+                  "Baseten, 'NVIDIA A10 vs A10G for ML model inference' (2023); secondary",
+                  "AWS publishes no NVIDIA datasheet for this variant; tf32 not stated there"),
+    r"4090": Peak("NVIDIA GeForce RTX 4090", 82.6, 82.6, 165.2, 165.2, 330.3, 1008, 24,
+                  "NVIDIA Ada Lovelace GPU architecture whitepaper v2.1, appendix A",
+                  "tensor figures with fp32 accumulate (fp16 accumulate doubles them)"),
+}
+
+
+def peaks_for(device_name: str | None = None) -> Peak | None:
+    """The datasheet row for a device name (default: the current CUDA device); None if unknown."""
+    if device_name is None:
+        import torch
+
+        if not torch.cuda.is_available():
+            return None
+        device_name = torch.cuda.get_device_name(0)
+    lowered = device_name.lower()
+    for pattern, peak in PEAKS.items():
+        if re.search(pattern, lowered):
+            return peak
+    return None
+
+
+def cpu_model() -> str:
+    """The CPU's model name from /proc/cpuinfo, or what platform knows."""
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.lower().startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown CPU"
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    """The device a notebook runs on."""
+
+    kind: str  # "cuda" or "cpu"
+    name: str
+    memory_gb: float | None = None
+    sm_count: int | None = None
+    compute_capability: tuple[int, int] | None = None
+    cores: int | None = None
+    l2_cache_mb: float | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def detect() -> DeviceInfo:
+    """Describe the current CUDA device, or the CPU when there is none."""
+    import torch
+
+    if torch.cuda.is_available():
+        p = torch.cuda.get_device_properties(0)
+        return DeviceInfo("cuda", p.name, round(p.total_memory / 2**30, 1), p.multi_processor_count,
+                          (p.major, p.minor), None, round(getattr(p, "L2_cache_size", 0) / 2**20, 1))
+    total = None
+    try:
+        total = round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)
+    except (ValueError, OSError, AttributeError):
+        pass
+    return DeviceInfo("cpu", cpu_model(), total, None, None, os.cpu_count(), None,
+                      {"torch_threads": torch.get_num_threads()})
+
+
+def _importable(module: str) -> bool:
+    try:
+        __import__(module)
+        return True
+    except Exception:  # a broken install counts as absent, whatever it raises
+        return False
+
+
+def capabilities() -> dict[str, bool]:
+    """What this machine can run: bf16/tf32/fp8 units, flash-attn, triton (compiled or interpreted)."""
+    import torch
+
+    cuda = torch.cuda.is_available()
+    cc = torch.cuda.get_device_capability(0) if cuda else (0, 0)
+    triton = _importable("triton")
+    return {
+        "cuda": cuda,
+        "bf16": bool(torch.cuda.is_bf16_supported(including_emulation=False)) if cuda else True,
+        "tf32": cuda and cc >= (8, 0),
+        "fp8": cuda and cc >= (8, 9) and hasattr(torch, "_scaled_mm"),
+        "flash_attn": cuda and _importable("flash_attn"),
+        "triton": cuda and triton,
+        "triton_interpreter": triton,
+        "bitsandbytes": importlib.util.find_spec("bitsandbytes") is not None,  # importing it is noisy
+    }
+
+
+def library_versions() -> dict[str, str]:
+    """Installed versions of the course's libraries, or 'not installed'."""
+    out = {"python": platform.python_version()}
+    for pkg in ("torch", "triton", "numpy", "matplotlib", "bitsandbytes", "flash-attn", "papermill", "ipywidgets"):
+        try:
+            out[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            out[pkg] = "not installed"
+    return out
+
+
+def describe() -> DeviceInfo:
+    """Print a short summary of device, datasheet peaks, capabilities and versions; return the info."""
+    import torch
+
+    info = detect()
+    if info.kind == "cuda":
+        cc = ".".join(map(str, info.compute_capability))
+        print(f"device     : {info.name} (sm_{cc.replace('.', '')}, {info.sm_count} SMs, "
+              f"{info.memory_gb} GiB, L2 {info.l2_cache_mb} MiB)")
+    else:
+        print(f"device     : CPU, {info.name}, {info.cores} cores, {info.memory_gb} GiB, "
+              f"torch threads {torch.get_num_threads()}")
+    peak = peaks_for(info.name) if info.kind == "cuda" else None
+    if peak:
+        dense = ", ".join(f"{d} {peak.tflops(d)}" for d in MATMUL_DTYPES if peak.tflops(d))
+        print(f"datasheet  : {peak.name}: {dense} TFLOP/s; {peak.bandwidth_gbs:g} GB/s  [{peak.source}]")
+    elif info.kind == "cuda":
+        print("datasheet  : this GPU is not in helpers.hardware.PEAKS; fractions of peak use the measured ceiling")
+    else:
+        print("datasheet  : none for CPUs; this course measures the CPU's ceilings instead")
+    caps = capabilities()
+    print("can run    : " + ", ".join(f"{k} {'yes' if v else 'no'}" for k, v in caps.items()))
+    print("versions   : " + ", ".join(f"{k} {v}" for k, v in library_versions().items()))
+    return info
+
+
+# ---------------------------------------------------------------------------------------------
+# measured ceilings
+
+def _torch_dtype(name: str):
+    import torch
+
+    return {"fp32": torch.float32, "tf32": torch.float32, "fp16": torch.float16,
+            "bf16": torch.bfloat16, "fp8": torch.float8_e4m3fn}[name]
+
+
+def matmul_unsupported(dtype: str, device: str) -> str | None:
+    """Why a square matmul of this dtype cannot run here, or None if it can."""
+    if dtype not in MATMUL_DTYPES:
+        raise ValueError(f"dtype={dtype!r} is not allowed; choose one of {MATMUL_DTYPES}")
+    caps = capabilities()
+    if device == "cpu" and dtype in ("tf32", "fp8"):
+        return f"{dtype} matmul needs NVIDIA tensor cores; CPUs have none"
+    if device == "cuda":
+        if dtype == "tf32" and not caps["tf32"]:
+            return "tf32 needs compute capability 8.0 or newer"
+        if dtype == "bf16" and not caps["bf16"]:
+            return "this GPU has no bf16 tensor cores"
+        if dtype == "fp8" and not caps["fp8"]:
+            return "fp8 matmul (torch._scaled_mm) needs compute capability 8.9 or newer"
+    return None
+
+
+def matmul_operands(n: int, dtype: str, device: str, m: int | None = None, k: int | None = None):
+    """Random (m×k) and (k×n) operands in `dtype` (fp8: e4m3, the second one column-major)."""
+    import torch
+
+    m, k = m or n, k or n
+    tdt = _torch_dtype(dtype)
+    if dtype == "fp8":  # torch._scaled_mm wants the second operand column-major
+        return torch.randn(m, k, device=device).to(tdt), torch.randn(n, k, device=device).to(tdt).t()
+    return torch.randn(m, k, device=device, dtype=tdt), torch.randn(k, n, device=device, dtype=tdt)
+
+
+def matmul(a, b, dtype: str):
+    """a @ b the way `dtype` computes it: tf32 switched on only for 'tf32', fp8 via torch._scaled_mm."""
+    import torch
+
+    if dtype == "fp8":
+        one = torch.ones((), device=a.device)
+        return torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
+    old = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = dtype == "tf32"
+    try:
+        return a @ b
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = old
+
+
+def matmul_fn(n: int, dtype: str, device: str, m: int | None = None, k: int | None = None):
+    """A zero-argument callable computing an (m×k)@(k×n) product in `dtype`, and its FLOP count."""
+    a, b = matmul_operands(n, dtype, device, m, k)
+    return (lambda: matmul(a, b, dtype)), 2 * a.shape[0] * b.shape[1] * a.shape[1]
+
+
+def measure_matmul_tflops(n: int, dtype: str = "fp32", device: str | None = None,
+                          reps: int = 10, warmup: int = 3) -> float | None:
+    """Measured TFLOP/s of an n×n×n matmul in `dtype`; None where the dtype cannot run here."""
+    from .bench import benchmark
+
+    device = device or ("cuda" if capabilities()["cuda"] else "cpu")
+    if matmul_unsupported(dtype, device):
+        return None
+    fn, flops = matmul_fn(n, dtype, device)
+    t = benchmark(fn, warmup=warmup, reps=reps, device=device)
+    return flops / t.median / 1e12
+
+
+def measure_copy_bandwidth(nbytes: int = 2**28, device: str | None = None,
+                           reps: int = 10, warmup: int = 3) -> float:
+    """Measured GB/s of a device-to-device copy (bytes read plus bytes written)."""
+    import torch
+
+    from .bench import benchmark
+
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    src = torch.empty(nbytes // 4, dtype=torch.float32, device=device).uniform_()
+    dst = torch.empty_like(src)
+    t = benchmark(lambda: dst.copy_(src), warmup=warmup, reps=reps, device=device)
+    return 2 * src.numel() * 4 / t.median / 1e9
+
+
+CEILINGS_RECORD = "hardware_ceilings"
+
+
+def load_ceilings(folder=None) -> dict | None:
+    """The ceilings notebook 00 recorded for *this* device in the results folder, or None."""
+    from .results import device_name, load_results, results_dir
+
+    rec = load_results(folder or results_dir()).get(CEILINGS_RECORD)
+    if rec is None or rec.get("device") != device_name():
+        return None
+    return rec["metrics"]
+
+
+def quick_ceilings(dtypes, n: int, copy_bytes: int, device: str | None = None, reps: int = 5) -> dict:
+    """Measure matmul TFLOP/s (n³, per dtype) and copy GB/s now, in the shape notebook 00 records."""
+    device = device or ("cuda" if capabilities()["cuda"] else "cpu")
+    return {"matmul_tflops": {d: measure_matmul_tflops(n, d, device, reps=reps) for d in dtypes},
+            "copy_gbps": measure_copy_bandwidth(copy_bytes, device, reps=reps), "matmul_n": n}

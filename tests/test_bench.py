@@ -1,0 +1,65 @@
+import pytest
+import torch
+
+from helpers import bench
+
+
+def test_benchmark_honours_warmup_and_reps():
+    calls = []
+    t = bench.benchmark(lambda: calls.append(1), warmup=3, reps=7, device="cpu")
+    assert len(calls) == 10
+    assert len(t.samples) == 7 and t.warmup == 3
+    assert t.q25 <= t.median <= t.q75
+    assert sorted(t.samples)[3] == t.median
+
+
+def test_benchmark_flush_and_bad_arguments():
+    calls = []
+    t = bench.benchmark(lambda: calls.append(1), warmup=0, reps=2, flush_l2=True, device="cpu")
+    assert len(calls) == 2 and t.median >= 0
+    with pytest.raises(ValueError):
+        bench.benchmark(lambda: None, reps=0)
+    with pytest.raises(ValueError):
+        bench.benchmark(lambda: None, warmup=-1)
+
+
+def test_benchmark_measures_time():
+    import time
+
+    t = bench.benchmark(lambda: time.sleep(0.01), warmup=0, reps=3, device="cpu")
+    assert t.median >= 0.009 and "ms" in str(t)
+
+
+def test_throughput_arithmetic():
+    assert bench.tflops(2e12, 2.0) == 1.0
+    assert bench.gbps(3e9, 1.5) == 2.0
+
+
+def test_saved_bytes_equal_the_tensors_a_known_function_saves():
+    x = torch.randn(64, 32, requires_grad=True)
+    w = torch.randn(32, 16, requires_grad=True)
+    # sin saves its input; matmul saves both operands; the sum saves nothing
+    saved = bench.saved_tensors(lambda: (torch.sin(x) @ w).sum())
+    sin_x_bytes = 64 * 32 * 4  # sin(x) is a new tensor saved by the matmul
+    assert saved.nbytes == x.nbytes + sin_x_bytes + w.nbytes
+    assert saved.count == 3
+    assert bench.saved_tensor_bytes(lambda: (torch.sin(x) @ w).sum(), ignore=[w]) == x.nbytes + sin_x_bytes
+
+
+def test_saved_bytes_count_a_storage_once():
+    x = torch.randn(100, requires_grad=True)
+    assert bench.saved_tensor_bytes(lambda: x * x) == x.nbytes  # x saved twice, one storage
+
+
+def test_saved_bytes_of_a_linear_layer_ignore_parameters():
+    layer = torch.nn.Linear(8, 4)
+    x = torch.randn(5, 8)
+    # no input grad needed and parameters ignored: only x is kept (for the weight gradient)
+    assert bench.saved_tensor_bytes(lambda: layer(x), ignore=layer.parameters()) == x.nbytes
+
+
+def test_peak_cuda_memory_is_none_without_cuda():
+    if torch.cuda.is_available():
+        assert bench.peak_cuda_memory(lambda: torch.empty(2**20, device="cuda")) >= 4 * 2**20
+    else:
+        assert bench.peak_cuda_memory(lambda: None) is None

@@ -1,0 +1,51 @@
+"""Every committed notebook is clean, has a parameters cell, validates its parameters and runs in smoke."""
+from pathlib import Path
+
+import nbformat
+import papermill as pm
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+
+
+def test_there_are_notebooks():
+    assert [p.stem[:2] for p in NOTEBOOKS][:2] == ["00", "01"]
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_committed_without_outputs_and_with_parameters(path):
+    nb = nbformat.read(path, as_version=4)
+    assert "widgets" not in nb.metadata, "widget state is committed"
+    for i, cell in enumerate(nb.cells):
+        if cell.cell_type == "code":
+            assert not cell.outputs and cell.execution_count is None, f"cell {i} has outputs"
+    tagged = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
+    assert len(tagged) == 1
+    source = tagged[0].source
+    for name in ("PROFILE", "SEED", "INTERACTIVE", "RESULTS_DIR"):
+        assert f"{name} =" in source
+    assert nb.cells[0].cell_type == "markdown" and nb.cells[0].source.startswith("# ")
+
+
+def _execute(path, tmp_path, **parameters):
+    params = {"PROFILE": "smoke", "INTERACTIVE": False, "RESULTS_DIR": str(tmp_path / "results"), **parameters}
+    return pm.execute_notebook(str(path), str(tmp_path / path.name), parameters=params, cwd=str(path.parent),
+                               kernel_name="python3", progress_bar=False)
+
+
+@pytest.mark.notebook
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_notebook_runs_in_smoke_profile(path, tmp_path, monkeypatch):
+    monkeypatch.setenv("COURSE_HEADLESS", "1")
+    monkeypatch.setenv("MPLBACKEND", "module://matplotlib_inline.backend_inline")
+    _execute(path, tmp_path)
+    assert list((tmp_path / "results").glob("*.json")), "the notebook recorded nothing"
+
+
+@pytest.mark.notebook
+def test_a_bad_profile_fails_with_a_value_error_naming_it(tmp_path):
+    with pytest.raises(pm.PapermillExecutionError) as err:
+        _execute(NOTEBOOKS[0], tmp_path, PROFILE="fast")
+    assert err.value.ename == "ValueError"
+    assert "PROFILE='fast'" in err.value.evalue and "'smoke'" in err.value.evalue and "'full'" in err.value.evalue
