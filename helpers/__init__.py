@@ -2,7 +2,9 @@
 
 One concept per module: `hardware` (what the device is and can do), `bench` (timing and memory),
 `results` (recording measurements), `params` (notebook parameters and profiles), `plots`,
-`widgets`, `check` (exercise checkers) and `run` (the headless runner and its report).
+`widgets`, `panels` (instructor panel callbacks), `check` (exercise checkers), `tables`, `roofline`,
+`data` (the stdlib corpus), `model` (the course GPT), `flops` (exact FLOP accounting), and `run`
+/ `report` (the headless runner and its report).
 Modules are imported on demand, so `import helpers` stays cheap.
 """
 
