@@ -28,8 +28,11 @@ $(STAMP): pyproject.toml
 test: $(STAMP)
 	$(PY) -m pytest $(ARGS)
 
+# cloud GPU containers often run as root, which JupyterLab refuses without --allow-root
+LAB_ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
+
 lab: $(STAMP)
-	$(VENV)/bin/jupyter lab --notebook-dir=notebooks
+	$(VENV)/bin/jupyter lab --notebook-dir=notebooks $(LAB_ROOT_FLAG)
 
 run: $(STAMP)
 	$(PY) -m helpers.run --profile $(PROFILE) $(ARGS)
