@@ -138,6 +138,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="folder of reference results, one sub-folder per GPU (default: results/)")
     p.add_argument("--timeout", type=int, default=None, help="seconds allowed per cell (default: none)")
     p.add_argument("--no-report", action="store_true", help="skip writing report.md and report.html")
+    p.add_argument("--save-reference", action="store_true",
+                   help="also copy this run's records into <references>/<device>/ (for reference GPU runs)")
     p.add_argument("--list", action="store_true", help="list the notebooks that would run, then exit")
     return p
 
@@ -187,8 +189,19 @@ def main(argv: list[str] | None = None) -> int:
 
         md, html = write_report(run_dir, outcomes, args.references, profile=args.profile)
         print(f"\nreport: {md}\n        {html}")
+    if args.save_reference:
+        saved = save_reference(results_dir, args.references / device_slug())
+        print(f"copied {len(saved)} record(s) to {args.references / device_slug()}")
     failed = [o for o in outcomes if not o.ok]
     return 1 if failed else 0
+
+
+def save_reference(results_dir: Path, target: Path) -> list[Path]:
+    """Copy every record of a run into a reference folder (results/<device>/), replacing older ones."""
+    import shutil
+
+    target.mkdir(parents=True, exist_ok=True)
+    return [Path(shutil.copy2(p, target / p.name)) for p in sorted(Path(results_dir).glob("*.json"))]
 
 
 if __name__ == "__main__":

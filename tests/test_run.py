@@ -67,6 +67,17 @@ def test_runner_injects_parameters(fixture_dir, tmp_path):
     assert not (run_dir / "report.md").exists()
 
 
+def test_save_reference_copies_records(fixture_dir, tmp_path):
+    from helpers.results import device_slug
+
+    refs = tmp_path / "refs"
+    code = run.main(["10", "--notebooks-dir", str(fixture_dir), "--out", str(tmp_path / "runs"), "--no-report",
+                     "--references", str(refs), "--save-reference"])
+    assert code == 0
+    saved = json.loads((refs / device_slug() / "fixture.json").read_text())
+    assert saved["metrics"] == {"answer": 42} and saved["versions"]["torch"]
+
+
 def test_selection_errors_and_listing(fixture_dir, capsys):
     with pytest.raises(SystemExit, match="no notebook matches '99'"):
         run.find_notebooks(["99"], fixture_dir)
@@ -89,5 +100,5 @@ def test_help_documents_every_option(capsys):
     assert exit_.value.code == 0
     text = capsys.readouterr().out
     for option in ("--profile", "--parameter", "--jobs", "--out", "--notebooks-dir", "--references",
-                   "--timeout", "--no-report", "--list"):
+                   "--timeout", "--no-report", "--save-reference", "--list"):
         assert option in text
