@@ -1,0 +1,244 @@
+"""Gradient accumulation: k micro-batches, one optimizer step, the same gradient as one big batch.
+
+The gradient of a mean loss over a batch is the mean of the per-token gradients. Splitting the
+batch into micro-batches and calling backward on each adds their gradients into `.grad`, so each
+micro-batch's loss must be weighted by its share of the batch's tokens:
+
+* "mean"   : loss_i / k, the usual recipe. Exact only when every micro-batch has the same number
+             of tokens that count (targets != ignore_index); otherwise it averages the averages.
+* "tokens" : loss_i * n_i / N, with n_i the counted tokens of micro-batch i and N = sum n_i. This
+             is the batch's global mean whatever the padding, because loss_i * n_i is the
+             micro-batch's summed loss.
+
+Dropout would draw different masks for different splits; the course presets have dropout 0.
+"""
+from __future__ import annotations
+
+import statistics
+from typing import Callable, Sequence
+
+import torch
+
+from . import plots
+from .bench import benchmark, peak_cuda_memory, saved_tensor_bytes
+from .widgets import progress
+
+IGNORE_INDEX = -1  # the course GPT's cross_entropy(ignore_index=-1): padded targets count for nothing
+WEIGHTINGS = ("mean", "tokens")
+MicroBatch = tuple[torch.Tensor, torch.Tensor]
+
+
+def split_batch(x: torch.Tensor, y: torch.Tensor, accum_steps: int) -> list[MicroBatch]:
+    """Cut a (B, T) batch of inputs and targets into `accum_steps` equal micro-batches along B."""
+    if accum_steps < 1 or x.size(0) % accum_steps:
+        raise ValueError(f"accum_steps={accum_steps} must be >= 1 and divide the batch size {x.size(0)}")
+    return list(zip(x.chunk(accum_steps), y.chunk(accum_steps)))
+
+
+def counted_tokens(targets: torch.Tensor, ignore_index: int = IGNORE_INDEX) -> int:
+    """Targets that enter the loss (not equal to ignore_index)."""
+    return int((targets != ignore_index).sum())
+
+
+def loss_weights(micro_batches: Sequence[MicroBatch], weighting: str = "mean",
+                 ignore_index: int = IGNORE_INDEX) -> list[float]:
+    """The factor each micro-batch's mean loss is multiplied by before its backward."""
+    if weighting not in WEIGHTINGS:
+        raise ValueError(f"weighting={weighting!r} is not allowed; choose one of {WEIGHTINGS}")
+    k = len(micro_batches)
+    if weighting == "mean":
+        return [1.0 / k] * k
+    counts = [counted_tokens(y, ignore_index) for _, y in micro_batches]
+    total = sum(counts)
+    if total == 0:
+        raise ValueError("no micro-batch has a target that counts: every target is ignore_index")
+    return [n / total for n in counts]
+
+
+def accumulate_gradients(model: torch.nn.Module, micro_batches: Sequence[MicroBatch], *,
+                         weighting: str = "mean", autocast_dtype: torch.dtype | None = None) -> float:
+    """Backward through every micro-batch with its loss weighted; gradients add up in `.grad`.
+
+    Returns the weighted loss (what the accumulated gradient is the gradient of). Micro-batches
+    with no counted token are skipped: their mean loss is 0/0.
+    """
+    total = torch.zeros(())
+    for (x, y), w in zip(micro_batches, loss_weights(micro_batches, weighting)):
+        if w == 0.0:
+            continue
+        with torch.autocast(device_type=x.device.type, dtype=autocast_dtype or torch.bfloat16,
+                            enabled=autocast_dtype is not None):
+            _, loss = model(x, y)
+        (loss * w).backward()
+        total = total.to(loss.device) + loss.detach().float() * w  # no host sync per micro-batch
+    return float(total)
+
+
+def gradients(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """A detached copy of every parameter's gradient, by name (zeros where there is none)."""
+    return {n: (p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p))
+            for n, p in model.named_parameters()}
+
+
+def batch_gradients(model: torch.nn.Module, micro_batches: Sequence[MicroBatch], *,
+                    weighting: str | None = None) -> tuple[float, dict[str, torch.Tensor]]:
+    """Zero the gradients, then (loss, gradients) of one pass: the concatenated batch when weighting
+    is None (the reference), else the micro-batches accumulated with that weighting."""
+    model.zero_grad(set_to_none=True)
+    if weighting is None:
+        x = torch.cat([mb[0] for mb in micro_batches])  # (sum b_i, T)
+        y = torch.cat([mb[1] for mb in micro_batches])  # (sum b_i, T)
+        _, loss = model(x, y)
+        loss.backward()
+        value = loss.item()
+    else:
+        value = accumulate_gradients(model, micro_batches, weighting=weighting)
+    grads = gradients(model)
+    model.zero_grad(set_to_none=True)
+    return value, grads
+
+
+def max_gradient_error(grads: dict[str, torch.Tensor], reference: dict[str, torch.Tensor]) -> float:
+    """Largest |g - g_ref| over all parameters, relative to the largest |g_ref| of that parameter."""
+    return max(((grads[n] - r).abs().max() / r.abs().max().clamp_min(1e-30)).item() for n, r in reference.items())
+
+
+# ---------------------------------------------------------------- effective batch
+
+def effective_batch(micro_batch: int, accum_steps: int, dp_ranks: int = 1, seq_len: int | None = None) -> dict:
+    """Sequences (and tokens, given seq_len) per optimizer step: micro-batch x accumulation x ranks."""
+    for name, v in (("micro_batch", micro_batch), ("accum_steps", accum_steps), ("dp_ranks", dp_ranks)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name}={v!r} must be a positive int")
+    sequences = micro_batch * accum_steps * dp_ranks
+    out = {"micro_batch": micro_batch, "accum_steps": accum_steps, "dp_ranks": dp_ranks, "sequences": sequences,
+           "per_rank_sequences": micro_batch * accum_steps}
+    if seq_len is not None:
+        out["tokens"] = sequences * seq_len
+    return out
+
+
+def accum_steps_for(target_sequences: int, micro_batch: int, dp_ranks: int = 1) -> int:
+    """Accumulation steps that reach exactly `target_sequences` per optimizer step."""
+    per_pass = micro_batch * dp_ranks
+    if target_sequences % per_pass:
+        raise ValueError(f"target_sequences={target_sequences} is not a multiple of micro_batch x dp_ranks = {per_pass}")
+    return target_sequences // per_pass
+
+
+# ---------------------------------------------------------------- measuring it
+
+def accumulation_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                      micro_batches: Sequence[MicroBatch],
+                      autocast_dtype: torch.dtype | None = None) -> Callable[[], None]:
+    """One optimizer step over the micro-batches (equal-sized, so weighting 'mean'), then zero_grad."""
+    def step() -> None:
+        accumulate_gradients(model, micro_batches, weighting="mean", autocast_dtype=autocast_dtype)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    return step
+
+
+def _prepare(model, optimizer, micro_batch, accum_steps, seq_len, device, autocast_dtype, seed):
+    g = torch.Generator().manual_seed(seed)
+    vocab = model.config.vocab_size
+    mbs = [(torch.randint(0, vocab, (micro_batch, seq_len), generator=g).to(device),
+            torch.randint(0, vocab, (micro_batch, seq_len), generator=g).to(device)) for _ in range(accum_steps)]
+    return accumulation_step(model, optimizer, mbs, autocast_dtype), mbs
+
+
+def _row(model, step, mbs, samples, seq_len, device, autocast_dtype, flops_per_token) -> dict:
+    """Throughput from the timed samples, then the memory of one step and of one micro-batch's forward."""
+    med = statistics.median(samples)
+    q = statistics.quantiles(samples, n=4, method="inclusive") if len(samples) > 1 else [med, med, med]
+    peak = peak_cuda_memory(step) if device == "cuda" else None
+
+    def one_forward():
+        with torch.autocast(device_type=device, dtype=autocast_dtype or torch.bfloat16,
+                            enabled=autocast_dtype is not None):
+            return model(*mbs[0])[1]
+    saved = saved_tensor_bytes(one_forward, ignore=list(model.parameters()))
+    micro_batch, accum_steps = mbs[0][0].size(0), len(mbs)
+    tokens = micro_batch * accum_steps * seq_len
+    out = {"micro_batch": micro_batch, "accum_steps": accum_steps, "seconds": med, "spread": (q[2] - q[0]) / med,
+           "tokens_per_s": tokens / med, "peak_bytes": peak, "saved_bytes": saved}
+    if flops_per_token is not None:
+        out["tflops"] = flops_per_token * tokens / med / 1e12
+    return out
+
+
+def measure_accumulation(model: torch.nn.Module, optimizer: torch.optim.Optimizer, micro_batch: int,
+                         accum_steps: int, seq_len: int, *, device: str = "cpu",
+                         autocast_dtype: torch.dtype | None = None, flops_per_token: float | None = None,
+                         reps: int = 3, warmup: int = 1, seed: int = 0) -> dict:
+    """Time optimizer steps of micro_batch x accum_steps random sequences; tokens/s and memory.
+
+    Memory is the CUDA peak of one step above what was allocated before it (None on a CPU) and,
+    on every device, the bytes one micro-batch's forward saves for backward (parameters left out).
+    """
+    step, mbs = _prepare(model, optimizer, micro_batch, accum_steps, seq_len, device, autocast_dtype, seed)
+    t = benchmark(step, warmup=warmup, reps=reps, device=device)
+    return _row(model, step, mbs, t.samples, seq_len, device, autocast_dtype, flops_per_token)
+
+
+def sweep_micro_batches(model: torch.nn.Module, optimizer: torch.optim.Optimizer, micro_batches: Sequence[int],
+                        effective_batch: int, seq_len: int, *, device: str = "cpu",
+                        autocast_dtype: torch.dtype | None = None, flops_per_token: float | None = None,
+                        reps: int = 3, warmup: int = 1, seed: int = 0) -> list[dict]:
+    """`measure_accumulation` for each micro-batch size b at k = effective_batch / b, timed interleaved.
+
+    One shared-timer call per (repetition, b), cycling through the sizes, so a burst of other work
+    on the machine slows every size alike instead of one of them.
+    """
+    for b in micro_batches:
+        if effective_batch % b:
+            raise ValueError(f"micro-batch {b} does not divide effective_batch={effective_batch}")
+    runs = [_prepare(model, optimizer, b, effective_batch // b, seq_len, device, autocast_dtype, seed)
+            for b in micro_batches]
+    for step, _ in runs:
+        for _ in range(warmup):
+            step()
+    samples: list[list[float]] = [[] for _ in runs]
+    for _ in progress(range(reps), desc="rounds over micro-batch sizes"):
+        for i, (step, _) in enumerate(runs):
+            samples[i].append(benchmark(step, warmup=0, reps=1, device=device).median)
+    return [_row(model, step, mbs, s, seq_len, device, autocast_dtype, flops_per_token)
+            for (step, mbs), s in zip(runs, samples)]
+
+
+def memory_of(row: dict) -> tuple[float, str]:
+    """The memory figure a row reports, in MiB, and what it is."""
+    if row.get("peak_bytes") is not None:
+        return row["peak_bytes"] / 2**20, "peak CUDA memory of a step (MiB)"
+    return row["saved_bytes"] / 2**20, "activations saved per micro-batch (MiB)"
+
+
+def accumulation_panel(micro_batch: int, accum_steps: int, *, model: torch.nn.Module,
+                       optimizer: torch.optim.Optimizer, seq_len: int, device: str = "cpu",
+                       autocast_dtype: torch.dtype | None = None, background: Sequence[dict] = (),
+                       reps: int = 3):
+    """Notebook 05: measure one (micro-batch, accumulation steps) setting; tokens/s and memory beside the sweep."""
+    import matplotlib.pyplot as plt
+
+    row = measure_accumulation(model, optimizer, micro_batch, accum_steps, seq_len, device=device,
+                               autocast_dtype=autocast_dtype, reps=reps, warmup=1)
+    mem, mem_label = memory_of(row)
+    eff = effective_batch(micro_batch, accum_steps, seq_len=seq_len)
+    print(f"micro-batch {micro_batch} x {accum_steps} steps = {eff['sequences']} sequences ({eff['tokens']} tokens) "
+          f"per optimizer step: {row['tokens_per_s']:.4g} tokens/s, {mem_label.split(' (')[0]} {mem:.4g} MiB")
+    plt.rcParams.update(plots.STYLE)
+    fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(10, 4))
+    for ax, key, label in ((ax_t, "tokens_per_s", "tokens/s"), (ax_m, "memory", mem_label)):
+        if background:
+            xs = [b["micro_batch"] for b in background]
+            ys = [b[key] if key != "memory" else memory_of(b)[0] for b in background]
+            plots.sweep(xs, {"sweep": ys}, xlabel="micro-batch (sequences)", ylabel=label, logx=True, ax=ax)
+        here = row[key] if key != "memory" else mem
+        ax.scatter([micro_batch], [here], s=90, marker="*", color=plots.COLORS[1], zorder=3,
+                   label=f"b={micro_batch}, k={accum_steps}")
+        ax.set_xlabel("micro-batch (sequences)")
+        ax.set_ylabel(label)
+        ax.legend()
+    fig.suptitle(f"micro-batch {micro_batch} x {accum_steps} accumulation steps, T={seq_len}")
+    fig.tight_layout()
+    return fig
