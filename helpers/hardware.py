@@ -138,7 +138,7 @@ def capabilities() -> dict[str, bool]:
 
     cuda = torch.cuda.is_available()
     cc = torch.cuda.get_device_capability(0) if cuda else (0, 0)
-    triton = _importable("triton")
+    triton = importlib.util.find_spec("triton") is not None  # importing it would fix its interpreter mode
     return {
         "cuda": cuda,
         "bf16": bool(torch.cuda.is_bf16_supported(including_emulation=False)) if cuda else True,

@@ -1,5 +1,11 @@
+import os
+
 import matplotlib
 import pytest
+import torch
+
+if not torch.cuda.is_available():  # Triton kernels run in its interpreter; set before triton is imported
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 matplotlib.use("Agg")  # tests draw off-screen; notebook kernels choose their own backend
 
