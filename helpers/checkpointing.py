@@ -1,0 +1,368 @@
+"""Activation checkpointing strategies for the course GPT, and the arithmetic of what they save (notebook 04).
+
+A strategy is applied to a live `GPT` without changing helpers/model.py:
+
+* "none": every activation is kept for backward.
+* "every": each block is recomputed in backward (the model's own `set_checkpointing(True)`), which is
+  what Hugging Face's `gradient_checkpointing_enable()` does per decoder layer.
+* "every-k": blocks 0, k, 2k, ... are recomputed (`set_checkpointing`), the others keep everything.
+* "sqrt-L": `torch.utils.checkpoint.checkpoint_sequential` over all blocks in round(√L) segments
+  (Chen et al., 2016): only segment inputs are kept; it leaves the last segment un-checkpointed.
+* "selective-attention": only the attention kernel softmax(qkᵀ)v is recomputed (Korthikanti et al.,
+  2022, "selective recomputation"): its T×T scores and probabilities are never kept.
+* "selective-mlp": only the MLP activation is recomputed: GELU and the down projection run under a
+  checkpoint, so the GELU output (B, T, d_ff) is not kept; with early stop the down matmul is not re-run.
+
+The non-block strategies override attributes of one instance: a block's (or its MLP's) `forward`,
+which `nn.Module.__call__` prefers to the class method, or an attention module's `attn_fn`.
+`remove_strategy` deletes the overrides. Setting `model.attn_impl` afterwards replaces every
+`attn_fn`, so apply the strategy after choosing the kernel.
+"""
+from __future__ import annotations
+
+import math
+from functools import partial
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint, checkpoint_sequential
+
+from . import bench
+from .model import GPT, Block, GPTConfig
+
+STRATEGIES = ("none", "every", "every-k", "sqrt-L", "selective-attention", "selective-mlp")
+
+
+def sqrt_segments(n_layer: int) -> int:
+    """Segments for the √L strategy: round(√L), at least 1."""
+    return max(1, round(math.sqrt(n_layer)))
+
+
+def every_k_layers(n_layer: int, k: int) -> list[int]:
+    """Blocks recomputed by "every-k": 0, k, 2k, ... (k=1 is every block)."""
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ValueError(f"k={k!r} must be a positive int")
+    return list(range(0, n_layer, k))
+
+
+def _identity(x: torch.Tensor) -> torch.Tensor:
+    return x
+
+
+def _segments_forward(blocks, segments: int, x: torch.Tensor) -> torch.Tensor:
+    """All blocks, through checkpoint_sequential; the class forward bypasses the identity overrides."""
+    fns = [partial(Block.forward, b) for b in blocks]
+    if not torch.is_grad_enabled():
+        for fn in fns:
+            x = fn(x)
+        return x
+    return checkpoint_sequential(fns, segments, x, use_reentrant=False)
+
+
+def _checkpointed_attention(fn, q, k, v, is_causal):
+    if not torch.is_grad_enabled():
+        return fn(q, k, v, is_causal)
+    return checkpoint(fn, q, k, v, is_causal, use_reentrant=False)  # keeps q, k, v; recomputes the rest
+
+
+def _gelu_down(mlp, h: torch.Tensor) -> torch.Tensor:
+    return mlp.down(F.gelu(h, approximate="tanh"))
+
+
+def _mlp_recompute_activation(mlp, x: torch.Tensor) -> torch.Tensor:
+    h = mlp.up(x)  # (B, T, d_ff), kept: it is the checkpoint's input
+    if torch.is_grad_enabled():
+        y = checkpoint(_gelu_down, mlp, h, use_reentrant=False)  # GELU(h) is rebuilt in backward
+    else:
+        y = _gelu_down(mlp, h)
+    return mlp.drop(y)  # (B, T, d_model)
+
+
+def remove_strategy(model: GPT) -> None:
+    """Undo any strategy: no block checkpointed, no overridden forward or attention kernel."""
+    model.set_checkpointing(False)
+    for block in model.blocks:
+        block.__dict__.pop("forward", None)
+        block.mlp.__dict__.pop("forward", None)
+        original = block.attn.__dict__.pop("_attn_fn_before_checkpoint", None)
+        if original is not None:
+            block.attn.attn_fn = original
+    model.__dict__.pop("_checkpoint_strategy", None)
+
+
+def apply_strategy(model: GPT, strategy: str, k: int = 2) -> str:
+    """Set `strategy` (one of STRATEGIES) on `model`, replacing any earlier one; returns a description."""
+    if strategy not in STRATEGIES:
+        raise ValueError(f"strategy={strategy!r} is unknown; choose one of {', '.join(map(repr, STRATEGIES))}")
+    remove_strategy(model)
+    L = len(model.blocks)
+    if strategy == "none":
+        text = "no recomputation"
+    elif strategy == "every":
+        model.set_checkpointing(True)
+        text = f"all {L} blocks recomputed"
+    elif strategy == "every-k":
+        layers = every_k_layers(L, k)
+        model.set_checkpointing(layers)
+        text = f"blocks {layers} recomputed (every {k})"
+    elif strategy == "sqrt-L":
+        segments = sqrt_segments(L)
+        model.blocks[0].forward = partial(_segments_forward, list(model.blocks), segments)
+        for block in model.blocks[1:]:
+            block.forward = _identity  # block 0 already ran them all
+        units = checkpointed_units(L, strategy)
+        text = (f"checkpoint_sequential, {segments} segments: blocks {[list(range(a, b + 1)) for a, b in units]} "
+                f"recomputed, the last segment kept whole")
+    elif strategy == "selective-attention":
+        for block in model.blocks:
+            block.attn._attn_fn_before_checkpoint = block.attn.attn_fn
+            block.attn.attn_fn = partial(_checkpointed_attention, block.attn.attn_fn)
+        text = "attention kernels recomputed in every block"
+    else:
+        for block in model.blocks:
+            block.mlp.forward = partial(_mlp_recompute_activation, block.mlp)
+        text = "GELU (and the down projection's input) recomputed in every block"
+    model._checkpoint_strategy = (strategy, k)
+    return text
+
+
+def checkpointed_units(n_layer: int, strategy: str, k: int = 2) -> list[tuple[int, int]]:
+    """(first, last) block of each unit a whole-block strategy recomputes; [] for none and selective ones.
+
+    checkpoint_sequential cuts L blocks into segments of L // segments blocks and checkpoints all but
+    the last segment, which also takes the remainder.
+    """
+    if strategy in ("every", "every-k"):
+        return [(i, i) for i in every_k_layers(n_layer, 1 if strategy == "every" else k)]
+    if strategy == "sqrt-L":
+        segments = sqrt_segments(n_layer)
+        size = n_layer // segments
+        return [(start, start + size - 1) for start in range(0, size * (segments - 1), size)]
+    return []
+
+
+def recomputed_blocks(n_layer: int, strategy: str, k: int = 2) -> int:
+    """How many whole blocks a strategy recomputes (selective ones recompute parts of blocks: 0 here)."""
+    return sum(last - first + 1 for first, last in checkpointed_units(n_layer, strategy, k))
+
+
+def activation_model(n_layer: int, strategy: str, k: int = 2, *, block_bytes: int, input_bytes: int,
+                     head_bytes: int, selective_block_bytes: int | None = None) -> dict[str, int]:
+    """Bytes kept after forward, and the activation peak in backward, from per-block measurements.
+
+    A plain block keeps `block_bytes` (its input included); a checkpointed unit keeps only its input
+    (`input_bytes`); `head_bytes` is everything outside the blocks. Backward runs from the last block
+    to the first and frees as it goes, so while unit u is rebuilt the memory holds what the blocks
+    before u keep plus u's full activations. Selective strategies keep `selective_block_bytes` per
+    block and rebuild one block's difference at a time. Gradient buffers are not modelled.
+    """
+    if strategy in ("selective-attention", "selective-mlp"):
+        if selective_block_bytes is None:
+            raise ValueError(f"strategy={strategy!r} needs selective_block_bytes")
+        kept = n_layer * selective_block_bytes + head_bytes
+        return {"kept": kept, "peak": max(kept, (n_layer - 1) * selective_block_bytes + block_bytes)}
+    per_block = [block_bytes] * n_layer
+    units = checkpointed_units(n_layer, strategy, k) if strategy != "none" else []
+    for first, last in units:
+        per_block[first:last + 1] = [input_bytes] + [0] * (last - first)
+    kept = sum(per_block) + head_bytes
+    rebuilds = [sum(per_block[:first]) + (last - first + 1) * block_bytes for first, last in units]
+    return {"kept": kept, "peak": max([kept] + rebuilds)}
+
+
+# ---------------------------------------------------------------- activation bytes
+
+def korthikanti_bytes(s: int, b: int, h: int, a: int) -> int:
+    """Activation bytes of one layer, 16-bit, no recompute: s·b·h·(34 + 5·a·s/h) (Korthikanti et al., 2022)."""
+    return 34 * s * b * h + 5 * a * s * s * b
+
+
+def course_block_terms(cfg: GPTConfig, b: int, s: int, *, attn: str, autocast: bool) -> dict[str, int]:
+    """The bytes one course-GPT block keeps for backward, term by term (dropout 0, as the course trains).
+
+    `autocast=False` is fp32 everywhere; `autocast=True` is 16-bit autocast (fp16 or bf16), where the
+    residual stream and LayerNorm stay fp32 and each linear casts its own input to 16-bit. `attn` is
+    "naive" (scores materialised) or "sdpa" (PyTorch's CPU flash kernel layout).
+    """
+    if attn not in ("naive", "sdpa"):
+        raise ValueError(f"attn={attn!r} must be 'naive' or 'sdpa'")
+    p = 2 if autocast else 4  # bytes per element of the matmul inputs
+    sbh, a = s * b * cfg.d_model, cfg.n_head
+    terms = {
+        "ln_1 input (fp32 residual)": 4 * sbh,
+        "ln_1, ln_2 mean and rstd (fp32)": 2 * 2 * 4 * s * b,
+        "ln_1 output as q_proj/kv_proj input": p * sbh * (2 if autocast else 1),  # autocast casts it twice
+    }
+    if attn == "naive":
+        terms |= {"q and kᵀ (contiguous copies for bmm)": 2 * p * sbh, "v": p * sbh,
+                  "softmax probabilities (B, H, T, T)": p * a * s * s * b, "causal mask (T, T) bool": s * s,
+                  "attention output (out_proj input)": p * sbh}
+    else:
+        terms |= {"q": p * sbh, "k and v": 2 * p * sbh, "log-sum-exp (B, H, T) fp32": 4 * a * s * b,
+                  "attention output (= out_proj input)": p * sbh}
+    terms |= {
+        "ln_2 input (fp32 residual)": 4 * sbh,
+        "ln_2 output as up input": p * sbh,
+        "GELU input (B, T, d_ff)": p * s * b * cfg.d_ff,
+        "GELU output = down input": p * s * b * cfg.d_ff,
+    }
+    return terms
+
+
+def saved_by(fn, ignore=()) -> dict[str, int]:
+    """Bytes `fn()` saves for backward: activations, and 16-bit copies of weights made by autocast."""
+    from .precision import saved_breakdown
+
+    return saved_breakdown(fn, list(ignore))
+
+
+def block_saved_bytes(block: torch.nn.Module, x: torch.Tensor, autocast: torch.dtype | None = None) -> dict[str, int]:
+    """What one block keeps for backward for input x (which must require grad, as inside the model)."""
+    ctx = torch.autocast(x.device.type, dtype=autocast) if autocast else torch.autocast(x.device.type, enabled=False)
+
+    def run():
+        with ctx:
+            block(x)
+
+    return saved_by(run, block.parameters())
+
+
+# ---------------------------------------------------------------- measuring a strategy
+
+def train_step(model: GPT, idx: torch.Tensor, tgt: torch.Tensor, autocast: torch.dtype | None = None) -> torch.Tensor:
+    """Forward and backward (no optimizer): gradients land in .grad; returns the loss."""
+    model.zero_grad(set_to_none=True)
+    ctx = torch.autocast(idx.device.type, dtype=autocast) if autocast else torch.autocast(idx.device.type, enabled=False)
+    with ctx:
+        loss = model(idx, tgt)[1]
+    loss.backward()
+    return loss.detach()
+
+
+def gradients(model: GPT, idx, tgt, autocast=None) -> dict[str, torch.Tensor]:
+    """Every parameter's gradient after one forward and backward."""
+    train_step(model, idx, tgt, autocast)
+    return {n: p.grad.detach().clone() for n, p in model.named_parameters()}
+
+
+def step_flops(model: GPT, idx, tgt) -> dict[str, int]:
+    """FLOPs FlopCounterMode counts for forward and backward (use attn_impl='naive' on a CPU)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    model.zero_grad(set_to_none=True)
+    with FlopCounterMode(display=False) as fwd:
+        loss = model(idx, tgt)[1]
+    with FlopCounterMode(display=False) as bwd:
+        loss.backward()
+    model.zero_grad(set_to_none=True)
+    return {"forward": fwd.get_total_flops(), "backward": bwd.get_total_flops()}
+
+
+def measure_strategy(model: GPT, idx, tgt, strategy: str, k: int = 2, *, autocast=None, reps: int = 3,
+                     warmup: int = 1, device: str = "cpu") -> dict[str, Any]:
+    """Apply `strategy`, measure saved activation bytes, step time and (CUDA) absolute peak memory; undo it."""
+    text = apply_strategy(model, strategy, k)
+    try:
+        params = list(model.parameters())
+        ctx = (lambda: torch.autocast(idx.device.type, dtype=autocast)) if autocast else \
+            (lambda: torch.autocast(idx.device.type, enabled=False))
+
+        def forward():
+            with ctx():
+                model(idx, tgt)
+
+        saved = saved_by(forward, params)
+        timing = bench.benchmark(lambda: train_step(model, idx, tgt, autocast), warmup=warmup, reps=reps,
+                                 device=device)
+        peak = None
+        if idx.is_cuda:  # absolute peak: what was allocated before (weights, ...) plus the step's rise
+            torch.cuda.synchronize()
+            before = torch.cuda.memory_allocated()
+            peak = before + bench.peak_cuda_memory(lambda: train_step(model, idx, tgt, autocast))
+    finally:
+        remove_strategy(model)
+    return {"strategy": strategy, "k": k, "description": text, "activation_bytes": saved["activations"],
+            "weight_copy_bytes": saved["weight_copies"], "seconds": timing.median, "timing": timing,
+            "cuda_peak_bytes": peak}
+
+
+def max_batch(budget_bytes: float, static_bytes: float, per_sample_bytes: float) -> int:
+    """The largest batch with static + batch × per_sample <= budget (0 when even one sample does not fit)."""
+    if per_sample_bytes <= 0:
+        raise ValueError(f"per_sample_bytes={per_sample_bytes!r} must be positive")
+    return max(0, math.floor((budget_bytes - static_bytes) / per_sample_bytes))
+
+
+def pareto_front(points: dict[str, tuple[float, float]]) -> list[str]:
+    """Names whose (time, memory) no other point beats in both (ties in both keep both), fastest first."""
+    front = []
+    for name, (t, m) in points.items():
+        dominated = any(t2 <= t and m2 <= m and (t2 < t or m2 < m) for n2, (t2, m2) in points.items() if n2 != name)
+        if not dominated:
+            front.append(name)
+    return sorted(front, key=lambda n: points[n][0])
+
+
+def pareto_figure(points: dict[str, tuple[float, float]], *, title: str = "activation memory against step time"):
+    """Step time (ms) against activation memory (MB), one labelled point per strategy, the front joined."""
+    import matplotlib.pyplot as plt
+
+    from . import plots
+
+    plt.rcParams.update(plots.STYLE)
+    fig, ax = plt.subplots()
+    front = pareto_front(points)
+    for i, (name, (t, m)) in enumerate(points.items()):
+        ax.scatter([t * 1e3], [m / 2**20], color=plots.COLORS[i % len(plots.COLORS)], s=40, zorder=3,
+                   marker="o" if name in front else "x")
+        ax.annotate(name, (t * 1e3, m / 2**20), textcoords="offset points", xytext=(5, 4), fontsize=8)
+    ax.plot([points[n][0] * 1e3 for n in front], [points[n][1] / 2**20 for n in front], ls="--", lw=1,
+            color=plots.COLORS[-1], label="Pareto front")
+    ax.set_xlabel("step time, forward + backward (ms)")
+    ax.set_ylabel("activation memory kept for backward (MiB)")
+    ax.set_title(title)
+    ax.legend()
+    fig.tight_layout()
+    return fig
+
+
+def strategy_panel(strategy: str, k: int, *, model: GPT, idx, tgt, autocast=None, reps: int = 2,
+                   device: str = "cpu"):
+    """Notebook 04: apply one strategy (and k) to a copy of `model`; bars of its memory and time beside none.
+
+    Both are measured in the same call (steps timed round-robin), so background load hits both alike.
+    """
+    import copy
+
+    import matplotlib.pyplot as plt
+
+    from . import plots
+    from .precision import interleaved_timings
+
+    chosen = copy.deepcopy(model)
+    remove_strategy(model)
+    text = apply_strategy(chosen, strategy, k)
+    ctx = (lambda: torch.autocast(idx.device.type, dtype=autocast)) if autocast else \
+        (lambda: torch.autocast(idx.device.type, enabled=False))
+
+    def kept(m):
+        def forward():
+            with ctx():
+                m(idx, tgt)
+        return saved_by(forward, m.parameters())["activations"]
+
+    label = f"{strategy} (k={k})" if strategy == "every-k" else strategy
+    mem = {"none": kept(model), label: kept(chosen)}
+    t = interleaved_timings({"none": lambda: train_step(model, idx, tgt, autocast),
+                             label: lambda: train_step(chosen, idx, tgt, autocast)}, reps=reps, device=device)
+    ms = {name: timing.ms for name, timing in t.items()}
+    print(f"{label}: {text}; activations {mem[label] / 2**20:.2f} MiB ({mem[label] / mem['none']:.2f}× none), "
+          f"step {ms[label]:.1f} ms ({ms[label] / ms['none']:.2f}× none, ±{50 * t[label].spread:.0f}%)")
+    plt.rcParams.update(plots.STYLE)
+    fig, (ax_m, ax_t) = plt.subplots(1, 2, figsize=(8.0, 3.6))
+    plots.bars({n: v / 2**20 for n, v in mem.items()}, ylabel="MiB kept for backward", title="activation memory",
+               ax=ax_m, logy=False)
+    plots.bars(ms, ylabel="ms per step", title="step time", ax=ax_t, logy=False)
+    fig.tight_layout()
+    return fig

@@ -1,0 +1,173 @@
+"""Checkpointing strategies on the course GPT: bytes kept, gradients unchanged, recompute FLOPs, helpers."""
+import matplotlib.pyplot as plt
+import pytest
+import torch
+
+from helpers import checkpointing as C
+from helpers import flops
+from helpers.model import GPT, GPTConfig
+
+
+def tiny(**overrides) -> GPTConfig:
+    return GPTConfig.preset("tiny", **{"n_layer": 4, "seq_len": 32, **overrides})
+
+
+def batch(cfg, b=2, t=32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randint(0, cfg.vocab_size, (b, t), generator=g), torch.randint(0, cfg.vocab_size, (b, t), generator=g))
+
+
+@pytest.mark.parametrize("attn", ["naive", "sdpa"])
+@pytest.mark.parametrize("autocast", [None, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("overrides", [dict(), dict(n_kv_head=2, d_ff=384)], ids=["mha", "gqa"])
+def test_block_bytes_equal_the_term_by_term_count(attn, autocast, overrides):
+    torch.manual_seed(0)
+    cfg = tiny(**overrides)
+    block = GPT(cfg, attn_impl=attn).blocks[0]
+    x = torch.randn(3, 24, cfg.d_model, requires_grad=True)
+    saved = C.block_saved_bytes(block, x, autocast)
+    terms = C.course_block_terms(cfg, 3, 24, attn=attn, autocast=autocast is not None)
+    assert saved["activations"] == sum(terms.values())
+    assert (saved["weight_copies"] > 0) == (autocast is not None)  # autocast's 16-bit copies of the weights
+
+
+def test_korthikanti_formula_and_the_differences_for_the_course_gpt():
+    s, b, h, a = 2048, 1, 12288, 96  # GPT-3 175B's layer shape (Korthikanti et al., 2022, table 3)
+    assert C.korthikanti_bytes(s, b, h, a) == s * b * h * (34 + 5 * a * s // h)
+    cfg = GPTConfig(n_layer=1, n_head=8, d_model=256, d_ff=1024, seq_len=64)
+    s, b, h, a = 64, 3, 256, 8
+    paper = C.korthikanti_bytes(s, b, h, a)
+    no_dropout = paper - 2 * s * b * h - 3 * a * s * s * b  # two residual dropout masks; attention dropout mask + output
+    ours = sum(C.course_block_terms(cfg, b, s, attn="naive", autocast=True).values())
+    # fp32 LayerNorm inputs (+2sbh each), LN output cast separately for q_proj and kv_proj (+2sbh),
+    # fp32 mean and rstd of both LayerNorms (16sb), the (T, T) causal mask (s² bytes)
+    assert ours == no_dropout + 6 * s * b * h + 16 * s * b + s * s
+    sdpa = sum(C.course_block_terms(cfg, b, s, attn="sdpa", autocast=True).values())
+    assert ours - sdpa == 2 * a * s * s * b + s * s - 4 * a * s * b  # probabilities and mask vs log-sum-exp
+
+
+def test_every_strategy_keeps_less_and_gradients_stay_equal():
+    torch.manual_seed(0)
+    cfg = tiny()
+    m = GPT(cfg, attn_impl="naive")
+    idx, tgt = batch(cfg)
+    ref = C.gradients(m, idx, tgt)
+    keys = list(m.state_dict())
+    none = C.saved_by(lambda: m(idx, tgt), m.parameters())["activations"]
+    for strategy in C.STRATEGIES[1:]:
+        C.apply_strategy(m, strategy, k=2)
+        kept = C.saved_by(lambda: m(idx, tgt), m.parameters())["activations"]
+        assert kept < none, strategy
+        grads = C.gradients(m, idx, tgt)
+        for name, g in ref.items():
+            torch.testing.assert_close(grads[name], g, rtol=1e-6, atol=1e-7, msg=f"{strategy}: {name}")
+        assert list(m.state_dict()) == keys  # no wrapper modules: parameter names unchanged
+        C.remove_strategy(m)
+        assert C.saved_by(lambda: m(idx, tgt), m.parameters())["activations"] == none
+        assert m.checkpointed_layers == [] and "forward" not in m.blocks[0].__dict__
+    with torch.no_grad():  # without autograd a strategy runs the plain forward
+        plain = m(idx)[0]
+        for strategy in C.STRATEGIES[1:]:
+            C.apply_strategy(m, strategy)
+            torch.testing.assert_close(m(idx)[0], plain, rtol=0, atol=0)
+    C.remove_strategy(m)
+
+
+@pytest.mark.parametrize("strategy", ["every", "selective-mlp", "selective-attention"])
+def test_dropout_is_replayed_in_recompute(strategy):
+    torch.manual_seed(0)
+    cfg = tiny(dropout=0.2)
+    m = GPT(cfg, attn_impl="naive")
+    idx, tgt = batch(cfg)
+    torch.manual_seed(1)
+    ref = C.gradients(m, idx, tgt)
+    C.apply_strategy(m, strategy)
+    torch.manual_seed(1)
+    grads = C.gradients(m, idx, tgt)
+    for name, g in ref.items():
+        torch.testing.assert_close(grads[name], g, rtol=1e-6, atol=1e-7, msg=name)
+
+
+def test_recompute_flops_follow_early_stop():
+    torch.manual_seed(0)
+    cfg = tiny(n_layer=9)
+    m = GPT(cfg, attn_impl="naive")
+    idx, tgt = batch(cfg, b=2, t=32)
+    layer = flops._per_layer_forward(cfg, 2, 32, causal=False)
+    block = sum(layer.values())
+    base = C.step_flops(m, idx, tgt)
+    assert base["backward"] == flops.transformer_flops(cfg, 2, 32)["total"]["backward"]
+    expected = {  # early stop: a checkpointed unit's last matmul output is never needed, so never recomputed
+        "every": 9 * (block - layer["mlp_down"]),
+        "every-k": 3 * (block - layer["mlp_down"]),  # k=3: blocks 0, 3, 6
+        "sqrt-L": 2 * (3 * block - layer["mlp_down"]),  # 3 segments of 3; the last one is not checkpointed
+        "selective-attention": 9 * layer["attn_scores"],  # softmax(.)v is the last op: not recomputed
+        "selective-mlp": 0,  # GELU is not a matmul; the down projection is skipped by early stop
+    }
+    for strategy, extra in expected.items():
+        C.apply_strategy(m, strategy, k=3)
+        assert C.step_flops(m, idx, tgt)["backward"] - base["backward"] == extra, strategy
+        C.remove_strategy(m)
+    assert [C.recomputed_blocks(9, s, 3) for s in ("none", "every", "every-k", "sqrt-L")] == [0, 9, 3, 6]
+    assert C.recomputed_blocks(7, "sqrt-L") == 4  # segments of 7 // 3 = 2 blocks
+
+
+def test_strategy_validation_and_helpers():
+    m = GPT(tiny())
+    with pytest.raises(ValueError, match="strategy='all'"):
+        C.apply_strategy(m, "all")
+    with pytest.raises(ValueError, match="k=0"):
+        C.apply_strategy(m, "every-k", k=0)
+    assert C.every_k_layers(12, 4) == [0, 4, 8] and C.sqrt_segments(12) == 3 and C.sqrt_segments(1) == 1
+    assert C.max_batch(100, 20, 7) == 11 and C.max_batch(10, 20, 7) == 0
+    with pytest.raises(ValueError):
+        C.max_batch(100, 20, 0)
+    points = {"none": (1.0, 10.0), "every": (1.3, 2.0), "bad": (1.4, 5.0), "tie": (1.3, 2.0), "mid": (1.1, 6.0)}
+    assert C.pareto_front(points) == ["none", "mid", "every", "tie"]
+    fig = C.pareto_figure(points)
+    assert len(fig.axes[0].texts) == 5
+    plt.close(fig)
+
+
+def test_measure_strategy_and_panel_change_with_the_controls(capsys):
+    torch.manual_seed(0)
+    cfg = tiny()
+    m = GPT(cfg, attn_impl="naive")
+    idx, tgt = batch(cfg)
+    base = C.measure_strategy(m, idx, tgt, "none", reps=1, warmup=0)
+    assert base["cuda_peak_bytes"] is None  # CPU tensors: no CUDA peak
+    every = C.measure_strategy(m, idx, tgt, "every", reps=1, warmup=0)
+    assert every["activation_bytes"] < base["activation_bytes"] and m.checkpointed_layers == []
+    heights = {}
+    for strategy, k in (("every-k", 1), ("every-k", 4), ("selective-mlp", 2)):
+        fig = C.strategy_panel(strategy, k, model=m, idx=idx, tgt=tgt, reps=1)
+        heights[(strategy, k)] = fig.axes[0].patches[1].get_height()
+        assert fig.axes[0].patches[0].get_height() == pytest.approx(base["activation_bytes"] / 2**20)
+        plt.close(fig)
+    assert heights[("every-k", 1)] < heights[("every-k", 4)] < base["activation_bytes"] / 2**20
+    out = capsys.readouterr().out
+    assert "every-k (k=4)" in out and "selective-mlp" in out
+
+
+def test_activation_model_reproduces_the_measured_bytes():
+    torch.manual_seed(0)
+    cfg = tiny(n_layer=7)
+    m = GPT(cfg, attn_impl="naive")
+    idx, tgt = batch(cfg, b=2, t=32)
+    x = torch.randn(2, 32, cfg.d_model, requires_grad=True)
+    block = C.block_saved_bytes(m.blocks[0], x)["activations"]
+    kept = {}
+    for s in C.STRATEGIES:
+        C.apply_strategy(m, s, k=3)
+        kept[s] = C.saved_by(lambda: m(idx, tgt), m.parameters())["activations"]
+        C.remove_strategy(m)
+    head = kept["none"] - 7 * block
+    assert C.checkpointed_units(7, "sqrt-L") == [(0, 1), (2, 3)]  # 3 segments of 7 // 3 = 2; the last takes 3
+    for s in C.STRATEGIES:
+        sel = (kept[s] - head) // 7 if s.startswith("selective") else None
+        est = C.activation_model(7, s, 3, block_bytes=block, input_bytes=x.nbytes, head_bytes=head,
+                                 selective_block_bytes=sel)
+        assert est["kept"] == kept[s], s
+        assert kept[s] <= est["peak"] <= kept["none"], s
+    every = C.activation_model(7, "every", block_bytes=block, input_bytes=x.nbytes, head_bytes=head)
+    assert every["peak"] == 6 * x.nbytes + block  # rebuilding the last block, with the six inputs before it
