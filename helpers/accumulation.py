@@ -20,8 +20,7 @@ from typing import Callable, Sequence
 import torch
 
 from . import plots
-from .bench import benchmark, peak_cuda_memory, saved_tensor_bytes
-from .widgets import progress
+from .bench import benchmark, benchmark_interleaved, peak_cuda_memory, saved_tensor_bytes
 
 IGNORE_INDEX = -1  # the course GPT's cross_entropy(ignore_index=-1): padded targets count for nothing
 WEIGHTINGS = ("mean", "tokens")
@@ -195,15 +194,10 @@ def sweep_micro_batches(model: torch.nn.Module, optimizer: torch.optim.Optimizer
             raise ValueError(f"micro-batch {b} does not divide effective_batch={effective_batch}")
     runs = [_prepare(model, optimizer, b, effective_batch // b, seq_len, device, autocast_dtype, seed)
             for b in micro_batches]
-    for step, _ in runs:
-        for _ in range(warmup):
-            step()
-    samples: list[list[float]] = [[] for _ in runs]
-    for _ in progress(range(reps), desc="rounds over micro-batch sizes"):
-        for i, (step, _) in enumerate(runs):
-            samples[i].append(benchmark(step, warmup=0, reps=1, device=device).median)
-    return [_row(model, step, mbs, s, seq_len, device, autocast_dtype, flops_per_token)
-            for (step, mbs), s in zip(runs, samples)]
+    timings = benchmark_interleaved({str(i): step for i, (step, _) in enumerate(runs)}, reps=reps, warmup=warmup,
+                                    device=device)
+    return [_row(model, step, mbs, timings[str(i)].samples, seq_len, device, autocast_dtype, flops_per_token)
+            for i, (step, mbs) in enumerate(runs)]
 
 
 def memory_of(row: dict) -> tuple[float, str]:

@@ -103,6 +103,26 @@ def benchmark(fn: Callable[[], Any], *, warmup: int = 3, reps: int = 10, flush_l
     return Timing(med, q25, q75, samples, warmup, device)
 
 
+def benchmark_interleaved(fns: dict[str, Callable[[], Any]], *, reps: int = 10, warmup: int = 1,
+                          device: str | None = None) -> dict[str, Timing]:
+    """Time several callables round-robin, one timed call of each per round; a `Timing` per name.
+
+    On a shared or noisy machine a burst of other work then slows every candidate alike, instead of
+    whichever happened to be timed at that moment, so their ratio is more trustworthy.
+    """
+    if warmup < 0 or reps < 1:
+        raise ValueError(f"warmup={warmup} must be >= 0 and reps={reps} >= 1")
+    device = resolve_device(device)
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    samples: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(reps):
+        for name, fn in fns.items():
+            samples[name] += benchmark(fn, warmup=0, reps=1, device=device).samples
+    return {name: Timing(*_quantiles(xs), xs, warmup, device) for name, xs in samples.items()}
+
+
 def tflops(flops: float, seconds: float) -> float:
     """Counted FLOPs and seconds -> TFLOP/s."""
     return flops / seconds / 1e12
@@ -159,6 +179,41 @@ def saved_tensors(fn: Callable[[], Any], ignore: Iterable[torch.Tensor] = ()) ->
             out.nbytes += key[1]
             out.count += 1
             out.shapes.append(tuple(t.shape))
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        fn()
+    return out
+
+
+def _is_weight_copy(t: torch.Tensor, params: set[int]) -> bool:
+    """True for autocast's low-precision copy of a parameter: grad_fn leads (via views) to AccumulateGrad."""
+    fn = t.grad_fn
+    for _ in range(4):
+        if fn is None:
+            return False
+        if fn.name() == "torch::autograd::AccumulateGrad":
+            return id(fn.variable) in params
+        nxt = [f for f, _ in fn.next_functions if f is not None]
+        if len(nxt) != 1:
+            return False
+        fn = nxt[0]
+    return False
+
+
+def saved_breakdown(fn: Callable[[], Any], params: Iterable[torch.Tensor]) -> dict[str, int]:
+    """Bytes `fn()` saves for backward, split into activations and autocast's copies of `params`."""
+    params = list(params)
+    skip = {p.untyped_storage().data_ptr() for p in params}
+    ids = {id(p) for p in params}
+    seen: set[int] = set()
+    out = {"activations": 0, "weight_copies": 0}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        s = t.untyped_storage()
+        if s.data_ptr() not in skip and s.data_ptr() not in seen:
+            seen.add(s.data_ptr())
+            out["weight_copies" if _is_weight_copy(t, ids) else "activations"] += s.nbytes()
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):

@@ -212,7 +212,7 @@ def course_block_terms(cfg: GPTConfig, b: int, s: int, *, attn: str, autocast: b
 
 def saved_by(fn, ignore=()) -> dict[str, int]:
     """Bytes `fn()` saves for backward: activations, and 16-bit copies of weights made by autocast."""
-    from .precision import saved_breakdown
+    from .bench import saved_breakdown
 
     return saved_breakdown(fn, list(ignore))
 
@@ -338,7 +338,7 @@ def strategy_panel(strategy: str, k: int, *, model: GPT, idx, tgt, autocast=None
     import matplotlib.pyplot as plt
 
     from . import plots
-    from .precision import interleaved_timings
+    from .bench import benchmark_interleaved
 
     chosen = copy.deepcopy(model)
     remove_strategy(model)
@@ -354,8 +354,8 @@ def strategy_panel(strategy: str, k: int, *, model: GPT, idx, tgt, autocast=None
 
     label = f"{strategy} (k={k})" if strategy == "every-k" else strategy
     mem = {"none": kept(model), label: kept(chosen)}
-    t = interleaved_timings({"none": lambda: train_step(model, idx, tgt, autocast),
-                             label: lambda: train_step(chosen, idx, tgt, autocast)}, reps=reps, device=device)
+    t = benchmark_interleaved({"none": lambda: train_step(model, idx, tgt, autocast),
+                               label: lambda: train_step(chosen, idx, tgt, autocast)}, reps=reps, device=device)
     ms = {name: timing.ms for name, timing in t.items()}
     print(f"{label}: {text}; activations {mem[label] / 2**20:.2f} MiB ({mem[label] / mem['none']:.2f}× none), "
           f"step {ms[label]:.1f} ms ({ms[label] / ms['none']:.2f}× none, ±{50 * t[label].spread:.0f}%)")

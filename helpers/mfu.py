@@ -14,7 +14,7 @@ from typing import Callable
 import torch
 
 from . import plots
-from .bench import benchmark
+from .bench import benchmark, benchmark_interleaved
 from .flops import COMPONENTS, SECONDS_PER_DAY, matmul_params, six_nd, transformer_flops
 from .model import GPT, Block, GPTConfig, resolve_attention
 
@@ -113,21 +113,10 @@ def time_sublayers(config: GPTConfig, batch_size: int, seq_len: int, *, device: 
     fns = sublayer_closures(config, batch_size, seq_len, device=device, dtype=dtype, backward=backward,
                             attn_impl=attn_impl)
     counted = sublayer_flops(config, batch_size, seq_len, backward=backward)
-    for name in SUBLAYERS:
-        for _ in range(warmup):
-            fns[name]()
-    samples: dict[str, list[float]] = {name: [] for name in SUBLAYERS}
-    for _ in range(reps):
-        for name in SUBLAYERS:
-            samples[name].append(benchmark(fns[name], warmup=0, reps=1, device=device).median)
-    out = {}
-    for name in SUBLAYERS:
-        s = samples[name]
-        med = statistics.median(s)
-        q = statistics.quantiles(s, n=4, method="inclusive") if len(s) > 1 else [med, med, med]
-        out[name] = {"seconds": med, "spread": (q[2] - q[0]) / med, "flops": counted[name],
-                     "tflops": counted[name] / med / 1e12, "samples": s}
-    return out
+    timings = benchmark_interleaved({name: fns[name] for name in SUBLAYERS}, reps=reps, warmup=warmup,
+                                    device=device)
+    return {name: {"seconds": t.median, "spread": t.spread, "flops": counted[name],
+                   "tflops": counted[name] / t.median / 1e12, "samples": t.samples} for name, t in timings.items()}
 
 
 def efficiency_ratio(result: dict[str, dict], numerator: str = "mlp", denominator: str = "attention") -> float:

@@ -5,6 +5,8 @@ import matplotlib.pyplot as plt
 import pytest
 import torch
 
+from helpers import bench
+from helpers import mixed_precision as MP
 from helpers import precision as P
 from helpers.model import GPT, GPTConfig
 
@@ -217,28 +219,28 @@ def test_training_variants_step_and_memory():
     base = _tiny_model()
     x, y = torch.randint(0, 256, (2, 16)), torch.randint(0, 256, (2, 16))
     results = {}
-    for name in P.VARIANTS:
-        run = P.make_run(name, base, lr=1e-3, device="cpu", growth_interval=2)
+    for name in MP.VARIANTS:
+        run = MP.make_run(name, base, lr=1e-3, device="cpu", growth_interval=2)
         results[name] = [run.step(x, y) for _ in range(3)]
         assert all(math.isfinite(r["loss"]) for r in results[name])
         if run.scaler:
             assert [r["scale"] for r in results[name]] == [2.0**16, 2.0**16, 2.0**17]
     assert [r["loss"] for r in results["fp16 + our scaler"]] == [r["loss"] for r in results["fp16 + GradScaler"]]
     n = sum(p.numel() for p in base.parameters())
-    fp32 = P.memory_breakdown(P.make_run("fp32", base, lr=1e-3, device="cpu"), x, y)
+    fp32 = MP.memory_breakdown(MP.make_run("fp32", base, lr=1e-3, device="cpu"), x, y)
     assert fp32["weights"] == fp32["grads"] == 4 * n and fp32["optimizer"] >= 8 * n and fp32["weight_copies"] == 0
-    bf16 = P.memory_breakdown(P.make_run("bf16 autocast", base, lr=1e-3, device="cpu"), x, y)
+    bf16 = MP.memory_breakdown(MP.make_run("bf16 autocast", base, lr=1e-3, device="cpu"), x, y)
     assert bf16["weights"] == 4 * n and bf16["weight_copies"] > 0 and bf16["activations"] < fp32["activations"]
-    master = P.memory_breakdown(P.make_run("bf16 weights + fp32 master", base, lr=1e-3, device="cpu"), x, y)
+    master = MP.memory_breakdown(MP.make_run("bf16 weights + fp32 master", base, lr=1e-3, device="cpu"), x, y)
     assert master["weights"] == 2 * n and master["master"] == 4 * n and master["grads"] == 6 * n
     with pytest.raises(ValueError, match="fp8 training"):
-        P.make_run("fp8 training", base, lr=1e-3, device="cpu")
+        MP.make_run("fp8 training", base, lr=1e-3, device="cpu")
 
 
 def test_gradient_samples_and_range_panel(capsys):
     base = _tiny_model()
     x, y = torch.randint(0, 256, (2, 16)), torch.randint(0, 256, (2, 16))
-    samples = P.gradient_samples(base, x, y)
+    samples = MP.gradient_samples(base, x, y)
     assert samples["weight gradients"].numel() == sum(p.numel() for p in base.parameters())
     assert (samples["activation gradients"] >= 0).all()
     fig = P.range_panel("fp16", "activation gradients", 0, samples=samples)
@@ -256,13 +258,14 @@ def test_gradient_samples_and_range_panel(capsys):
 
 def test_interleaved_timings_and_thin():
     calls = []
-    t = P.interleaved_timings({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}, reps=3, device="cpu")
+    t = bench.benchmark_interleaved({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")},
+                                    reps=3, device="cpu")
     assert calls == ["a", "b"] * 4  # one warm-up round, then three timed rounds, alternating
     assert set(t) == {"a", "b"} and len(t["a"].samples) == 3 and t["a"].q25 <= t["a"].median <= t["a"].q75
     x, y = torch.arange(10.0), torch.arange(30.0)
-    thinned = P.thin([x, y], 10)
+    thinned = MP.thin([x, y], 10)
     assert thinned.tolist() == [0.0, 4.0, 8.0, 0.0, 4.0, 8.0, 12.0, 16.0, 20.0, 24.0, 28.0]  # every 4th: 40 / 10
-    assert P.thin([x], 100).tolist() == x.tolist()
+    assert MP.thin([x], 100).tolist() == x.tolist()
 
 
 def test_step_without_gradients_is_refused_like_gradscaler():
