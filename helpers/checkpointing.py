@@ -178,12 +178,16 @@ def korthikanti_bytes(s: int, b: int, h: int, a: int) -> int:
     return 34 * s * b * h + 5 * a * s * s * b
 
 
-def course_block_terms(cfg: GPTConfig, b: int, s: int, *, attn: str, autocast: bool) -> dict[str, int]:
+def course_block_terms(cfg: GPTConfig, b: int, s: int, *, attn: str, autocast: bool,
+                       device: str = "cpu") -> dict[str, int]:
     """The bytes one course-GPT block keeps for backward, term by term (dropout 0, as the course trains).
 
     `autocast=False` is fp32 everywhere; `autocast=True` is 16-bit autocast (fp16 or bf16), where the
     residual stream and LayerNorm stay fp32 and each linear casts its own input to 16-bit. `attn` is
-    "naive" (scores materialised) or "sdpa" (PyTorch's CPU flash kernel layout).
+    "naive" (scores materialised) or "sdpa" (PyTorch's CPU flash kernel layout). `device` matters
+    for naive attention under autocast: CUDA's autocast runs softmax in fp32, so the block keeps the
+    fp32 probabilities (softmax's backward) and their 16-bit copy (the P·V matmul's input); CPU
+    autocast leaves softmax in 16-bit, one tensor serving both.
     """
     if attn not in ("naive", "sdpa"):
         raise ValueError(f"attn={attn!r} must be 'naive' or 'sdpa'")
@@ -195,9 +199,13 @@ def course_block_terms(cfg: GPTConfig, b: int, s: int, *, attn: str, autocast: b
         "ln_1 output as q_proj/kv_proj input": p * sbh * (2 if autocast else 1),  # autocast casts it twice
     }
     if attn == "naive":
-        terms |= {"q and kᵀ (contiguous copies for bmm)": 2 * p * sbh, "v": p * sbh,
-                  "softmax probabilities (B, H, T, T)": p * a * s * s * b, "causal mask (T, T) bool": s * s,
-                  "attention output (out_proj input)": p * sbh}
+        terms |= {"q and kᵀ (contiguous copies for bmm)": 2 * p * sbh, "v": p * sbh}
+        if autocast and device.startswith("cuda"):
+            terms |= {"softmax probabilities (B, H, T, T), fp32 on CUDA": 4 * a * s * s * b,
+                      "their 16-bit copy (P·V input)": p * a * s * s * b}
+        else:
+            terms |= {"softmax probabilities (B, H, T, T)": p * a * s * s * b}
+        terms |= {"causal mask (T, T) bool": s * s, "attention output (out_proj input)": p * sbh}
     else:
         terms |= {"q": p * sbh, "k and v": 2 * p * sbh, "log-sum-exp (B, H, T) fp32": 4 * a * s * b,
                   "attention output (= out_proj input)": p * sbh}

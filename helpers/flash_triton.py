@@ -38,8 +38,9 @@ if INTERPRETED:
 import triton  # noqa: E402  (after the interpreter switch)
 import triton.language as tl  # noqa: E402
 
-LOG2E = 1.4426950408889634  # log2(e): exp(x) = exp2(x * LOG2E)
-LN2 = 0.6931471805599453  # ln(2): converts a base-2 log-sum-exp back to natural log
+# constexpr: compiled kernels may read only constexpr globals (the interpreter would accept a float)
+LOG2E = tl.constexpr(1.4426950408889634)  # log2(e): exp(x) = exp2(x * LOG2E)
+LN2 = tl.constexpr(0.6931471805599453)  # ln(2): converts a base-2 log-sum-exp back to natural log
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 

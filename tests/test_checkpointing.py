@@ -46,6 +46,17 @@ def test_korthikanti_formula_and_the_differences_for_the_course_gpt():
     assert ours - sdpa == 2 * a * s * s * b + s * s - 4 * a * s * b  # probabilities and mask vs log-sum-exp
 
 
+def test_cuda_autocast_keeps_fp32_probabilities_and_their_copy():
+    cfg = GPTConfig(n_layer=1, n_head=8, d_model=256, d_ff=1024, seq_len=64)
+    s, b, a = 64, 3, 8
+    cpu = sum(C.course_block_terms(cfg, b, s, attn="naive", autocast=True).values())
+    cuda = sum(C.course_block_terms(cfg, b, s, attn="naive", autocast=True, device="cuda").values())
+    assert cuda - cpu == 4 * a * s * s * b  # softmax in fp32 on CUDA: fp32 P plus its 16-bit copy
+    for attn, autocast in (("sdpa", True), ("naive", False)):  # only naive attention under autocast differs
+        assert (sum(C.course_block_terms(cfg, b, s, attn=attn, autocast=autocast).values())
+                == sum(C.course_block_terms(cfg, b, s, attn=attn, autocast=autocast, device="cuda").values()))
+
+
 def test_every_strategy_keeps_less_and_gradients_stay_equal():
     torch.manual_seed(0)
     cfg = tiny()
