@@ -25,8 +25,12 @@ $(STAMP): pyproject.toml
 	@touch $(STAMP)
 	@echo "environment ready in $(VENV)"
 
+# The browser suite (tests/browser) drives JupyterLab in Debian's Chromium; without it, it is skipped.
+CHROMIUM ?= $(or $(COURSE_CHROMIUM),/usr/bin/chromium)
+
 test: $(STAMP)
-	$(PY) -m pytest $(ARGS)
+	@test -x "$(CHROMIUM)" || echo "make test: no Chromium at $(CHROMIUM), so the browser suite (tests/browser) is SKIPPED; install it with 'apt-get install --no-install-recommends chromium' (or set COURSE_CHROMIUM) to run it"
+	COURSE_CHROMIUM="$(CHROMIUM)" $(PY) -m pytest $(ARGS)
 
 # cloud GPU containers often run as root, which JupyterLab refuses without --allow-root
 LAB_ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)

@@ -380,8 +380,9 @@ def flash_panel(block_size: int, seq_len: int, *, head_dim: int = 64, batch_head
     kw = dict(d=head_dim, batch_heads=batch_heads, itemsize=itemsize, causal=causal)
     naive, tiled = naive_traffic_bytes(seq_len, **kw), tiled_traffic_bytes(seq_len, block_q=block_size, **kw)
     mem = {impl: saved_bytes(impl, seq_len, head_dim, batch_heads, itemsize, causal) for impl in ("naive", "tiled")}
+    ratio = f"{naive / tiled:.1f}x less" if naive >= tiled else f"{tiled / naive:.1f}x more"
     line = (f"N={seq_len}, block {block_size}: naive moves {naive / 1e9:.3g} GB, tiled {tiled / 1e9:.3g} GB "
-            f"({naive / tiled:.1f}x less); kept for backward: naive {mem['naive'] / 2**20:.4g} MiB, "
+            f"({ratio}); kept for backward: naive {mem['naive'] / 2**20:.4g} MiB, "
             f"tiled {mem['tiled'] / 2**20:.4g} MiB")
     if bandwidth_gbs:
         line += f"; at {bandwidth_gbs:.0f} GB/s: {naive / bandwidth_gbs / 1e6:.3g} ms vs {tiled / bandwidth_gbs / 1e6:.3g} ms"

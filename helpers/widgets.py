@@ -7,9 +7,13 @@ kernel; a notebook only displays the panel when INTERACTIVE is True.
 from __future__ import annotations
 
 import os
+import threading
 from typing import Any, Callable, Iterable, Sequence
 
 HEADLESS_ENV = "COURSE_HEADLESS"
+# JupyterLab 4.6 delivers widget messages on a kernel subshell (another thread), while ipykernel
+# redraws open figures after each message: panels draw one at a time, with interactive mode off.
+_DRAW_LOCK = threading.Lock()
 
 
 def headless() -> bool:
@@ -57,8 +61,9 @@ def panel(update: Callable[..., Any], controls: dict[str, Any], title: str = "")
     import matplotlib.pyplot as plt
 
     def draw(**values: Any) -> None:
-        update(**values)
-        plt.show()
+        with _DRAW_LOCK, plt.ioff():
+            update(**values)
+            plt.show()
 
     for control in controls.values():
         if hasattr(control, "continuous_update"):
