@@ -37,8 +37,10 @@ def roofline_panel(op: str, n: int, dtype: str, *, device: str = "cpu", ceiling_
     where = roofline.bound(m["intensity"], ceiling_tflops, bandwidth_gbs)
     print(f"{op} n={n} {dtype}: {m['intensity']:.3g} FLOP/B, {m['tflops']:.3g} TFLOP/s, "
           f"{m['gbps']:.0f} GB/s, {where}-bound")
+    xs = [m["intensity"], ceiling_tflops * 1e3 / bandwidth_gbs] + [b["intensity"] for b in background]
     fig = plots.roofline({"measured ceiling": ceiling_tflops}, bandwidth_gbs,
-                         [(f"{op} n={n}", m["intensity"], m["tflops"])], title=f"{op}, n={n}, {dtype}")
+                         [(f"{op} n={n}", m["intensity"], m["tflops"])], title=f"{op}, n={n}, {dtype}",
+                         intensity_range=(min(xs) / 4, max(xs) * 4))  # the roof spans the faded points too
     if background:
         fig.axes[0].scatter([b["intensity"] for b in background], [b["tflops"] for b in background],
                             color="grey", alpha=0.3, s=20)
