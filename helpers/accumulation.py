@@ -14,7 +14,6 @@ Dropout would draw different masks for different splits; the course presets have
 """
 from __future__ import annotations
 
-import statistics
 from typing import Callable, Sequence
 
 import torch
@@ -146,10 +145,9 @@ def _prepare(model, optimizer, micro_batch, accum_steps, seq_len, device, autoca
     return accumulation_step(model, optimizer, mbs, autocast_dtype), mbs
 
 
-def _row(model, step, mbs, samples, seq_len, device, autocast_dtype, flops_per_token) -> dict:
+def _row(model, step, mbs, timing, seq_len, device, autocast_dtype, flops_per_token) -> dict:
     """Throughput from the timed samples, then the memory of one step and of one micro-batch's forward."""
-    med = statistics.median(samples)
-    q = statistics.quantiles(samples, n=4, method="inclusive") if len(samples) > 1 else [med, med, med]
+    med = timing.median
     peak = peak_cuda_memory(step) if device == "cuda" else None
 
     def one_forward():
@@ -159,7 +157,7 @@ def _row(model, step, mbs, samples, seq_len, device, autocast_dtype, flops_per_t
     saved = saved_tensor_bytes(one_forward, ignore=list(model.parameters()))
     micro_batch, accum_steps = mbs[0][0].size(0), len(mbs)
     tokens = micro_batch * accum_steps * seq_len
-    out = {"micro_batch": micro_batch, "accum_steps": accum_steps, "seconds": med, "spread": (q[2] - q[0]) / med,
+    out = {"micro_batch": micro_batch, "accum_steps": accum_steps, "seconds": med, "spread": timing.spread,
            "tokens_per_s": tokens / med, "peak_bytes": peak, "saved_bytes": saved}
     if flops_per_token is not None:
         out["tflops"] = flops_per_token * tokens / med / 1e12
@@ -177,7 +175,7 @@ def measure_accumulation(model: torch.nn.Module, optimizer: torch.optim.Optimize
     """
     step, mbs = _prepare(model, optimizer, micro_batch, accum_steps, seq_len, device, autocast_dtype, seed)
     t = benchmark(step, warmup=warmup, reps=reps, device=device)
-    return _row(model, step, mbs, t.samples, seq_len, device, autocast_dtype, flops_per_token)
+    return _row(model, step, mbs, t, seq_len, device, autocast_dtype, flops_per_token)
 
 
 def sweep_micro_batches(model: torch.nn.Module, optimizer: torch.optim.Optimizer, micro_batches: Sequence[int],
@@ -196,7 +194,7 @@ def sweep_micro_batches(model: torch.nn.Module, optimizer: torch.optim.Optimizer
             for b in micro_batches]
     timings = benchmark_interleaved({str(i): step for i, (step, _) in enumerate(runs)}, reps=reps, warmup=warmup,
                                     device=device)
-    return [_row(model, step, mbs, timings[str(i)].samples, seq_len, device, autocast_dtype, flops_per_token)
+    return [_row(model, step, mbs, timings[str(i)], seq_len, device, autocast_dtype, flops_per_token)
             for i, (step, mbs) in enumerate(runs)]
 
 
@@ -212,7 +210,6 @@ def accumulation_panel(micro_batch: int, accum_steps: int, *, model: torch.nn.Mo
                        autocast_dtype: torch.dtype | None = None, background: Sequence[dict] = (),
                        reps: int = 3):
     """Notebook 05: measure one (micro-batch, accumulation steps) setting; tokens/s and memory beside the sweep."""
-    import matplotlib.pyplot as plt
 
     row = measure_accumulation(model, optimizer, micro_batch, accum_steps, seq_len, device=device,
                                autocast_dtype=autocast_dtype, reps=reps, warmup=1)
@@ -220,8 +217,7 @@ def accumulation_panel(micro_batch: int, accum_steps: int, *, model: torch.nn.Mo
     eff = effective_batch(micro_batch, accum_steps, seq_len=seq_len)
     print(f"micro-batch {micro_batch} x {accum_steps} steps = {eff['sequences']} sequences ({eff['tokens']} tokens) "
           f"per optimizer step: {row['tokens_per_s']:.4g} tokens/s, {mem_label.split(' (')[0]} {mem:.4g} MiB")
-    plt.rcParams.update(plots.STYLE)
-    fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(10, 4))
+    fig, (ax_t, ax_m) = plots.figure(2, figsize=(10, 4))
     for ax, key, label in ((ax_t, "tokens_per_s", "tokens/s"), (ax_m, "memory", mem_label)):
         if background:
             xs = [b["micro_batch"] for b in background]

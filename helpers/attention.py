@@ -375,7 +375,6 @@ def flash_panel(block_size: int, seq_len: int, *, head_dim: int = 64, batch_head
                 causal: bool = False, bandwidth_gbs: float | None = None,
                 block_sizes=(16, 32, 64, 128, 256)):
     """Instructor panel: HBM traffic against block size, and memory kept for backward against N."""
-    import matplotlib.pyplot as plt
 
     kw = dict(d=head_dim, batch_heads=batch_heads, itemsize=itemsize, causal=causal)
     naive, tiled = naive_traffic_bytes(seq_len, **kw), tiled_traffic_bytes(seq_len, block_q=block_size, **kw)
@@ -387,7 +386,7 @@ def flash_panel(block_size: int, seq_len: int, *, head_dim: int = 64, batch_head
     if bandwidth_gbs:
         line += f"; at {bandwidth_gbs:.0f} GB/s: {naive / bandwidth_gbs / 1e6:.3g} ms vs {tiled / bandwidth_gbs / 1e6:.3g} ms"
     print(line)
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    fig, (ax1, ax2) = plots.figure(2, figsize=(11, 4))
     blocks = sorted(set(block_sizes) | {block_size})
     plots.sweep(blocks, {"naive": [naive / 1e9] * len(blocks),
                          "tiled": [tiled_traffic_bytes(seq_len, block_q=b, **kw) / 1e9 for b in blocks]},

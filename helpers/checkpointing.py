@@ -314,12 +314,10 @@ def pareto_front(points: dict[str, tuple[float, float]]) -> list[str]:
 
 def pareto_figure(points: dict[str, tuple[float, float]], *, title: str = "activation memory against step time"):
     """Step time (ms) against activation memory (MB), one labelled point per strategy, the front joined."""
-    import matplotlib.pyplot as plt
 
     from . import plots
 
-    plt.rcParams.update(plots.STYLE)
-    fig, ax = plt.subplots()
+    fig, ax = plots.figure()
     front = pareto_front(points)
     for i, (name, (t, m)) in enumerate(points.items()):
         ax.scatter([t * 1e3], [m / 2**20], color=plots.COLORS[i % len(plots.COLORS)], s=40, zorder=3,
@@ -343,7 +341,6 @@ def strategy_panel(strategy: str, k: int, *, model: GPT, idx, tgt, autocast=None
     """
     import copy
 
-    import matplotlib.pyplot as plt
 
     from . import plots
     from .bench import benchmark_interleaved
@@ -367,8 +364,7 @@ def strategy_panel(strategy: str, k: int, *, model: GPT, idx, tgt, autocast=None
     ms = {name: timing.ms for name, timing in t.items()}
     print(f"{label}: {text}; activations {mem[label] / 2**20:.2f} MiB ({mem[label] / mem['none']:.2f}× none), "
           f"step {ms[label]:.1f} ms ({ms[label] / ms['none']:.2f}× none, ±{50 * t[label].spread:.0f}%)")
-    plt.rcParams.update(plots.STYLE)
-    fig, (ax_m, ax_t) = plt.subplots(1, 2, figsize=(8.0, 3.6))
+    fig, (ax_m, ax_t) = plots.figure(2, figsize=(8.0, 3.6))
     plots.bars({n: v / 2**20 for n, v in mem.items()}, ylabel="MiB kept for backward", title="activation memory",
                ax=ax_m, logy=False)
     plots.bars(ms, ylabel="ms per step", title="step time", ax=ax_t, logy=False)

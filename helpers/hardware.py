@@ -191,7 +191,8 @@ def describe() -> DeviceInfo:
 # ---------------------------------------------------------------------------------------------
 # measured ceilings
 
-def _torch_dtype(name: str):
+def torch_dtype(name: str):
+    """The torch dtype a course format name stands for (tf32 computes on fp32 tensors; fp8 is e4m3)."""
     import torch
 
     return {"fp32": torch.float32, "tf32": torch.float32, "fp16": torch.float16,
@@ -220,7 +221,7 @@ def matmul_operands(n: int, dtype: str, device: str, m: int | None = None, k: in
     import torch
 
     m, k = m or n, k or n
-    tdt = _torch_dtype(dtype)
+    tdt = torch_dtype(dtype)
     if dtype == "fp8":  # torch._scaled_mm wants the second operand column-major
         return torch.randn(m, k, device=device).to(tdt), torch.randn(n, k, device=device).to(tdt).t()
     return torch.randn(m, k, device=device, dtype=tdt), torch.randn(k, n, device=device, dtype=tdt)

@@ -7,11 +7,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
-import torch
-
 from . import hardware, plots, roofline
 
-TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
 def matmul_panel(dtype: str, n: int, *, device: str = "cpu", ceiling_tflops: dict | None = None,
@@ -31,9 +28,9 @@ def matmul_panel(dtype: str, n: int, *, device: str = "cpu", ceiling_tflops: dic
 def roofline_panel(op: str, n: int, dtype: str, *, device: str = "cpu", ceiling_tflops: float,
                    bandwidth_gbs: float, background: Sequence[dict] = (), reps: int = 3):
     """Notebook 01: measure one op at size n and draw it on the roofline, other ops faded behind it."""
-    if dtype not in TORCH_DTYPES:
-        raise ValueError(f"dtype={dtype!r} is not allowed; choose one of {tuple(TORCH_DTYPES)}")
-    m = roofline.measure(roofline.build(op, n, TORCH_DTYPES[dtype], device), reps=reps, device=device)
+    if dtype not in ("fp32", "fp16", "bf16"):
+        raise ValueError(f"dtype={dtype!r} is not allowed; choose one of ('fp32', 'fp16', 'bf16')")
+    m = roofline.measure(roofline.build(op, n, hardware.torch_dtype(dtype), device), reps=reps, device=device)
     where = roofline.bound(m["intensity"], ceiling_tflops, bandwidth_gbs)
     print(f"{op} n={n} {dtype}: {m['intensity']:.3g} FLOP/B, {m['tflops']:.3g} TFLOP/s, "
           f"{m['gbps']:.0f} GB/s, {where}-bound")

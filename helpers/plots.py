@@ -25,6 +25,13 @@ def _axes(ax=None, title: str | None = None):
     return fig, ax
 
 
+def figure(ncols: int = 1, figsize: tuple[float, float] | None = None):
+    """A course-styled figure with `ncols` axes side by side: (fig, ax) or (fig, [ax, ...])."""
+    plt.rcParams.update(STYLE)
+    return plt.subplots(1, ncols, figsize=figsize or (STYLE["figure.figsize"][0] * (1 + 0.5 * (ncols - 1)),
+                                                      STYLE["figure.figsize"][1]))
+
+
 def wants_log(values: Sequence[float]) -> bool:
     """True when positive data spans more than two decades, so a log axis reads better."""
     vals = [v for v in values if v is not None and v > 0]

@@ -307,13 +307,11 @@ class MasterWeights:
 
 def bit_layout_figure(names: Iterable[str] = FORMATS):
     """One horizontal bar per format: sign, exponent and mantissa bits, to scale."""
-    import matplotlib.pyplot as plt
 
     from . import plots
 
-    plt.rcParams.update(plots.STYLE)
     names = list(names)
-    fig, ax = plt.subplots(figsize=(7.0, 0.45 * len(names) + 0.8))
+    fig, ax = plots.figure(figsize=(7.0, 0.45 * len(names) + 0.8))
     for row, name in enumerate(reversed(names)):
         f = facts(name)
         start = 0
@@ -334,7 +332,6 @@ def bit_layout_figure(names: Iterable[str] = FORMATS):
 
 def range_panel(fmt: str, distribution: str, log2_scale: int = 0, *, samples: dict[str, torch.Tensor]):
     """Notebook 03: values of `distribution` × 2**log2_scale rounded to `fmt`: what survives, underflows, overflows."""
-    import matplotlib.pyplot as plt
 
     from . import plots
 
@@ -346,8 +343,7 @@ def range_panel(fmt: str, distribution: str, log2_scale: int = 0, *, samples: di
     c = classify(x, fmt)
     print(f"{distribution} × 2^{log2_scale} in {fmt}: {c['underflow']:.2%} underflow to 0, "
           f"{c['subnormal']:.2%} subnormal, {c['normal']:.2%} normal, {c['overflow']:.2%} overflow (n={c['n']})")
-    plt.rcParams.update(plots.STYLE)
-    fig, ax = plt.subplots()
+    fig, ax = plots.figure()
     logs = x.abs().log2().clamp(-160, 140)
     ax.hist(logs.numpy(), bins=120, color=plots.COLORS[0], alpha=0.8)
     lo, sub, top = math.log2(f.smallest_subnormal), math.log2(f.smallest_normal), math.log2(f.max)
