@@ -3,7 +3,7 @@
 The other Triton tests run the kernels in Triton's interpreter, which accepts code the compiler
 rejects (a module-level float read inside a kernel, for one). Here a subprocess, with the
 interpreter off, runs Triton's real compiler down to ptxas on the largest tiles the autotuner may
-pick, and checks that each fits in the 227 KiB of shared memory an H100/H200 block may use.
+pick, in bf16 and fp16, and checks that each fits in the 227 KiB of shared memory an H100/H200 block may use.
 """
 import json
 import os
@@ -24,8 +24,8 @@ except ImportError as err:
     print(f"this triton has no ahead-of-time compile API: {err}"); sys.exit(3)
 from helpers import flash_triton as ft
 
-P, F32 = "*bf16", "*fp32"
-D, H, N = 128, 8, 1000  # head dim 128, ragged sequence length
+F32 = "*fp32"
+D = 128  # head dim: the largest tiles
 
 
 def compile_kernel(kernel, args, meta, num_warps, num_stages):
@@ -42,17 +42,21 @@ strides = {f"s_{t}{a}": "i32" for t in "qko" for a in "bhn"}
 sizes = {"H": "i32", "N_Q": "i32", "N_K": "i32", "sm_scale": "fp32"}
 base = {"HEAD_DIM": D, "D_PAD": D, "PREC": "tf32"}
 out = {}
-for causal in (False, True):
-    meta = base | {"IS_CAUSAL": causal}
-    for bm, bn, w, s in ft.FWD_CONFIGS:
-        args = dict(Q=P, K=P, V=P, O=P, L=F32) | strides | sizes
-        out[f"fwd {bm}x{bn} warps={w} stages={s} causal={causal}"] = compile_kernel(ft._fwd_kernel, args, meta | {"BLOCK_M": bm, "BLOCK_N": bn}, w, s)
-    for name, kernel, configs, extra in (("dkdv", ft._dkdv_kernel, ft.DKDV_CONFIGS, {"DK": P, "DV": P}),
-                                         ("dq", ft._dq_kernel, ft.DQ_CONFIGS, {"DQ": P})):
-        bm, bn, w, s = max(configs, key=lambda c: c[0] * c[1])  # the largest tiles: the most shared memory
-        args = dict(Q=P, K=P, V=P, DO=P, L=F32, Delta=F32) | extra | strides | sizes
-        out[f"{name} {bm}x{bn} causal={causal}"] = compile_kernel(kernel, args, meta | {"BLOCK_M": bm, "BLOCK_N": bn}, w, s)
-args = dict(O=P, DO=P, Delta=F32, H="i32", N_Q="i32") | {k: "i32" for k in ("s_qb", "s_qh", "s_qn", "s_ob", "s_oh", "s_on")}
+for P in ("*bf16", "*fp16"):
+    for causal in (False, True):
+        meta = base | {"IS_CAUSAL": causal}
+        for bm, bn, w, s in ft.FWD_CONFIGS:
+            args = dict(Q=P, K=P, V=P, O=P, L=F32) | strides | sizes
+            out[f"fwd {P[1:]} {bm}x{bn} warps={w} stages={s} causal={causal}"] = compile_kernel(
+                ft._fwd_kernel, args, meta | {"BLOCK_M": bm, "BLOCK_N": bn}, w, s)
+        for name, kernel, configs, extra in (("dkdv", ft._dkdv_kernel, ft.DKDV_CONFIGS, {"DK": P, "DV": P}),
+                                             ("dq", ft._dq_kernel, ft.DQ_CONFIGS, {"DQ": P})):
+            bm, bn, w, s = max(configs, key=lambda c: c[0] * c[1])  # the largest tiles: the most shared memory
+            args = dict(Q=P, K=P, V=P, DO=P, L=F32, Delta=F32) | extra | strides | sizes
+            out[f"{name} {P[1:]} {bm}x{bn} causal={causal}"] = compile_kernel(
+                kernel, args, meta | {"BLOCK_M": bm, "BLOCK_N": bn}, w, s)
+args = dict(O="*bf16", DO="*bf16", Delta=F32, H="i32", N_Q="i32")
+args |= {k: "i32" for k in ("s_qb", "s_qh", "s_qn", "s_ob", "s_oh", "s_on")}
 out["preprocess"] = compile_kernel(ft._bwd_preprocess, args, {"HEAD_DIM": D, "D_PAD": D, "BLOCK_M": 64}, 4, 1)
 print(json.dumps(out))
 """
@@ -69,6 +73,6 @@ def test_triton_kernels_compile_for_sm90_within_shared_memory():
     shared = json.loads(done.stdout.strip().splitlines()[-1])
     from helpers.flash_triton import FWD_CONFIGS
 
-    assert len(shared) == 2 * (len(FWD_CONFIGS) + 2) + 1  # every forward config and both backward kernels
+    assert len(shared) == 2 * 2 * (len(FWD_CONFIGS) + 2) + 1  # bf16 and fp16, causal or not, fwd configs + 2 bwd
     too_big = {k: v for k, v in shared.items() if v > SM90_MAX_SHARED}
     assert not too_big, f"kernels that would not launch on an H100/H200: {too_big}"
