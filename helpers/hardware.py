@@ -288,8 +288,19 @@ def load_ceilings(folder=None) -> dict | None:
     return rec["metrics"]
 
 
-def quick_ceilings(dtypes, n: int, copy_bytes: int, device: str | None = None, reps: int = 5) -> dict:
-    """Measure matmul TFLOP/s (n³, per dtype) and copy GB/s now, in the shape notebook 00 records."""
-    device = device or ("cuda" if capabilities()["cuda"] else "cpu")
-    return {"matmul_tflops": {d: measure_matmul_tflops(n, d, device, reps=reps) for d in dtypes},
-            "copy_gbps": measure_copy_bandwidth(copy_bytes, device, reps=reps), "matmul_n": n}
+def matmul_ceiling(dtype: str, sizes, device: str | None = None, reps: int = 5) -> tuple[float | None, str]:
+    """(TFLOP/s, where it came from): notebook 00's recorded ceiling for this device, else the best
+    square matmul over `sizes` measured now, as notebook 00 does it."""
+    recorded = load_ceilings()
+    if recorded and recorded["matmul_tflops"].get(dtype):
+        return recorded["matmul_tflops"][dtype], "notebook 00, this results folder"
+    measured = [t for t in (measure_matmul_tflops(n, dtype, device, reps=reps) for n in sizes) if t is not None]
+    return (max(measured) if measured else None), "measured just now, best of n = " + ", ".join(map(str, sizes))
+
+
+def bandwidth_ceiling(copy_bytes: int, device: str | None = None, reps: int = 5) -> tuple[float, str]:
+    """(GB/s, where it came from): notebook 00's recorded copy bandwidth for this device, else measured now."""
+    recorded = load_ceilings()
+    if recorded and recorded.get("copy_gbps"):
+        return recorded["copy_gbps"], "notebook 00, this results folder"
+    return measure_copy_bandwidth(copy_bytes, device, reps=reps), f"measured just now ({copy_bytes / 2**20:g} MiB copy)"

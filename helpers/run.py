@@ -71,10 +71,7 @@ def _original_cell_index(nb_path: Path, executed_index: int) -> int:
     import nbformat
 
     nb = nbformat.read(nb_path, as_version=4)
-    shift = 0
-    for i, cell in enumerate(nb.cells[:executed_index]):
-        if "injected-parameters" in cell.get("metadata", {}).get("tags", []):
-            shift += 1
+    shift = sum("injected-parameters" in cell.get("metadata", {}).get("tags", []) for cell in nb.cells[:executed_index])
     return executed_index - shift
 
 

@@ -74,5 +74,8 @@ def test_ceilings_recorded_for_another_device_are_ignored(results_tmp):
     path = results_tmp / f"{hardware.CEILINGS_RECORD}.json"
     path.write_text(path.read_text().replace('"device": "', '"device": "elsewhere '))
     assert hardware.load_ceilings() is None
-    quick = hardware.quick_ceilings(["fp32", "fp8"], n=32, copy_bytes=2**16, device="cpu", reps=1)
-    assert quick["matmul_tflops"]["fp32"] > 0 and quick["matmul_tflops"]["fp8"] is None
+    tflops, source = hardware.matmul_ceiling("fp32", [16, 32], "cpu", reps=1)
+    assert tflops > 0 and source.startswith("measured just now")
+    assert hardware.matmul_ceiling("fp8", [32], "cpu", reps=1)[0] is None
+    gbps, source = hardware.bandwidth_ceiling(2**16, "cpu", reps=1)
+    assert gbps > 0 and source.startswith("measured just now")
