@@ -248,44 +248,71 @@ def _dq_kernel(Q, K, V, DO, L, Delta, DQ, s_qb, s_qh, s_qn, s_kb, s_kh, s_kn, s_
 
 # ------------------------------------------------------------------------------------ launching
 
-def _configs(shapes: list[tuple[int, int, int, int]]) -> list:
-    return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s) for bm, bn, w, s in shapes]
-
-
-# (BLOCK_M, BLOCK_N, num_warps, num_stages) tried once per shape on a GPU; the fastest is kept
-_KEY = ["N_Q", "N_K", "D_PAD", "IS_CAUSAL", "PREC"]
-FWD_CONFIGS = [(128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3), (64, 64, 4, 4)]
-DKDV_CONFIGS = [(32, 128, 4, 3), (64, 128, 8, 3), (64, 64, 4, 3)]
-DQ_CONFIGS = [(128, 32, 4, 3), (128, 64, 8, 3), (64, 64, 4, 3)]
-TUNED = {} if INTERPRETED or AHEAD_OF_TIME else {
-    "forward": triton.autotune(_configs(FWD_CONFIGS), key=_KEY)(_fwd_kernel),
-    "dkdv": triton.autotune(_configs(DKDV_CONFIGS), key=_KEY)(_dkdv_kernel),
-    "dq": triton.autotune(_configs(DQ_CONFIGS), key=_KEY)(_dq_kernel),
+# (BLOCK_M, BLOCK_N, num_warps, num_stages) the autotuner tries once per shape on a GPU, keeping the
+# fastest; one list for head dims up to 64 and one for 65..128. None of them spills registers on an
+# H100/H200 in fp16 or bf16, as compiled by tests/test_flash_triton_compile.py (python -m
+# helpers.triton_aot prints the compiler's report). At d=128 a 128-row tile needs 8 warps: with 4,
+# the fp32 accumulator alone takes 128 registers per thread and the forward spills.
+AUTOTUNE = {
+    "forward": {64: [(128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3), (64, 64, 4, 4)],
+                128: [(128, 64, 8, 3), (128, 64, 8, 2), (128, 128, 8, 3), (64, 64, 4, 4)]},
+    "dkdv": {64: [(32, 128, 8, 3), (64, 128, 8, 3), (64, 64, 4, 3)],
+             128: [(32, 128, 8, 3), (64, 64, 8, 3), (32, 64, 4, 3)]},
+    "dq": {64: [(128, 32, 4, 3), (128, 64, 8, 3), (64, 64, 4, 3)],
+           128: [(128, 64, 8, 3), (64, 64, 8, 3), (128, 32, 8, 3)]},
 }
+KERNELS = {"forward": _fwd_kernel, "dkdv": _dkdv_kernel, "dq": _dq_kernel, "preprocess": _bwd_preprocess}
+PREPROCESS_BLOCK = 64  # query rows per program of the D = rowsum(dO * O) kernel on a GPU
+_KEY = ["N_Q", "N_K", "D_PAD", "IS_CAUSAL", "PREC"]
 INTERPRETER_BLOCK = 32  # default tile edge under the interpreter (its cost is per operation, not per FLOP)
+
+
+def head_dim_class(d_pad: int) -> int:
+    """Which AUTOTUNE list serves a padded head dim: 64 (up to 64) or 128."""
+    return 64 if d_pad <= 64 else 128
+
+
+def _autotuned(name: str, d_class: int):
+    configs = [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s)
+               for bm, bn, w, s in AUTOTUNE[name][d_class]]
+    return triton.autotune(configs, key=_KEY)(KERNELS[name])
+
+
+TUNED = {} if INTERPRETED or AHEAD_OF_TIME else {
+    (name, d_class): _autotuned(name, d_class) for name in AUTOTUNE for d_class in (64, 128)}
 
 
 def tuned_configs() -> dict[str, str]:
     """The block sizes and warps the autotuner picked for each kernel (GPU only; empty before a run)."""
-    return {name: str(fn.best_config) for name, fn in TUNED.items() if getattr(fn, "best_config", None)}
+    return {f"{name} d<={d_class}": str(fn.best_config) for (name, d_class), fn in TUNED.items()
+            if getattr(fn, "best_config", None)}
 
 
-def _launch(name: str, kernel, grid_rows: int, grid_axis: str, z: int, args: tuple, meta: dict,
-            blocks: tuple[int | None, int | None]) -> None:
-    """Run `kernel` autotuned (GPU, fp16/bf16, no blocks given) or with the given / default block sizes.
+def fixed_config(block_m: int | None, block_n: int | None, d_pad: int, fp32: bool) -> tuple[int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages) for a launch that is not autotuned.
 
-    fp32 ("ieee" products, no tensor cores) is a correctness path: small fixed tiles, few stages, so
-    its fp32 operands fit in shared memory.
+    That is the interpreter, fp32 ("ieee" products on CUDA cores, a correctness path: 16 x 16 tiles
+    and two stages, which keep its operands in registers without spilling), or block sizes given by
+    the caller. Large tiles at a large head dim get 8 warps so that the fp32 accumulators fit in
+    registers.
     """
+    bm, bn = (b or (INTERPRETER_BLOCK if INTERPRETED else 16 if fp32 else 64) for b in (block_m, block_n))
+    warps = 8 if max(bm, bn) * d_pad >= 64 * 128 else 4
+    return bm, bn, warps, 2 if fp32 else 3
+
+
+def _launch(name: str, grid_rows: int, grid_axis: str, z: int, args: tuple, meta: dict,
+            blocks: tuple[int | None, int | None]) -> None:
+    """Run kernel `name` autotuned (GPU, fp16/bf16, no blocks given) or with fixed_config's choice."""
     fp32 = meta["PREC"] == "ieee"
-    if name in TUNED and blocks == (None, None) and not fp32:
-        TUNED[name][lambda m: (triton.cdiv(grid_rows, m[grid_axis]), z)](*args, **meta)
+    if TUNED and blocks == (None, None) and not fp32:
+        tuned = TUNED[(name, head_dim_class(meta["D_PAD"]))]
+        tuned[lambda m: (triton.cdiv(grid_rows, m[grid_axis]), z)](*args, **meta)
         return
-    bm, bn = (b or (INTERPRETER_BLOCK if INTERPRETED else 32 if fp32 else 64) for b in blocks)
-    warps = 8 if max(bm, bn) >= 128 and meta["D_PAD"] >= 128 else 4
+    bm, bn, warps, stages = fixed_config(*blocks, meta["D_PAD"], fp32)
     rows_per_program = bm if grid_axis == "BLOCK_M" else bn
-    kernel[(triton.cdiv(grid_rows, rows_per_program), z)](*args, **meta, BLOCK_M=bm, BLOCK_N=bn, num_warps=warps,
-                                                         num_stages=2 if fp32 else 3)
+    KERNELS[name][(triton.cdiv(grid_rows, rows_per_program), z)](*args, **meta, BLOCK_M=bm, BLOCK_N=bn,
+                                                                num_warps=warps, num_stages=stages)
 
 
 def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
@@ -358,7 +385,7 @@ class FlashAttentionTriton(torch.autograd.Function):
         o4 = torch.empty_like(q4)  # same strides as q4, so O is laid out like q
         lse = torch.empty((b, h, n_q), device=q.device, dtype=torch.float32)
         args = (q4, k4, v4, o4, lse, *_rows_strides(q4), *_rows_strides(k4), h, n_q, n_k, d ** -0.5)
-        _launch("forward", _fwd_kernel, n_q, "BLOCK_M", b * h, args, _meta(q, is_causal), (block_m, block_n))
+        _launch("forward", n_q, "BLOCK_M", b * h, args, _meta(q, is_causal), (block_m, block_n))
         o, lse = o4.reshape(q.shape), lse.view(q.shape[:-1])
         ctx.save_for_backward(q, k, v, o, lse)
         ctx.is_causal, ctx.blocks = bool(is_causal), (block_m, block_n)
@@ -374,14 +401,14 @@ class FlashAttentionTriton(torch.autograd.Function):
         (b, h, n_q, d), n_k = q4.shape, k4.shape[2]
         meta = _meta(q, ctx.is_causal)
         delta = torch.empty((b, h, n_q), device=q.device, dtype=torch.float32)  # D = rowsum(dO * O)
-        pre = INTERPRETER_BLOCK if INTERPRETED else 64
+        pre = INTERPRETER_BLOCK if INTERPRETED else PREPROCESS_BLOCK
         _bwd_preprocess[(triton.cdiv(n_q, pre), b * h)](o4, do4, delta, *_rows_strides(q4), *_rows_strides(do4), h,
                                                          n_q, HEAD_DIM=d, D_PAD=meta["D_PAD"], BLOCK_M=pre)
         dq, dk, dv = torch.empty_like(q4), torch.empty_like(k4), torch.empty_like(v4)  # strides of q4, k4, v4
         strides = (*_rows_strides(q4), *_rows_strides(k4), *_rows_strides(do4), h, n_q, n_k, d ** -0.5)
-        _launch("dkdv", _dkdv_kernel, n_k, "BLOCK_N", b * h, (q4, k4, v4, do4, lse, delta, dk, dv, *strides),
+        _launch("dkdv", n_k, "BLOCK_N", b * h, (q4, k4, v4, do4, lse, delta, dk, dv, *strides),
                 meta, ctx.blocks)
-        _launch("dq", _dq_kernel, n_q, "BLOCK_M", b * h, (q4, k4, v4, do4, lse, delta, dq, *strides), meta, ctx.blocks)
+        _launch("dq", n_q, "BLOCK_M", b * h, (q4, k4, v4, do4, lse, delta, dq, *strides), meta, ctx.blocks)
         return dq.reshape(q.shape), dk.reshape(k.shape), dv.reshape(v.shape), None, None, None
 
 
