@@ -15,6 +15,7 @@ from helpers.triton_aot import SM90_MAX_SHARED, opcode_counts
 
 KERNELS = ("forward", "dkdv", "dq", "preprocess")
 SPILLER = (128, 64, 4, 3)  # a forward config we left out at d=128: the check below must see it spill
+THIN = (16, 64, 4, 3)  # a 16-row tile, as notebook 06's traffic sweep launches: too thin for wgmma
 
 
 def test_opcode_counts_reads_a_sass_listing():
@@ -37,7 +38,7 @@ def compiled():
     from helpers.triton_aot import survey_in_subprocess
 
     jobs = [dict(kernels=KERNELS, head_dims=(64, 128), dtypes=("bf16",), causal=(False, True),
-                 extra={"forward": [SPILLER]}),
+                 extra={"forward": [SPILLER, THIN]}),
             dict(kernels=KERNELS, head_dims=(16, 80, 128), dtypes=("fp16",), causal=(True,)),
             dict(kernels=KERNELS, head_dims=(64, 128), dtypes=("fp32",), causal=(False, True))]
     with ThreadPoolExecutor(2) as pool:
@@ -63,7 +64,7 @@ def test_no_fp16_or_bf16_config_spills_registers(compiled):
                for r in compiled if r["launched"] and r["dtype"] != "fp32" and r["spill_stores"] + r["spill_loads"]]
     assert not spilled, ("these configs spill registers on sm_90; pick others for flash_triton.AUTOTUNE "
                          f"(python -m helpers.triton_aot shows the report): {spilled}")
-    control = [r for r in compiled if not r["launched"] and r["head_dim"] == 128]
+    control = [r for r in compiled if tuple(r["config"]) == SPILLER and r["head_dim"] == 128]
     assert control and all(r["spill_stores"] > 0 for r in control), "the spill check cannot see spills"
 
 
@@ -78,3 +79,5 @@ def test_matrix_products_use_hopper_tensor_core_instructions(compiled):
         elif r["launched"]:
             assert r["wgmma"] > 0 and r["mma_sync"] == 0, where
         assert r["kernel"] == "preprocess" or r["exp2"] > 0, where  # softmax through the hardware exp2
+    thin = [r for r in compiled if tuple(r["config"]) == THIN and r["dtype"] == "bf16"]
+    assert thin and all(r["wgmma"] == 0 and r["mma_sync"] > 0 for r in thin)  # wgmma needs 64 rows a warpgroup
