@@ -36,6 +36,11 @@ if INTERPRETED:
         BROKEN = ("triton was imported before helpers.flash_triton switched its interpreter on; restart "
                   "the kernel and import helpers.attention (or set TRITON_INTERPRET=1) first")
     os.environ["TRITON_INTERPRET"] = "1"
+elif not AHEAD_OF_TIME and torch.cuda.get_device_capability() < (8, 0):  # e.g. a T4 (sm_75)
+    _SM = "".join(map(str, torch.cuda.get_device_capability()))
+    BROKEN = (f"the course's Triton kernels need an sm_80 or newer GPU (A100, H100, ...): for this sm_{_SM} GPU "
+              "Triton compiles their matrix products without tensor cores, and the backward's tiles exceed its "
+              f"shared memory (python -m helpers.triton_aot --arch {_SM} shows the compiler's report)")
 
 import triton  # noqa: E402  (after the interpreter switch)
 import triton.language as tl  # noqa: E402

@@ -217,3 +217,19 @@ def test_flash_panel_moves_with_its_controls(capsys):
     assert longer.axes[1].lines[-1].get_xdata()[0] == 8192  # the marker line follows N
     assert math.isclose(small.axes[0].lines[0].get_ydata()[0], A.naive_traffic_bytes(1024, 64, 32) / 1e9)
     plt.close("all")
+
+
+def test_triton_kernels_are_refused_with_a_reason_on_a_gpu_older_than_sm80():
+    import subprocess
+    import sys
+
+    code = ("import torch; torch.cuda.is_available = lambda: True; "
+            "torch.cuda.get_device_capability = lambda *a: (7, 5)\n"
+            "from helpers import attention as A\n"
+            "print(A.TRITON_MISSING)\n"
+            "print(A._static_reason('flash_triton', 'cuda', torch.float16))")
+    env = {k: v for k, v in __import__("os").environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    reason, static = done.stdout.strip().splitlines()[-2:]
+    assert "sm_80 or newer" in reason and "sm_75" in reason and static == reason
