@@ -185,13 +185,26 @@ def sweep_micro_batches(model: torch.nn.Module, optimizer: torch.optim.Optimizer
     """`measure_accumulation` for each micro-batch size b at k = effective_batch / b, timed interleaved.
 
     One shared-timer call per (repetition, b), cycling through the sizes, so a burst of other work
-    on the machine slows every size alike instead of one of them.
+    on the machine slows every size alike instead of one of them. Each size first runs one step
+    alone: a size that runs out of GPU memory is left out of the rows (so compare the rows'
+    micro_batch values with the sizes asked for).
     """
     for b in micro_batches:
         if effective_batch % b:
             raise ValueError(f"micro-batch {b} does not divide effective_batch={effective_batch}")
-    runs = [_prepare(model, optimizer, b, effective_batch // b, seq_len, device, autocast_dtype, seed)
-            for b in micro_batches]
+    runs = []
+    for b in micro_batches:
+        step, mbs = _prepare(model, optimizer, b, effective_batch // b, seq_len, device, autocast_dtype, seed)
+        try:
+            step()
+            fits = True
+        except torch.cuda.OutOfMemoryError:
+            fits = False
+        if fits:
+            runs.append((step, mbs))
+        else:  # after the except block, so the failed step's tensors are gone
+            optimizer.zero_grad(set_to_none=True)
+            torch.cuda.empty_cache()
     timings = benchmark_interleaved({str(i): step for i, (step, _) in enumerate(runs)}, reps=reps, warmup=warmup,
                                     device=device)
     return [_row(model, step, mbs, timings[str(i)], seq_len, device, autocast_dtype, flops_per_token)

@@ -341,7 +341,7 @@ def memory_wall(impls, seq_lens, *, batch: int, heads: int, head_dim: int, dtype
                     attention(q, k, v, impl, causal).backward(do)
                     q.grad = k.grad = v.grad = None  # so the measured backward allocates them, as a first one does
                 row["peak_bytes"] = bench.peak_cuda_memory(lambda: attention(q, k, v, impl, causal).backward(do))
-            except torch.OutOfMemoryError as err:
+            except torch.cuda.OutOfMemoryError as err:
                 row["status"] = "out of memory: " + str(err).splitlines()[0][:80]
                 failed.add(impl)
             finally:

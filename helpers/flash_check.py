@@ -99,7 +99,7 @@ def speed(device: str, impls, head_dims, seq_lens, *, dtype: str = "bf16", token
                     t = A.time_attention(impl, q, k, v, is_causal=causal, backward=backward, reps=reps, warmup=warmup)
                     flops = A.attention_flops(b, h, n, d, causal, backward)
                     row |= {"ms": t.ms, "spread": t.spread, "tflops": bench.tflops(flops, t.median)}
-                except torch.OutOfMemoryError:
+                except torch.cuda.OutOfMemoryError:
                     row["status"] = "out of memory"
                 if row["status"] != "ok" and device == "cuda":  # after the except block, so its frames are gone
                     gc.collect()

@@ -233,7 +233,8 @@ def matmul(a, b, dtype: str):
 
     if dtype == "fp8":
         one = torch.ones((), device=a.device)
-        return torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
+        out = torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
+        return out[0] if isinstance(out, tuple) else out  # torch 2.4 returned (out, amax)
     old = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = dtype == "tf32"
     try:

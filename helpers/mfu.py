@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import replace
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 
@@ -17,6 +17,7 @@ from . import plots
 from .bench import benchmark, benchmark_interleaved
 from .flops import COMPONENTS, SECONDS_PER_DAY, matmul_params, six_nd, transformer_flops
 from .model import GPT, Block, GPTConfig, resolve_attention
+from .widgets import progress
 
 SECONDS_PER_HOUR = 3_600
 ATTENTION_PARTS = ("qkv", "attn_scores", "attn_values", "attn_out")
@@ -161,6 +162,31 @@ def measure_train_step(config: GPTConfig, batch_size: int, seq_len: int, *, devi
     return {"batch_size": batch_size, "seq_len": seq_len, "seconds": t.median, "spread": t.spread,
             "tokens_per_s": tokens / t.median, "flops": counted, "tflops": counted / t.median / 1e12,
             "tflops_6n": six_nd(matmul_params(config), tokens) / t.median / 1e12, "params": n_params}
+
+
+def sweep_train_steps(presets: Sequence[str], batch_sizes: Sequence[int], seq_len: int, *, device: str = "cpu",
+                      autocast_dtype: torch.dtype | None = None, reps: int = 10, warmup: int = 3,
+                      seed: int = 0) -> tuple[list[dict], list[str]]:
+    """measure_train_step for every preset and batch size (T capped at the preset's context).
+
+    Returns the rows (each with its "model") and the "preset B=b" points that ran out of GPU memory,
+    which a sweep on a 16-40 GB GPU may reach; those are skipped and the sweep goes on.
+    """
+    rows, too_big = [], []
+    for name in progress(presets, desc="models"):
+        config = GPTConfig.preset(name)
+        for b in batch_sizes:
+            try:
+                row = measure_train_step(config, b, min(seq_len, config.seq_len), device=device,
+                                         autocast_dtype=autocast_dtype, reps=reps, warmup=warmup, seed=seed)
+            except torch.cuda.OutOfMemoryError:
+                too_big.append(f"{name} B={b}")
+                row = None
+            if row is None:  # after the except block, so the failed step's tensors are gone
+                torch.cuda.empty_cache()
+            else:
+                rows.append(row | {"model": name})
+    return rows, too_big
 
 
 # ---------------------------------------------------------------- estimates from 6ND

@@ -142,3 +142,21 @@ def test_accumulation_panel_reflects_the_controls(capsys):
     fig4 = A.accumulation_panel(4, 1, model=m, optimizer=opt, seq_len=16, reps=1)
     assert fig4.axes[1].collections[-1].get_offsets()[0][1] > star[1]  # more memory at a bigger micro-batch
     plt.close("all")
+
+
+def test_sweep_micro_batches_leaves_out_a_size_that_runs_out_of_memory(monkeypatch):
+    m, _, _ = model_and_batch()
+    opt = torch.optim.AdamW(m.parameters())
+    prepare = A._prepare
+
+    def failing_at_4(model, optimizer, micro_batch, *args):
+        step, mbs = prepare(model, optimizer, micro_batch, *args)
+        if micro_batch < 4:
+            return step, mbs
+
+        def step_out_of_memory():
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory (simulated)")
+        return step_out_of_memory, mbs
+    monkeypatch.setattr(A, "_prepare", failing_at_4)
+    rows = A.sweep_micro_batches(m, opt, [1, 2, 4], 4, 16, reps=1, warmup=0)
+    assert [r["micro_batch"] for r in rows] == [1, 2]

@@ -118,3 +118,16 @@ def test_flops_panel_moves_with_the_controls(capsys):
     with pytest.raises(ValueError, match="head_dim"):
         mfu.flops_panel(2, 100, 64, 256)
     plt.close("all")
+
+
+def test_sweep_train_steps_skips_the_points_that_run_out_of_memory(monkeypatch):
+    real = mfu.measure_train_step
+
+    def measure(config, batch_size, seq_len, **kwargs):
+        if batch_size > 1:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory (simulated)")
+        return real(config, batch_size, seq_len, **kwargs)
+    monkeypatch.setattr(mfu, "measure_train_step", measure)
+    rows, too_big = mfu.sweep_train_steps(["tiny"], [1, 2], 16, reps=1, warmup=0)
+    assert [(r["model"], r["batch_size"]) for r in rows] == [("tiny", 1)] and too_big == ["tiny B=2"]
+    assert rows[0]["seq_len"] == 16 and rows[0]["tflops"] > 0
