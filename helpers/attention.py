@@ -157,6 +157,9 @@ NOTES = {
 }
 
 
+_SDPA_HAS_GQA = "enable_gqa" in (F.scaled_dot_product_attention.__doc__ or "")  # torch >= 2.5
+
+
 def _kv_groups(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> int:
     """Query heads per key/value head (1 unless k and v have fewer heads than q, in dim -3)."""
     if k.shape != v.shape:
@@ -187,14 +190,17 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, impl: str = "sd
     that natively, every other implementation gets each kv head repeated for its query heads.
     """
     groups = _kv_groups(q, k, v)
-    if impl == "sdpa":
-        return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal, enable_gqa=groups > 1)
+    if impl == "sdpa" and (groups == 1 or _SDPA_HAS_GQA):
+        gqa = {"enable_gqa": True} if groups > 1 else {}
+        return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal, **gqa)
     if impl == "flash_attn":
         return _flash_attn(q, k, v, is_causal)
     if impl not in IMPLEMENTATIONS:
         raise ValueError(f"impl={impl!r} is unknown; choose one of {', '.join(map(repr, IMPLEMENTATIONS))}")
     if groups > 1:
         k, v = k.repeat_interleave(groups, dim=-3), v.repeat_interleave(groups, dim=-3)
+    if impl == "sdpa":  # torch < 2.5: no enable_gqa, so the kv heads were repeated above
+        return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal)
     if impl in SDPA_BACKENDS:
         with sdpa_kernel(SDPA_BACKENDS[impl]):
             return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal)
@@ -238,9 +244,29 @@ def _probe(impl: str, device: str, dtype: torch.dtype) -> str | None:
             attention(q, k, v, impl, is_causal=True)
             return None
         except Exception as err:  # noqa: BLE001 -- every failure is a reason to report, not to crash
-            told = [str(w.message).strip().splitlines()[0] for w in caught if "not used because" in str(w.message)
-                    or "requires" in str(w.message)]
-            return "; ".join(told[:2]) or str(err).strip().splitlines()[0]
+            return _reason_from(err, [str(w.message).strip() for w in caught])
+
+
+def _reason_from(err: Exception, messages: list[str]) -> str:
+    """One line out of SDPA's warnings ("X not used because:", then the detail) or the error itself."""
+    told = []
+    for i, message in enumerate(messages):
+        if "not used because" in message or "requires" in message:
+            line = " ".join(message.split())
+            if line.endswith(":") and i + 1 < len(messages):  # the detail comes as the next warning
+                line += " " + " ".join(messages[i + 1].split())
+            told.append(line)
+    return "; ".join(told[:2])[:300] or str(err).strip().splitlines()[0]
+
+
+def is_kernel_error(err: Exception) -> bool:
+    """True for a library kernel's refusal or failure (cuDNN, no valid plan, ...) that leaves CUDA usable.
+
+    False for an illegal memory access and the like, after which the CUDA context is broken.
+    """
+    text = str(err).lower()
+    return isinstance(err, RuntimeError) and not any(s in text for s in ("illegal memory", "device-side assert",
+                                                                         "unspecified launch failure"))
 
 
 def availability(device: str | None = None, dtype: torch.dtype = torch.float16) -> dict[str, str | None]:
@@ -328,7 +354,7 @@ def memory_wall(impls, seq_lens, *, batch: int, heads: int, head_dim: int, dtype
             if impl in N_BY_N:
                 need = 3 * batch * heads * n * n * itemsize
             if impl in failed:
-                row["status"] = "skipped (out of memory at a smaller N)"
+                row["status"] = "skipped (failed at a smaller N)"
                 continue
             if budget_gb is not None and need > budget_gb * 2**30:
                 row["status"] = f"exceeds budget ({need / 2**30:.3g} > {budget_gb:g} GiB)"
@@ -343,6 +369,11 @@ def memory_wall(impls, seq_lens, *, batch: int, heads: int, head_dim: int, dtype
                 row["peak_bytes"] = bench.peak_cuda_memory(lambda: attention(q, k, v, impl, causal).backward(do))
             except torch.cuda.OutOfMemoryError as err:
                 row["status"] = "out of memory: " + str(err).splitlines()[0][:80]
+                failed.add(impl)
+            except RuntimeError as err:  # a library kernel that refuses this size: recorded, not fatal
+                if not is_kernel_error(err):
+                    raise
+                row["status"] = "error: " + str(err).strip().splitlines()[0][:120]
                 failed.add(impl)
             finally:
                 q = k = v = do = None

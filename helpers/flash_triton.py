@@ -288,9 +288,13 @@ TUNED = {} if INTERPRETED or AHEAD_OF_TIME else {
 
 
 def tuned_configs() -> dict[str, str]:
-    """The block sizes and warps the autotuner picked for each kernel (GPU only; empty before a run)."""
-    return {f"{name} d<={d_class}": str(fn.best_config) for (name, d_class), fn in TUNED.items()
-            if getattr(fn, "best_config", None)}
+    """The block sizes and warps the autotuner picked, per kernel and tuned shape (GPU only; empty before a run)."""
+    picked = {}
+    for (name, _), fn in TUNED.items():
+        for key, config in getattr(fn, "cache", {}).items():  # key: the values of _KEY, then argument dtypes
+            n_q, n_k, d_pad, causal = key[:4]
+            picked[f"{name} N={n_q}x{n_k} d_pad={d_pad}{' causal' if causal else ''}"] = str(config)
+    return picked
 
 
 def fixed_config(block_m: int | None, block_n: int | None, d_pad: int, fp32: bool) -> tuple[int, int, int, int]:

@@ -233,3 +233,33 @@ def test_triton_kernels_are_refused_with_a_reason_on_a_gpu_older_than_sm80():
     assert done.returncode == 0, done.stderr[-2000:]
     reason, static = done.stdout.strip().splitlines()[-2:]
     assert "sm_80 or newer" in reason and "sm_75" in reason and static == reason
+
+
+def test_memory_wall_records_a_library_kernel_error_and_goes_on(monkeypatch):
+    real = A.attention
+
+    def refusing(q, k, v, impl="sdpa", is_causal=False):
+        if impl == "sdpa_math" and q.shape[-2] >= 64:
+            raise RuntimeError("cuDNN Frontend error: No execution plans support the graph.")
+        return real(q, k, v, impl, is_causal)
+    monkeypatch.setattr(A, "attention", refusing)
+    rows = A.memory_wall(["naive", "sdpa_math"], [32, 64, 128], batch=1, heads=2, head_dim=16,
+                         dtype=torch.float32, device="cpu")
+    status = {(r["impl"], r["n"]): r["status"] for r in rows}
+    assert status[("sdpa_math", 32)] == "ok" and status[("sdpa_math", 64)].startswith("error: cuDNN Frontend")
+    assert status[("sdpa_math", 128)].startswith("skipped") and status[("naive", 128)] == "ok"
+
+
+def test_a_broken_cuda_context_is_not_mistaken_for_a_kernel_refusal():
+    assert A.is_kernel_error(RuntimeError("cuDNN Frontend error: No execution plans support the graph."))
+    assert A.is_kernel_error(torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"))
+    assert not A.is_kernel_error(RuntimeError("CUDA error: an illegal memory access was encountered"))
+    assert not A.is_kernel_error(ValueError("shapes"))
+
+
+def test_probe_reason_joins_sdpa_warning_header_and_detail():
+    reason = A._reason_from(RuntimeError("No available kernel. Aborting execution."),
+                            ["Flash attention kernel not used because:", "Flash attention only supports sm80+",
+                             "unrelated"])
+    assert reason == "Flash attention kernel not used because: Flash attention only supports sm80+"
+    assert A._reason_from(RuntimeError("No available kernel.\nmore"), []) == "No available kernel."

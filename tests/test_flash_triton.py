@@ -136,3 +136,12 @@ def test_gpt_trains_the_same_with_the_triton_kernel():
         grads_.append(m.blocks[0].attn.kv_proj.weight.grad.clone())
     torch.testing.assert_close(losses[1], losses[0], **FP32)
     torch.testing.assert_close(grads_[1], grads_[0], **FP32)
+
+
+def test_tuned_configs_lists_the_autotuner_choice_per_shape(monkeypatch):
+    class Tuned:
+        cache = {(1040, 1040, 128, True, "tf32", "torch.bfloat16"): "BLOCK_M: 128, BLOCK_N: 64, num_warps: 8",
+                 (2048, 2048, 128, False, "tf32", "torch.bfloat16"): "BLOCK_M: 128, BLOCK_N: 128, num_warps: 8"}
+    monkeypatch.setattr(FT, "TUNED", {("forward", 128): Tuned()})
+    assert FT.tuned_configs() == {"forward N=1040x1040 d_pad=128 causal": "BLOCK_M: 128, BLOCK_N: 64, num_warps: 8",
+                                  "forward N=2048x2048 d_pad=128": "BLOCK_M: 128, BLOCK_N: 128, num_warps: 8"}
