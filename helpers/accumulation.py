@@ -19,7 +19,7 @@ from typing import Callable, Sequence
 import torch
 
 from . import plots
-from .bench import benchmark, benchmark_interleaved, peak_cuda_memory, saved_tensor_bytes
+from .bench import benchmark, benchmark_interleaved, peak_cuda_memory, release_memory, saved_tensor_bytes
 
 IGNORE_INDEX = -1  # the course GPT's cross_entropy(ignore_index=-1): padded targets count for nothing
 WEIGHTINGS = ("mean", "tokens")
@@ -204,7 +204,7 @@ def sweep_micro_batches(model: torch.nn.Module, optimizer: torch.optim.Optimizer
             runs.append((step, mbs))
         else:  # after the except block, so the failed step's tensors are gone
             optimizer.zero_grad(set_to_none=True)
-            torch.cuda.empty_cache()
+            release_memory()
     timings = benchmark_interleaved({str(i): step for i, (step, _) in enumerate(runs)}, reps=reps, warmup=warmup,
                                     device=device)
     return [_row(model, step, mbs, timings[str(i)], seq_len, device, autocast_dtype, flops_per_token)

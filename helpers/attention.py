@@ -21,7 +21,6 @@ except ImportError as err:  # triton is a Linux-only dependency
     flash_triton, TRITON_MISSING = None, f"triton is not installed ({err})"
 
 import functools
-import gc
 import math
 import warnings
 
@@ -190,16 +189,15 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, impl: str = "sd
     that natively, every other implementation gets each kv head repeated for its query heads.
     """
     groups = _kv_groups(q, k, v)
-    if impl == "sdpa" and (groups == 1 or _SDPA_HAS_GQA):
-        gqa = {"enable_gqa": True} if groups > 1 else {}
-        return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal, **gqa)
+    if impl == "sdpa" and groups > 1 and _SDPA_HAS_GQA:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal, enable_gqa=True)
     if impl == "flash_attn":
         return _flash_attn(q, k, v, is_causal)
     if impl not in IMPLEMENTATIONS:
         raise ValueError(f"impl={impl!r} is unknown; choose one of {', '.join(map(repr, IMPLEMENTATIONS))}")
     if groups > 1:
         k, v = k.repeat_interleave(groups, dim=-3), v.repeat_interleave(groups, dim=-3)
-    if impl == "sdpa":  # torch < 2.5: no enable_gqa, so the kv heads were repeated above
+    if impl == "sdpa":  # (with groups > 1 only on torch < 2.5, which lacks enable_gqa)
         return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal)
     if impl in SDPA_BACKENDS:
         with sdpa_kernel(SDPA_BACKENDS[impl]):
@@ -258,15 +256,6 @@ def _reason_from(err: Exception, messages: list[str]) -> str:
             told.append(line)
     return "; ".join(told[:2])[:300] or str(err).strip().splitlines()[0]
 
-
-def is_kernel_error(err: Exception) -> bool:
-    """True for a library kernel's refusal or failure (cuDNN, no valid plan, ...) that leaves CUDA usable.
-
-    False for an illegal memory access and the like, after which the CUDA context is broken.
-    """
-    text = str(err).lower()
-    return isinstance(err, RuntimeError) and not any(s in text for s in ("illegal memory", "device-side assert",
-                                                                         "unspecified launch failure"))
 
 
 def availability(device: str | None = None, dtype: torch.dtype = torch.float16) -> dict[str, str | None]:
@@ -339,8 +328,8 @@ def memory_wall(impls, seq_lens, *, batch: int, heads: int, head_dim: int, dtype
                 causal: bool = False, budget_gb: float | None = None) -> list[dict]:
     """Saved-for-backward bytes (and peak CUDA memory of forward+backward) of each impl as N grows.
 
-    A CUDA out-of-memory error is caught and recorded, the memory freed, and larger N skipped for
-    that impl. With `budget_gb`, a size whose predicted need (3 N x N buffers alive at once for the
+    A CUDA out-of-memory error (or a library kernel's refusal) is caught and recorded, the memory
+    freed, and larger N skipped for that impl. With `budget_gb`, a size whose predicted need (3 N x N buffers alive at once for the
     N x N implementations, twice the saved bytes for the others) exceeds the budget is recorded as
     "exceeds budget" without allocating anything.
     """
@@ -367,19 +356,14 @@ def memory_wall(impls, seq_lens, *, batch: int, heads: int, head_dim: int, dtype
                     attention(q, k, v, impl, causal).backward(do)
                     q.grad = k.grad = v.grad = None  # so the measured backward allocates them, as a first one does
                 row["peak_bytes"] = bench.peak_cuda_memory(lambda: attention(q, k, v, impl, causal).backward(do))
-            except torch.cuda.OutOfMemoryError as err:
-                row["status"] = "out of memory: " + str(err).splitlines()[0][:80]
-                failed.add(impl)
-            except RuntimeError as err:  # a library kernel that refuses this size: recorded, not fatal
-                if not is_kernel_error(err):
+            except RuntimeError as err:  # out of memory, or a library kernel that refuses this size
+                row["status"] = bench.recoverable_failure(err)
+                if row["status"] is None:
                     raise
-                row["status"] = "error: " + str(err).strip().splitlines()[0][:120]
                 failed.add(impl)
             finally:
                 q = k = v = do = None
-                gc.collect()
-                if device == "cuda":
-                    torch.cuda.empty_cache()
+                bench.release_memory()
     return rows
 
 

@@ -1,6 +1,7 @@
 """The one timing API of the course, plus memory measurement (CUDA peak, and saved-for-backward bytes)."""
 from __future__ import annotations
 
+import gc
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -131,6 +132,29 @@ def tflops(flops: float, seconds: float) -> float:
 def gbps(nbytes: float, seconds: float) -> float:
     """Counted bytes and seconds -> GB/s (10^9 bytes per second)."""
     return nbytes / seconds / 1e9
+
+
+def recoverable_failure(err: BaseException) -> str | None:
+    """How a sweep records `err` and goes on ("out of memory: ...", "error: ..."), or None if it must stop.
+
+    Out-of-memory errors and a library kernel's refusal (cuDNN finding no plan, say) leave CUDA
+    usable; an illegal memory access or a device-side assert does not, and neither does anything
+    that is not a RuntimeError.
+    """
+    first = (str(err).strip().splitlines() or [""])[0][:120]
+    if isinstance(err, torch.cuda.OutOfMemoryError):
+        return f"out of memory: {first}"
+    broken = ("illegal memory", "device-side assert", "unspecified launch failure")
+    if not isinstance(err, RuntimeError) or any(s in first.lower() for s in broken):
+        return None
+    return f"error: {first}"
+
+
+def release_memory() -> None:
+    """Free what a failed or finished step left behind (call it after the except block, once its frames are gone)."""
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def peak_cuda_memory(fn: Callable[[], Any]) -> int | None:

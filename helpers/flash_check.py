@@ -17,7 +17,6 @@ the same checks run in Triton's interpreter at small sizes (fp32, fp16) and noth
 from __future__ import annotations
 
 import argparse
-import gc
 import time
 
 import torch
@@ -100,15 +99,12 @@ def speed(device: str, impls, head_dims, seq_lens, *, dtype: str = "bf16", token
                     t = A.time_attention(impl, q, k, v, is_causal=causal, backward=backward, reps=reps, warmup=warmup)
                     flops = A.attention_flops(b, h, n, d, causal, backward)
                     row |= {"ms": t.ms, "spread": t.spread, "tflops": bench.tflops(flops, t.median)}
-                except torch.cuda.OutOfMemoryError:
-                    row["status"] = "out of memory"
-                except RuntimeError as err:  # a library kernel that refuses this shape: recorded, not fatal
-                    if not A.is_kernel_error(err):
+                except RuntimeError as err:  # out of memory, or a library kernel that refuses this shape
+                    row["status"] = bench.recoverable_failure(err)
+                    if row["status"] is None:
                         raise
-                    row["status"] = "error: " + str(err).strip().splitlines()[0][:120]
-                if row["status"] != "ok" and device == "cuda":  # after the except block, so its frames are gone
-                    gc.collect()
-                    torch.cuda.empty_cache()
+                if row["status"] != "ok":  # after the except block, so the failed call's frames are gone
+                    bench.release_memory()
         del q, k, v
     return rows
 

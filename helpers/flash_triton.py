@@ -272,6 +272,11 @@ _KEY = ["N_Q", "N_K", "D_PAD", "IS_CAUSAL", "PREC"]
 INTERPRETER_BLOCK = 32  # default tile edge under the interpreter (its cost is per operation, not per FLOP)
 
 
+def padded_head_dim(d: int) -> int:
+    """The tile width a head dim d runs at: the next power of two, at least 16 (extra columns masked)."""
+    return max(16, triton.next_power_of_2(d))
+
+
 def head_dim_class(d_pad: int) -> int:
     """Which AUTOTUNE list serves a padded head dim: 64 (up to 64) or 128."""
     return 64 if d_pad <= 64 else 128
@@ -365,7 +370,7 @@ def _rows_strides(x: torch.Tensor) -> tuple[int, int, int]:
 
 def _meta(q: torch.Tensor, is_causal: bool) -> dict:
     d = q.shape[-1]
-    return {"HEAD_DIM": d, "D_PAD": max(16, triton.next_power_of_2(d)), "IS_CAUSAL": bool(is_causal),
+    return {"HEAD_DIM": d, "D_PAD": padded_head_dim(d), "IS_CAUSAL": bool(is_causal),
             "PREC": "ieee" if q.dtype == torch.float32 else "tf32"}  # true fp32 products for fp32 inputs
 
 

@@ -14,7 +14,7 @@ from typing import Callable, Sequence
 import torch
 
 from . import plots
-from .bench import benchmark, benchmark_interleaved
+from .bench import benchmark, benchmark_interleaved, release_memory
 from .flops import COMPONENTS, SECONDS_PER_DAY, matmul_params, six_nd, transformer_flops
 from .model import GPT, Block, GPTConfig, resolve_attention
 from .widgets import progress
@@ -183,7 +183,7 @@ def sweep_train_steps(presets: Sequence[str], batch_sizes: Sequence[int], seq_le
                 too_big.append(f"{name} B={b}")
                 row = None
             if row is None:  # after the except block, so the failed step's tensors are gone
-                torch.cuda.empty_cache()
+                release_memory()
             else:
                 rows.append(row | {"model": name})
     return rows, too_big

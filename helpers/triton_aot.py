@@ -65,7 +65,7 @@ def compile_kernel(kernel: str, dtype: str = "bf16", head_dim: int = 128, causal
     ft = _flash_triton()
     fn, args = ft.KERNELS[kernel], signature(kernel, dtype)
     bm, bn, warps, stages = config
-    meta = {"HEAD_DIM": head_dim, "D_PAD": max(16, triton.next_power_of_2(head_dim)), "IS_CAUSAL": causal,
+    meta = {"HEAD_DIM": head_dim, "D_PAD": ft.padded_head_dim(head_dim), "IS_CAUSAL": causal,
             "PREC": "ieee" if dtype == "fp32" else "tf32", "BLOCK_M": bm, "BLOCK_N": bn}
     meta = {name: value for name, value in meta.items() if name in fn.arg_names}  # the preprocess kernel has fewer
     types = {name: ("constexpr" if name in meta else args[name]) for name in fn.arg_names}
@@ -115,10 +115,8 @@ def resources(compiled) -> dict[str, int]:
 
 def launch_configs(kernel: str, head_dim: int, dtype: str) -> list[tuple[int, int, int, int]]:
     """Every config flash_triton may launch `kernel` with on a GPU: the autotuner's list, or the fixed one."""
-    import triton
-
     ft = _flash_triton()
-    d_pad = max(16, triton.next_power_of_2(head_dim))
+    d_pad = ft.padded_head_dim(head_dim)
     if kernel == "preprocess":
         return [(ft.PREPROCESS_BLOCK, ft.PREPROCESS_BLOCK, 4, 3)]  # launched with Triton's defaults; BLOCK_N unused
     if dtype == "fp32":

@@ -18,3 +18,22 @@ def results_tmp(tmp_path):
     folder = results.configure(tmp_path / "results", profile="smoke")
     yield folder
     results._state.update({"dir": None, "profile": None})
+
+
+@pytest.fixture
+def check_keeps_only_qkv_o_lse():
+    """check(apply, q, k, v, is_causal): a FlashAttention Function keeps q, k, v, O and L = logsumexp(S), nothing N x N."""
+    def check(apply, q, k, v, is_causal):
+        q, k, v = (t.requires_grad_() for t in (q, k, v))
+        saved = []
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+            out = apply(q, k, v, is_causal)
+        n_q, n_k = q.shape[-2], k.shape[-2]
+        assert [tuple(t.shape) for t in saved] == [q.shape, k.shape, v.shape, q.shape, q.shape[:-1]]
+        assert saved[0] is q and saved[1] is k and saved[2] is v and saved[3] is out
+        assert not any(t.shape[-2:] == (n_q, n_k) for t in saved if t.dim() >= 2)
+        scores = q @ k.mT / q.shape[-1] ** 0.5
+        if is_causal:
+            scores = scores.masked_fill(~torch.ones(n_q, n_k, dtype=torch.bool, device=q.device).tril(), float("-inf"))
+        torch.testing.assert_close(saved[4], torch.logsumexp(scores, -1), rtol=1e-5, atol=2e-5)  # L
+    return check
