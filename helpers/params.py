@@ -4,7 +4,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 PROFILES = ("auto", "smoke", "full")
 
@@ -22,6 +22,28 @@ def positive(name: str, value: Any, kind: type = int) -> Any:
     if isinstance(value, bool) or not isinstance(value, kind) or value <= 0:
         raise ValueError(f"{name}={value!r} must be a positive {kind.__name__}")
     return value
+
+
+def positives(name: str, values: Any, kind: type = int) -> list:
+    """Return `values` as a list if it is a non-empty list or tuple of positive `kind`s, else raise."""
+    if isinstance(values, (str, bytes)) or not isinstance(values, (list, tuple)) or not values:
+        raise ValueError(f"{name}={values!r} must be a non-empty list of positive {kind.__name__}s")
+    for value in values:
+        if isinstance(value, bool) or not isinstance(value, kind) or value <= 0:
+            raise ValueError(f"{name}={values!r}: entry {value!r} must be a positive {kind.__name__}")
+    return list(values)
+
+
+def choices(name: str, values: Any, allowed: Iterable[Any]) -> list:
+    """Return `values` as a list if it is a non-empty list or tuple of entries from `allowed`, else raise."""
+    allowed = tuple(allowed)
+    if isinstance(values, (str, bytes)) or not isinstance(values, (list, tuple)) or not values:
+        raise ValueError(f"{name}={values!r} must be a non-empty list drawn from {', '.join(map(repr, allowed))}")
+    for value in values:
+        if value not in allowed:
+            raise ValueError(f"{name}={values!r}: entry {value!r} is not allowed; choose from "
+                             f"{', '.join(map(repr, allowed))}")
+    return list(values)
 
 
 def resolve_profile(profile: str) -> str:
@@ -52,6 +74,20 @@ class Setup:
     def pick(self, *, smoke: Any, full: Any) -> Any:
         """The value for this run's profile."""
         return by_profile(self.profile, smoke=smoke, full=full)
+
+    def resolve(self, name: str, value: Any, *, smoke: Any, full: Any,
+                check: Callable[[str, Any], Any] | None = None) -> Any:
+        """`value` if it was given, else this profile's default; then validated by `check(name, value)`.
+
+        `None` is the only "use the default": 0, [] or "" are validated like any other value, so
+        `-p REPS=0` fails here with a ValueError naming REPS instead of silently becoming the default.
+        E.g. `REPS = S.resolve("REPS", REPS, smoke=5, full=20, check=params.positive)`.
+        """
+        value = self.pick(smoke=smoke, full=full) if value is None else value
+        if check is not None:
+            checked = check(name, value)
+            value = value if checked is None else checked
+        return value
 
 
 def setup(profile: str = "auto", seed: int = 0, interactive: bool = True,
