@@ -15,7 +15,7 @@ ARGS   ?=
 PY    := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: test lab run clean-venv
+.PHONY: test lab run strip clean-venv
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -40,6 +40,10 @@ lab: $(STAMP)
 
 run: $(STAMP)
 	$(PY) -m helpers.run --profile $(PROFILE) $(ARGS)
+
+# before committing a notebook: outputs, execution counts and widget state out
+strip: $(STAMP)
+	$(PY) -m helpers.strip notebooks/*.ipynb
 
 clean-venv:
 	rm -rf $(VENV)

@@ -28,6 +28,24 @@ def test_committed_without_outputs_and_with_parameters(path):
     assert nb.cells[0].cell_type == "markdown" and nb.cells[0].source.startswith("# ")
 
 
+def test_the_strip_command_leaves_a_notebook_as_the_tests_require(tmp_path):
+    from helpers import strip
+
+    nb = nbformat.read(NOTEBOOKS[0], as_version=4)
+    nb.metadata["widgets"] = {"application/vnd.jupyter.widget-state+json": {"state": {}}}
+    code = next(c for c in nb.cells if c.cell_type == "code")
+    code.outputs = [nbformat.v4.new_output("stream", text="hi")]
+    code.execution_count = 3
+    code.metadata["execution"] = {"iopub.status.busy": "x"}
+    path = tmp_path / NOTEBOOKS[0].name
+    nbformat.write(nb, path)
+    assert strip.main(["--check", str(path)]) == 1
+    assert strip.main([str(path)]) == 0
+    assert strip.main(["--check", str(path)]) == 0
+    test_committed_without_outputs_and_with_parameters(path)
+    assert path.read_text() == NOTEBOOKS[0].read_text()  # exactly the committed form
+
+
 def _execute(path, tmp_path, **parameters):
     params = {"PROFILE": "smoke", "INTERACTIVE": False, "RESULTS_DIR": str(tmp_path / "results"), **parameters}
     return pm.execute_notebook(str(path), str(tmp_path / path.name), parameters=params, cwd=str(path.parent),
