@@ -182,3 +182,40 @@ def test_activation_model_reproduces_the_measured_bytes():
         assert kept[s] <= est["peak"] <= kept["none"], s
     every = C.activation_model(7, "every", block_bytes=block, input_bytes=x.nbytes, head_bytes=head)
     assert every["peak"] == 6 * x.nbytes + block  # rebuilding the last block, with the six inputs before it
+
+
+def test_selective_exercise_accepts_other_right_answers_and_names_what_is_wrong(capsys):
+    """The 04.selective checker must accept any selective recompute, not only the reference's choice."""
+    from torch.utils.checkpoint import checkpoint
+
+    from helpers import check
+    from helpers.model import naive_attention
+
+    def attention_kernel_recomputed(block, x):  # Korthikanti et al.'s choice: the T×T scores are rebuilt
+        a = block.attn
+        B, T, _ = x.shape
+        h = block.ln_1(x)
+        q = a.q_proj(h).view(B, T, a.n_head, a.head_dim).transpose(1, 2)
+        k, v = a.kv_proj(h).view(B, T, 2, a.n_kv_head, a.head_dim).permute(2, 0, 3, 1, 4)
+        k = k.repeat_interleave(a.n_head // a.n_kv_head, dim=1)
+        v = v.repeat_interleave(a.n_head // a.n_kv_head, dim=1)
+        y = checkpoint(naive_attention, q, k, v, True, use_reentrant=False)
+        x = x + a.resid_drop(a.out_proj(y.transpose(1, 2).reshape(B, T, -1)))
+        return x + block.mlp(block.ln_2(x))
+
+    def forgot_the_residual(block, x):
+        return C._mlp_recompute_activation(block.mlp, block.ln_2(x + block.attn(block.ln_1(x))))
+
+    def unwritten(block, x):
+        ...
+
+    check.exercise("04.selective", attention_kernel_recomputed)
+    assert capsys.readouterr().out.startswith("PASS")
+    check.exercise("04.selective", forgot_the_residual)
+    out = capsys.readouterr().out
+    assert out.startswith("FAIL") and "case 1/5" in out and "['output']" in out
+    check.exercise("04.selective", unwritten)
+    assert capsys.readouterr().out.startswith("TODO")
+    check.exercise("04.selective", lambda block, x: checkpoint(type(block).forward, block, x, use_reentrant=False))
+    out = capsys.readouterr().out
+    assert "recomputes" in out and "of forward FLOPs" in out  # whole block: right gradients, not selective
