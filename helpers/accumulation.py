@@ -10,6 +10,13 @@ micro-batch's loss must be weighted by its share of the batch's tokens:
              is the batch's global mean whatever the padding, because loss_i * n_i is the
              micro-batch's summed loss.
 
+A micro-batch with no counted token has a mean loss of 0/0 (NaN): both weightings give it weight 0
+and skip its backward, and "mean" divides by the number of micro-batches that have a counted token.
+
+Under data parallelism (DDP) every backward all-reduces the gradients across ranks unless the
+micro-batches before the last run inside `model.no_sync()`, which PyTorch documents as "Context
+manager to disable gradient synchronizations across DDP processes" (DistributedDataParallel docs).
+
 Dropout would draw different masks for different splits; the course presets have dropout 0.
 """
 from __future__ import annotations
@@ -40,16 +47,21 @@ def counted_tokens(targets: torch.Tensor, ignore_index: int = IGNORE_INDEX) -> i
 
 def loss_weights(micro_batches: Sequence[MicroBatch], weighting: str = "mean",
                  ignore_index: int = IGNORE_INDEX) -> list[float]:
-    """The factor each micro-batch's mean loss is multiplied by before its backward."""
+    """The factor each micro-batch's mean loss is multiplied by before its backward.
+
+    "mean": 1/k' for each of the k' micro-batches with a counted token; "tokens": n_i / N. A
+    micro-batch without a counted token gets 0 in both (its mean loss is 0/0). Raises ValueError
+    for an unknown weighting or when no target of any micro-batch counts.
+    """
     if weighting not in WEIGHTINGS:
         raise ValueError(f"weighting={weighting!r} is not allowed; choose one of {WEIGHTINGS}")
-    k = len(micro_batches)
-    if weighting == "mean":
-        return [1.0 / k] * k
     counts = [counted_tokens(y, ignore_index) for _, y in micro_batches]
     total = sum(counts)
     if total == 0:
         raise ValueError("no micro-batch has a target that counts: every target is ignore_index")
+    if weighting == "mean":
+        k = sum(n > 0 for n in counts)
+        return [1.0 / k if n else 0.0 for n in counts]
     return [n / total for n in counts]
 
 
@@ -58,7 +70,7 @@ def accumulate_gradients(model: torch.nn.Module, micro_batches: Sequence[MicroBa
     """Backward through every micro-batch with its loss weighted; gradients add up in `.grad`.
 
     Returns the weighted loss (what the accumulated gradient is the gradient of). Micro-batches
-    with no counted token are skipped: their mean loss is 0/0.
+    with no counted token are skipped: their mean loss is 0/0 (see `loss_weights`).
     """
     total = torch.zeros(())
     for (x, y), w in zip(micro_batches, loss_weights(micro_batches, weighting)):
@@ -99,6 +111,47 @@ def batch_gradients(model: torch.nn.Module, micro_batches: Sequence[MicroBatch],
 def max_gradient_error(grads: dict[str, torch.Tensor], reference: dict[str, torch.Tensor]) -> float:
     """Largest |g - g_ref| over all parameters, relative to the largest |g_ref| of that parameter."""
     return max(((grads[n] - r).abs().max() / r.abs().max().clamp_min(1e-30)).item() for n, r in reference.items())
+
+
+def _flat(grads: dict[str, torch.Tensor], names) -> torch.Tensor:
+    return torch.cat([grads[n].detach().reshape(-1).double() for n in names])
+
+
+def gradient_error(grads: dict[str, torch.Tensor], reference: dict[str, torch.Tensor]) -> float:
+    """Norm-relative error ||g - g_ref|| / ||g_ref||, every parameter's gradient as one vector (float64).
+
+    0 for identical gradients; 1 for a zero gradient or for g = 2 g_ref. Raises ValueError when the
+    names differ or the reference is all zeros.
+    """
+    if set(grads) != set(reference):
+        raise ValueError(f"the gradients name different parameters: {sorted(set(grads) ^ set(reference))}")
+    g, r = _flat(grads, reference), _flat(reference, reference)
+    norm = r.norm()
+    if norm == 0:
+        raise ValueError("the reference gradient is all zeros: a relative error is undefined")
+    return float((g - r).norm() / norm)
+
+
+def gradient_cosine(grads: dict[str, torch.Tensor], reference: dict[str, torch.Tensor]) -> float:
+    """Cosine similarity of the two gradients as single vectors: 1 = same direction (any length)."""
+    if set(grads) != set(reference):
+        raise ValueError(f"the gradients name different parameters: {sorted(set(grads) ^ set(reference))}")
+    g, r = _flat(grads, reference), _flat(reference, reference)
+    return float(torch.nn.functional.cosine_similarity(g, r, dim=0))
+
+
+def pad_to_lengths(y: torch.Tensor, lengths: torch.Tensor | Sequence[int],
+                   ignore_index: int = IGNORE_INDEX) -> torch.Tensor:
+    """A copy of targets y (B, T) with every position t >= lengths[b] set to ignore_index (padding).
+
+    Raises ValueError unless there is one length per row, each in 0..T.
+    """
+    lengths = torch.as_tensor(lengths, device=y.device)
+    if lengths.shape != (y.size(0),) or bool((lengths < 0).any()) or bool((lengths > y.size(1)).any()):
+        raise ValueError(f"lengths {lengths.tolist()} must hold one value in 0..{y.size(1)} per row of y {tuple(y.shape)}")
+    out = y.clone()
+    out[torch.arange(y.size(1), device=y.device)[None, :] >= lengths[:, None]] = ignore_index  # (B, T) mask
+    return out
 
 
 # ---------------------------------------------------------------- effective batch
@@ -158,7 +211,9 @@ def _row(model, step, mbs, timing, seq_len, device, autocast_dtype, flops_per_to
     micro_batch, accum_steps = mbs[0][0].size(0), len(mbs)
     tokens = micro_batch * accum_steps * seq_len
     out = {"micro_batch": micro_batch, "accum_steps": accum_steps, "seconds": med, "spread": timing.spread,
-           "tokens_per_s": tokens / med, "peak_bytes": peak, "saved_bytes": saved}
+           "seconds_q25": timing.q25, "seconds_q75": timing.q75, "tokens_per_s": tokens / med,
+           "tokens_per_s_q25": tokens / timing.q75, "tokens_per_s_q75": tokens / timing.q25,  # slow step = low rate
+           "peak_bytes": peak, "saved_bytes": saved}
     if flops_per_token is not None:
         out["tflops"] = flops_per_token * tokens / med / 1e12
     return out
@@ -218,6 +273,42 @@ def memory_of(row: dict) -> tuple[float, str]:
     return row["saved_bytes"] / 2**20, "activations saved per micro-batch (MiB)"
 
 
+def draw_sweep(rows: Sequence[dict], ax_t, ax_m, label: str = "sweep") -> None:
+    """Tokens/s (median, bars from the first to the third quartile) and memory against micro-batch size.
+
+    Tokens/s on a log2 x-axis (the sizes double); memory on linear axes from 0, where memory that
+    grows in proportion to b is a straight line through the origin.
+    """
+    xs = [r["micro_batch"] for r in rows]
+    med = [r["tokens_per_s"] for r in rows]
+    low = [m - r.get("tokens_per_s_q25", m) for m, r in zip(med, rows)]
+    high = [r.get("tokens_per_s_q75", m) - m for m, r in zip(med, rows)]
+    ax_t.errorbar(xs, med, yerr=[low, high], marker="o", capsize=3, color=plots.COLORS[0],
+                  label=f"{label} (median, IQR bars)")
+    ax_t.set_xscale("log", base=2)
+    ax_t.set_ylim(bottom=0)
+    ax_m.plot(xs, [memory_of(r)[0] for r in rows], marker="o", color=plots.COLORS[0], label=label)
+    ax_m.set_xlim(0, max(xs) * 1.08)
+    ax_m.set_ylim(bottom=0)
+    for ax, ylabel in ((ax_t, "tokens/s"), (ax_m, memory_of(rows[0])[1])):
+        ax.set_xlabel("micro-batch b (sequences)")
+        ax.set_ylabel(ylabel)
+
+
+def plot_sweep(rows: Sequence[dict], title: str):
+    """Notebook 05's figure of `sweep_micro_batches` rows: tokens/s with IQR bars, and memory (see draw_sweep)."""
+    if not rows:
+        raise ValueError("no rows to plot: every micro-batch size ran out of memory")
+    fig, (ax_t, ax_m) = plots.figure(2, figsize=(10, 4))
+    draw_sweep(rows, ax_t, ax_m)
+    ax_t.legend()
+    ax_t.set_title("throughput")
+    ax_m.set_title("memory")
+    fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
 def accumulation_panel(micro_batch: int, accum_steps: int, *, model: torch.nn.Module,
                        optimizer: torch.optim.Optimizer, seq_len: int, device: str = "cpu",
                        autocast_dtype: torch.dtype | None = None, background: Sequence[dict] = (),
@@ -231,17 +322,19 @@ def accumulation_panel(micro_batch: int, accum_steps: int, *, model: torch.nn.Mo
     print(f"micro-batch {micro_batch} x {accum_steps} steps = {eff['sequences']} sequences ({eff['tokens']} tokens) "
           f"per optimizer step: {row['tokens_per_s']:.4g} tokens/s, {mem_label.split(' (')[0]} {mem:.4g} MiB")
     fig, (ax_t, ax_m) = plots.figure(2, figsize=(10, 4))
-    for ax, key, label in ((ax_t, "tokens_per_s", "tokens/s"), (ax_m, "memory", mem_label)):
-        if background:
-            xs = [b["micro_batch"] for b in background]
-            ys = [b[key] if key != "memory" else memory_of(b)[0] for b in background]
-            plots.sweep(xs, {"sweep": ys}, xlabel="micro-batch (sequences)", ylabel=label, logx=True, ax=ax)
-        here = row[key] if key != "memory" else mem
+    if background:
+        draw_sweep(background, ax_t, ax_m)
+    for ax, here, label in ((ax_t, row["tokens_per_s"], "tokens/s"), (ax_m, mem, mem_label)):
         ax.scatter([micro_batch], [here], s=90, marker="*", color=plots.COLORS[1], zorder=3,
                    label=f"b={micro_batch}, k={accum_steps}")
-        ax.set_xlabel("micro-batch (sequences)")
+        ax.set_xlabel("micro-batch b (sequences)")
         ax.set_ylabel(label)
+        ax.set_ylim(bottom=0)
         ax.legend()
+    if not background:
+        ax_m.set_xlim(0, micro_batch * 1.1)
+    else:
+        ax_m.set_xlim(0, max(micro_batch, *[b["micro_batch"] for b in background]) * 1.08)
     fig.suptitle(f"micro-batch {micro_batch} x {accum_steps} accumulation steps, T={seq_len}")
     fig.tight_layout()
     return fig

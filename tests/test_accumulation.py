@@ -68,17 +68,62 @@ def test_unequal_token_counts_break_mean_of_means_and_token_weighting_fixes_it()
 def test_loss_weights_and_empty_micro_batches():
     _, x, y = model_and_batch(batch=4, T=10)
     micro = A.split_batch(x, pad(y, [10, 10, 0, 0]), 2)
-    assert A.loss_weights(micro, "mean") == [0.5, 0.5]
+    assert A.loss_weights(micro, "mean") == [1.0, 0.0]  # the mean of the one mean that exists
     assert A.loss_weights(micro, "tokens") == [1.0, 0.0]
+    assert A.loss_weights(A.split_batch(x, pad(y, [10, 0, 0, 0, ]), 4), "mean") == [1.0, 0.0, 0.0, 0.0]
+    assert A.loss_weights(A.split_batch(x, pad(y, [10, 2, 0, 3]), 4), "mean") == [1 / 3, 1 / 3, 0.0, 1 / 3]
     m, _, _ = model_and_batch()
     A.accumulate_gradients(m, micro, weighting="tokens")  # the all-padding micro-batch is skipped, not NaN
     assert all(torch.isfinite(p.grad).all() for p in m.parameters() if p.grad is not None)
     with pytest.raises(ValueError, match="weighting"):
         A.loss_weights(micro, "sum")
-    with pytest.raises(ValueError, match="ignore_index"):
-        A.loss_weights(A.split_batch(x, pad(y, [0, 0, 0, 0]), 2), "tokens")
+    for weighting in A.WEIGHTINGS:
+        with pytest.raises(ValueError, match="ignore_index"):
+            A.loss_weights(A.split_batch(x, pad(y, [0, 0, 0, 0]), 2), weighting)
     with pytest.raises(ValueError, match="accum_steps"):
         A.split_batch(x, y, 3)
+
+
+@pytest.mark.parametrize("weighting", A.WEIGHTINGS)
+def test_an_all_padding_micro_batch_gives_a_finite_loss_in_both_weightings(weighting):
+    """Issue 11: 'mean' returned loss NaN for an all-padding micro-batch although it is documented as skipped."""
+    m, x, y = model_and_batch()
+    micro = A.split_batch(x, pad(y, [24, 24, 0, 0, 5, 24, 24, 3]), 4)
+    loss, grads = A.batch_gradients(m, micro, weighting=weighting)
+    assert torch.isfinite(torch.tensor(loss))
+    assert all(torch.isfinite(g).all() for g in grads.values())
+    kept = [micro[i] for i in (0, 2, 3)]  # the same thing without the empty micro-batch
+    loss_kept, grads_kept = A.batch_gradients(m, kept, weighting=weighting)
+    assert loss == pytest.approx(loss_kept, rel=1e-6)
+    assert A.gradient_error(grads, grads_kept) < 1e-6
+    if weighting == "tokens":  # and token weighting still equals the one-batch gradient
+        ref_loss, ref = A.batch_gradients(m, micro)
+        assert loss == pytest.approx(ref_loss, rel=1e-6) and A.gradient_error(grads, ref) < 1e-5
+
+
+def test_gradient_error_and_cosine_are_norm_based():
+    ref = {"a": torch.tensor([3.0, 0.0]), "b": torch.tensor([[4.0]])}  # ||ref|| = 5
+    assert A.gradient_error(ref, ref) == 0.0 and A.gradient_cosine(ref, ref) == pytest.approx(1.0)
+    off = {"a": torch.tensor([3.0, 1.0]), "b": torch.tensor([[4.0]])}
+    assert A.gradient_error(off, ref) == pytest.approx(1 / 5)
+    assert A.gradient_error({n: 2 * g for n, g in ref.items()}, ref) == pytest.approx(1.0)
+    assert A.gradient_cosine({n: 2 * g for n, g in ref.items()}, ref) == pytest.approx(1.0)  # direction only
+    assert A.gradient_cosine({"a": torch.tensor([0.0, 1.0]), "b": torch.tensor([[0.0]])}, ref) == pytest.approx(0.0)
+    with pytest.raises(ValueError, match="all zeros"):
+        A.gradient_error(ref, {n: torch.zeros_like(g) for n, g in ref.items()})
+    with pytest.raises(ValueError, match="different parameters"):
+        A.gradient_error({"a": ref["a"]}, ref)
+
+
+def test_pad_to_lengths():
+    y = torch.arange(12).reshape(3, 4)
+    out = A.pad_to_lengths(y, [4, 1, 0])
+    assert out.tolist() == [[0, 1, 2, 3], [4, -1, -1, -1], [-1, -1, -1, -1]]
+    assert y[2, 0] == 8  # a copy
+    assert [A.counted_tokens(r) for r in out] == [4, 1, 0]
+    for bad in ([4, 1], [5, 1, 0], [-1, 1, 0]):
+        with pytest.raises(ValueError, match="lengths"):
+            A.pad_to_lengths(y, bad)
 
 
 def test_effective_batch_arithmetic():
@@ -137,11 +182,38 @@ def test_accumulation_panel_reflects_the_controls(capsys):
     ax_t, ax_m = fig.axes
     star = ax_m.collections[-1].get_offsets()[0]
     assert star[0] == 2 and star[1] == pytest.approx(background[1]["saved_bytes"] / 2**20, rel=0.05)
-    assert len(ax_t.lines) == 1  # the background sweep
+    assert list(ax_t.containers[0].lines[0].get_xdata()) == [1, 2, 4]  # the background sweep, with error bars
+    assert ax_m.get_xscale() == "linear" and ax_m.get_yscale() == "linear"
     assert "micro-batch 2 x 3 steps = 6 sequences (96 tokens)" in capsys.readouterr().out
     fig4 = A.accumulation_panel(4, 1, model=m, optimizer=opt, seq_len=16, reps=1)
     assert fig4.axes[1].collections[-1].get_offsets()[0][1] > star[1]  # more memory at a bigger micro-batch
     plt.close("all")
+
+
+def test_plot_sweep_has_iqr_bars_and_linear_memory_axes():
+    """Issue 11: memory grows linearly with b, so it is drawn on linear axes from 0; tokens/s carry IQR bars."""
+    rows = [{"micro_batch": b, "tokens_per_s": 100.0 * b, "tokens_per_s_q25": 90.0 * b, "tokens_per_s_q75": 120.0 * b,
+             "peak_bytes": None, "saved_bytes": b * 2**20} for b in (1, 2, 4, 8)]
+    fig = A.plot_sweep(rows, "t")
+    ax_t, ax_m = fig.axes
+    assert ax_t.get_xscale() == "log" and ax_t.get_ylim()[0] == 0
+    assert ax_m.get_xscale() == "linear" and ax_m.get_yscale() == "linear"
+    assert ax_m.get_xlim()[0] == 0 and ax_m.get_ylim()[0] == 0
+    assert list(ax_m.lines[0].get_ydata()) == [1.0, 2.0, 4.0, 8.0]
+    bars = ax_t.containers[0]
+    segments = bars.lines[2][0].get_segments()  # one vertical bar per point, from q25 to q75 of tokens/s
+    assert [tuple(s[:, 1]) for s in segments] == [(90.0 * b, 120.0 * b) for b in (1, 2, 4, 8)]
+    with pytest.raises(ValueError, match="no rows"):
+        A.plot_sweep([], "t")
+    plt.close("all")
+
+
+def test_rows_carry_the_quartiles_of_tokens_per_s():
+    m, _, _ = model_and_batch()
+    opt = torch.optim.AdamW(m.parameters())
+    r = A.measure_accumulation(m, opt, 2, 2, 16, reps=4, warmup=0)
+    assert r["tokens_per_s_q25"] == pytest.approx(64 / r["seconds_q75"])
+    assert r["tokens_per_s_q25"] <= r["tokens_per_s"] <= r["tokens_per_s_q75"]
 
 
 def test_sweep_micro_batches_leaves_out_a_size_that_runs_out_of_memory(monkeypatch):
@@ -160,3 +232,37 @@ def test_sweep_micro_batches_leaves_out_a_size_that_runs_out_of_memory(monkeypat
     monkeypatch.setattr(A, "_prepare", failing_at_4)
     rows = A.sweep_micro_batches(m, opt, [1, 2, 4], 4, 16, reps=1, warmup=0)
     assert [r["micro_batch"] for r in rows] == [1, 2]
+
+
+def test_the_notebook_solution_and_the_helper_pass_the_code_exercise(capsys):
+    """The loop in the notebook's collapsed solution, and accumulate_gradients with token weights, both PASS."""
+    from helpers import check
+
+    def accumulate(model, micro_batches):  # as in the notebook's Solutions block
+        model.zero_grad(set_to_none=True)
+        counts = [int((y != -1).sum()) for _, y in micro_batches]
+        total = 0.0
+        for (x, y), n in zip(micro_batches, counts):
+            if n == 0:
+                continue
+            _, loss = model(x, y)
+            (loss * n / sum(counts)).backward()
+            total += loss.item() * n / sum(counts)
+        return total
+
+    def with_helper(model, micro_batches):
+        model.zero_grad(set_to_none=True)
+        return A.accumulate_gradients(model, micro_batches, weighting="tokens")
+
+    def with_mean(model, micro_batches):
+        model.zero_grad(set_to_none=True)
+        return A.accumulate_gradients(model, micro_batches, weighting="mean")
+
+    for fn, verdict in ((accumulate, "PASS"), (with_helper, "PASS"), (with_mean, "FAIL")):
+        check.exercise("05.accumulate", fn)
+        assert capsys.readouterr().out.startswith(verdict)
+
+    def unwritten(model, micro_batches):
+        ...
+    check.exercise("05.accumulate", unwritten)
+    assert capsys.readouterr().out.startswith("TODO")
