@@ -2,7 +2,7 @@
 # Run HERE (a machine with PyPI) before a lent-GPU call: fetch, into .whl/, the wheels the course's
 # notebook runner needs but the lent H200's image lacks (papermill, a Jupyter kernel, ipywidgets and
 # their dependencies), for that image's Python. The device call then names .whl in `carry`, and
-# scripts/gpu_check.sh installs them there. See results/README.md.
+# scripts/gpu_capture.sh installs them there. See results/README.md.
 #   scripts/gpu_wheels.sh            # for Python 3.12 (the H200 image's, as of 2026-11)
 #   PYVER=3.11 scripts/gpu_wheels.sh # for another Python (e.g. to rehearse on this machine)
 set -euo pipefail
