@@ -33,7 +33,7 @@ def roofline_panel(op: str, n: int, dtype: str, *, device: str = "cpu", ceiling_
     m = roofline.measure(roofline.build(op, n, hardware.torch_dtype(dtype), device), reps=reps, device=device)
     where = roofline.bound(m["intensity"], ceiling_tflops, bandwidth_gbs)
     print(f"{op} n={n} {dtype}: {m['intensity']:.3g} FLOP/B, {m['tflops']:.3g} TFLOP/s, "
-          f"{m['gbps']:.0f} GB/s, {where}-bound")
+          f"{m['gbps']:.3g} GB/s, {where}-bound")
     xs = [m["intensity"], ceiling_tflops * 1e3 / bandwidth_gbs] + [b["intensity"] for b in background]
     fig = plots.roofline({"measured ceiling": ceiling_tflops}, bandwidth_gbs,
                          [(f"{op} n={n}", m["intensity"], m["tflops"])], title=f"{op}, n={n}, {dtype}",
