@@ -266,6 +266,55 @@ def sweep_micro_batches(model: torch.nn.Module, optimizer: torch.optim.Optimizer
             for i, (step, mbs) in enumerate(runs)]
 
 
+def _overlap(a: dict, b: dict) -> bool:
+    """True when the IQRs of tokens/s of two rows overlap (their difference is within this run's noise)."""
+    return a["tokens_per_s_q25"] <= b["tokens_per_s_q75"] and b["tokens_per_s_q25"] <= a["tokens_per_s_q75"]
+
+
+def sweep_summary(rows: Sequence[dict], effective_batch: int) -> tuple[dict, list[str]]:
+    """The sweep's verdict from its own numbers: (numbers to record, sentences to print).
+
+    rows: `sweep_micro_batches` rows, smallest micro-batch first, each with "of_ceiling" (achieved
+    over the measured matmul ceiling). Differences whose IQRs overlap are called noise, not a trend.
+    Raises ValueError for no rows.
+    """
+    if not rows:
+        raise ValueError("no rows: every micro-batch size ran out of memory")
+    best = max(rows, key=lambda r: r["tokens_per_s"])
+    first, last = rows[0], rows[-1]
+    enough = next(r for r in rows if r["tokens_per_s"] >= 0.9 * best["tokens_per_s"])
+    mem_first, label = memory_of(first)
+    mem_ratio, b_ratio = memory_of(last)[0] / mem_first, last["micro_batch"] / first["micro_batch"]
+    out = {"best_micro_batch": best["micro_batch"], "best_tokens_per_s": best["tokens_per_s"],
+           "first_fraction_of_best": first["tokens_per_s"] / best["tokens_per_s"],
+           "first_vs_best_within_noise": _overlap(first, best), "smallest_b_within_10pct": enough["micro_batch"],
+           "memory_ratio_last_first": mem_ratio, "micro_batch_ratio_last_first": b_ratio}
+    lines = [f"b={first['micro_batch']} (k={first['accum_steps']}): {first['tokens_per_s']:.4g} tokens/s, "
+             f"{out['first_fraction_of_best']:.0%} of the best ({best['tokens_per_s']:.4g} tokens/s at "
+             f"b={best['micro_batch']}); {first['of_ceiling']:.1%} vs {best['of_ceiling']:.1%} of the ceiling"]
+    if best is first:
+        lines.append("the smallest micro-batch was the fastest: splitting cost nothing measurable in this run")
+    elif out["first_vs_best_within_noise"]:
+        lines.append(f"their IQRs overlap, so this run cannot tell b={first['micro_batch']} from "
+                     f"b={best['micro_batch']}: the difference is within the timing noise")
+    else:
+        lines.append(f"their IQRs do not overlap: b={first['micro_batch']} is slower beyond this run's noise")
+    lines.append(f"the smallest micro-batch within 10% of the best median: b={enough['micro_batch']}")
+    if abs(mem_ratio / b_ratio - 1) < 0.1:
+        shape = "in proportion to b"
+    elif mem_ratio < b_ratio:
+        shape = f"less than in proportion to b (x{b_ratio:g}): a part of it does not depend on b"
+    else:
+        shape = f"more than in proportion to b (x{b_ratio:g})"
+    lines.append(f"memory from b={first['micro_batch']} to b={last['micro_batch']}: x{mem_ratio:.1f}, {shape} "
+                 f"({label.split(' (')[0]}), for the same {effective_batch}-sequence update")
+    above = [r["micro_batch"] for r in rows if r.get("of_ceiling", 0) > 1]
+    if above:
+        lines.append(f"b={above} ran above 100% of the 'ceiling': that ceiling was under-measured (too few sizes "
+                     f"or repetitions, or a busier machine when it was measured), not beaten")
+    return out, lines
+
+
 def memory_of(row: dict) -> tuple[float, str]:
     """The memory figure a row reports, in MiB, and what it is."""
     if row.get("peak_bytes") is not None:

@@ -266,3 +266,28 @@ def test_the_notebook_solution_and_the_helper_pass_the_code_exercise(capsys):
         ...
     check.exercise("05.accumulate", unwritten)
     assert capsys.readouterr().out.startswith("TODO")
+
+
+def _row(b, k, median, q25, q75, saved, of_ceiling=0.1):
+    return {"micro_batch": b, "accum_steps": k, "tokens_per_s": median, "tokens_per_s_q25": q25,
+            "tokens_per_s_q75": q75, "peak_bytes": None, "saved_bytes": saved, "of_ceiling": of_ceiling}
+
+
+def test_sweep_summary_calls_overlapping_iqrs_noise_and_flags_a_ceiling_above_100_percent():
+    apart = [_row(1, 4, 100, 95, 105, 2**20), _row(2, 2, 150, 140, 160, 2 * 2**20), _row(4, 1, 200, 190, 210, 4 * 2**20)]
+    out, lines = A.sweep_summary(apart, 4)
+    assert out["best_micro_batch"] == 4 and out["first_fraction_of_best"] == pytest.approx(0.5)
+    assert not out["first_vs_best_within_noise"] and "beyond this run's noise" in lines[1]
+    assert out["smallest_b_within_10pct"] == 4 and "in proportion to b" in lines[3]
+    assert not any("100%" in line for line in lines)
+    close = [_row(1, 4, 190, 150, 230, 2**20), _row(2, 2, 200, 160, 240, 3 * 2**20, of_ceiling=1.2)]
+    out, lines = A.sweep_summary(close, 4)
+    assert out["first_vs_best_within_noise"] and "cannot tell b=1 from b=2" in lines[1]
+    assert out["smallest_b_within_10pct"] == 1
+    assert out["memory_ratio_last_first"] == pytest.approx(3.0) and "more than in proportion to b (x2)" in lines[3]
+    assert "b=[2] ran above 100%" in lines[-1] and "under-measured" in lines[-1]
+    out, lines = A.sweep_summary([_row(1, 2, 300, 290, 310, 2**20), _row(2, 1, 200, 190, 210, 2**20)], 2)
+    assert out["best_micro_batch"] == 1 and "smallest micro-batch was the fastest" in lines[1]
+    assert "less than in proportion" in lines[3]
+    with pytest.raises(ValueError, match="no rows"):
+        A.sweep_summary([], 4)
