@@ -4,12 +4,13 @@
 * `softmax_merge`, `online_softmax`: the running-max / running-sum softmax (Milakov & Gimelshein,
   2018) that lets FlashAttention see the scores one block at a time.
 * `FlashAttentionPyTorch`: FlashAttention-2 as a `torch.autograd.Function` over (..., N, d) tensors;
-  it keeps only q, k, v, O and the log-sum-exp L for backward. The Triton version of the same
+  it keeps only q, k, v, O and the log-sum-exp L for backward. `tiled_forward(tile_fn, ...)`: the
+  same forward's loop over query tiles with the tile's work left to a function (exercise 06.tile). The Triton version of the same
   algorithm is `helpers.flash_triton.FlashAttentionTriton`.
 * `attention(q, k, v, impl, is_causal)`: one call over every implementation the machine has
   (`availability` says which and why not the others), with grouped-query attention.
 * `attention_flops`, `time_attention`, `memory_wall`: the benchmark conventions and sweeps.
-* `naive_traffic_bytes`, `tiled_traffic_bytes`, `saved_bytes`, `flash_panel`: the HBM-traffic and
+* `naive_traffic_bytes`, `tiled_traffic_bytes`, `traffic_crossover`, `saved_bytes`, `flash_panel`: the HBM-traffic and
   memory models, and the instructor panel built on them.
 """
 from __future__ import annotations
@@ -136,6 +137,31 @@ class FlashAttentionPyTorch(torch.autograd.Function):
 def flash_attention_pytorch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False) -> torch.Tensor:
     """FlashAttentionPyTorch.apply with the course's attention signature fn(q, k, v, is_causal)."""
     return FlashAttentionPyTorch.apply(q, k, v, is_causal)
+
+
+def tiled_forward(tile_fn, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False,
+                  block_q: int = 64, block_k: int = 64, keep: torch.Tensor | None = None
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """FlashAttention-2's forward as the loop over query tiles, with the work of one tile left to `tile_fn`.
+
+    `tile_fn(q_tile, k, v, row0, is_causal, block_k, keep) -> (o, lse)` gets the query rows
+    row0 .. row0 + B_r - 1 as q_tile (..., B_r, d) and all of k, v (..., N_k, d); `keep` is None or a
+    bool (..., N_k) that is True for the keys a row may attend to. It returns the tile's output
+    (..., B_r, d) and its log-sum-exp (..., B_r). Returns O (..., N_q, d) and L (..., N_q).
+    Raises ValueError for a non-positive tile size or a tile function that returns other shapes.
+    """
+    if block_q < 1 or block_k < 1:
+        raise ValueError(f"block_q={block_q} and block_k={block_k} must be positive")
+    outs, lses = [], []
+    for i0 in range(0, q.shape[-2], block_q):  # one GPU program per query tile; here, one after another
+        qi = q[..., i0:i0 + block_q, :]
+        o, lse = tile_fn(qi, k, v, i0, is_causal, block_k, keep)
+        if tuple(o.shape) != tuple(qi.shape) or tuple(lse.shape) != tuple(qi.shape[:-1]):
+            raise ValueError(f"the tile function returned o {tuple(o.shape)} and lse {tuple(lse.shape)} for a "
+                             f"tile of {tuple(qi.shape)}; expected {tuple(qi.shape)} and {tuple(qi.shape[:-1])}")
+        outs.append(o)
+        lses.append(lse)
+    return torch.cat(outs, dim=-2), torch.cat(lses, dim=-1)
 
 
 # ------------------------------------------------------------------------------ one dispatcher
@@ -371,10 +397,18 @@ def memory_wall(impls, seq_lens, *, batch: int, heads: int, head_dim: int, dtype
 
 def naive_traffic_bytes(n: int, d: int, batch_heads: int = 1, itemsize: int = 2, causal: bool = False) -> int:
     """HBM bytes of the naive forward as `naive_attention` writes it: every line reads its inputs from
-    memory and writes its output back (S = q kᵀ; S * scale; mask; softmax; P v)."""
+    memory and writes its output back (q * scale; S = q kᵀ; mask; softmax; P v): 4N² + 6Nd elements
+    per head (+ 2N² and a one-byte mask per score when causal)."""
     nd, nn = n * d, n * n
-    elems = (2 * nd + nn) + 2 * nn + (2 * nn if causal else 0) + 2 * nn + (nn + nd + nd)
+    elems = 2 * nd + (2 * nd + nn) + (2 * nn if causal else 0) + 2 * nn + (nn + nd + nd)
     return batch_heads * (elems * itemsize + (nn if causal else 0))  # + the bool mask, one byte a score
+
+
+def traffic_crossover(d: int) -> float:
+    """The query tile B_r below which the tiled forward's quadratic traffic, 2d/B_r·N² elements (K and V
+    re-read once per query tile), exceeds naive's 4N² (scores written, read by the softmax, probabilities
+    written, read by P v); not causal. Equal at B_r = d/2."""
+    return d / 2
 
 
 def tiled_traffic_bytes(n: int, d: int, block_q: int, batch_heads: int = 1, itemsize: int = 2,

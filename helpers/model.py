@@ -95,10 +95,14 @@ PRESETS: dict[str, dict] = {
 def naive_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool) -> torch.Tensor:
     """softmax(q kᵀ / sqrt(head_dim)) v with every score materialised; masked scores set to -inf.
 
+    q (..., T, head_dim), k and v (..., S, head_dim) -> (..., T, head_dim), in q's dtype.
+
     The causal mask keeps key j for query i when j <= i (top-left aligned when T != S, as in SDPA).
     """
     T, S = q.size(-2), k.size(-2)
-    scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.size(-1)))  # (B, H, T, S)
+    # scale q before the product, as SDPA's math path does: in fp16 the unscaled q kᵀ can overflow
+    # to inf (|q kᵀ| > 65504) where the scaled scores fit, and inf - inf in the softmax gives NaN
+    scores = (q * (1.0 / math.sqrt(q.size(-1)))) @ k.transpose(-2, -1)  # (B, H, T, S)
     if is_causal:
         mask = torch.ones(T, S, dtype=torch.bool, device=q.device).tril()  # (T, S)
         scores = scores.masked_fill(~mask, float("-inf"))  # (B, H, T, S)

@@ -189,7 +189,13 @@ def test_traffic_model():
     assert A.tiled_traffic_bytes(n, d, block_q=n) == (4 * n * d) * 2 + 4 * n  # one tile: everything once
     per_block = [A.tiled_traffic_bytes(n, d, block_q=b) for b in (16, 32, 64, 128)]
     assert per_block == sorted(per_block, reverse=True)  # bigger query tiles, fewer K/V re-reads
-    assert A.naive_traffic_bytes(n, d) > 5 * A.tiled_traffic_bytes(n, d, block_q=128)  # 6N² vs 4N²d/B_r elements
+    s = 2  # bytes per element
+    assert A.naive_traffic_bytes(n, d) == (4 * n * n + 6 * n * d) * s  # scale q, S = q kᵀ, softmax, P v
+    quadratic = A.tiled_traffic_bytes(n, d, block_q=128) - (2 * n * d * s + 4 * n)  # minus Q, O and L
+    assert quadratic == 2 * d / 128 * n * n * s  # K and V re-read once per query tile: 2d/B_r N² elements
+    assert A.traffic_crossover(d) == 32
+    assert A.tiled_traffic_bytes(n, d, block_q=16) > A.naive_traffic_bytes(n, d)  # below the crossover
+    assert A.tiled_traffic_bytes(n, d, block_q=64) < A.naive_traffic_bytes(n, d)  # above it
     full, causal = A.tiled_traffic_bytes(n, d, 128), A.tiled_traffic_bytes(n, d, 128, causal=True)
     assert 0.5 < causal / full < 0.55  # causal reads K and V about half as often
     assert A.naive_traffic_bytes(n, d, causal=True) > A.naive_traffic_bytes(n, d)
@@ -256,3 +262,50 @@ def test_probe_reason_joins_sdpa_warning_header_and_detail():
                              "unrelated"])
     assert reason == "Flash attention kernel not used because: Flash attention only supports sm80+"
     assert A._reason_from(RuntimeError("No available kernel.\nmore"), []) == "No available kernel."
+
+
+# ---------------------------------------------------------------- exercise 06.tile and the loop it plugs into
+
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_tiled_forward_with_the_exercise_tile_is_full_attention(is_causal):
+    from helpers.exercises import nb06
+
+    q, k, v, _ = qkv((2, 3, 53, 16))  # 53: no tile size divides it
+    o, lse = A.tiled_forward(nb06._tile, q, k, v, is_causal, block_q=16, block_k=12)
+    torch.testing.assert_close(o, naive_attention(q, k, v, is_causal), **FP32)
+    s = q @ k.mT / 4.0
+    if is_causal:
+        s = s.masked_fill(torch.ones(53, 53, dtype=torch.bool).triu(1), float("-inf"))
+    torch.testing.assert_close(lse, torch.logsumexp(s, dim=-1), **FP32)
+    o_ref, lse_ref = A.tiled_forward(nb06.tile_reference, q, k, v, is_causal, block_q=16, block_k=12)
+    torch.testing.assert_close(o_ref, o, **FP32)
+    with pytest.raises(ValueError, match="block_q"):
+        A.tiled_forward(nb06._tile, q, k, v, block_q=0)
+    with pytest.raises(ValueError, match="expected"):
+        A.tiled_forward(lambda q, *rest: (q[..., :1, :], q[..., 0]), q, k, v)
+
+
+def test_the_correct_exercise_tile_passes_its_checker_and_the_merge_matches_whole_rows(capsys):
+    from helpers import check
+    from helpers.exercises import nb06
+
+    check.exercise("06.tile", nb06._tile)  # the loop the planted wrong answers are made from, unplanted
+    assert capsys.readouterr().out.startswith("PASS")
+    s, vals = torch.randn(4, 11) * 5, torch.randn(11, 3)
+    s[0] = float("-inf")  # a row that sees nothing
+    s[1, :6] = float("-inf")  # a row whose first part is empty
+    m, l, o = nb06.merge_reference(*nb06.state(s[:, :6], vals[:6]), *nb06.state(s[:, 6:], vals[6:]))
+    for got, want in zip((m, l, o), nb06.state(s, vals)):
+        torch.testing.assert_close(got, want, **FP32)
+
+
+def test_naive_attention_in_fp16_survives_scores_that_only_fit_after_scaling():
+    """Issue 11: q, k ~ 60 N(0,1), d=64, N=16: q kᵀ reaches ~9e4 (> fp16's 65504), scaled ~1.1e4 (fits)."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 1, 16, 64, generator=g) * 60 for _ in range(3))
+    assert (q.double() @ k.double().mT).abs().max() > torch.finfo(torch.float16).max  # unscaled: overflows
+    for is_causal in (False, True):
+        want = naive_attention(q.double(), k.double(), v.double(), is_causal)
+        got = naive_attention(q.half(), k.half(), v.half(), is_causal)
+        assert torch.isfinite(got).all()
+        torch.testing.assert_close(got.double(), want, rtol=0, atol=2e-3 * want.abs().max().item())
