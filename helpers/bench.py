@@ -2,8 +2,11 @@
 from __future__ import annotations
 
 import gc
+import math
+import os
 import statistics
 import time
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
@@ -20,6 +23,14 @@ class Timing:
     samples: list[float] = field(repr=False)
     warmup: int = 0
     device: str = "cpu"
+    resolution: float = 0.0  # the least the timer reports for an empty call on this device (0: unknown)
+
+    @property
+    def below_resolution(self) -> bool:
+        """True when even the fastest sample is within RESOLUTION_FACTOR of the least the timer reports for an
+        empty call: then the timing measures the timer, not the function. (Minima, not medians: a busy
+        machine slows both alike, but seldom every sample.)"""
+        return bool(self.samples) and min(self.samples) < RESOLUTION_FACTOR * self.resolution
 
     @property
     def spread(self) -> float:
@@ -32,7 +43,8 @@ class Timing:
         return self.median * 1e3
 
     def __str__(self) -> str:
-        return f"{self.ms:.3f} ms (IQR ±{100 * self.spread / 2:.1f}%, n={len(self.samples)})"
+        text = f"{self.ms:.3f} ms (IQR ±{100 * self.spread / 2:.1f}%, n={len(self.samples)})"
+        return text + (" [below the timer's resolution: not a measurement]" if self.below_resolution else "")
 
 
 def _quantiles(samples: list[float]) -> tuple[float, float, float]:
@@ -66,6 +78,105 @@ def resolve_device(device: str | None) -> str:
     return "cpu"
 
 
+class ImplausibleTiming(UserWarning):
+    """A timing too short for the timer to resolve, or a rate beyond what the device can do."""
+
+
+RESOLUTION_FACTOR = 2.0  # a call never faster than 2x an empty call's time is mostly the timer's own cost
+_OVERHEAD: dict[str, float] = {}
+
+
+def _timed_samples(fn: Callable[[], Any], reps: int, device: str, flush: Callable[[], None] | None) -> list[float]:
+    """`reps` timed calls of `fn()` in seconds: CUDA events on CUDA, perf_counter on a CPU."""
+    if device == "cuda":
+        torch.cuda.synchronize()
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+        for s, e in zip(starts, ends):
+            if flush:
+                flush()
+            s.record()
+            fn()
+            e.record()
+        torch.cuda.synchronize()
+        return [s.elapsed_time(e) / 1e3 for s, e in zip(starts, ends)]
+    samples = []
+    for _ in range(reps):
+        if flush:
+            flush()
+        t0 = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - t0)
+    return samples
+
+
+def timer_overhead(device: str | None = None) -> float:
+    """The least the course's timer reports for a call that does nothing on `device` (the fastest of 51
+    calls, measured once per process), in seconds; never less than the clock's stated resolution."""
+    device = resolve_device(device)
+    if device not in _OVERHEAD:
+        _timed_samples(lambda: None, 5, device, None)  # warm-up: first event records, first calls
+        floor = time.get_clock_info("perf_counter").resolution
+        _OVERHEAD[device] = max(min(_timed_samples(lambda: None, 51, device, None)), floor)
+    return _OVERHEAD[device]
+
+
+# Generous bounds that only a wrong timing crosses. A CPU core: 2,048 operations per cycle (twice the
+# 1,024 bf16 operations per cycle that Wikipedia's 'Advanced Matrix Extensions' article gives for Intel
+# AMX on 4th-gen Xeon) and 512 bytes per cycle (far above what a core's L1 cache serves), at 6.5 GHz.
+CPU_FLOP_PER_CYCLE, CPU_BYTES_PER_CYCLE, CPU_MAX_HZ = 2048, 512, 6.5e9
+GPU_UNKNOWN_TFLOPS, GPU_UNKNOWN_GBS = 10_000.0, 50_000.0  # a GPU missing from hardware.PEAKS
+
+
+def plausible_tflops(device: str | None = None) -> float:
+    """An upper bound in TFLOP/s that no correct timing on `device` exceeds: on a GPU in hardware.PEAKS,
+    twice its highest dense datasheet peak (2:4 sparsity doubles it); on a CPU, the per-core bound above."""
+    if resolve_device(device) == "cuda":
+        from .hardware import MATMUL_DTYPES, peaks_for
+
+        peak = peaks_for()
+        dense = [peak.tflops(d) for d in MATMUL_DTYPES if peak.tflops(d)] if peak else []
+        return 2 * max(dense) if dense else GPU_UNKNOWN_TFLOPS
+    return (os.cpu_count() or 1) * CPU_FLOP_PER_CYCLE * CPU_MAX_HZ / 1e12
+
+
+def plausible_gbps(device: str | None = None) -> float:
+    """An upper bound in GB/s that no correct timing on `device` exceeds: on a GPU in hardware.PEAKS, ten times
+    its memory bandwidth (caches are faster than memory); on a CPU, the per-core bound above."""
+    if resolve_device(device) == "cuda":
+        from .hardware import peaks_for
+
+        peak = peaks_for()
+        return 10 * peak.bandwidth_gbs if peak else GPU_UNKNOWN_GBS
+    return (os.cpu_count() or 1) * CPU_BYTES_PER_CYCLE * CPU_MAX_HZ / 1e9
+
+
+def _rate(amount: float, seconds: "float | Timing", unit: str, scale: float, limit: float | None,
+          device: str | None, bound: Callable[[str | None], float]) -> float:
+    """amount / seconds / scale, or NaN with an ImplausibleTiming warning when the timing cannot be trusted."""
+    if isinstance(seconds, Timing):
+        timing, device = seconds, seconds.device if device is None else device
+        secs = timing.median
+        too_short = timing.below_resolution
+        floor = RESOLUTION_FACTOR * timing.resolution
+    else:
+        secs = float(seconds)
+        floor = timer_overhead("cpu")  # no timer in this course reports less than the fastest empty perf_counter call
+        too_short = not math.isfinite(secs) or secs < floor
+    if too_short:
+        warnings.warn(ImplausibleTiming(f"a timing of {secs:.3g} s is below what the timer can resolve "
+                                        f"(~{floor:.2g} s): no {unit} figure is given"), stacklevel=3)
+        return math.nan
+    rate = amount / secs / scale
+    limit = bound(device) if limit is None else limit
+    if rate > limit:
+        warnings.warn(ImplausibleTiming(f"{rate:.3g} {unit} is beyond what this device can do (bound "
+                                        f"{limit:.3g} {unit}): the timing or the count is wrong, so no "
+                                        f"{unit} figure is given"), stacklevel=3)
+        return math.nan
+    return rate
+
+
 def benchmark(fn: Callable[[], Any], *, warmup: int = 3, reps: int = 10, flush_l2: bool = False,
               device: str | None = None) -> Timing:
     """Time `fn()`: `warmup` untimed calls, then `reps` timed calls, synchronised on CUDA.
@@ -80,28 +191,15 @@ def benchmark(fn: Callable[[], Any], *, warmup: int = 3, reps: int = 10, flush_l
     flush = _CacheFlusher(device) if flush_l2 else None
     for _ in range(warmup):
         fn()
-    samples: list[float] = []
-    if device == "cuda":
-        torch.cuda.synchronize()
-        starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-        ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-        for s, e in zip(starts, ends):
-            if flush:
-                flush()
-            s.record()
-            fn()
-            e.record()
-        torch.cuda.synchronize()
-        samples = [s.elapsed_time(e) / 1e3 for s, e in zip(starts, ends)]
-    else:
-        for _ in range(reps):
-            if flush:
-                flush()
-            t0 = time.perf_counter()
-            fn()
-            samples.append(time.perf_counter() - t0)
+    samples = _timed_samples(fn, reps, device, flush)
     med, q25, q75 = _quantiles(samples)
-    return Timing(med, q25, q75, samples, warmup, device)
+    timing = Timing(med, q25, q75, samples, warmup, device, timer_overhead(device))
+    if timing.below_resolution:
+        warnings.warn(ImplausibleTiming(
+            f"the fastest call took {min(samples):.3g} s, less than {RESOLUTION_FACTOR:g}x the least the timer "
+            f"reports for an empty call ({timing.resolution:.2g} s): this measures the timer, not the function"),
+            stacklevel=2)
+    return timing
 
 
 def benchmark_interleaved(fns: dict[str, Callable[[], Any]], *, reps: int = 10, warmup: int = 1,
@@ -121,17 +219,25 @@ def benchmark_interleaved(fns: dict[str, Callable[[], Any]], *, reps: int = 10, 
     for _ in range(reps):
         for name, fn in fns.items():
             samples[name] += benchmark(fn, warmup=0, reps=1, device=device).samples
-    return {name: Timing(*_quantiles(xs), xs, warmup, device) for name, xs in samples.items()}
+    return {name: Timing(*_quantiles(xs), xs, warmup, device, timer_overhead(device)) for name, xs in samples.items()}
 
 
-def tflops(flops: float, seconds: float) -> float:
-    """Counted FLOPs and seconds -> TFLOP/s."""
-    return flops / seconds / 1e12
+def tflops(flops: float, seconds: "float | Timing", *, device: str | None = None,
+           limit: float | None = None) -> float:
+    """Counted FLOPs and seconds (or a `Timing`) -> TFLOP/s.
+
+    Refuses what cannot be a measurement: returns NaN and warns `ImplausibleTiming` when the timing is
+    below the timer's resolution (for a float: shorter than an empty timed call) or the rate exceeds
+    `limit` (default `plausible_tflops(device)`; `device` defaults to the Timing's, else the current one).
+    """
+    return _rate(flops, seconds, "TFLOP/s", 1e12, limit, device, plausible_tflops)
 
 
-def gbps(nbytes: float, seconds: float) -> float:
-    """Counted bytes and seconds -> GB/s (10^9 bytes per second)."""
-    return nbytes / seconds / 1e9
+def gbps(nbytes: float, seconds: "float | Timing", *, device: str | None = None,
+         limit: float | None = None) -> float:
+    """Counted bytes and seconds (or a `Timing`) -> GB/s (10^9 bytes per second); NaN and a warning for
+    an implausible timing, as `tflops` (default limit `plausible_gbps(device)`)."""
+    return _rate(nbytes, seconds, "GB/s", 1e9, limit, device, plausible_gbps)
 
 
 def recoverable_failure(err: BaseException) -> str | None:

@@ -1,3 +1,6 @@
+import math
+import warnings
+
 import pytest
 import torch
 
@@ -63,3 +66,55 @@ def test_peak_cuda_memory_is_none_without_cuda():
         assert bench.peak_cuda_memory(lambda: torch.empty(2**20, device="cuda")) >= 4 * 2**20
     else:
         assert bench.peak_cuda_memory(lambda: None) is None
+
+
+# ---------------------------------------------------------------- timings that cannot be measurements (issue 12)
+
+def test_a_function_that_does_nothing_warns_and_gives_no_tflops():
+    with pytest.warns(bench.ImplausibleTiming, match="measures the timer"):
+        t = bench.benchmark(lambda: None, warmup=1, reps=21, device="cpu")
+    assert t.below_resolution and "not a measurement" in str(t)
+    with pytest.warns(bench.ImplausibleTiming, match="below what the timer can resolve"):
+        assert math.isnan(bench.tflops(2 * 4096**3, t))  # was ~3,300 TFLOP/s, printed without a word
+    with pytest.warns(bench.ImplausibleTiming):
+        assert math.isnan(bench.gbps(2**30, t))
+
+
+def test_a_real_op_is_above_the_resolution_and_keeps_its_rate():
+    x = torch.randn(256, 256)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", bench.ImplausibleTiming)
+        t = bench.benchmark(lambda: x @ x, warmup=1, reps=3, device="cpu")
+        assert not t.below_resolution and t.resolution > 0
+        assert bench.tflops(2 * 256**3, t) == pytest.approx(2 * 256**3 / t.median / 1e12)
+        assert bench.tflops(2e12, 2.0) == 1.0  # a float that is a plausible timing
+
+
+def test_rates_beyond_the_device_bound_are_refused():
+    with pytest.warns(bench.ImplausibleTiming, match="beyond what this device can do"):
+        assert math.isnan(bench.tflops(1e15, 1e-3, device="cpu"))  # 1,000,000 TFLOP/s on a CPU
+    with pytest.warns(bench.ImplausibleTiming, match="GB/s is beyond"):
+        assert math.isnan(bench.gbps(1e15, 1.0, limit=100.0))
+    with pytest.warns(bench.ImplausibleTiming):
+        assert math.isnan(bench.tflops(1.0, 0.0))
+    with pytest.warns(bench.ImplausibleTiming):
+        assert math.isnan(bench.tflops(1.0, float("nan")))
+
+
+def test_plausible_bounds_per_device(monkeypatch):
+    from helpers import hardware
+
+    monkeypatch.setattr(bench.os, "cpu_count", lambda: 2)
+    assert bench.plausible_tflops("cpu") == pytest.approx(2 * 2048 * 6.5e9 / 1e12)
+    assert bench.plausible_gbps("cpu") == pytest.approx(2 * 512 * 6.5)
+    monkeypatch.setattr(bench, "resolve_device", lambda device: "cuda")
+    monkeypatch.setattr(hardware, "peaks_for", lambda name=None: hardware.PEAKS["h100"])
+    assert bench.plausible_tflops() == 2 * 1978.9  # twice the H100's highest dense peak (fp8)
+    assert bench.plausible_gbps() == 10 * 3350
+    monkeypatch.setattr(hardware, "peaks_for", lambda name=None: None)
+    assert bench.plausible_tflops() == bench.GPU_UNKNOWN_TFLOPS
+
+
+def test_timer_overhead_is_measured_once_and_positive():
+    first = bench.timer_overhead("cpu")
+    assert 0 < first < 1e-3 and bench.timer_overhead("cpu") == first
