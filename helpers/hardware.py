@@ -185,7 +185,20 @@ def describe() -> DeviceInfo:
     caps = capabilities()
     print("can run    : " + ", ".join(f"{k} {'yes' if v else 'no'}" for k, v in caps.items()))
     print("versions   : " + ", ".join(f"{k} {v}" for k, v in library_versions().items()))
+    print("conditions : " + run_conditions())
     return info
+
+
+def run_conditions() -> str:
+    """How this process shares the machine: the course runner's sentence (COURSE_RUN_CONDITIONS), else
+    this process's torch threads and a note that nothing else on the machine is controlled."""
+    import torch
+
+    told = os.environ.get("COURSE_RUN_CONDITIONS", "").strip()
+    if told:
+        return f"{told} (set by the course runner)"
+    return (f"{torch.get_num_threads()} torch thread(s) on {os.cpu_count()} core(s), not under the course "
+            "runner: whatever else runs on this machine shares it and slows the timings")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -289,19 +302,53 @@ def load_ceilings(folder=None) -> dict | None:
     return rec["metrics"]
 
 
+def _measure_shape(size, dtype: str, device: str | None, reps: int) -> float | None:
+    """TFLOP/s of one matmul: `size` is n (square n x n x n) or (m, k, n); None where dtype cannot run."""
+    from .bench import benchmark
+
+    device = device or ("cuda" if capabilities()["cuda"] else "cpu")
+    if matmul_unsupported(dtype, device):
+        return None
+    m, k, n = (size, size, size) if isinstance(size, int) else size
+    fn, flops = matmul_fn(n, dtype, device, m=m, k=k)
+    return flops / benchmark(fn, warmup=min(reps, 3), reps=reps, device=device).median / 1e12
+
+
+def _shape_name(size) -> str:
+    return f"n={size}" if isinstance(size, int) else "({}x{})@({}x{})".format(size[0], size[1], size[1], size[2])
+
+
 def matmul_ceiling(dtype: str, sizes, device: str | None = None, reps: int = 5) -> tuple[float | None, str]:
-    """(TFLOP/s, where it came from): notebook 00's recorded ceiling for this device, else the best
-    square matmul over `sizes` measured now, as notebook 00 does it."""
+    """(TFLOP/s, where it came from): the best of notebook 00's recorded ceiling for this device and
+    the matmuls over `sizes` measured now (each an int n for n x n x n, or an (m, k, n) shape such as
+    a model's own GEMMs). A ceiling is the best of every measurement available: a lower one would make
+    fractions of it exceed 100%. None (with the reason as source) where `dtype` cannot run here.
+    """
     recorded = load_ceilings()
-    if recorded and recorded["matmul_tflops"].get(dtype):
-        return recorded["matmul_tflops"][dtype], "notebook 00, this results folder"
-    measured = [t for t in (measure_matmul_tflops(n, dtype, device, reps=reps) for n in sizes) if t is not None]
-    return (max(measured) if measured else None), "measured just now, best of n = " + ", ".join(map(str, sizes))
+    best_rec = recorded["matmul_tflops"].get(dtype) if recorded else None
+    measured = [(t, s) for t, s in ((_measure_shape(s, dtype, device, reps), s) for s in sizes) if t is not None]
+    now = max(measured, key=lambda ts: ts[0]) if measured else None
+    shapes = ", ".join(_shape_name(s) for s in sizes)
+    if best_rec is None:
+        if now is None:
+            return None, f"{dtype} matmul cannot run on this device"
+        return now[0], f"measured just now: the best of {shapes}, reached at {_shape_name(now[1])}"
+    if now is None or best_rec >= now[0]:
+        return best_rec, (f"notebook 00, this results folder (best of that record and {shapes} measured now"
+                          + (f", {now[0]:.4g} TFLOP/s)" if now else ")"))
+    return now[0], (f"measured just now: the best of {shapes}, reached at {_shape_name(now[1])}, above notebook "
+                    f"00's record of {best_rec:.4g} TFLOP/s in this results folder")
 
 
 def bandwidth_ceiling(copy_bytes: int, device: str | None = None, reps: int = 5) -> tuple[float, str]:
-    """(GB/s, where it came from): notebook 00's recorded copy bandwidth for this device, else measured now."""
+    """(GB/s, where it came from): the best of notebook 00's recorded copy bandwidth for this device and
+    a `copy_bytes` copy measured now (a ceiling is the best of every measurement available)."""
     recorded = load_ceilings()
-    if recorded and recorded.get("copy_gbps"):
-        return recorded["copy_gbps"], "notebook 00, this results folder"
-    return measure_copy_bandwidth(copy_bytes, device, reps=reps), f"measured just now ({copy_bytes / 2**20:g} MiB copy)"
+    rec = recorded.get("copy_gbps") if recorded else None
+    now = measure_copy_bandwidth(copy_bytes, device, reps=reps)
+    size = f"{copy_bytes / 2**20:g} MiB copy"
+    if not rec:
+        return now, f"measured just now ({size})"
+    if rec >= now:
+        return rec, f"notebook 00, this results folder (best of that record and a {size} measured now, {now:.4g} GB/s)"
+    return now, f"measured just now ({size}), above notebook 00's record of {rec:.4g} GB/s in this results folder"

@@ -116,14 +116,24 @@ def time_sublayers(config: GPTConfig, batch_size: int, seq_len: int, *, device: 
     counted = sublayer_flops(config, batch_size, seq_len, backward=backward)
     timings = benchmark_interleaved({name: fns[name] for name in SUBLAYERS}, reps=reps, warmup=warmup,
                                     device=device)
-    return {name: {"seconds": t.median, "spread": t.spread, "flops": counted[name],
+    return {name: {"seconds": t.median, "spread": t.spread, "q25": t.q25, "q75": t.q75, "flops": counted[name],
                    "tflops": counted[name] / t.median / 1e12, "samples": t.samples} for name, t in timings.items()}
 
 
 def efficiency_ratio(result: dict[str, dict], numerator: str = "mlp", denominator: str = "attention") -> float:
     """Median over interleaved repetitions of (numerator TFLOP/s) / (denominator TFLOP/s)."""
+    return ratio_quartiles(result, numerator, denominator)[1]
+
+
+def ratio_quartiles(result: dict[str, dict], numerator: str = "mlp",
+                    denominator: str = "attention") -> tuple[float, float, float]:
+    """(25th percentile, median, 75th percentile) of the per-repetition efficiency ratios."""
     n, d = result[numerator], result[denominator]
-    return statistics.median((n["flops"] / tn) / (d["flops"] / td) for tn, td in zip(n["samples"], d["samples"]))
+    ratios = [(n["flops"] / tn) / (d["flops"] / td) for tn, td in zip(n["samples"], d["samples"])]
+    if len(ratios) == 1:
+        return ratios[0], ratios[0], ratios[0]
+    q = statistics.quantiles(ratios, n=4, method="inclusive")
+    return q[0], statistics.median(ratios), q[2]
 
 
 # ---------------------------------------------------------------- timing a training step
@@ -160,6 +170,7 @@ def measure_train_step(config: GPTConfig, batch_size: int, seq_len: int, *, devi
     if device == "cuda":
         torch.cuda.empty_cache()
     return {"batch_size": batch_size, "seq_len": seq_len, "seconds": t.median, "spread": t.spread,
+            "q25": t.q25, "q75": t.q75,
             "tokens_per_s": tokens / t.median, "flops": counted, "tflops": counted / t.median / 1e12,
             "tflops_6n": six_nd(matmul_params(config), tokens) / t.median / 1e12, "params": n_params}
 
@@ -236,3 +247,211 @@ def flops_panel(n_layer: int, d_model: int, seq_len: int, vocab_size: int, *, he
           f"LM head {parts['lm_head'] / total:.1%}")
     return plots.bars({k: v / 1e9 for k, v in parts.items()}, ylabel="GFLOP per token (forward + backward)",
                       title=f"{total / 1e9:.3g} GFLOP/token: L={n_layer}, d={d_model}, T={seq_len}", annotate="{:.3g}")
+
+
+# ---------------------------------------------------------------- sentences generated from a run's numbers
+
+def all_params(config: GPTConfig) -> int:
+    """Every parameter of the course GPT of this shape (a tied LM head counted once), without allocating it."""
+    with torch.device("meta"):
+        return sum(p.numel() for p in GPT(config).parameters())
+
+
+def six_n_error(config: GPTConfig, seq_len: int | None = None) -> dict[str, float]:
+    """Why 6 x (all parameters) per token misses the exact training count, as shares of the exact count.
+
+    Returns {"six_n_all": 6N_all / exact - 1 (negative = too low), "attention": the scores-and-values
+    term 12·L·T·d it leaves out, "unmultiplied": what the parameters no token is multiplied by (position
+    table, biases, LayerNorm) add back}. six_n_all == unmultiplied - attention exactly.
+    """
+    T = seq_len or config.seq_len
+    f = transformer_flops(config, 1, T)
+    exact = f["total"]["total"] / T
+    attention = (f["attn_scores"]["total"] + f["attn_values"]["total"]) / T
+    unmultiplied = 6 * (all_params(config) - matmul_params(config))
+    return {"six_n_all": 6 * all_params(config) / exact - 1, "attention": attention / exact,
+            "unmultiplied": unmultiplied / exact}
+
+
+def six_n_takeaway(errors: dict[str, dict[str, float]]) -> str:
+    """One sentence on 6N's error over several presets ({preset: six_n_error(...)}), naming the main cause."""
+    def span(key, sign=1):
+        vals = [sign * e[key] for e in errors.values()]
+        return f"{min(vals):.0%}–{max(vals):.0%}" if f"{min(vals):.0%}" != f"{max(vals):.0%}" else f"{min(vals):.0%}"
+    low = all(e["six_n_all"] < 0 for e in errors.values())
+    main = "attention" if all(e["attention"] > e["unmultiplied"] for e in errors.values()) else "mixed"
+    text = (f"6 x (all parameters) came out {span('six_n_all', -1)} {'low' if low else 'off'} for "
+            f"{', '.join(errors)}; ")
+    if main == "attention":
+        return text + (f"the main cause is the attention scores-and-values term it leaves out "
+                       f"({span('attention')} of the exact count at each preset's context), while the parameters "
+                       f"no token is multiplied by (position table, biases, LayerNorm) add back only "
+                       f"{span('unmultiplied')}.")
+    return text + (f"the attention term it leaves out is {span('attention')} of the exact count and the parameters "
+                   f"no token is multiplied by add back {span('unmultiplied')}: neither dominates at every preset.")
+
+
+def over_ceiling_note(fractions: dict[str, float], ceiling_source: str) -> str:
+    """'' when every fraction is at most 1, else a sentence calling the ceiling into question."""
+    over = {k: v for k, v in fractions.items() if v > 1}
+    if not over:
+        return ""
+    worst = max(over, key=over.get)
+    return (f"CEILING PROBLEM: {len(over)} measurement(s) exceed 100% of the measured ceiling (worst: {worst} at "
+            f"{over[worst]:.0%}), which a ceiling must never allow. The ceiling ({ceiling_source}) was measured "
+            "at other sizes or under other load than these points, so it underestimates this device: read every "
+            "fraction here as relative, and re-measure the ceiling on an idle machine at the model's own shapes.")
+
+
+def pct(fraction: float) -> str:
+    """A fraction as a percentage, flagged with '(!)' above 100% (see `over_ceiling_note`)."""
+    return f"{fraction:.0%}" + (" (!)" if fraction > 1 else "")
+
+
+def projection_takeaway(config: GPTConfig, points: Sequence[dict], backward: bool) -> str:
+    """How much of the 'attention half' is projections, by counted FLOPs and by measured time.
+
+    `points` are the sweep's rows with "B", "T", "attention_seconds" and "attention_core_seconds".
+    """
+    shares = [1 - sublayer_flops(config, p["B"], p["T"], backward=backward)["attention_core"]
+              / sublayer_flops(config, p["B"], p["T"], backward=backward)["attention"] for p in points]
+    times = [p["attention_core_seconds"] / p["attention_seconds"] for p in points]
+    text = (f"At these shapes (d={config.d_model}, T={min(p['T'] for p in points)}–{max(p['T'] for p in points)}) "
+            f"the q/kv/output projections are {min(shares):.0%}–{max(shares):.0%} of the attention half's FLOPs, "
+            f"so the scores-softmax-values core that the claim is about is only {1 - max(shares):.0%}–"
+            f"{1 - min(shares):.0%} of them; timed alone, the core took {min(times):.0%}–{max(times):.0%} of the "
+            "attention half's time.")
+    if min(shares) > 0.5:
+        text += (" The attention half measured here is therefore mostly matmuls like the MLP's, and its efficiency "
+                 "says little about the core")
+        text += (f"; the core passes half of the attention FLOPs only beyond T = {2 * config.d_model} (2d, for "
+                 "MHA)." if config.n_kv_head == config.n_head else ".")
+    return text
+
+
+def intensity_bounds(config: GPTConfig, batch_size: int, seq_len: int, bytes_per_element: int) -> dict:
+    """Forward arithmetic intensity (FLOP/B) of a block's parts, from two byte models.
+
+    "attention_core": (low, high) per head: low if every intermediate goes to memory as the naive kernel
+    does (q, k, v read, output written, plus 8 passes over the T x T scores: write, scale, mask, softmax,
+    read for x V), high with compulsory traffic only (q, k, v read, output written: a fused kernel).
+    "mlp_up" and "q_proj": the GEMM (B·T x d) @ (d x n), reading both operands and writing the result once.
+    """
+    T, hd, s = seq_len, config.head_dim, bytes_per_element
+    core_flops = 4 * T * T * hd
+    core = (core_flops / (s * (4 * T * hd + 8 * T * T)), core_flops / (s * 4 * T * hd))
+
+    def gemm(m, k, n):
+        return 2 * m * k * n / (s * (m * k + k * n + m * n))
+    m = batch_size * seq_len
+    return {"attention_core": core, "q_proj": gemm(m, config.d_model, config.n_head * hd),
+            "mlp_up": gemm(m, config.d_model, config.d_ff)}
+
+
+def roofline_takeaway(ridge: float, config: GPTConfig, points: Sequence[dict], bytes_per_element: int) -> str:
+    """Where the sweep's parts sit against this device's ridge point (FLOP/B), generated from the numbers."""
+    smallest = min(points, key=lambda p: (p["T"], p["B"]))
+    b = intensity_bounds(config, smallest["B"], smallest["T"], bytes_per_element)
+    lo, hi = b["attention_core"]
+    gemm = min(b["q_proj"], b["mlp_up"])
+    head = (f"This device's ridge point is {ridge:.3g} FLOP/B (measured ceiling / measured bandwidth). At the "
+            f"sweep's smallest point (B={smallest['B']}, T={smallest['T']}) the projection and MLP matmuls reach at "
+            f"least {gemm:.3g} FLOP/B and the attention core {lo:.3g} (every intermediate in memory) to "
+            f"{hi:.3g} (fused, compulsory traffic only) FLOP/B.")
+    if lo > ridge and gemm > ridge:
+        return head + (" Every part is right of the ridge even in the worst byte model, so nothing in this sweep is "
+                       "memory-bound on this device: the source's mechanism (attention limited by memory bandwidth) "
+                       "cannot show here, and differences between the halves come from how well each kernel uses "
+                       "the compute units.")
+    if hi < ridge:
+        return head + " Even the fused core is left of the ridge: attention is memory-bound here, as the claim says."
+    return head + (" The ridge lies between the core's two byte models: whether the core is memory-bound here depends "
+                   "on how much of the T x T scores its kernel keeps in cache; the matmuls are "
+                   + ("compute-bound." if gemm > ridge else "memory-bound too."))
+
+
+def attention_vs_mlp_verdict(points: Sequence[dict], batch_sizes: Sequence[int], seq_lens: Sequence[int],
+                             ceiling: float, *, ceiling_source: str = "measured", claim: float = 1.7,
+                             band: float = 1.25) -> tuple[list[str], dict]:
+    """Bullets on the attention-vs-MLP sweep, generated from its rows, and a summary for `record`.
+
+    `points`: rows with "B", "T", "ratio", "<part>_tflops" and "<part>_spread" for attention, attention_core
+    and mlp; `ceiling` in TFLOP/s. A ratio is "within" the claim when in [claim / band, claim * band].
+    """
+    ratios = [p["ratio"] for p in points]
+    attn = [p["attention_tflops"] / ceiling for p in points]
+    mlp_ = [p["mlp_tflops"] / ceiling for p in points]
+    spread = sorted(max(p["attention_spread"], p["mlp_spread"]) for p in points)[len(points) // 2]
+    lo, hi = min(ratios), max(ratios)
+    lines = [f"attention reached {pct(min(attn))}–{pct(max(attn))} of the measured ceiling, the MLP "
+             f"{pct(min(mlp_))}–{pct(max(mlp_))} (the claim: ~45% and ~75–80%).",
+             f"MLP/attention efficiency ratio: {lo:.2f}–{hi:.2f} over B={list(batch_sizes)}, T={list(seq_lens)} "
+             f"(the claim: ~{claim} everywhere); median timing spread (IQR) {spread:.0%}."]
+    trends = {}
+    for B in batch_sizes:
+        rs = [p for p in points if p["B"] == B]
+        change = rs[-1]["ratio"] / rs[0]["ratio"]
+        trends[B] = "grows" if change > band else "shrinks" if change < 1 / band else f"stays within ±{band - 1:.0%}"
+        core = rs[-1]["attention_core_tflops"] / rs[0]["attention_core_tflops"]
+        lines.append(f"B={B}: from T={rs[0]['T']} to T={rs[-1]['T']} the ratio {trends[B]} ({rs[0]['ratio']:.2f} -> "
+                     f"{rs[-1]['ratio']:.2f}); the attention core's TFLOP/s changes {core:.2f}x")
+    mid = statistics.median(ratios)
+    how = "more efficiently than" if mid > band else "less efficiently than" if mid < 1 / band else "about as efficiently as"
+    lines.append(f"median ratio {mid:.2f}: per counted FLOP, the MLP half ran {how} the attention half on this device.")
+    near = sum(claim / band <= r <= claim * band for r in ratios)
+    lines.append("verdict: " + ("the ratio is roughly constant here" if hi / lo < 1.5 else
+                                f"the ratio is not constant here: it varies {hi / lo:.1f}x with batch size and sequence length")
+                 + (f"; every point is within ±{band - 1:.0%} of {claim}." if near == len(ratios) else
+                    f"; {near} of {len(ratios)} points are within ±{band - 1:.0%} of the claimed {claim}, so a universal "
+                    f"{claim}x does not describe this device."))
+    if spread > band - 1:
+        lines.append(f"caution: timings were noisy on this machine (median IQR {spread:.0%}), so ratio differences "
+                     "smaller than that are not evidence of anything; re-run on an idle machine")
+    note = over_ceiling_note({f"{k} B={p['B']} T={p['T']}": p[f"{k}_tflops"] / ceiling
+                              for p in points for k in ("attention", "mlp")}, ceiling_source)
+    if note:
+        lines.append(note)
+    summary = {"ratio_min": lo, "ratio_max": hi, "ratio_median": mid, "attention_fraction_max": max(attn),
+               "mlp_fraction_max": max(mlp_), "trend_with_T": {str(b): t for b, t in trends.items()},
+               "median_spread": spread}
+    return lines, summary
+
+
+# ---------------------------------------------------------------- figures
+
+def plot_fractions(x: Sequence[float], series: dict[str, tuple[Sequence, Sequence, Sequence]], *, xlabel: str,
+                   ylabel: str, title: str, hlines: dict[str, float] | None = None, logx: bool = True, ax=None):
+    """Lines with IQR error bars: series {label: (medians, q25s, q75s)} (None entries skipped).
+
+    The y-axis starts at 0 (no truncated axis magnifying a few percent) and the legend sits outside
+    the axes, so it never covers data.
+    """
+    if ax is None:
+        fig, ax = plots.figure()
+    else:
+        fig = ax.figure
+    for i, (label, (ys, los, his)) in enumerate(series.items()):
+        pts = [(xi, y, lo, hi) for xi, y, lo, hi in zip(x, ys, los, his) if y is not None]
+        if not pts:
+            continue
+        xs, ys_, lo_, hi_ = zip(*pts)
+        err = [[max(y - lo, 0) for y, lo in zip(ys_, lo_)], [max(hi - y, 0) for y, hi in zip(ys_, hi_)]]
+        ax.errorbar(xs, ys_, yerr=err, marker="o", capsize=3, label=label, color=plots.COLORS[i % len(plots.COLORS)])
+    for i, (label, y) in enumerate((hlines or {}).items()):
+        ax.axhline(y, ls="--", lw=1, color=plots.COLORS[-1 - i % 3], label=label)
+    if logx:
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(list(x), [str(v) for v in x])
+    ax.set_ylim(bottom=0)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def kernel_share(rows: Sequence[tuple], words: Sequence[str] = ("mm", "attention", "linear", "conv")) -> float:
+    """Share of profiled self time in matmul-like ops: `rows` are `profiling.Profile.rows`
+    (op, ms, calls, share); an op counts when its name contains one of `words`."""
+    return sum(share for name, _, _, share in rows if any(w in name.rsplit("::", 1)[-1] for w in words))

@@ -88,15 +88,33 @@ def test_attention_components_by_hand():
     assert all(row["backward"] == 0 and row["total"] == row["forward"] for row in off.values())
 
 
-def test_sdpa_counts_nothing_on_cpu():
-    """FlopCounterMode has no formula for the CPU flash kernel: attention FLOPs vanish with 'sdpa'."""
+@pytest.mark.parametrize("impl", ["sdpa", "function", "wrapped"])
+def test_sdpa_counts_nothing_on_cpu_and_is_detected_whatever_its_name(impl):
+    """FlopCounterMode has no formula for the CPU flash kernel: attention FLOPs vanish, and measure_flops
+    says so from the ops that ran, whether attention was given as "sdpa", as the function, or wrapped."""
+    from helpers.model import sdpa_attention
+
     cfg, m, idx, tgt = build("gqa-nobias")
-    m.attn_impl = "sdpa"
-    with pytest.warns(UserWarning, match="naive"):
+    m.attn_impl = {"sdpa": "sdpa", "function": sdpa_attention,
+                   "wrapped": lambda q, k, v, causal: sdpa_attention(q, k, v, causal)}[impl]
+    with pytest.warns(UserWarning, match="_scaled_dot_product_flash_attention_for_cpu"):
         measured = FL.measure_flops(m, idx, tgt)
     f = FL.transformer_flops(cfg, *idx.shape)
     attention = {k: f["attn_scores"][k] + f["attn_values"][k] for k in ("forward", "backward", "total")}
     assert measured == {k: f["total"][k] - attention[k] for k in attention}
+
+
+def test_no_blind_spot_warning_when_everything_is_counted(recwarn):
+    cfg, m, idx, tgt = build("mqa-untied")
+    assert FL.measure_flops(m, idx, tgt) == FL.transformer_flops(cfg, *idx.shape)["total"]
+    assert not [w for w in recwarn if "FlopCounterMode" in str(w.message)]
+
+
+def test_uncounted_ops_picks_matmul_like_ops_without_a_formula():
+    aten = torch.ops.aten
+    registry = {aten.mm: None, aten.bmm: None}
+    seen = {aten.mm, aten.bmm, aten.add, aten.mv, aten._scaled_dot_product_flash_attention_for_cpu, aten.softmax}
+    assert FL.uncounted_ops(seen, registry) == ["aten._scaled_dot_product_flash_attention_for_cpu", "aten.mv"]
 
 
 def test_recompute_under_activation_checkpointing():

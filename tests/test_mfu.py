@@ -131,3 +131,106 @@ def test_sweep_train_steps_skips_the_points_that_run_out_of_memory(monkeypatch):
     rows, too_big = mfu.sweep_train_steps(["tiny"], [1, 2], 16, reps=1, warmup=0)
     assert [(r["model"], r["batch_size"]) for r in rows] == [("tiny", 1)] and too_big == ["tiny B=2"]
     assert rows[0]["seq_len"] == 16 and rows[0]["tflops"] > 0
+
+
+# ---------------------------------------------------------------- ceilings: the best of every measurement
+
+def test_matmul_ceiling_is_the_best_of_the_record_and_a_measurement_now(results_tmp):
+    from helpers.results import record
+
+    record(hardware.CEILINGS_RECORD, {"matmul_tflops": {"fp32": 1e-9}, "copy_gbps": 1e-9}, quiet=True)
+    tflops, source = hardware.matmul_ceiling("fp32", [32, (16, 8, 24)], "cpu", reps=1)
+    assert tflops > 1e-9 and "measured just now" in source and "above notebook 00's record" in source
+    gbps, source = hardware.bandwidth_ceiling(2**16, "cpu", reps=1)
+    assert gbps > 1e-9 and "above notebook 00's record" in source
+    record(hardware.CEILINGS_RECORD, {"matmul_tflops": {"fp32": 1e6}, "copy_gbps": 1e9}, quiet=True)
+    tflops, source = hardware.matmul_ceiling("fp32", [32], "cpu", reps=1)
+    assert tflops == 1e6 and source.startswith("notebook 00") and "measured now" in source
+    assert hardware.bandwidth_ceiling(2**16, "cpu", reps=1)[0] == 1e9
+    assert hardware.matmul_ceiling("fp8", [32], "cpu", reps=1)[0] is None  # cannot run: no ceiling invented
+
+
+def test_a_fraction_above_the_ceiling_is_called_a_ceiling_problem():
+    assert mfu.over_ceiling_note({"a": 0.5, "b": 1.0}, "x") == ""
+    note = mfu.over_ceiling_note({"MLP B=1 T=256": 1.01, "attention": 0.4}, "notebook 00")
+    assert note.startswith("CEILING PROBLEM") and "MLP B=1 T=256 at 101%" in note and "notebook 00" in note
+    assert mfu.pct(1.01) == "101% (!)" and mfu.pct(0.45) == "45%"
+
+
+# ---------------------------------------------------------------- generated sentences
+
+def test_six_n_error_names_the_missing_attention_term_as_the_cause():
+    e = mfu.six_n_error(GPTConfig.preset("gpt2"))
+    exact = 854_438_400  # per token, test_gpt2_by_hand_and_palm_formula
+    assert e["six_n_all"] == pytest.approx(6 * 124_439_808 / exact - 1)  # 12.6% low
+    assert e["attention"] == pytest.approx(12 * 12 * 1024 * 768 / exact)  # 13.3% of the exact count
+    assert e["unmultiplied"] == pytest.approx(6 * (124_439_808 - 123_532_032) / exact)  # 0.6% back
+    assert e["six_n_all"] == pytest.approx(e["unmultiplied"] - e["attention"])
+    text = mfu.six_n_takeaway({n: mfu.six_n_error(GPTConfig.preset(n)) for n in ("tiny", "gpt2")})
+    assert "13% low" in text and "main cause is the attention" in text and "lookup" not in text
+
+
+def test_projection_takeaway_says_the_attention_half_is_mostly_projections():
+    cfg = GPTConfig.preset("small10m")
+    pts = [{"B": 1, "T": 64, "attention_seconds": 1.0, "attention_core_seconds": 0.1},
+           {"B": 1, "T": 512, "attention_seconds": 2.0, "attention_core_seconds": 0.5}]
+    text = mfu.projection_takeaway(cfg, pts, backward=True)
+    # projections 8d^2 against 4Td per token: d=384 -> 92% at T=64, 60% at T=512
+    assert "60%–92% of the attention half's FLOPs" in text and "10%–25% of the attention half's time" in text
+    assert "mostly matmuls" in text
+
+
+def test_intensity_bounds_by_hand():
+    cfg = GPTConfig(n_layer=1, n_head=1, d_model=64, d_ff=256, seq_len=64)
+    b = mfu.intensity_bounds(cfg, 1, 64, 4)
+    lo, hi = b["attention_core"]
+    assert lo == pytest.approx(4 * 64**3 / (4 * (4 * 64 * 64 + 8 * 64 * 64)))  # 16/3 FLOP/B
+    assert hi == pytest.approx(64 / 4)  # T / bytes per element
+    assert b["mlp_up"] == pytest.approx(2 * 64 * 64 * 256 / (4 * (64 * 64 + 64 * 256 + 64 * 256)))
+
+
+@pytest.mark.parametrize("ridge, words", [(5.0, "nothing in this sweep is memory-bound"),
+                                          (300.0, "attention is memory-bound here"),
+                                          (10.0, "depends on how much")])
+def test_roofline_takeaway_follows_the_measured_ridge(ridge, words):
+    cfg = GPTConfig.preset("small10m")  # head_dim 64: the core is 5.3 to 16 FLOP/B at T=64 in fp32
+    pts = [{"B": 1, "T": 64}, {"B": 2, "T": 512}]
+    text = mfu.roofline_takeaway(ridge, cfg, pts, 4)
+    assert words in text and f"{ridge:.3g} FLOP/B" in text
+
+
+def _point(B, T, ratio, attn=0.4, mlp=0.7, spread=0.05):
+    return {"B": B, "T": T, "ratio": ratio, "attention_tflops": attn, "mlp_tflops": mlp, "attention_core_tflops": 0.1 * T,
+            "attention_spread": spread, "mlp_spread": spread}
+
+
+def test_verdict_is_generated_from_the_points():
+    pts = [_point(1, 64, 1.7), _point(1, 512, 1.8)]
+    lines, summary = mfu.attention_vs_mlp_verdict(pts, [1], [64, 512], 1.0)
+    assert "roughly constant" in lines[-1] and "every point is within" in lines[-1]
+    assert summary["ratio_min"] == 1.7 and summary["trend_with_T"] == {"1": "stays within ±25%"}
+    pts = [_point(1, 64, 3.0, mlp=1.01), _point(1, 512, 1.0)]
+    lines, summary = mfu.attention_vs_mlp_verdict(pts, [1], [64, 512], 1.0, ceiling_source="notebook 00")
+    text = "\n".join(lines)
+    assert "not constant" in text and "0 of 2 points" in text and "shrinks" in text
+    assert "CEILING PROBLEM" in text and "101% (!)" in text
+
+
+def test_ratio_quartiles_and_kernel_share():
+    fake = {"mlp": {"flops": 10, "samples": [1.0, 2.0, 1.0, 1.0]}, "attention": {"flops": 5, "samples": [1.0, 1.0, 4.0, 2.0]}}
+    q25, med, q75 = mfu.ratio_quartiles(fake)  # per-repetition ratios 2, 1, 8, 4
+    assert (q25, med, q75) == (1.75, 3.0, 5.0) and mfu.efficiency_ratio(fake) == 3.0
+    rows = [("aten::addmm", 1.0, 1, 0.5), ("aten::_scaled_dot_product_flash_attention_for_cpu", 1.0, 1, 0.2),
+            ("aten::gelu", 1.0, 1, 0.3)]
+    assert mfu.kernel_share(rows) == pytest.approx(0.7)
+
+
+def test_plot_fractions_starts_at_zero_with_error_bars_and_the_legend_outside():
+    fig = mfu.plot_fractions([64, 128], {"a": ([0.5, 0.6], [0.4, 0.5], [0.7, 0.65]), "b": ([None, 0.9], [None, 0.8], [None, 1.0])},
+                             xlabel="T", ylabel="fraction of the measured ceiling", title="t", hlines={"claim": 0.45})
+    ax = fig.axes[0]
+    assert ax.get_ylim()[0] == 0 and ax.get_ylabel() == "fraction of the measured ceiling"
+    assert len(ax.containers) == 2  # one errorbar container per series
+    legend = ax.get_legend()
+    assert legend.get_bbox_to_anchor().x0 >= ax.get_window_extent().x1 - 1  # anchored right of the axes
+    plt.close(fig)
