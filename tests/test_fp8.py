@@ -1,0 +1,206 @@
+"""helpers.fp8: formats, casts, every recipe's scales on hand-made tensors, the layer against torchao."""
+import copy
+import math
+
+import pytest
+import torch
+
+from helpers import fp8
+from helpers.model import GPT, GPTConfig
+
+E4, E5 = fp8.E4M3, fp8.E5M2
+
+
+def test_formats_come_from_precision_and_grid_is_complete():
+    assert fp8.fmax(E4) == 448.0 and fp8.fmax(E5) == 57344.0
+    g4, g5 = fp8.grid(E4), fp8.grid(E5)
+    assert len(g4) == 127 and len(g5) == 124  # 0 plus 126 / 123 positive finite values
+    assert g4[1].item() == fp8.facts(E4).smallest_subnormal == 2.0 ** -9
+    assert g5[1].item() == fp8.facts(E5).smallest_subnormal == 2.0 ** -16
+    assert g4[-1].item() == 448.0 and g5[-1].item() == 57344.0
+    with pytest.raises(ValueError, match="float8"):
+        fp8.fmax(torch.float16)
+
+
+@pytest.mark.parametrize("dtype", [E4, E5])
+def test_cast_saturates_the_same_in_both_formats_and_nan_propagates(dtype):
+    m = fp8.fmax(dtype)
+    x = torch.tensor([m, -m, 2 * m, -2 * m, math.inf, -math.inf, math.nan, 0.0])
+    got = fp8.cast(x, dtype).float()
+    assert got[:6].tolist() == [m, -m, m, -m, m, -m]  # ±inf saturate too (clamp before the cast)
+    assert math.isnan(got[6].item()) and got[7].item() == 0.0  # NaN propagates, stated in cast's docstring
+
+
+def test_tensorwise_scale_exact():
+    x = torch.tensor([[0.5, -2.0], [1.0, 0.25]])
+    q, s = fp8.tensorwise(x)
+    assert s.item() == 224.0 and s.dtype == torch.float32  # 448 / 2
+    assert q.float().tolist() == [[112.0, -448.0], [224.0, 56.0]]
+    _, s0 = fp8.tensorwise(torch.zeros(3, 3))
+    assert math.isfinite(s0.item()) and s0.item() > 0  # amax floored at EPS
+    _, s5 = fp8.tensorwise(x, E5)
+    assert s5.item() == 57344.0 / 2
+
+
+def test_rowwise_power_of_two_scales_exact():
+    x = torch.tensor([[3.0, -1.0], [0.1, 0.05], [0.0, 0.0]])
+    q, s = fp8.rowwise(x, -1)
+    assert s.shape == (3, 1)
+    # 448/3 = 149.3 -> 128; 448/0.1 = 4480 -> 4096; zero row: 448/1e-12 floored to a power of two
+    assert s[0].item() == 128.0 and s[1].item() == 4096.0 and s[2].item() == 2.0 ** math.floor(math.log2(448e12))
+    assert q[0].float().tolist() == [384.0, -128.0]
+    _, s_col = fp8.rowwise(x, 0)
+    assert s_col.shape == (1, 2) and s_col[0, 0].item() == 128.0
+    _, s_exact = fp8.rowwise(x, -1, power_of_2=False)
+    assert s_exact[0].item() == pytest.approx(448 / 3)
+
+
+def test_blockwise_scales_per_tile_and_block():
+    x = torch.ones(3, 260)
+    x[1, 130] = 8.0  # second tile of row 1
+    q, s = fp8.blockwise(x, (1, 128))
+    assert s.shape == (3, 3) and q.shape == x.shape
+    assert s[1, 1].item() == 56.0 and (s[0] == 448.0).all() and s[1, 0].item() == 448.0
+    _, sw = fp8.blockwise(torch.arange(1, 301, dtype=torch.float32).view(3, 100), (2, 64))
+    assert sw.shape == (2, 2) and sw[1, 1].item() == pytest.approx(448 / 300)
+
+
+def test_mx_shared_exponent_exact():
+    x = torch.zeros(2, 40)
+    x[0, 0] = 5.0  # floor(log2 5) = 2; e4m3's emax = 8 -> shared exponent -6 -> scale 2^6
+    x[0, 35] = 448.0 * 4  # second block: floor(log2 1792) = 10 -> 2^-2
+    q, s = fp8.mx(x)
+    assert s.shape == (2, 2)
+    assert s[0].tolist() == [64.0, 0.25] and s[1].tolist() == [1.0, 1.0]  # all-zero blocks: scale 1
+    assert q[0, 0].float().item() == 320.0 and q[0, 35].float().item() == 448.0
+    _, s5 = fp8.mx(x, E5)
+    assert s5[0, 0].item() == 2.0 ** 13  # e5m2's emax is 15
+
+
+def test_delayed_scaling_history_on_a_scripted_sequence():
+    sc = fp8.DelayedScaler(history_len=3, margin=1, algo="max")
+    used = []
+    for amax in [1.0, 4.0, 2.0, 0.5, 0.5, 0.5, 0.0]:
+        used.append(sc.scale.item())
+        sc.update(amax)
+    assert used == [1.0, 224.0, 56.0, 56.0, 56.0, 112.0, 448.0]  # 448/max(window)/2^1
+    assert sc.scale.item() == 448.0  # an all-zero step keeps the scale from history [0.5, 0.5, 0]
+    recent = fp8.DelayedScaler(history_len=3, algo="most_recent")
+    seen = []
+    for amax in [1.0, 4.0, 2.0, 0.0, math.inf]:
+        recent.update(amax)
+        seen.append(recent.scale.item())
+    assert seen == [448.0, 112.0, 224.0, 224.0, 224.0]  # 0 and inf leave the scale as it was
+    with pytest.raises(ValueError, match="algo"):
+        fp8.DelayedScaler(algo="mean")
+
+
+def test_delayed_cast_uses_the_previous_scale_and_counts_overflow():
+    sc = fp8.DelayedScaler(history_len=2)
+    x = torch.full((4,), 2.0)
+    q, s = sc.cast(x)
+    assert s.item() == 1.0 and q.float().tolist() == [2.0] * 4
+    counts = fp8.cast_counts(x * 10, sc.scale)  # amax jumped 10x: 20 * 224 > 448
+    assert counts == {"overflow": 4, "underflow": 0}
+    assert fp8.cast_counts(torch.tensor([1e-9, 1.0]), 1.0) == {"overflow": 0, "underflow": 1}
+
+
+def test_scaled_mm_and_emulation_agree():
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.randn(33, 64, generator=g), torch.randn(64, 48, generator=g)
+    (qa, sa), (qb, sb) = fp8.tensorwise(a), fp8.tensorwise(b)
+    real = fp8.scaled_mm(qa, qb, sa.reciprocal(), sb.reciprocal())
+    emu = fp8.scaled_mm(qa, qb, sa.reciprocal(), sb.reciprocal(), emulate=True)
+    torch.testing.assert_close(real, emu, rtol=1e-5, atol=1e-5)  # fp32 accumulation order only
+
+
+def test_blockwise_mm_equals_float64_reference_of_the_same_operands():
+    g = torch.Generator().manual_seed(1)
+    a, w = torch.randn(40, 300, generator=g), torch.randn(150, 300, generator=g)
+    a[3, 10] = 200.0
+    (qa, sa), (qw, sw) = fp8.blockwise(a, (1, 128)), fp8.blockwise(w, (128, 128))
+    got = fp8.blockwise_mm(qa, sa, qw, sw)
+    a64 = qa.double() / fp8.expand_scale(sa.double(), (1, 128), a.shape)
+    w64 = qw.double() / fp8.expand_scale(sw.double(), (128, 128), w.shape)
+    torch.testing.assert_close(got.double(), a64 @ w64.t(), rtol=1e-5, atol=1e-5)  # fp32 sums of 128 products
+
+
+def test_quantise_orders_recipes_on_an_outlier():
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(64, 256, generator=g) * torch.exp2(torch.randn(64, 1, generator=g) * 2)
+    x[5, 7] = 2e4  # one outlier: tensorwise pays everywhere, rowwise in one row, blockwise in one tile
+    stats = {r: fp8.error_stats(x, fp8.quantise(x, r)) for r in fp8.NUMERIC_RECIPES}
+    err = {r: s["row_rel_error"] for r, s in stats.items()}
+    assert err["tensorwise"] > 2 * err["rowwise"] and err["rowwise"] > err["blockwise"]
+    # over the whole tensor the outlier dominates the norm: tensorwise keeps it exactly (scale 448/amax)
+    assert stats["tensorwise"]["rel_error"] < stats["rowwise"]["rel_error"]
+    assert fp8.error_stats(x, x)["snr_db"] == math.inf
+    with pytest.raises(ValueError, match="recipe"):
+        fp8.quantise(x, "channelwise")
+
+
+def _pair(recipe, in_f=64, out_f=48, seed=0):
+    torch.manual_seed(seed)
+    lin = torch.nn.Linear(in_f, out_f)
+    ref = torch.nn.Sequential(copy.deepcopy(lin))
+    fp8.torchao_convert(ref, recipe)
+    return fp8.Float8Linear.from_linear(copy.deepcopy(lin), recipe), ref
+
+
+@pytest.mark.parametrize("recipe", ["tensorwise", "rowwise"])
+def test_float8_linear_matches_torchao(recipe):
+    if fp8.import_torchao()[0] is None:
+        pytest.skip(fp8.import_torchao()[1])
+    ours, ref = _pair(recipe)
+    x = torch.randn(2, 24, 64) * 3
+    x1, x2 = x.clone().requires_grad_(), x.clone().requires_grad_()
+    y1, y2 = ours(x1), ref(x2)
+    assert torch.equal(y1, y2)  # forward: bit for bit on a CPU
+    g = torch.randn_like(y1)
+    y1.backward(g), y2.backward(g)
+    tol = dict(rtol=1e-5, atol=1e-6)  # the same recipe: only accumulation order may differ
+    torch.testing.assert_close(x1.grad, x2.grad, **tol)
+    torch.testing.assert_close(ours.weight.grad, ref[0].weight.grad, **tol)
+    torch.testing.assert_close(ours.bias.grad, ref[0].bias.grad, **tol)
+
+
+@pytest.mark.parametrize("recipe", fp8.RECIPES)
+def test_float8_linear_close_to_fp32(recipe):
+    torch.manual_seed(3)
+    lin = torch.nn.Linear(144, 80)
+    ours = fp8.Float8Linear.from_linear(copy.deepcopy(lin), recipe)
+    x = torch.randn(5, 30, 144)
+    y = ours(x)
+    rel = (y - lin(x)).norm() / lin(x).norm()
+    assert rel < 0.08, rel  # e4m3 keeps 3 mantissa bits: a few % per operand
+
+
+def test_convert_skips_lm_head_and_odd_shapes():
+    cfg = GPTConfig(n_layer=1, n_head=2, d_model=32, d_ff=40, seq_len=16)
+    model = GPT(cfg)
+    report = fp8.convert_to_float8(model, "tensorwise", module_filter=lambda m, name: "q_proj" not in name)
+    assert report["skipped"] == {"lm_head": "LM head", "blocks.0.attn.q_proj": "refused by module_filter",
+                                 "blocks.0.mlp.up": "32x40 not multiples of 16",
+                                 "blocks.0.mlp.down": "40x32 not multiples of 16"}
+    assert report["converted"] == ["blocks.0.attn.kv_proj", "blocks.0.attn.out_proj"]
+    assert isinstance(model.blocks[0].attn.out_proj, fp8.Float8Linear)
+    assert type(model.lm_head) is torch.nn.Linear
+    with pytest.raises(ValueError, match="recipe"):
+        fp8.convert_to_float8(model, "fp4")
+
+
+def test_gpt_loss_and_grads_close_to_torchao():
+    if fp8.import_torchao()[0] is None:
+        pytest.skip(fp8.import_torchao()[1])
+    torch.manual_seed(0)
+    base = GPT(GPTConfig.preset("tiny"))
+    idx = torch.randint(0, 256, (2, 32))
+    for recipe in ("tensorwise", "rowwise"):
+        ours, ref = copy.deepcopy(base), copy.deepcopy(base)
+        fp8.convert_to_float8(ours, recipe)
+        fp8.torchao_convert(ref, recipe)
+        l1, l2 = ours(idx, idx)[1], ref(idx, idx)[1]
+        l1.backward(), l2.backward()
+        assert abs(l1.item() - l2.item()) < 1e-5
+        for (n, p1), p2 in zip(ours.named_parameters(), ref.parameters()):
+            torch.testing.assert_close(p1.grad, p2.grad, rtol=1e-4, atol=1e-6, msg=n)
