@@ -330,29 +330,58 @@ def bit_layout_figure(names: Iterable[str] = FORMATS):
     return fig
 
 
+def visible_span(lo: float, hi: float, view: tuple[float, float]) -> tuple[float, float] | None:
+    """The part of the interval [lo, hi] inside `view` = (left, right), or None when they do not overlap.
+
+    Bands whose bounds mix a format's constants with the data's extent (everything below the
+    underflow threshold, down to the smallest value in the data) are empty or reversed whenever the
+    data lies entirely on one side; clipping to the view and dropping empty spans draws only what exists.
+    """
+    a, b = max(lo, view[0]), min(hi, view[1])
+    return (a, b) if a < b else None
+
+
 def range_panel(fmt: str, distribution: str, log2_scale: int = 0, *, samples: dict[str, torch.Tensor]):
-    """Notebook 03: values of `distribution` × 2**log2_scale rounded to `fmt`: what survives, underflows, overflows."""
+    """Notebook 03: values of `distribution` × 2**log2_scale rounded to `fmt`: what survives, underflows, overflows.
+
+    The scaling is done in fp64, so a value scaled past fp32's range is counted as overflow (or
+    underflow) of `fmt` instead of being lost as an fp32 inf (or 0) before it is classified.
+    Shaded bands (rounds to 0, subnormal, overflows) are drawn only where they overlap the data's range;
+    the printed line names the bands that lie outside it. Returns the figure.
+    """
 
     from . import plots
 
     if distribution not in samples:
         raise ValueError(f"distribution={distribution!r} is unknown; choose one of {list(samples)}")
+    if isinstance(log2_scale, bool) or not isinstance(log2_scale, int) or abs(log2_scale) > 512:
+        raise ValueError(f"log2_scale={log2_scale!r} must be an int in -512..512")
     f = facts(fmt)
-    x = samples[distribution].float().flatten()
-    x = x[torch.isfinite(x) & (x != 0)] * 2.0**log2_scale
+    x = samples[distribution].flatten().double()
+    x = x[torch.isfinite(x) & (x != 0)] * 2.0**log2_scale  # fp64: no intermediate overflow or underflow
     c = classify(x, fmt)
-    print(f"{distribution} × 2^{log2_scale} in {fmt}: {c['underflow']:.2%} underflow to 0, "
-          f"{c['subnormal']:.2%} subnormal, {c['normal']:.2%} normal, {c['overflow']:.2%} overflow (n={c['n']})")
     fig, ax = plots.figure()
-    logs = x.abs().log2().clamp(-160, 140)
+    logs = x.abs().log2()
+    view = (logs.min().item() - 1, logs.max().item() + 1) if logs.numel() else (-1.0, 1.0)
     ax.hist(logs.numpy(), bins=120, color=plots.COLORS[0], alpha=0.8)
     lo, sub, top = math.log2(f.smallest_subnormal), math.log2(f.smallest_normal), math.log2(f.max)
-    ax.axvspan(logs.min().item() - 1, lo - 1, color=plots.COLORS[1], alpha=0.15, label="rounds to 0")
-    ax.axvspan(lo - 1, sub, color=plots.COLORS[3], alpha=0.2, label="subnormal (fewer bits)")
-    ax.axvspan(top, max(top, logs.max().item()) + 1, color=plots.COLORS[4], alpha=0.15, label="overflows")
+    outside = []
+    for (a, b), color, alpha, label in (((-math.inf, lo - 1), 1, 0.15, "rounds to 0"),
+                                        ((lo - 1, sub), 3, 0.2, "subnormal (fewer bits)"),
+                                        ((top, math.inf), 4, 0.15, "overflows")):
+        span = visible_span(a, b, view)
+        if span:
+            ax.axvspan(*span, color=plots.COLORS[color], alpha=alpha, label=label)
+        else:
+            outside.append(label.split(" (")[0])
+    ax.set_xlim(*view)
+    print(f"{distribution} × 2^{log2_scale} in {fmt}: {c['underflow']:.2%} underflow to 0, "
+          f"{c['subnormal']:.2%} subnormal, {c['normal']:.2%} normal, {c['overflow']:.2%} overflow (n={c['n']})"
+          + (f"; outside these values' range, not drawn: {', '.join(outside)}" if outside else ""))
     ax.set_xlabel("log2 |value|")
     ax.set_ylabel("count")
     ax.set_title(f"{distribution} × 2^{log2_scale} in {fmt}")
-    ax.legend(fontsize=8)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=8)
     fig.tight_layout()
     return fig

@@ -297,3 +297,173 @@ def test_fp16_model_with_master_weights_and_scaler():
     scaler.step(opt)
     scaler.update()
     assert scaler.get_scale() == 2.0**9 and all(torch.equal(m, k) for m, k in zip(master.params, kept))
+
+
+# ---------------------------------------------------------------- figures: bands from data, overflow shown
+
+def _spans(fig):
+    """(label, x0, x1) of every axvspan in the figure's first axes."""
+    from matplotlib.patches import Polygon, Rectangle
+
+    out = []
+    for patch in fig.axes[0].patches:
+        if isinstance(patch, Polygon):  # axvspan draws a polygon (older matplotlib) ...
+            xs = patch.get_xy()[:, 0]
+            out.append((patch.get_label(), xs.min(), xs.max(), xs[0] <= xs[2]))
+        elif isinstance(patch, Rectangle) and patch.get_label() and not patch.get_label().startswith("_"):
+            x0, w = patch.get_x(), patch.get_width()  # ... or a rectangle (newer)
+            out.append((patch.get_label(), min(x0, x0 + w), max(x0, x0 + w), w >= 0))
+    return out
+
+
+def test_range_panel_draws_no_reversed_band_when_the_data_lies_above_the_underflow_threshold(capsys):
+    # the case of issue 11: fp32, values around 1e-4 scaled by 2^-1 lie far above 2^-150
+    samples = {"weight gradients": torch.logspace(-6, -2, 1000).float()}
+    fig = P.range_panel("fp32", "weight gradients", -1, samples=samples)
+    spans = _spans(fig)
+    lo, hi = fig.axes[0].get_xlim()
+    assert spans == [] or all(ok and lo <= a < b <= hi for _, a, b, ok in spans), spans
+    assert "rounds to 0" not in [s[0] for s in spans] and "overflows" not in [s[0] for s in spans]
+    out = capsys.readouterr().out
+    assert "not drawn: rounds to 0, subnormal, overflows" in out
+    assert lo > -30 and hi < 0  # the view follows the data, not fp32's range
+    plt.close("all")
+
+
+def test_range_panel_bands_where_the_data_reaches_them(capsys):
+    samples = {"wide": torch.exp2(torch.linspace(-40, 20, 601)).float()}
+    fig = P.range_panel("fp16", "wide", 0, samples=samples)
+    spans = {label: (a, b) for label, a, b, ok in _spans(fig) if ok}
+    assert set(spans) == {"rounds to 0", "subnormal (fewer bits)", "overflows"}
+    assert spans["rounds to 0"] == (-41.0, -25.0) and spans["subnormal (fewer bits)"] == (-25.0, -14.0)
+    assert spans["overflows"][0] == pytest.approx(16.0, abs=1e-3) and spans["overflows"][1] == 21.0
+    assert "not drawn" not in capsys.readouterr().out
+    plt.close("all")
+
+
+def test_visible_span():
+    assert P.visible_span(-math.inf, -151.0, (-30.0, 0.0)) is None  # entirely left of the view
+    assert P.visible_span(-math.inf, -25.0, (-41.0, 21.0)) == (-41.0, -25.0)
+    assert P.visible_span(128.0, math.inf, (-41.0, 21.0)) is None
+    assert P.visible_span(-25.0, -14.0, (-20.0, 0.0)) == (-20.0, -14.0)
+
+
+def test_scaling_is_done_in_fp64_so_overflow_past_fp32_is_counted(capsys):
+    samples = {"big": torch.tensor([2.0**100, 2.0**-100])}
+    P.range_panel("fp32", "big", 40, samples=samples)  # 2^140 overflows fp32; fp32 arithmetic dropped it as inf
+    out = capsys.readouterr().out
+    assert "50.00% overflow (n=2)" in out and "50.00% normal" in out
+    P.range_panel("fp32", "big", -60, samples=samples)  # 2^-160 underflows fp32 instead of vanishing before counting
+    assert "50.00% underflow to 0" in capsys.readouterr().out
+    rows = MP.underflow_rows({0: {"g": torch.tensor([2.0**100])}}, 2.0**40)
+    assert rows[0][-1] == "100.00%"
+    with pytest.raises(ValueError, match="log2_scale"):
+        P.range_panel("fp32", "big", 5000, samples=samples)
+    plt.close("all")
+
+
+def test_static_scaling_sweep_and_its_figure_show_the_overflow_edge():
+    base = _tiny_model()
+    x, y = torch.randint(0, 256, (2, 16)), torch.randint(0, 256, (2, 16))
+    rows = MP.static_scaling_sweep(base, x, y, [0, 8, 60, 90], "cpu")
+    assert [r["finite"] for r in rows][:2] == [True, True] and rows[-1]["finite"] is False
+    assert rows[-1]["rel_error"] == math.inf and 0 <= rows[0]["zero_fraction"] < 1
+    fig = MP.scaling_sweep_figure(rows)
+    labels = [c.get_label() for c in fig.axes[0].collections]
+    assert "overflow: inf/NaN in the gradients" in labels
+    over = next(c for c in fig.axes[0].collections if c.get_label().startswith("overflow"))
+    assert sorted(over.get_offsets()[:, 0].tolist()) == [r["log2_scale"] for r in rows if not r["finite"]]
+    with pytest.raises(ValueError, match="log2 scale"):
+        MP.static_scaling_sweep(base, x, y, [-1], "cpu")
+    with pytest.raises(ValueError, match="LOG2_SCALES"):
+        MP.check_log2_scales("LOG2_SCALES", [0, 4.0])
+    assert MP.check_log2_scales("LOG2_SCALES", (0, 4)) == [0, 4]
+    plt.close("all")
+
+
+def _row(k, lost, finite=True, err=1e-3):
+    return {"log2_scale": k, "zero_fraction": lost, "finite": finite, "rel_error": err if finite else math.inf}
+
+
+def test_scaling_sweep_sentence_names_the_window():
+    rows = [_row(0, 0.005, err=3.6e-4), _row(8, 0.0001, err=3.2e-4), _row(16, 0.0, err=3.3e-4),
+            _row(20, 0, False), _row(24, 0, False)]
+    text = MP.scaling_sweep_sentence(rows)
+    assert "finite from 2^0 to 2^16" in text and "between 2^16 and 2^20" in text and "2^20, 2^24" in text
+    assert "smallest error was 3.20e-04 at S = 2^8" in text and "within 1.5×" in text
+    assert "beyond this sweep" in MP.scaling_sweep_sentence(rows[:3])
+    assert "Every scale" in MP.scaling_sweep_sentence([_row(0, 0, False)])
+    assert "already overflowed" in MP.scaling_sweep_sentence([_row(0, 0, False), _row(4, 0.1)])
+
+
+def _summary(**loss):
+    names = ["fp32", "fp16 no scaling", "fp16 + our scaler", "fp16 + GradScaler", "bf16 autocast"]
+    zero = {"fp32": 1e-5, "fp16 no scaling": 3e-3, "fp16 + our scaler": 0.0, "fp16 + GradScaler": 0.0,
+            "bf16 autocast": 0.0}
+    skipped = loss.pop("skipped", 0)
+    return {n: {"final_loss": loss.get(n.split()[0].replace("+", ""), 4.046), "zero_grad_fraction": zero[n],
+                "skipped_steps": skipped if "+" in n else 0} for n in names}
+
+
+def test_training_sentences_follow_the_numbers():
+    same = MP.training_sentences(_summary(), 12)
+    assert "300× fp32's" in same[0] and "scaling recovered" in same[0]
+    assert "does not show the lost gradients" in same[1] and len(same) == 2
+    s = _summary(skipped=1)
+    for n in ("fp16 + our scaler", "fp16 + GradScaler"):
+        s[n]["final_loss"] = 4.131
+    text = MP.training_sentences(s, 12)
+    assert "skipped 1 of 12 steps" in text[2] and "skipped updates cost it more than rounding" in text[2]
+    s = _summary()
+    s["fp16 no scaling"]["final_loss"] = 4.2
+    assert "slowed training" in MP.training_sentences(s, 12)[1]
+    s = _summary()
+    s["fp16 no scaling"]["zero_grad_fraction"] = 1e-5
+    assert "recovered" not in MP.training_sentences(s, 12)[0]
+
+
+def test_compare_scalers_matches_on_the_course_gpt():
+    base = _tiny_model()
+    batches = [(torch.randint(0, 256, (2, 16)), torch.randint(0, 256, (2, 16))) for _ in range(3)]
+    both = MP.compare_scalers(base, batches, init_scale=2.0**10, growth_interval=2, steps=6,
+                              inject={1: math.nan, 2: math.inf}, device="cpu")
+    assert both["ours"] == both["torch"] and [k for _, k in both["ours"]] == [False, True, True, False, False,
+                                                                            False]
+    for a, b in zip(*both["params"]):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+# ---------------------------------------------------------------- exercise 03.scaler_update against GradScaler
+
+def test_scaler_exercise_cases_cover_the_edges_and_our_scaler_agrees_with_gradscaler():
+    from helpers.exercises import nb03
+
+    cases = nb03._cases()
+    labels = " | ".join(c.label for c in cases)
+    assert "growth_interval=1" in labels and "×1.7/×0.3" in labels and "a NaN" in labels and "a -inf" in labels
+    assert any(s[4].find("II") >= 0 or s[4].find("NN") >= 0 for s in nb03.SCRIPTS)  # overflows in a row
+    grew_after_skip = False
+    for case in cases:
+        want = nb03.gradscaler_update(*case.args)
+        assert nb03.reference_update(*case.args) == pytest.approx(want, rel=1e-6), case.label
+        grads, scale, tracker, grow, back, interval = case.args
+        ours = P.DynamicLossScaler(scale, growth_factor=grow, backoff_factor=back, growth_interval=interval)
+        ours.load_state_dict({**ours.state_dict(), "_growth_tracker": tracker})
+        params = [torch.nn.Parameter(torch.zeros_like(g)) for g in grads]
+        for p, g in zip(params, grads):
+            p.grad = g.clone()
+        opt = torch.optim.SGD(params, lr=1.0)
+        ours.step(opt)
+        ours.update()
+        stepped = any(bool(p.detach().ne(0).any()) for p in params)
+        assert (stepped, ours.get_scale(), ours.state_dict()["_growth_tracker"]) == want, case.label
+        grew_after_skip |= "after a skip" in case.label and want[1] > scale
+    assert grew_after_skip
+
+
+def test_the_course_solution_passes_the_scaler_exercise(capsys):
+    from helpers import check
+    from helpers.exercises import nb03
+
+    check.exercise("03.scaler_update", nb03.reference_update)
+    assert capsys.readouterr().out.startswith("PASS")
