@@ -6,7 +6,7 @@ import html
 from pathlib import Path
 from typing import Any, Iterable
 
-from .results import load_results
+from .results import read_records, record_name, write_atomic
 
 Block = tuple  # ("h1"|"h2"|"h3"|"p", text) | ("table", header, rows) | ("img", relative path)
 
@@ -35,70 +35,151 @@ def flatten(metrics: dict, prefix: str = "") -> dict[str, str]:
     return out
 
 
-def extract_figures(notebook: Path, figures_dir: Path) -> list[Path]:
-    """Save every PNG output of an executed notebook; return the files in order."""
+def extract_figures(notebook: Path, figures_dir: Path, problems: list | None = None) -> list[Path]:
+    """Save every PNG output of an executed notebook atomically; return the files in order.
+
+    A notebook that cannot be read, an image that is not valid base64 PNG, or a figure that cannot
+    be written is appended to `problems` as (path, reason) when a list is given, else raised.
+    """
     import nbformat
 
-    nb = nbformat.read(notebook, as_version=4)
+    def problem(path, reason, err):
+        if problems is None:
+            raise err
+        problems.append((path, reason))
+
+    try:
+        nb = nbformat.read(notebook, as_version=4)
+        cells = list(nb.cells)
+    except Exception as err:  # torn JSON, not a notebook, unreadable: the report goes on without it
+        problem(notebook, f"unreadable executed notebook ({type(err).__name__}: {str(err)[:200]})", err)
+        return []
     saved = []
-    for i, cell in enumerate(nb.cells):
-        for k, out in enumerate(cell.get("outputs", [])):
-            data = out.get("data", {}).get("image/png")
-            if data:
+    for i, cell in enumerate(cells):
+        for k, out in enumerate(cell.get("outputs", []) if isinstance(cell, dict) else []):
+            data = out.get("data", {}).get("image/png") if isinstance(out, dict) else None
+            if not data:
+                continue
+            path = figures_dir / f"{notebook.stem}-cell{i:02d}-{k}.png"
+            try:
+                png = base64.b64decode(data if isinstance(data, str) else "".join(data), validate=False)
+                if not png.startswith(b"\x89PNG"):
+                    raise ValueError("not a PNG image")
                 figures_dir.mkdir(parents=True, exist_ok=True)
-                path = figures_dir / f"{notebook.stem}-cell{i:02d}-{k}.png"
-                path.write_bytes(base64.b64decode(data))
-                saved.append(path)
+                saved.append(write_atomic(path, png, fsync=False))
+            except (ValueError, TypeError, OSError) as err:
+                why = f"{err.strerror}" if isinstance(err, OSError) and err.strerror else str(err)
+                problem(path if isinstance(err, OSError) else notebook,
+                        f"figure of cell {i}, output {k} not saved: {why}", err)
     return saved
 
 
-def reference_sets(references: Path) -> dict[str, dict[str, dict]]:
-    """{gpu folder name: {record name: record}} for every sub-folder of `references` with records."""
+def reference_sets(references: Path, problems: list | None = None) -> dict[str, dict[str, dict]]:
+    """{gpu folder name: {record name: record}} for every sub-folder of `references` with records.
+
+    Unreadable files are appended to `problems` as (path, reason); two files with the same record
+    name both stay, the second keyed 'name [file.json]'.
+    """
     if not references.is_dir():
         return {}
-    sets = {d.name: load_results(d) for d in sorted(references.iterdir()) if d.is_dir()}
-    return {k: v for k, v in sets.items() if v}
+    sets = {}
+    for folder in sorted(d for d in references.iterdir() if d.is_dir()):
+        good, bad = read_records(folder)
+        if problems is not None:
+            problems += bad
+        if good:
+            sets[folder.name] = _by_name(good)
+    return sets
 
 
-def build_blocks(run_dir: Path, outcomes: Iterable, references: Path, profile: str) -> list[Block]:
-    """Everything the report says, as blocks that both renderers understand."""
+def _by_name(good: list[tuple[Path, dict]]) -> dict[str, dict]:
+    """{name: record}, a second file with a taken name keyed 'name [file.json]'; each record knows its file."""
+    out: dict[str, dict] = {}
+    for path, data in good:
+        name = record_name(path, data)
+        out[name if name not in out else f"{name} [{path.name}]"] = {**data, "_file": path}
+    return out
+
+
+def _text(value: Any, width: int | None = None) -> str:
+    text = "?" if value is None or value == "" else str(value)
+    return text[:width] if width else text
+
+
+def _origin(rec: dict) -> str:
+    """'device, profile P, torch V, date' for one record."""
+    versions = rec.get("versions") if isinstance(rec.get("versions"), dict) else {}
+    return (f"{_text(rec.get('device'))}, profile {_text(rec.get('profile'))}, torch {_text(versions.get('torch'))}, "
+            f"{_text(rec.get('date'), 10)}")
+
+
+def _record_blocks(name: str, rec: dict, refs: dict, run_device: str, run_profile: str) -> list[Block]:
+    """The heading, origin line and table of one record, beside the same record on each reference GPU."""
+    ref_cols = [(gpu, recs[name]) for gpu, recs in refs.items() if name in recs]
+    versions = rec.get("versions") if isinstance(rec.get("versions"), dict) else {}
+    origin = (f"Recorded on {_text(rec.get('device'))}, profile {_text(rec.get('profile'))}, "
+              f"{_text(rec.get('date'))}; versions: " + (", ".join(f"{k} {v}" for k, v in versions.items()) or "?")
+              + f" (file results/{rec['_file'].name}).")
+    if rec.get("device") != run_device or rec.get("profile") != run_profile:
+        origin += f" Not this run's device and profile ({run_device}, {run_profile})."
+    header = ["metric", _origin(rec)]
+    header += [f"{gpu} ({_origin(r)})" for gpu, r in ref_cols]
+    mine_flat = flatten(rec["metrics"])
+    ref_flats = [flatten(r["metrics"]) for _, r in ref_cols]
+    keys = list(dict.fromkeys(list(mine_flat) + [k for f in ref_flats for k in f]))
+    rows = [[k, mine_flat.get(k, "")] + [f.get(k, "") for f in ref_flats] for k in keys]
+    title = name + (f" (dtype {rec['dtype']})" if rec.get("dtype") else "")
+    return [("h3", title), ("p", origin), ("table", header, rows)]
+
+
+def build_blocks(run_dir: Path, outcomes: Iterable, references: Path, profile: str,
+                 conditions: str | None = None, asked: str | None = None) -> list[Block]:
+    """Everything the report says, as blocks that both renderers understand.
+
+    Builds from whatever is readable: every file that is not (a torn record, a reference file that
+    is not a record, a malformed executed notebook or figure) is listed by path with the reason.
+    """
     from .hardware import library_versions
     from .results import device_name
-    from .run import failure_text
+    from .run import failure_text, status_word
 
-    outcomes = list(outcomes)
-    mine = load_results(run_dir / "results")
-    refs = reference_sets(references)
+    outcomes, problems = list(outcomes), []
+    good, bad = read_records(run_dir / "results")
+    problems += bad
+    mine = _by_name(good)
+    refs = reference_sets(references, problems)
+    device = device_name()
     blocks: list[Block] = [
         ("h1", f"Course run report: {run_dir.name}"),
-        ("p", f"Device: {device_name()}. Profile asked for: {profile}. "
-              + "Versions: " + ", ".join(f"{k} {v}" for k, v in library_versions().items()) + "."),
+        ("p", f"Device: {device}. Profile: {profile}" + (f" (asked for: {asked})" if asked and asked != profile else "")
+              + ". Versions: " + ", ".join(f"{k} {v}" for k, v in library_versions().items()) + "."),
+    ]
+    if conditions:
+        blocks.append(("p", f"Run conditions: {conditions}."))
+    blocks += [
         ("h2", "Notebooks"),
+        ("p", "Cell numbers count the notebook's code cells from 1, as JupyterLab numbers them after "
+              "'Restart Kernel and Run All Cells'."),
         ("table", ["notebook", "status", "seconds", "failure"],
-         [[o.notebook, "ok" if o.ok else "FAILED", f"{o.seconds:.1f}", failure_text(o)] for o in outcomes]),
+         [[o.notebook, status_word(o), f"{o.seconds:.1f}", failure_text(o)] for o in outcomes]),
         ("h2", "Recorded results"),
     ]
     if not mine:
         blocks.append(("p", "No notebook recorded a result in this run."))
     if refs:
-        blocks.append(("p", "Reference columns come from results/<gpu>/ in the repository: "
-                            + ", ".join(refs) + "."))
+        blocks.append(("p", "Reference columns come from results/<gpu>/ in the repository: " + ", ".join(refs) + "."))
     for name, rec in mine.items():
-        ref_cols = [(gpu, recs[name]) for gpu, recs in refs.items() if name in recs]
-        header = ["metric", f"this run ({rec.get('profile')}, {rec.get('device')})"]
-        header += [f"{gpu} ({r.get('date', '?')[:10]}, {r.get('profile')})" for gpu, r in ref_cols]
-        mine_flat = flatten(rec.get("metrics", {}))
-        ref_flats = [flatten(r.get("metrics", {})) for _, r in ref_cols]
-        keys = list(mine_flat) + [k for f in ref_flats for k in f if k not in mine_flat]
-        keys = list(dict.fromkeys(keys))
-        rows = [[k, mine_flat.get(k, "")] + [f.get(k, "") for f in ref_flats] for k in keys]
-        blocks += [("h3", name + (f" (dtype {rec['dtype']})" if rec.get("dtype") else "")), ("table", header, rows)]
-    blocks.append(("h2", "Figures"))
+        blocks += _record_blocks(name, rec, refs, device, profile)
+    figures = [("h2", "Figures")]
     for nb in sorted((run_dir / "notebooks").glob("*.ipynb")):
-        figs = extract_figures(nb, run_dir / "figures")
+        figs = extract_figures(nb, run_dir / "figures", problems)
         if figs:
-            blocks.append(("h3", nb.stem))
-            blocks += [("img", str(f.relative_to(run_dir))) for f in figs]
+            figures.append(("h3", nb.stem))
+            figures += [("img", str(f.relative_to(run_dir))) for f in figs]
+    blocks += figures
+    if problems:
+        blocks += [("h2", "Files the report could not read"),
+                   ("table", ["file", "reason"], [[str(p), r] for p, r in problems])]
     return blocks
 
 
@@ -140,16 +221,23 @@ def to_html(blocks: list[Block], run_dir: Path) -> str:
             body = "".join("<tr>" + "".join(f"<td>{esc(str(c))}</td>" for c in r) + "</tr>" for r in b[2])
             parts.append(f"<table><tr>{head}</tr>{body}</table>")
         elif kind == "img":
-            data = base64.b64encode((run_dir / b[1]).read_bytes()).decode()
-            parts.append(f"<img alt='{esc(b[1])}' src='data:image/png;base64,{data}'>")
+            try:
+                data = base64.b64encode((run_dir / b[1]).read_bytes()).decode()
+                parts.append(f"<img alt='{esc(b[1])}' src='data:image/png;base64,{data}'>")
+            except OSError as err:
+                parts.append(f"<p>figure {esc(b[1])} could not be read: {esc(str(err.strerror or err))}</p>")
     parts.append("</body></html>")
     return "\n".join(parts)
 
 
-def write_report(run_dir: Path, outcomes: Iterable, references: Path, profile: str = "auto") -> tuple[Path, Path]:
-    """Write report.md and report.html into `run_dir`; return their paths."""
-    blocks = build_blocks(Path(run_dir), outcomes, Path(references), profile)
-    md, page = Path(run_dir) / "report.md", Path(run_dir) / "report.html"
-    md.write_text(to_markdown(blocks))
-    page.write_text(to_html(blocks, Path(run_dir)))
+def write_report(run_dir: Path, outcomes: Iterable, references: Path, profile: str = "auto",
+                 conditions: str | None = None, asked: str | None = None) -> tuple[Path, Path]:
+    """Write report.md and report.html into `run_dir` (each atomically); return their paths.
+
+    Raises OSError (with the file name) when one cannot be written; a file written before stays intact.
+    """
+    run_dir = Path(run_dir)
+    blocks = build_blocks(run_dir, outcomes, Path(references), profile, conditions, asked)
+    md = write_atomic(run_dir / "report.md", to_markdown(blocks), fsync=False)
+    page = write_atomic(run_dir / "report.html", to_html(blocks, run_dir), fsync=False)
     return md, page

@@ -6,6 +6,8 @@ import json
 import math
 import os
 import tempfile
+import warnings
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +45,7 @@ def results_dir() -> Path:
 
 def _plain(value: Any) -> Any:
     """Turn tensors, numpy values, dtypes and paths into JSON-friendly values."""
-    if isinstance(value, dict):
+    if isinstance(value, Mapping):
         return {str(k): _plain(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [_plain(v) for v in value]
@@ -76,15 +78,45 @@ def device_name() -> str:
     return f"CPU: {cpu_model()}"
 
 
-def record(name: str, metrics: dict, *, dtype: Any = None, folder: str | os.PathLike | None = None,
+def write_atomic(path: str | os.PathLike, data: str | bytes, *, fsync: bool = True) -> Path:
+    """Write `data` (text as UTF-8, or bytes) to `path` through a temporary file and a rename.
+
+    Whoever reads `path` (or a crash, or a full disk) sees the old file or the new one, never half of
+    one; the folder must exist. Raises OSError (e.g. ENOSPC) after removing the temporary file, so a
+    failure leaves what was there before intact.
+    """
+    path = Path(path)
+    payload = data.encode() if isinstance(data, str) else data
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(payload)
+            fh.flush()
+            if fsync:
+                os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException as err:
+        Path(tmp).unlink(missing_ok=True)
+        if isinstance(err, OSError):
+            err.filename = str(path)  # name the file the caller asked for, not the temporary one
+        raise
+    return path
+
+
+def record(name: str, metrics: Mapping, *, dtype: Any = None, folder: str | os.PathLike | None = None,
            quiet: bool = False) -> None:
     """Write `metrics` with device, dtype, versions, date and profile to `<results dir>/<name>.json`.
 
-    The file is written to a temporary name and renamed into place, so a crash never leaves half a
-    file behind.
+    `metrics` is a mapping of metric names to values (numbers, strings, lists, nested mappings,
+    tensors); anything else (None, a list, a number) raises TypeError at once, because the report
+    could not show it. The file is written to a temporary name and renamed into place, so a crash
+    never leaves half a file behind. Raises ValueError for a name that is not a plain file name.
     """
-    if not name or any(c in name for c in "/\\") or name.startswith("."):
+    if not isinstance(name, str) or not name or any(c in name for c in "/\\") or name.startswith("."):
         raise ValueError(f"record name {name!r} must be a plain file name")
+    if not isinstance(metrics, Mapping):
+        raise TypeError(f"record({name!r}, ...): metrics must be a dict of metric name -> value, "
+                        f"not {type(metrics).__name__}")
     target_dir = Path(folder) if folder is not None else results_dir()
     target_dir.mkdir(parents=True, exist_ok=True)
     payload = {
@@ -97,29 +129,73 @@ def record(name: str, metrics: dict, *, dtype: Any = None, folder: str | os.Path
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
     }
     text = json.dumps(payload, indent=2, sort_keys=False)
-    fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=target_dir)
-    try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text + "\n")
-            fh.flush()
-            os.fsync(fh.fileno())
-        path = target_dir / f"{name}.json"
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    path = write_atomic(target_dir / f"{name}.json", text + "\n")
     if not quiet:
         print(f"recorded {name} -> {path}")
 
 
-def load_results(folder: str | os.PathLike) -> dict[str, dict]:
-    """Read every record in `folder` back, keyed by record name (an absent folder gives {})."""
+def check_record(data: Any) -> str | None:
+    """Why a parsed record file cannot be shown (not an object, metrics not a mapping...), or None."""
+    if not isinstance(data, dict):
+        return f"not a record: the file holds a JSON {type(data).__name__}, not an object"
+    if not isinstance(data.get("metrics"), dict):
+        return f"not a record: 'metrics' is {type(data.get('metrics')).__name__}, not an object"
+    if "name" in data and not isinstance(data["name"], str):
+        return f"not a record: 'name' is {type(data['name']).__name__}, not a string"
+    return None
+
+
+def read_records(folder: str | os.PathLike) -> tuple[list[tuple[Path, dict]], list[tuple[Path, str]]]:
+    """Every record file in `folder`: ([(path, record)...] readable, [(path, reason)...] unreadable).
+
+    A file is unreadable when it cannot be read, is empty or torn (invalid JSON), or is not a record
+    (see `check_record`). An absent folder gives two empty lists. Files are in name order; nothing
+    is dropped: two files with the same record name are both returned.
+    """
     folder = Path(folder)
-    out: dict[str, dict] = {}
+    good: list[tuple[Path, dict]] = []
+    bad: list[tuple[Path, str]] = []
     if not folder.is_dir():
-        return out
+        return good, bad
     for path in sorted(folder.glob("*.json")):
-        with open(path) as fh:
-            data = json.load(fh)
-        out[data.get("name", path.stem)] = data
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as err:
+            bad.append((path, f"cannot read it: {err}"))
+            continue
+        if not text.strip():
+            bad.append((path, "empty file"))
+            continue
+        try:
+            data = json.loads(text)
+        except ValueError as err:
+            bad.append((path, f"torn or invalid JSON ({err})"))
+            continue
+        reason = check_record(data)
+        if reason:
+            bad.append((path, reason))
+        else:
+            good.append((path, data))
+    return good, bad
+
+
+def record_name(path: Path, data: dict) -> str:
+    """The name a record goes by: its 'name' field, else its file name without .json."""
+    return data.get("name") or Path(path).stem
+
+
+def load_results(folder: str | os.PathLike) -> dict[str, dict]:
+    """Read every record in `folder` back, keyed by record name (an absent folder gives {}).
+
+    Unreadable files are skipped with a warning that names them. When two files carry the same
+    record name, the one whose file name matches keeps the name and the other is keyed
+    'name [file.json]', so nothing is dropped.
+    """
+    good, bad = read_records(folder)
+    for path, reason in bad:
+        warnings.warn(f"skipping {path}: {reason}", stacklevel=2)
+    out: dict[str, dict] = {}
+    for path, data in sorted(good, key=lambda pd: Path(pd[0]).stem != record_name(*pd)):
+        name = record_name(path, data)
+        out[name if name not in out else f"{name} [{Path(path).name}]"] = data
     return out

@@ -1,30 +1,47 @@
 """Headless runner: `python -m helpers.run [NOTEBOOK ...]` executes notebooks with papermill.
 
-Each run goes to runs/<timestamp>-<device>/ with the executed notebooks, the recorded results
-(JSON) and a report (report.md, report.html). Exit status is non-zero if any notebook failed.
+Each run owns a new folder runs/<timestamp>-<device>[-k]/ (created exclusively) with the executed
+notebooks, the recorded results (JSON), one log per notebook (its kernel's own messages), a summary
+and a report (report.md, report.html). Every notebook runs in a worker process of its own; SIGINT
+(Ctrl-C) or SIGTERM stops the workers and their kernels, marks the notebooks that were running as
+interrupted (with their cell), writes summary and report for what finished and exits non-zero.
+
+Cell numbers count the notebook's non-empty code cells from 1, as committed (without papermill's
+injected-parameters cell): cell N is the one JupyterLab labels [N] after "Restart Kernel and Run
+All Cells". Exit status: 0 all ok, 1 a notebook failed or an output could not be written, 2 a usage
+error, 130 / 143 interrupted by SIGINT / SIGTERM.
 """
 from __future__ import annotations
 
 import argparse
 import ast
 import datetime as _dt
+import difflib
 import json
 import os
+import signal
+import subprocess
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from .params import PROFILES
-from .results import REPO_ROOT, device_slug
+from .results import REPO_ROOT, device_slug, write_atomic
 
 NOTEBOOKS_DIR = REPO_ROOT / "notebooks"
+RUNNER_OWNED = ("INTERACTIVE", "RESULTS_DIR")  # the runner sets these; -p may not
+GRACE_SECONDS = 10.0  # how long stopped workers get to shut their kernels down before SIGKILL
+MARKER_TAG = "papermill-error-cell-tag"  # papermill's tag for the cells it inserts to point at an error
+
+
+class UsageError(Exception):
+    """A command line the runner refuses before anything runs (one line, exit status 2)."""
 
 
 @dataclass
 class Outcome:
-    """How one notebook's execution went."""
+    """How one notebook's execution went; status is 'ok', 'failed', 'interrupted' or 'not run'."""
 
     notebook: str
     ok: bool
@@ -32,6 +49,11 @@ class Outcome:
     cell: int | None = None
     error: str = ""
     output: str = ""
+    status: str = ""
+    log: str = ""
+
+    def __post_init__(self):
+        self.status = self.status or ("ok" if self.ok else "failed")
 
 
 def find_notebooks(selection: list[str], folder: Path) -> list[Path]:
@@ -66,43 +88,320 @@ def parse_parameter(text: str) -> tuple[str, object]:
     return name.strip(), value
 
 
-def _original_cell_index(nb_path: Path, executed_index: int) -> int:
-    """papermill inserts an 'injected-parameters' cell; map its executed index back to the source's."""
+def notebook_parameters(path: Path) -> list[str]:
+    """Names assigned in the notebook's cell tagged `parameters`, in order ([] when it has none)."""
     import nbformat
 
-    nb = nbformat.read(nb_path, as_version=4)
-    shift = sum("injected-parameters" in cell.get("metadata", {}).get("tags", []) for cell in nb.cells[:executed_index])
-    return executed_index - shift
+    nb = nbformat.read(path, as_version=4)
+    cell = next((c for c in nb.cells if "parameters" in c.get("metadata", {}).get("tags", [])), None)
+    if cell is None:
+        return []
+    try:
+        tree = ast.parse(cell.source)
+    except SyntaxError as err:
+        raise UsageError(f"{path.name}: its parameters cell is not valid Python ({err.msg})") from None
+    names = []
+    for node in tree.body:
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+        names += [t.id for t in targets if isinstance(t, ast.Name) and t.id not in names]
+    return names
+
+
+def route_parameters(notebooks: list[Path], given: dict) -> dict[Path, dict]:
+    """The -p values each notebook gets: only the names its parameters cell declares.
+
+    Raises UsageError for a name the runner sets itself, or one that no selected notebook declares
+    (naming the allowed ones and the closest match), before anything runs.
+    """
+    declared = {nb: notebook_parameters(nb) for nb in notebooks}
+    for name in given:
+        if name in RUNNER_OWNED:
+            raise UsageError(f"-p {name}: the runner sets {name} itself (use --out for where results go)")
+        if not any(name in names for names in declared.values()):
+            allowed = sorted({n for names in declared.values() for n in names} - set(RUNNER_OWNED))
+            close = difflib.get_close_matches(name, allowed, n=1) or [n for n in allowed if n.lower() == name.lower()]
+            hint = f" (did you mean {close[0]}?)" if close else ""
+            which = notebooks[0].stem if len(notebooks) == 1 else "the selected notebooks"
+            raise UsageError(f"-p {name}: {which} has no parameter {name!r}{hint}; allowed: {', '.join(allowed)}")
+    return {nb: {k: v for k, v in given.items() if k in names} for nb, names in declared.items()}
+
+
+# ---------------------------------------------------------------------------------------------
+# what happened inside an executed notebook
+
+def _code_cells(nb) -> list[tuple[int, object]]:
+    """(number, cell) for each non-empty code cell of the committed notebook, numbered from 1."""
+    cells = [c for c in nb.cells if MARKER_TAG not in c.get("metadata", {}).get("tags", [])]
+    numbered, n = [], 0
+    for cell in cells:
+        if cell.cell_type != "code" or not cell.source.strip():
+            continue
+        injected = "injected-parameters" in cell.get("metadata", {}).get("tags", [])
+        n += 0 if injected else 1
+        numbered.append((None if injected else n, cell))
+    return numbered
+
+
+def inspect_executed(path: Path) -> dict:
+    """Where an executed notebook stopped: {'state': 'complete'|'error'|'running'|'not run', 'cell', 'error'}.
+
+    'error': a cell holds an error output (a raised exception, or `sys.exit`, which papermill lets
+    pass); 'running': papermill left a cell running (the run was stopped inside it); 'not run': a
+    cell never ran. `cell` is the code cell number (see the module docstring). Raises the
+    nbformat/OSError error of an unreadable file.
+    """
+    import nbformat
+
+    nb = nbformat.read(path, as_version=4)
+    for number, cell in _code_cells(nb):
+        status = cell.get("metadata", {}).get("papermill", {}).get("status")
+        errors = [o for o in cell.get("outputs", []) if o.get("output_type") == "error"]
+        if errors:
+            text = f"{errors[0].get('ename')}: {errors[0].get('evalue')}"
+            if errors[0].get("ename") == "SystemExit":
+                text += " (sys.exit: the cells after it did not run)"
+            return {"state": "error", "cell": number, "error": text}
+        if status == "running":
+            return {"state": "running", "cell": number, "error": ""}
+        if cell.get("execution_count") is None:
+            return {"state": "not run", "cell": number, "error": ""}
+    return {"state": "complete", "cell": None, "error": ""}
+
+
+def mark_interrupted(path: Path, cell: int | None, why: str) -> None:
+    """Make an executed notebook say it was interrupted: the cell it was in, and no false 'completed'."""
+    import nbformat
+
+    nb = nbformat.read(path, as_version=4)
+    seen = False
+    for number, c in _code_cells(nb):
+        meta = c.setdefault("metadata", {}).setdefault("papermill", {})
+        if number == cell or (seen and c.get("execution_count") is None):
+            meta["status"] = "interrupted" if number == cell else "pending"
+            seen = True
+    where = f"in code cell {cell}" if cell else "between cells"
+    note = nbformat.v4.new_markdown_cell(f"**Interrupted** ({why}) {where}: the cells after it did not run.")
+    note.metadata["tags"] = [MARKER_TAG]
+    nb.cells.insert(0, note)
+    nb.metadata.setdefault("papermill", {})["exception"] = True
+    nb.metadata["course_run"] = {"status": "interrupted", "cell": cell, "why": why}
+    write_atomic(path, nbformat.writes(nb), fsync=False)
+
+
+# ---------------------------------------------------------------------------------------------
+# the worker: one process per notebook
+
+def _atomic_handler(prefix: str):
+    """A papermill I/O handler that writes files under `prefix` atomically (temporary file + rename)."""
+    from papermill.iorw import LocalHandler
+
+    class AtomicHandler(LocalHandler):
+        def write(self, buf, path):
+            write_atomic(path, buf, fsync=False)
+
+    from papermill.iorw import papermill_io
+
+    papermill_io.register(prefix, AtomicHandler())
 
 
 def execute_one(notebook: str, output: str, parameters: dict, cwd: str, timeout: int | None,
-                threads: int | None) -> Outcome:
-    """Execute one notebook with papermill (runs in a worker process) and say how it went."""
+                run_dir: str) -> Outcome:
+    """Execute one notebook with papermill (inside a worker process) and say how it went."""
     import papermill as pm
 
-    os.environ["COURSE_HEADLESS"] = "1"
-    os.environ["MPLBACKEND"] = "module://matplotlib_inline.backend_inline"  # figures land in the notebook
-    if threads:
-        os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = str(threads)
-    name = Path(notebook).stem
-    start = time.perf_counter()
+    _atomic_handler(str(Path(run_dir).resolve()))
+    name, start = Path(notebook).stem, time.perf_counter()
+    raised = ""
     try:
         pm.execute_notebook(notebook, output, parameters=parameters, cwd=cwd, kernel_name="python3",
                             progress_bar=False, log_output=False, execution_timeout=timeout)
-        return Outcome(name, True, time.perf_counter() - start)
-    except pm.PapermillExecutionError as err:
-        cell = _original_cell_index(Path(output), err.cell_index)
-        return Outcome(name, False, time.perf_counter() - start, cell, f"{err.ename}: {err.evalue}")
+    except pm.PapermillExecutionError:
+        pass  # the executed notebook holds the error; inspect_executed reads it from there
+    except OSError as err:  # could not write the executed notebook (full disk, permissions)
+        raised = f"could not write {err.filename or output}: {err.strerror or err}"
     except Exception as err:  # kernel death, timeout, unreadable notebook: report, never crash the run
-        return Outcome(name, False, time.perf_counter() - start, None, f"{type(err).__name__}: {err}")
+        raised = f"{type(err).__name__}: {str(err).strip()}"
+    seconds = time.perf_counter() - start
+    try:
+        found = inspect_executed(Path(output))
+    except Exception as err:
+        return Outcome(name, False, seconds, None, raised or f"executed notebook unreadable: {err}")
+    ok = found["state"] == "complete" and not raised
+    error = raised or found["error"] or ("" if ok else f"cell {found['cell']} did not finish")
+    return Outcome(name, ok, seconds, found["cell"], error)
 
+
+def _worker(spec_file: str) -> int:
+    """Entry point of a worker process: run the notebook its spec names, write its Outcome as JSON."""
+    def stop(signum, frame):  # the runner stops us: end the kernel (and what it started), then exit at once
+        import psutil
+
+        children = psutil.Process().children(recursive=True)
+        for child in children:
+            _quietly(child.terminate)
+        for child in psutil.wait_procs(children, timeout=3)[1]:
+            _quietly(child.kill)
+        os._exit(128 + signum)
+
+    signal.signal(signal.SIGTERM, stop)
+    spec = json.loads(Path(spec_file).read_text())
+    outcome = execute_one(spec["notebook"], spec["output"], ast.literal_eval(spec["parameters"]),
+                          spec["cwd"], spec["timeout"], spec["run_dir"])
+    write_atomic(spec["outcome"], json.dumps(asdict(outcome)))
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
+# the supervisor: workers, their kernels, and signals
+
+class _Workers:
+    """The worker processes of a run and every process they started, so that none outlives the run."""
+
+    def __init__(self, run_dir: Path, env: dict, timeout: int | None):
+        self.run_dir, self.env, self.timeout = run_dir, env, timeout
+        self.running: dict[Path, tuple[subprocess.Popen, float, Path, dict]] = {}
+        self.known: dict[int, object] = {}  # pid -> psutil.Process of every descendant ever seen
+
+    def start(self, nb: Path, parameters: dict) -> None:
+        logs = self.run_dir / "logs"
+        output = (self.run_dir / "notebooks" / nb.name).resolve()
+        spec = {"notebook": str(nb.resolve()), "output": str(output), "parameters": repr(parameters),
+                "cwd": str(nb.parent.resolve()), "timeout": self.timeout, "run_dir": str(self.run_dir.resolve()),
+                "outcome": str((logs / f"{nb.stem}.outcome.json").resolve())}
+        spec_file = write_atomic(logs / f"{nb.stem}.spec.json", json.dumps(spec), fsync=False)
+        log = open(logs / f"{nb.stem}.log", "wb")
+        proc = subprocess.Popen([sys.executable, "-m", "helpers.run", "--worker", str(spec_file.resolve())],
+                                cwd=REPO_ROOT, env=self.env, stdin=subprocess.DEVNULL, stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+        log.close()
+        self.running[nb] = (proc, time.perf_counter(), output, spec)
+
+    def watch(self) -> None:
+        """Remember every descendant of the workers (kernels in their own sessions included)."""
+        import psutil
+
+        for proc, *_ in self.running.values():
+            try:
+                for child in psutil.Process(proc.pid).children(recursive=True):
+                    self.known.setdefault(child.pid, child)
+            except psutil.Error:
+                pass
+
+    def finished(self) -> list[Path]:
+        return [nb for nb, (proc, *_) in self.running.items() if proc.poll() is not None]
+
+    def collect(self, nb: Path, interrupted: str = "") -> Outcome:
+        """The Outcome of a worker that has exited; `interrupted` names the signal that stopped it."""
+        proc, started, output, spec = self.running.pop(nb)
+        seconds = time.perf_counter() - started
+        self.reap()
+        log = str(Path("logs") / f"{nb.stem}.log")
+        try:
+            o = Outcome(**json.loads(Path(spec["outcome"]).read_text()))
+        except (OSError, ValueError, TypeError):
+            o = Outcome(nb.stem, False, seconds, None,
+                        f"the worker ended (exit status {proc.returncode}) before reporting; see {log}")
+        o.log = log
+        if interrupted:
+            try:
+                found = inspect_executed(output)
+                o.cell = found["cell"] if found["state"] != "complete" else None
+                mark_interrupted(output, o.cell, interrupted)
+            except Exception:  # the executed notebook is missing or torn: the outcome still says why
+                o.cell = None
+            o.ok, o.status, o.seconds = False, "interrupted", seconds
+            o.error = f"interrupted by {interrupted}" + (f" in cell {o.cell}" if o.cell else "")
+        return o
+
+    def reap(self) -> None:
+        """Kill every remembered process that outlived its worker (a kernel, a compile worker...)."""
+        import psutil
+
+        live = {proc.pid for proc, *_ in self.running.values()}
+        for pid, p in list(self.known.items()):
+            try:
+                ancestors = {a.pid for a in p.parents()}
+            except psutil.Error:
+                ancestors = set()
+            if live & ancestors:
+                continue  # still owned by a running worker
+            try:
+                p.kill()
+            except psutil.Error:
+                pass
+            self.known.pop(pid)
+
+    def stop(self, why: str) -> list[Outcome]:
+        """SIGTERM every worker (it shuts its kernel down), SIGKILL what remains after a grace period."""
+        self.watch()
+        for proc, *_ in self.running.values():
+            _signal_group(proc, signal.SIGTERM)
+        deadline = time.monotonic() + GRACE_SECONDS
+        while time.monotonic() < deadline and any(p.poll() is None for p, *_ in self.running.values()):
+            time.sleep(0.1)
+        for proc, *_ in self.running.values():
+            _signal_group(proc, signal.SIGKILL)
+            proc.wait()
+        outcomes = [self.collect(nb, why) for nb in list(self.running)]
+        self.reap()
+        return outcomes
+
+
+def _quietly(action) -> None:
+    """Run a psutil action on a process that may already be gone."""
+    import psutil
+
+    try:
+        action()
+    except psutil.Error:
+        pass
+
+
+def _signal_group(proc: subprocess.Popen, sig: int) -> None:
+    try:
+        os.killpg(proc.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+class _Stop:
+    """SIGINT and SIGTERM handlers that set a flag the run loop reads, instead of raising mid-write."""
+
+    def __init__(self):
+        self.why, self.signum, self.old = "", 0, {}
+
+    def __enter__(self):
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            try:
+                self.old[sig] = signal.signal(sig, self.handle)
+            except ValueError:  # not the main thread: signals cannot be handled here
+                pass
+        return self
+
+    def handle(self, signum, frame):
+        if not self.why:
+            self.why, self.signum = signal.Signals(signum).name, signum
+            print(f"\n{self.why} received: stopping the running notebooks and their kernels...", flush=True)
+
+    def __exit__(self, *exc):
+        for sig, old in self.old.items():
+            signal.signal(sig, old)
+
+
+# ---------------------------------------------------------------------------------------------
+# the command line
 
 def summary_table(outcomes: list[Outcome]) -> str:
     """A plain-text table: notebook, status, seconds, failing cell and error."""
     from .tables import table
 
     return table(["notebook", "status", "seconds", "failure"],
-                 [[o.notebook, "ok" if o.ok else "FAILED", f"{o.seconds:.1f}", failure_text(o)] for o in outcomes])
+                 [[o.notebook, status_word(o), f"{o.seconds:.1f}", failure_text(o)] for o in outcomes])
+
+
+def status_word(o: Outcome) -> str:
+    """'ok', 'FAILED', 'INTERRUPTED' or 'not run'."""
+    return {"ok": "ok", "not run": "not run"}.get(o.status, o.status.upper())
 
 
 def failure_text(o: Outcome, width: int = 160) -> str:
@@ -110,23 +409,38 @@ def failure_text(o: Outcome, width: int = 160) -> str:
     if o.ok:
         return ""
     first = (o.error.splitlines() or [""])[0][:width]
-    return (f"cell {o.cell}: " if o.cell is not None else "") + first
+    return (f"cell {o.cell}: " if o.cell is not None and o.status == "failed" else "") + first
+
+
+def conditions(jobs: int, threads: int, cuda: bool, explicit: bool) -> str:
+    """One sentence on how notebooks share this machine, and why (shown in each notebook and the report)."""
+    cores = os.cpu_count() or 1
+    if jobs == 1:
+        return (f"1 notebook at a time ({'--jobs 1' if explicit else 'the default'}), {threads} torch thread(s) "
+                f"on {cores} core(s): no other notebook shares the {'GPU' if cuda else 'cores'}, so timings are "
+                "taken under the conditions of notebook 00's ceilings")
+    return (f"{jobs} notebooks at a time (--jobs {jobs}), {threads} torch thread(s) each on {cores} core(s): "
+            f"they compete for {'the GPU' if cuda else 'cores and memory bandwidth'}, so timings and fractions "
+            "of notebook 00's ceilings (measured alone) are lower than a notebook alone would get")
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The command line of the runner."""
     p = argparse.ArgumentParser(
         prog="python -m helpers.run",
-        description="Execute course notebooks headlessly with papermill and write a report of their results.",
+        description="Execute course notebooks headlessly with papermill and write a report of their results. "
+                    "Failing cells are numbered as JupyterLab's [N] after 'Restart Kernel and Run All Cells'.",
         epilog="Example: python -m helpers.run 00 01 --profile smoke -p SEED=1")
     p.add_argument("notebooks", nargs="*",
                    help="notebooks to run: number prefix (00), stem (00_hardware) or path; default: all")
-    p.add_argument("--profile", default="auto", choices=PROFILES,
-                   help="auto picks 'full' on CUDA and 'smoke' on CPU (default: auto)")
+    p.add_argument("--profile", default=None, choices=PROFILES,
+                   help="auto picks 'full' on CUDA and 'smoke' on CPU (default: auto, or -p PROFILE=...)")
     p.add_argument("-p", "--parameter", action="append", default=[], type=parse_parameter, metavar="NAME=VALUE",
-                   help="extra notebook parameter (python literal), repeatable; e.g. -p SEED=1")
+                   help="notebook parameter (python literal), repeatable; e.g. -p SEED=1; a name must be in the "
+                        "notebook's parameters cell and goes only to the notebooks that declare it")
     p.add_argument("--jobs", type=int, default=None,
-                   help="notebooks executed at once (default: 2 on CPU, 1 on CUDA so timings do not collide)")
+                   help="notebooks executed at once (default: 1, so that timings are not shared; more is faster "
+                        "but each notebook's environment block and the report say that timings were shared)")
     p.add_argument("--out", type=Path, default=REPO_ROOT / "runs",
                    help="parent folder of the run folder (default: runs/)")
     p.add_argument("--notebooks-dir", type=Path, default=NOTEBOOKS_DIR,
@@ -141,9 +455,48 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def make_run_dir(out: Path) -> Path:
+    """Create a new run folder under `out`, exclusively: a second run in the same second gets '-2'."""
+    out.mkdir(parents=True, exist_ok=True)
+    base = f"{_dt.datetime.now().strftime('%Y%m%d-%H%M%S')}-{device_slug()}"
+    for k in range(1, 10_000):
+        run_dir = out / (base if k == 1 else f"{base}-{k}")
+        try:
+            run_dir.mkdir()
+        except FileExistsError:
+            continue
+        for sub in ("notebooks", "results", "logs"):
+            (run_dir / sub).mkdir()
+        return run_dir
+    raise FileExistsError(f"{out}: 10,000 run folders named {base}")
+
+
+def _profile(args, given: dict) -> str:
+    """The profile asked for, from --profile or -p PROFILE (they must agree)."""
+    if "PROFILE" in given:
+        value = given.pop("PROFILE")
+        if value not in PROFILES:
+            raise UsageError(f"-p PROFILE={value!r}: choose one of {', '.join(PROFILES)}")
+        if args.profile is not None and args.profile != value:
+            raise UsageError(f"--profile {args.profile} and -p PROFILE={value} disagree; give one of them")
+        return value
+    return args.profile or "auto"
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Run the selected notebooks, print the summary, write the report; 1 if any failed."""
-    args = build_parser().parse_args(argv)
+    """Run the selected notebooks, print the summary, write the report; see the module docstring for the exit status."""
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--worker"]:
+        return _worker(argv[1])
+    with _Stop() as stop:
+        try:
+            return _main(build_parser().parse_args(argv), stop)
+        except UsageError as err:
+            print(f"helpers.run: {err}", file=sys.stderr)
+            return 2
+
+
+def _main(args, stop: _Stop) -> int:
     notebooks = find_notebooks(args.notebooks, args.notebooks_dir)
     if args.list:
         print("\n".join(str(p) for p in notebooks))
@@ -151,54 +504,106 @@ def main(argv: list[str] | None = None) -> int:
     if not notebooks:
         print(f"no notebooks found in {args.notebooks_dir}")
         return 1
+    if args.jobs is not None and args.jobs < 1:
+        raise UsageError("--jobs must be at least 1")
+    given = dict(args.parameter)
+    asked = _profile(args, given)
+    routed = route_parameters(notebooks, given)
     import torch
 
-    cuda = torch.cuda.is_available()
-    jobs = args.jobs or (1 if cuda else min(2, len(notebooks), os.cpu_count() or 1))
-    if jobs < 1:
-        raise SystemExit("--jobs must be at least 1")
-    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    run_dir = args.out / f"{stamp}-{device_slug()}"
-    (run_dir / "notebooks").mkdir(parents=True, exist_ok=True)
-    results_dir = run_dir / "results"
-    results_dir.mkdir(exist_ok=True)
-    params = {"PROFILE": args.profile, "INTERACTIVE": False, "RESULTS_DIR": str(results_dir.resolve())}
-    params.update(dict(args.parameter))
-    threads = None if cuda else max(1, (os.cpu_count() or 1) // jobs)
-    print(f"running {len(notebooks)} notebook(s), {jobs} at a time, profile {args.profile} -> {run_dir}")
-    # notebook 00 measures the ceilings the others compare against: it runs alone, first
-    first = [nb for nb in notebooks if nb.stem.startswith("00")]
-    groups = [g for g in (first, [nb for nb in notebooks if nb not in first]) if g]
-    outcomes = []
-    with ProcessPoolExecutor(max_workers=jobs) as pool:
-        for group in groups:
-            futures = [pool.submit(execute_one, str(nb.resolve()), str((run_dir / "notebooks" / nb.name).resolve()),
-                                   params, str(nb.parent.resolve()), args.timeout, threads) for nb in group]
-            for fut in futures:
-                o = fut.result()
-                print(f"  {o.notebook}: {'ok' if o.ok else 'FAILED'} in {o.seconds:.1f} s", flush=True)
-                outcomes.append(o)
-    table = summary_table(outcomes)
-    print("\n" + table)
-    (run_dir / "summary.json").write_text(json.dumps([asdict(o) for o in outcomes], indent=2))
+    from .params import resolve_profile
+
+    profile, cuda = resolve_profile(asked), torch.cuda.is_available()
+    jobs = min(args.jobs or 1, len(notebooks))
+    threads = max(1, (os.cpu_count() or 1) // jobs) if jobs > 1 and not cuda else torch.get_num_threads()
+    try:
+        run_dir = make_run_dir(args.out)
+    except OSError as err:
+        print(f"helpers.run: cannot create a run folder under {args.out}: {err.strerror or err}", file=sys.stderr)
+        return 2
+    why = conditions(jobs, threads, cuda, args.jobs is not None)
+    env = {**os.environ, "COURSE_HEADLESS": "1", "MPLBACKEND": "module://matplotlib_inline.backend_inline",
+           "COURSE_RUN_CONDITIONS": why}
+    if jobs > 1 and not cuda:
+        env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(threads)
+    base = {"PROFILE": profile, "INTERACTIVE": False, "RESULTS_DIR": str((run_dir / "results").resolve())}
+    print(f"running {len(notebooks)} notebook(s), profile {profile}{'' if asked == profile else f' ({asked})'} "
+          f"-> {run_dir}\nconditions: {why}", flush=True)
+    outcomes = _run_all(notebooks, routed, base, _Workers(run_dir, env, args.timeout), jobs, stop, run_dir)
+    print("\n" + summary_table(outcomes))
+    code = 0 if all(o.ok for o in outcomes) else 1
+    if not _write(run_dir / "summary.json", json.dumps([asdict(o) for o in outcomes], indent=2)):
+        code = 1
     if not args.no_report:
         from .report import write_report
 
-        md, html = write_report(run_dir, outcomes, args.references, profile=args.profile)
-        print(f"\nreport: {md}\n        {html}")
+        try:
+            md, html = write_report(run_dir, outcomes, args.references, profile=profile, conditions=why, asked=asked)
+            print(f"\nreport: {md}\n        {html}")
+        except OSError as err:
+            print(f"helpers.run: report not written: {err.filename or run_dir}: {err.strerror or err}")
+            code = 1
     if args.save_reference:
-        saved = save_reference(results_dir, args.references / device_slug())
+        saved, problems = save_reference(run_dir / "results", args.references / device_slug())
         print(f"copied {len(saved)} record(s) to {args.references / device_slug()}")
-    failed = [o for o in outcomes if not o.ok]
-    return 1 if failed else 0
+        for path, reason in problems:
+            print(f"  not copied: {path}: {reason}")
+    return stop.signum + 128 if stop.why else code
 
 
-def save_reference(results_dir: Path, target: Path) -> list[Path]:
-    """Copy every record of a run into a reference folder (results/<device>/), replacing older ones."""
-    import shutil
+def _write(path: Path, text: str) -> bool:
+    """Write one output file atomically; on failure say so in one line and return False."""
+    try:
+        write_atomic(path, text)
+        return True
+    except OSError as err:
+        print(f"helpers.run: could not write {path}: {err.strerror or err}")
+        return False
+
+
+def _run_all(notebooks, routed, base, workers: _Workers, jobs: int, stop: _Stop, run_dir: Path) -> list[Outcome]:
+    """Notebook 00 alone first (it measures the ceilings the others compare against), then the rest."""
+    first = [nb for nb in notebooks if nb.stem.startswith("00")]
+    queue = first + [nb for nb in notebooks if nb not in first]
+    outcomes: list[Outcome] = []
+    try:
+        while (queue or workers.running) and not stop.why:
+            while queue and not stop.why and _may_start(queue[0], list(workers.running), jobs):
+                nb = queue.pop(0)
+                workers.start(nb, {**routed[nb], **base})
+            workers.watch()
+            for nb in workers.finished():
+                o = workers.collect(nb)
+                print(f"  {o.notebook}: {status_word(o)} in {o.seconds:.1f} s", flush=True)
+                outcomes.append(o)
+                _write(run_dir / "summary.json", json.dumps([asdict(x) for x in outcomes], indent=2))
+            time.sleep(0.1)
+    finally:
+        if workers.running:  # a signal, or an error in the runner itself: nothing may outlive it
+            outcomes += workers.stop(stop.why or "the runner's own error")
+    outcomes += [Outcome(nb.stem, False, 0.0, None, f"not run ({stop.why})", status="not run") for nb in queue]
+    order = [nb.stem for nb in notebooks]
+    return sorted(outcomes, key=lambda o: order.index(o.notebook) if o.notebook in order else len(order))
+
+
+def _may_start(nb: Path, running: list[Path], jobs: int) -> bool:
+    """Whether `nb` may start now: at most `jobs` at once, and notebook 00 always alone."""
+    if not running:
+        return True
+    is_00 = lambda p: p.stem.startswith("00")  # noqa: E731
+    return not is_00(nb) and not any(map(is_00, running)) and len(running) < jobs
+
+
+def save_reference(results_dir: Path, target: Path) -> tuple[list[Path], list[tuple[Path, str]]]:
+    """Copy every readable record of a run into a reference folder (results/<device>/), replacing older ones.
+
+    Returns (copied paths, [(path, reason)] for files that were not copied because they are unreadable).
+    """
+    from .results import read_records
 
     target.mkdir(parents=True, exist_ok=True)
-    return [Path(shutil.copy2(p, target / p.name)) for p in sorted(Path(results_dir).glob("*.json"))]
+    good, bad = read_records(results_dir)
+    return [write_atomic(target / p.name, p.read_bytes()) for p, _ in good], bad
 
 
 if __name__ == "__main__":
