@@ -180,7 +180,12 @@ class DynamicLossScaler:
         return self._per_optimizer.setdefault(id(optimizer), {"stage": "ready", "found_inf": None})
 
     def scale(self, outputs):
-        """outputs × scale (a tensor, or a list/tuple of them), multiplied by an fp32 scalar tensor."""
+        """outputs × scale (a tensor, or a list/tuple of them), multiplied by an fp32 scalar tensor.
+
+        As in GradScaler, a 0-dim loss is promoted to fp32 (so a 16-bit loss of 30000 × 4 does not overflow),
+        but a 16-bit tensor with dimensions (per-sample losses) is multiplied in its own dtype and can
+        overflow to inf there; the step is then skipped like any other overflow. Reduce to a scalar first.
+        """
         if not self._enabled:
             return outputs
         if isinstance(outputs, torch.Tensor):

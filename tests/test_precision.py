@@ -467,3 +467,46 @@ def test_the_course_solution_passes_the_scaler_exercise(capsys):
 
     check.exercise("03.scaler_update", nb03.reference_update)
     assert capsys.readouterr().out.startswith("PASS")
+
+
+# ---------------------------------------------------------------- notebook 03's parameters fail fast
+
+def _validate_nb03(tmp_path, **parameters):
+    """Run notebook 03's parameters cell and the cell that validates it, with `parameters` injected."""
+    from pathlib import Path
+
+    import nbformat
+
+    nb = nbformat.read(Path(__file__).resolve().parent.parent / "notebooks" / "03_mixed_precision.ipynb", as_version=4)
+    code = [c.source for c in nb.cells if c.cell_type == "code"]
+    ns: dict = {}
+    exec(code[0], ns)  # noqa: S102 - the notebook's own cells
+    ns.update(PROFILE="smoke", INTERACTIVE=False, RESULTS_DIR=str(tmp_path), **parameters)
+    threads = torch.get_num_threads()
+    try:
+        exec(code[1], ns)  # noqa: S102
+    finally:
+        torch.set_num_threads(threads)
+    return ns
+
+
+@pytest.mark.parametrize("name, value", [("REPS", 0), ("STEPS", -2), ("GROWTH_INTERVAL", 0), ("INIT_SCALE", 0.0),
+                                         ("LR", -1e-3), ("LOG2_SCALES", []), ("LOG2_SCALES", [0, -4]),
+                                         ("MODEL", "huge"), ("BATCH", 2.5), ("CPU_THREADS", 0)])
+def test_notebook_03_rejects_a_bad_parameter_naming_it(tmp_path, capsys, name, value):
+    with pytest.raises(ValueError, match=name):
+        _validate_nb03(tmp_path, **{name: value})
+
+
+def test_notebook_03_defaults_and_an_int_scale(tmp_path, capsys):
+    ns = _validate_nb03(tmp_path, INIT_SCALE=65536, GROWTH_INTERVAL=None)
+    assert ns["INIT_SCALE"] == 65536.0 and isinstance(ns["INIT_SCALE"], float)
+    assert ns["GROWTH_INTERVAL"] == ns["STEPS"] == 12 and ns["LOG2_SCALES"] == [0, 4, 8, 12, 16, 20, 24]
+    assert _validate_nb03(tmp_path)["INIT_SCALE"] == 2.0**12
+
+
+def test_scale_of_a_16_bit_vector_overflows_in_its_own_dtype_like_gradscaler():
+    x = torch.full((3,), 30000.0, dtype=torch.float16)
+    ours, ref = P.DynamicLossScaler(init_scale=4.0).scale(x), torch.amp.GradScaler("cpu", init_scale=4.0).scale(x)
+    assert ours.dtype == ref.dtype == torch.float16 and torch.isinf(ours).all() and torch.isinf(ref).all()
+    assert P.DynamicLossScaler(init_scale=4.0).scale(x.sum().float()).item() == 360000.0  # reduce first: no overflow
