@@ -509,4 +509,4 @@ def test_scale_of_a_16_bit_vector_overflows_in_its_own_dtype_like_gradscaler():
     x = torch.full((3,), 30000.0, dtype=torch.float16)
     ours, ref = P.DynamicLossScaler(init_scale=4.0).scale(x), torch.amp.GradScaler("cpu", init_scale=4.0).scale(x)
     assert ours.dtype == ref.dtype == torch.float16 and torch.isinf(ours).all() and torch.isinf(ref).all()
-    assert P.DynamicLossScaler(init_scale=4.0).scale(x.sum().float()).item() == 360000.0  # reduce first: no overflow
+    assert P.DynamicLossScaler(init_scale=4.0).scale(x.float().sum()).item() == 360000.0  # widen, reduce: no overflow
