@@ -21,11 +21,12 @@ Dropout would draw different masks for different splits; the course presets have
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Callable, Sequence
 
 import torch
 
-from . import plots
+from . import plots, profiling
 from .bench import benchmark, benchmark_interleaved, peak_cuda_memory, release_memory, saved_tensor_bytes
 
 IGNORE_INDEX = -1  # the course GPT's cross_entropy(ignore_index=-1): padded targets count for nothing
@@ -292,7 +293,9 @@ def sweep_summary(rows: Sequence[dict], effective_batch: int) -> tuple[dict, lis
     lines = [f"b={first['micro_batch']} (k={first['accum_steps']}): {first['tokens_per_s']:.4g} tokens/s, "
              f"{out['first_fraction_of_best']:.0%} of the best ({best['tokens_per_s']:.4g} tokens/s at "
              f"b={best['micro_batch']}); {first['of_ceiling']:.1%} vs {best['of_ceiling']:.1%} of the ceiling"]
-    if best is first:
+    if len(rows) == 1:
+        lines.append("only one micro-batch size was measured, so there is nothing to compare it with")
+    elif best is first:
         lines.append("the smallest micro-batch was the fastest: splitting cost nothing measurable in this run")
     elif out["first_vs_best_within_noise"]:
         lines.append(f"their IQRs overlap, so this run cannot tell b={first['micro_batch']} from "
@@ -313,6 +316,62 @@ def sweep_summary(rows: Sequence[dict], effective_batch: int) -> tuple[dict, lis
         lines.append(f"b={above} ran above 100% of the 'ceiling': that ceiling was under-measured (too few sizes "
                      f"or repetitions, or a busier machine when it was measured), not beaten")
     return out, lines
+
+
+_ATEN_MATMULS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")
+
+
+def is_matmul(op: str) -> bool:
+    """True for a profiler row that is a matrix multiply: an aten GEMM op (CPU) or a GEMM kernel (CUDA)."""
+    return op in _ATEN_MATMULS or any(word in op.lower() for word in ("gemm", "cutlass", "xmma"))
+
+
+def profile_splits(model: torch.nn.Module, optimizer: torch.optim.Optimizer, splits: Sequence[tuple[int, int]],
+                   seq_len: int, *, device: str = "cpu", autocast_dtype: torch.dtype | None = None,
+                   seed: int = 0, warmup: int = 1) -> list[dict]:
+    """Profile one optimizer step for each (micro_batch, accum_steps); where its op self time goes.
+
+    `warmup` unprofiled steps come first (0 when these shapes already ran). Each row: micro_batch,
+    accum_steps, the Profile of its top 8 ops (`.table()`, trace saved for
+    Perfetto), total_ms (self time of every op in the step), matmul_ms, matmul_calls and
+    matmul_share (the matrix multiplies among all ops, see `is_matmul`; attention kernels such as SDPA
+    are not counted as matmuls). Raises ValueError for no splits.
+    """
+    if not splits:
+        raise ValueError("splits is empty: give at least one (micro_batch, accum_steps)")
+    rows = []
+    for micro_batch, accum_steps in splits:
+        step, _ = _prepare(model, optimizer, micro_batch, accum_steps, seq_len, device, autocast_dtype, seed)
+        prof = profiling.profile(step, steps=1, warmup=warmup, top=1000, name=f"accumulation_b{micro_batch}_k{accum_steps}")
+        mm = [r for r in prof.rows if is_matmul(r[0])]
+        rows.append({"micro_batch": micro_batch, "accum_steps": accum_steps, "total_ms": prof.total_ms,
+                     "matmul_ms": sum(r[1] for r in mm), "matmul_calls": sum(r[2] for r in mm),
+                     "matmul_share": sum(r[3] for r in mm),
+                     "profile": dataclasses.replace(prof, rows=prof.rows[:8])})
+    return rows
+
+
+def split_profile_lines(rows: Sequence[dict]) -> list[str]:
+    """Sentences comparing the first and last profiled split, generated from their numbers."""
+    small, big = rows[0], rows[-1]
+    lines = [f"b={r['micro_batch']} (k={r['accum_steps']}): {r['matmul_calls']:.0f} matmul calls per step, "
+             f"{r['matmul_ms']:.1f} ms of self time in them = {r['matmul_share']:.0%} of the {r['total_ms']:.1f} ms "
+             f"of op self time" for r in ((small, big) if len(rows) > 1 else (small,))]
+    if len(rows) > 1 and big["matmul_calls"] > 0:
+        calls = small["matmul_calls"] / big["matmul_calls"]
+        mm, rest = small["matmul_ms"] / big["matmul_ms"], \
+            (small["total_ms"] - small["matmul_ms"]) / max(big["total_ms"] - big["matmul_ms"], 1e-9)
+        lines.append(f"the same FLOPs in x{calls:.1f} as many matmul calls: matmul time x{mm:.2f}, "
+                     f"the other ops' time x{rest:.2f} at b={small['micro_batch']} against b={big['micro_batch']}")
+        if max(mm, rest) < 1.1:
+            lines.append("neither grew by 10%: in this profile the small micro-batch paid no visible price")
+        else:
+            extra_mm = small["matmul_ms"] - big["matmul_ms"]
+            extra_rest = (small["total_ms"] - small["matmul_ms"]) - (big["total_ms"] - big["matmul_ms"])
+            where = "the matmuls themselves (small matmuls run further below the ceiling)" if extra_mm >= extra_rest else \
+                "the ops around the matmuls (per-call overheads, elementwise and normalisation ops)"
+            lines.append(f"most of the extra time is in {where}; one profiled step each, so read it as a sketch")
+    return lines
 
 
 def memory_of(row: dict) -> tuple[float, str]:

@@ -289,5 +289,35 @@ def test_sweep_summary_calls_overlapping_iqrs_noise_and_flags_a_ceiling_above_10
     out, lines = A.sweep_summary([_row(1, 2, 300, 290, 310, 2**20), _row(2, 1, 200, 190, 210, 2**20)], 2)
     assert out["best_micro_batch"] == 1 and "smallest micro-batch was the fastest" in lines[1]
     assert "less than in proportion" in lines[3]
+    out, lines = A.sweep_summary([_row(4, 1, 300, 290, 310, 2**20)], 4)
+    assert "only one micro-batch size" in lines[1]
     with pytest.raises(ValueError, match="no rows"):
         A.sweep_summary([], 4)
+
+
+def test_profile_splits_counts_k_times_the_matmul_calls(results_tmp):
+    m, _, _ = model_and_batch()
+    opt = torch.optim.AdamW(m.parameters())
+    rows = A.profile_splits(m, opt, [(1, 4), (4, 1)], 16)
+    small, big = rows
+    assert small["matmul_calls"] == 4 * big["matmul_calls"] > 0  # the same FLOPs in k times the calls
+    assert 0 < small["matmul_share"] <= 1 and small["matmul_ms"] <= small["total_ms"]
+    assert len(small["profile"].rows) == 8 and small["profile"].trace_path.exists()
+    assert small["profile"].trace_path.parent == results_tmp / "traces"
+    assert A.is_matmul("aten::addmm") and A.is_matmul("sm90_xmma_gemm_bf16") and not A.is_matmul("aten::add_")
+    with pytest.raises(ValueError, match="splits"):
+        A.profile_splits(m, opt, [], 16)
+
+
+def test_split_profile_lines_follow_the_numbers():
+    def row(b, k, calls, mm, total):
+        return {"micro_batch": b, "accum_steps": k, "matmul_calls": calls, "matmul_ms": mm, "total_ms": total,
+                "matmul_share": mm / total}
+    lines = A.split_profile_lines([row(1, 16, 320, 30.0, 60.0), row(16, 1, 20, 10.0, 30.0)])
+    assert "x16.0 as many matmul calls: matmul time x3.00, the other ops' time x1.50" in lines[2]
+    assert "the matmuls themselves" in lines[3]
+    lines = A.split_profile_lines([row(1, 16, 320, 11.0, 60.0), row(16, 1, 20, 10.0, 30.0)])
+    assert "the ops around the matmuls" in lines[3]
+    lines = A.split_profile_lines([row(1, 16, 320, 10.5, 31.0), row(16, 1, 20, 10.0, 30.0)])
+    assert "paid no visible price" in lines[3]
+    assert len(A.split_profile_lines([row(4, 4, 80, 10.0, 30.0)])) == 1  # one split: described, not compared
