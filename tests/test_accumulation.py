@@ -321,3 +321,36 @@ def test_split_profile_lines_follow_the_numbers():
     lines = A.split_profile_lines([row(1, 16, 320, 10.5, 31.0), row(16, 1, 20, 10.0, 30.0)])
     assert "paid no visible price" in lines[3]
     assert len(A.split_profile_lines([row(4, 4, 80, 10.0, 30.0)])) == 1  # one split: described, not compared
+
+
+def _validate(**overrides):
+    """Run notebook 05's parameters cell, the overrides (as papermill would inject them), then its validation cell."""
+    import json
+    from pathlib import Path
+
+    cells = json.loads((Path(__file__).resolve().parent.parent / "notebooks" / "05_grad_accumulation.ipynb").read_text())
+    code = ["".join(c["source"]) for c in cells["cells"] if c["cell_type"] == "code"]
+    assert code[0].startswith("PROFILE") and "S = params.setup" in code[1]
+    scope = {}
+    exec(code[0], scope)
+    scope.update({"PROFILE": "smoke", "INTERACTIVE": False, **overrides})
+    exec(code[1], scope)
+    return scope
+
+
+@pytest.mark.parametrize("name, value", [("REPS", 0), ("REPS", -2), ("SEQ_LEN", 0), ("EFFECTIVE_BATCH", 0),
+                                         ("MICRO_BATCHES", []), ("MICRO_BATCHES", [0]), ("MICRO_BATCHES", [3]),
+                                         ("CHECK_MICRO_BATCH", 0), ("CHECK_ACCUM_STEPS", 1), ("PRESET", "huge"),
+                                         ("SEQ_LEN", 4096)])
+def test_notebook_parameters_fail_at_once_naming_the_parameter(results_tmp, name, value):
+    """Issue 11: None is the only 'use the default'; 0, [] or a bad value fails in the validation cell, by name."""
+    with pytest.raises(ValueError, match=name):
+        _validate(**{name: value})
+
+
+def test_notebook_parameters_resolve_none_to_the_profile_default(results_tmp, capsys):
+    scope = _validate()
+    assert (scope["PRESET"], scope["SEQ_LEN"], scope["EFFECTIVE_BATCH"], scope["REPS"]) == ("tiny", 64, 16, 3)
+    assert scope["MICRO_BATCHES"] == [1, 2, 4, 8, 16]
+    assert (scope["CHECK_MICRO_BATCH"], scope["CHECK_ACCUM_STEPS"]) == (2, 4)
+    assert _validate(REPS=7, MICRO_BATCHES=[2, 8])["REPS"] == 7
