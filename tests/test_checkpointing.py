@@ -219,3 +219,58 @@ def test_selective_exercise_accepts_other_right_answers_and_names_what_is_wrong(
     check.exercise("04.selective", lambda block, x: checkpoint(type(block).forward, block, x, use_reentrant=False))
     out = capsys.readouterr().out
     assert "recomputes" in out and "of forward FLOPs" in out  # whole block: right gradients, not selective
+
+
+def test_noise_aware_front_treats_overlapping_spreads_as_ties():
+    points = {"none": (1.00, 10.0), "every": (1.40, 1.0), "every-2": (1.20, 5.0), "sqrt-L": (1.18, 4.9),
+              "selective": (1.10, 8.0)}
+    assert C.pareto_front(points) == ["none", "selective", "sqrt-L", "every"]  # medians alone drop every-2
+    wide = {"none": (0.95, 1.05), "every": (1.31, 1.5), "every-2": (1.1, 1.3), "sqrt-L": (1.1, 1.3),
+            "selective": (1.04, 1.2)}
+    # every-2 and sqrt-L overlap: a tie keeps both; selective overlaps none: neither removes the other
+    assert C.pareto_front(points, wide) == ["none", "selective", "sqrt-L", "every-2", "every"]
+    beaten = {"none": (0.95, 1.0), "every": (1.31, 1.5), "every-2": (1.21, 1.3), "sqrt-L": (1.1, 1.2),
+              "selective": (1.04, 1.09)}
+    assert C.dominators(points, beaten)["every-2"] == ["sqrt-L"]  # less memory and its range lies below
+    assert C.dominators(points, beaten)["selective"] == []  # faster than all with less memory: not beaten
+    assert C.pareto_front(points, beaten) == ["none", "selective", "sqrt-L", "every"]
+    narrow = {n: (t * 0.999, t * 1.001) for n, (t, _) in points.items()}
+    assert C.pareto_front(points, narrow) == C.pareto_front(points)
+    with pytest.raises(ValueError, match="every"):
+        C.dominators(points, {**wide, "every": (1.5, 1.3)})
+    fig = C.pareto_figure(points, intervals=wide)
+    ax = fig.axes[0]
+    assert ax.get_xlim()[0] == 0 and ax.get_ylim()[0] == 0  # no truncated axes
+    fig.canvas.draw()
+    assert ax.get_legend().get_window_extent().x0 >= ax.get_window_extent().x1  # legend outside the data
+    assert len(ax.containers) == 5  # one error bar (the quartiles) per point
+    plt.close(fig)
+
+
+def test_rule_verdict_follows_the_numbers():
+    def verdict(low, mid, high, flops, added=None):
+        return C.rule_verdict(low, mid, high, flops, added)
+
+    above = verdict(0.54, 0.63, 0.83, 0.222, {"total_ms": 10.0, "matmul_ms": 3.6, "other_ms": 6.4,
+                                              "top": [("AddmmBackward0", 5.0), ("aten::addmm", 3.0)]})
+    assert "exceeded" in above and "64% of the 10.00 ms" in above and "AddmmBackward0" in above
+    assert "autograd node" in above and "early stop" in above
+    below = verdict(0.20, 0.25, 0.30, 0.28)
+    assert "stayed below" in below and "about as much as the counted FLOPs" in below
+    tie = verdict(0.30, 0.34, 0.40, 0.34)
+    assert "cannot be told apart" in tie and "exceeded" not in tie
+    faster = verdict(0.05, 0.10, 0.15, 0.222)
+    assert "grew less than the counted FLOPs" in faster
+
+
+def test_added_self_time_splits_matmuls_from_the_rest():
+    from helpers.profiling import Profile
+
+    base = Profile([("aten::mm", 10.0, 4, 0.5), ("aten::gelu", 2.0, 1, 0.1)], "cpu", 2, 20.0)
+    other = Profile([("aten::mm", 13.0, 6, 0.4), ("aten::gelu", 4.0, 2, 0.1), ("AddmmBackward0", 5.0, 2, 0.1)],
+                    "cpu", 2, 30.0)
+    added = C.added_self_time(base, other)
+    assert added["total_ms"] == 10.0 and added["matmul_ms"] == 3.0 and added["other_ms"] == 7.0
+    assert [n for n, _ in added["top"]] == ["AddmmBackward0", "aten::mm", "aten::gelu"]
+    assert C.is_matmul("sm90_xmma_gemm_bf16") and C.is_matmul("aten::bmm") and not C.is_matmul("aten::gelu")
+    assert "+5.00 ms" in C.added_summary("every", added)
