@@ -274,3 +274,61 @@ def test_added_self_time_splits_matmuls_from_the_rest():
     assert [n for n, _ in added["top"]] == ["AddmmBackward0", "aten::mm", "aten::gelu"]
     assert C.is_matmul("sm90_xmma_gemm_bf16") and C.is_matmul("aten::bmm") and not C.is_matmul("aten::gelu")
     assert "+5.00 ms" in C.added_summary("every", added)
+
+
+def _validate_04(tmp_path, **overrides):
+    """Run notebook 04's parameters cell, the overrides, then its validation cell, in a plain namespace."""
+    import json
+    from pathlib import Path
+
+    nb = Path(__file__).resolve().parent.parent / "notebooks" / "04_activation_checkpointing.ipynb"
+    cells = [c for c in json.loads(nb.read_text())["cells"] if c["cell_type"] == "code"]
+    ns = {}
+    exec("".join(cells[0]["source"]), ns)
+    ns.update(RESULTS_DIR=str(tmp_path), INTERACTIVE=False, **overrides)
+    exec("".join(cells[1]["source"]), ns)
+    return ns
+
+
+@pytest.mark.parametrize("name, value", [("REPS", 0), ("REPS", -2), ("BATCH", 0), ("N_LAYER", 2.5), ("K", 0),
+                                         ("DTYPE", "auto"), ("MODEL", "gpt5"), ("BUDGET_MB", 0),
+                                         ("PROFILE_STEPS", 0), ("CPU_THREADS", 0), ("ATTN", "flash")])
+def test_notebook_parameters_fail_at_once_naming_the_parameter(tmp_path, name, value):
+    with pytest.raises(ValueError, match=name):
+        _validate_04(tmp_path, **{name: value})
+
+
+def test_notebook_parameters_none_means_the_profile_default(tmp_path):
+    threads = torch.get_num_threads()
+    try:
+        ns = _validate_04(tmp_path, PROFILE="smoke")
+    finally:
+        torch.set_num_threads(threads)
+    assert (ns["MODEL"], ns["N_LAYER"], ns["BATCH"], ns["SEQ_LEN"], ns["REPS"], ns["PROFILE_STEPS"]) == \
+        ("tiny", 4, 4, 64, 10, 2)
+    assert ns["BUDGET_MB"] == 48.0 and ns["DTYPE"] == ("fp32" if not torch.cuda.is_available() else ns["HALF"])
+
+
+def test_cuda_batch_fit_fits_a_line_confirms_and_survives_out_of_memory(monkeypatch, capsys):
+    """The logic of the CUDA-only section, with the allocator's peak replaced by a known linear law."""
+    cfg = tiny(n_layer=1)
+    models = {"none": GPT(cfg), "every": GPT(cfg)}
+    n_params = sum(p.numel() for p in models["none"].parameters())
+    per = {id(models["none"]): 400, id(models["every"]): 100}  # bytes per sample
+
+    def fake_peak(model, idx, tgt, autocast=None, others=()):
+        if idx.shape[0] > 50 and model is models["every"]:
+            raise torch.cuda.OutOfMemoryError("fake")
+        return 1_000 + per[id(model)] * idx.shape[0]
+
+    monkeypatch.setattr(C, "cuda_step_peak", fake_peak)
+    idx, tgt = batch(cfg, b=4, t=8)
+    tokens = torch.randint(0, cfg.vocab_size, (1000,))
+    budget = 1_000 + 8 * n_params + 10_000
+    fit = C.cuda_batch_fit(models, idx, tgt, tokens, autocast=None, budget=budget)
+    assert fit["none"]["cuda_per_sample"] == 400 and fit["every"]["cuda_per_sample"] == 100
+    assert fit["none"]["max_batch_cuda"] == 25 and fit["every"]["max_batch_cuda"] == 100
+    assert fit["none"]["confirmed_peak"] == 1_000 + 400 * 25 + 8 * n_params <= budget
+    assert "confirmed_peak" not in fit["every"]
+    out = capsys.readouterr().out
+    assert "none: batch 25 ran" in out and "every: batch 100 ran out of memory" in out
