@@ -17,8 +17,15 @@ STAMP := $(VENV)/.installed
 
 .PHONY: test lab run strip clean-venv
 
+# The marker alone does not prove the environment works: if .venv/bin/python is gone or broken (deleted,
+# or the system Python it links to was upgraded), the marker is treated as stale and the venv rebuilt.
+VENV_OK := $(shell $(PY) -c "" >/dev/null 2>&1 && echo yes)
+ifneq ($(VENV_OK),yes)
+.PHONY: $(STAMP)
+endif
+
 $(STAMP): pyproject.toml
-	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@$(PY) -c "" >/dev/null 2>&1 || $(PYTHON) -m venv --clear $(VENV)
 	$(PY) -m pip install --upgrade --quiet pip
 	$(PY) -m pip install --quiet "$(TORCH)"
 	$(PY) -m pip install --quiet -e ".[dev]"

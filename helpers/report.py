@@ -6,7 +6,7 @@ import html
 from pathlib import Path
 from typing import Any, Iterable
 
-from .results import read_records, record_name, write_atomic
+from .results import read_records, records_by_name, write_atomic
 
 Block = tuple  # ("h1"|"h2"|"h3"|"p", text) | ("table", header, rows) | ("img", relative path)
 
@@ -93,12 +93,8 @@ def reference_sets(references: Path, problems: list | None = None) -> dict[str, 
 
 
 def _by_name(good: list[tuple[Path, dict]]) -> dict[str, dict]:
-    """{name: record}, a second file with a taken name keyed 'name [file.json]'; each record knows its file."""
-    out: dict[str, dict] = {}
-    for path, data in good:
-        name = record_name(path, data)
-        out[name if name not in out else f"{name} [{path.name}]"] = {**data, "_file": path}
-    return out
+    """{name: record} (see results.records_by_name); each record also knows its file, as '_file'."""
+    return records_by_name([(path, {**data, "_file": path}) for path, data in good])
 
 
 def _text(value: Any, width: int | None = None) -> str:

@@ -184,18 +184,23 @@ def record_name(path: Path, data: dict) -> str:
     return data.get("name") or Path(path).stem
 
 
-def load_results(folder: str | os.PathLike) -> dict[str, dict]:
-    """Read every record in `folder` back, keyed by record name (an absent folder gives {}).
-
-    Unreadable files are skipped with a warning that names them. When two files carry the same
-    record name, the one whose file name matches keeps the name and the other is keyed
-    'name [file.json]', so nothing is dropped.
-    """
-    good, bad = read_records(folder)
-    for path, reason in bad:
-        warnings.warn(f"skipping {path}: {reason}", stacklevel=2)
+def records_by_name(good: list[tuple[Path, dict]]) -> dict[str, dict]:
+    """{name: record} of `read_records`' readable list, nothing dropped: when two files carry the same
+    record name, the one whose file name matches keeps it and the other is keyed 'name [file.json]'."""
     out: dict[str, dict] = {}
     for path, data in sorted(good, key=lambda pd: Path(pd[0]).stem != record_name(*pd)):
         name = record_name(path, data)
         out[name if name not in out else f"{name} [{Path(path).name}]"] = data
     return out
+
+
+def load_results(folder: str | os.PathLike) -> dict[str, dict]:
+    """Read every record in `folder` back, keyed by record name (an absent folder gives {}).
+
+    Unreadable files are skipped with a warning that names them; two files with the same record
+    name are both kept (see `records_by_name`).
+    """
+    good, bad = read_records(folder)
+    for path, reason in bad:
+        warnings.warn(f"skipping {path}: {reason}", stacklevel=2)
+    return records_by_name(good)

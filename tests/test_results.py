@@ -51,3 +51,56 @@ def test_load_results_of_missing_folder_is_empty(tmp_path):
 def test_device_slug_is_folder_safe():
     slug = results.device_slug()
     assert slug and all(c.isalnum() or c == "-" for c in slug)
+
+
+FIXTURES = __import__("pathlib").Path(__file__).resolve().parent / "fixtures"
+
+
+def test_record_refuses_metrics_the_report_cannot_show(results_tmp):
+    for bad in (None, [1, 2], 3.5, "fast"):
+        with pytest.raises(TypeError, match="metrics must be a dict"):
+            results.record("x", bad)
+    assert list(results_tmp.iterdir()) == []  # refused before anything was written
+
+
+def test_read_records_names_every_unreadable_file_and_drops_none():
+    good, bad = results.read_records(FIXTURES / "bad_results")
+    assert sorted(p.name for p, _ in good) == ["twin-copy.json", "twin.json"]
+    reasons = {p.name: r for p, r in bad}
+    assert set(reasons) == {"torn.json", "empty.json", "list.json", "none_metrics.json"}
+    assert "torn or invalid JSON" in reasons["torn.json"] and reasons["empty.json"] == "empty file"
+    assert "JSON list" in reasons["list.json"] and "'metrics' is NoneType" in reasons["none_metrics.json"]
+
+
+def test_load_results_keeps_both_records_of_one_name_and_warns_on_bad_files():
+    with pytest.warns(UserWarning, match="torn.json"):
+        loaded = results.load_results(FIXTURES / "bad_results")
+    assert loaded["twin"]["metrics"] == {"value": 1}  # the file named after the record keeps the name
+    assert loaded["twin [twin-copy.json]"]["metrics"] == {"value": 2}
+
+
+def test_write_atomic_keeps_the_old_file_when_the_disk_is_full(tmp_path, monkeypatch):
+    import errno
+
+    target = results.write_atomic(tmp_path / "a.txt", "old")
+    real_fdopen = os.fdopen
+
+    class Full:
+        def __init__(self, fh):
+            self.fh = fh
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.fh.close()
+
+        def write(self, data):
+            self.fh.write(data[: len(data) // 2])
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(results.os, "fdopen", lambda fd, mode: Full(real_fdopen(fd, mode)))
+    with pytest.raises(OSError) as err:
+        results.write_atomic(target, "new and longer")
+    assert err.value.filename == str(target) and err.value.errno == errno.ENOSPC
+    assert target.read_text() == "old" and [p.name for p in tmp_path.iterdir()] == ["a.txt"]
