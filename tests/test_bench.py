@@ -7,6 +7,7 @@ import torch
 from helpers import bench
 
 
+@pytest.mark.filterwarnings("ignore::helpers.bench.ImplausibleTiming")  # empty bodies, on purpose
 def test_benchmark_honours_warmup_and_reps():
     calls = []
     t = bench.benchmark(lambda: calls.append(1), warmup=3, reps=7, device="cpu")
@@ -16,6 +17,7 @@ def test_benchmark_honours_warmup_and_reps():
     assert sorted(t.samples)[3] == t.median
 
 
+@pytest.mark.filterwarnings("ignore::helpers.bench.ImplausibleTiming")  # empty bodies, on purpose
 def test_benchmark_flush_and_bad_arguments():
     calls = []
     t = bench.benchmark(lambda: calls.append(1), warmup=0, reps=2, flush_l2=True, device="cpu")

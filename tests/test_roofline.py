@@ -88,3 +88,36 @@ def test_findings_call_out_points_above_either_roof():
     assert any(s.startswith("below 20% of their roof: add 3%") for s in lines)
     assert lines[-1] == "between 20% and 100% of their roof: matmul 95%."
     assert not any("above" in s for s in roofline.findings([_m("add", "memory", 0.5)], 1.0, 1.0))
+
+
+# ---------------------------------------------------------------- notebooks 00 and 01 validate parameters at once
+
+def _run_setup_cells(stem, tmp_path, **overrides):
+    """Execute a notebook's parameters cell and the validation cell after it, with `overrides` injected."""
+    import json
+    from pathlib import Path
+
+    cells = json.loads((Path(__file__).resolve().parent.parent / "notebooks" / f"{stem}.ipynb").read_text())["cells"]
+    i = next(k for k, c in enumerate(cells) if "parameters" in c["metadata"].get("tags", []))
+    scope = {}
+    exec("".join(cells[i]["source"]), scope)
+    scope.update(PROFILE="smoke", INTERACTIVE=False, RESULTS_DIR=str(tmp_path), **overrides)
+    exec("".join(cells[i + 1]["source"]), scope)
+    return scope
+
+
+@pytest.mark.parametrize("stem, name, value", [
+    ("00_hardware", "REPS", 0), ("00_hardware", "REPS", -2), ("00_hardware", "MATMUL_SIZES", []),
+    ("00_hardware", "COPY_SIZES_MB", [1, 0]), ("00_hardware", "DTYPES", ["fp64"]),
+    ("01_roofline", "REPS", 0), ("01_roofline", "N", 0), ("01_roofline", "DTYPE", "auto"),
+])
+def test_a_bad_parameter_fails_in_the_cell_after_the_parameters_naming_it(tmp_path, stem, name, value):
+    with pytest.raises(ValueError, match=name):
+        _run_setup_cells(stem, tmp_path, **{name: value})
+
+
+def test_none_means_the_profile_default_and_given_values_are_kept(tmp_path):
+    s = _run_setup_cells("00_hardware", tmp_path, COPY_SIZES_MB=[1, 0.5])
+    assert s["REPS"] == 5 and s["MATMUL_SIZES"] == [64, 128, 256, 512] and s["COPY_SIZES_MB"] == [1.0, 0.5]
+    s = _run_setup_cells("01_roofline", tmp_path, REPS=2)
+    assert s["REPS"] == 2 and s["N"] == 512 and s["DTYPE"] == "fp32"
