@@ -128,6 +128,32 @@ def _record_blocks(name: str, rec: dict, refs: dict, run_device: str, run_profil
     return [("h3", title), ("p", origin), ("table", header, rows)]
 
 
+def _ledger_blocks(mine: dict, refs: dict, problems: list) -> tuple[list[Block], set[str]]:
+    """The claims ledger (helpers.claims): each claim's verdict in this run beside each reference GPU's.
+
+    Returns the blocks and the record names shown there; a claim record without the ledger's fields
+    goes to `problems`.
+    """
+    from . import claims
+
+    rows = claims.from_records(mine)
+    shown = {claims.PREFIX + str(r["id"]) for r in rows}
+    for name, rec in mine.items():
+        if name.startswith(claims.PREFIX) and name not in shown:
+            problems.append((rec["_file"], "a claim record without id, notebook, claim and verdict"))
+    if not rows:
+        return [], shown
+    ref_rows = {gpu: {r["id"]: r for r in claims.from_records(recs)} for gpu, recs in refs.items()}
+    ref_rows = {gpu: r for gpu, r in ref_rows.items() if r}
+    verdict = lambda r: r["verdict"] + (f" ({r['reason']})" if r.get("reason") else "")  # noqa: E731
+    header = ["notebook", "claim", "source", "measured here", "verdict here"] + [f"verdict on {g}" for g in ref_rows]
+    table = [[r["notebook"], r["claim"], r.get("source", ""), r.get("measured", ""), verdict(r)]
+             + [verdict(g[r["id"]]) + f"; measured {g[r['id']].get('measured', '?')}" if r["id"] in g else ""
+                for g in ref_rows.values()] for r in rows]
+    return [("h2", "Claims ledger"), ("p", "Each claim a notebook tested, with this run's measurement and verdict."),
+            ("table", header, table)], shown
+
+
 def build_blocks(run_dir: Path, outcomes: Iterable, references: Path, profile: str,
                  conditions: str | None = None, asked: str | None = None) -> list[Block]:
     """Everything the report says, as blocks that both renderers understand.
@@ -164,8 +190,11 @@ def build_blocks(run_dir: Path, outcomes: Iterable, references: Path, profile: s
         blocks.append(("p", "No notebook recorded a result in this run."))
     if refs:
         blocks.append(("p", "Reference columns come from results/<gpu>/ in the repository: " + ", ".join(refs) + "."))
+    ledger, in_ledger = _ledger_blocks(mine, refs, problems)
     for name, rec in mine.items():
-        blocks += _record_blocks(name, rec, refs, device, profile)
+        if name not in in_ledger:
+            blocks += _record_blocks(name, rec, refs, device, profile)
+    blocks += ledger
     figures = [("h2", "Figures")]
     for nb in sorted((run_dir / "notebooks").glob("*.ipynb")):
         figs = extract_figures(nb, run_dir / "figures", problems)

@@ -90,3 +90,21 @@ def test_runner_says_in_one_line_that_the_report_was_not_written(tmp_path, monke
         "helpers.run: report not written: report.html: No space left on device"]
     (run_dir,) = (tmp_path / "runs").iterdir()
     assert json.loads((run_dir / "summary.json").read_text())[0]["status"] == "ok"
+
+
+def test_claims_ledger_beside_reference_verdicts(tmp_path):
+    run_dir = tmp_path / "run"
+    (run_dir / "results").mkdir(parents=True)
+    refs = tmp_path / "refs" / "nvidia-h200"
+    refs.mkdir(parents=True)
+    claim = {"id": "speed", "notebook": "03", "claim": "2x faster", "source": "a paper", "measured": "1.1x",
+             "value": 1.1, "unit": "x", "verdict": "contradicted", "reason": ""}
+    (run_dir / "results" / "claim-speed.json").write_text(json.dumps({"name": "claim-speed", "metrics": claim}))
+    (run_dir / "results" / "claim-half.json").write_text(json.dumps({"name": "claim-half", "metrics": {"id": "half"}}))
+    (refs / "claim-speed.json").write_text(json.dumps(
+        {"name": "claim-speed", "metrics": {**claim, "measured": "1.9x", "verdict": "supported"}}))
+    md, _ = report.write_report(run_dir, [], tmp_path / "refs")
+    text = md.read_text()
+    assert "## Claims ledger" in text
+    assert "| 03 | 2x faster | a paper | 1.1x | contradicted | supported; measured 1.9x |" in text
+    assert "claim-half.json | a claim record without id" in text and "### claim-speed" not in text
