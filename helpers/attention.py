@@ -433,7 +433,8 @@ def flash_panel(block_size: int, seq_len: int, *, head_dim: int = 64, batch_head
             f"({ratio}); kept for backward: naive {mem['naive'] / 2**20:.4g} MiB, "
             f"tiled {mem['tiled'] / 2**20:.4g} MiB")
     if bandwidth_gbs:
-        line += f"; at {bandwidth_gbs:.0f} GB/s: {naive / bandwidth_gbs / 1e6:.3g} ms vs {tiled / bandwidth_gbs / 1e6:.3g} ms"
+        line += (f"; memory-bound floors at {bandwidth_gbs:.0f} GB/s (model, not measured): naive "
+                 f"{naive / bandwidth_gbs / 1e6:.3g} ms, tiled {tiled / bandwidth_gbs / 1e6:.3g} ms")
     print(line)
     fig, (ax1, ax2) = plots.figure(2, figsize=(11, 4))
     blocks = sorted(set(block_sizes) | {block_size})

@@ -98,7 +98,8 @@ def speed(device: str, impls, head_dims, seq_lens, *, dtype: str = "bf16", token
                 try:
                     t = A.time_attention(impl, q, k, v, is_causal=causal, backward=backward, reps=reps, warmup=warmup)
                     flops = A.attention_flops(b, h, n, d, causal, backward)
-                    row |= {"ms": t.ms, "spread": t.spread, "tflops": bench.tflops(flops, t.median)}
+                    row |= {"ms": t.ms, "spread": t.spread, "tflops": bench.tflops(flops, t.median),
+                            "tflops_lo": bench.tflops(flops, t.q75), "tflops_hi": bench.tflops(flops, t.q25)}  # IQR
                 except RuntimeError as err:  # out of memory, or a library kernel that refuses this shape
                     row["status"] = bench.recoverable_failure(err)
                     if row["status"] is None:
