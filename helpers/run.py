@@ -155,7 +155,8 @@ def inspect_executed(path: Path) -> dict:
     nb = nbformat.read(path, as_version=4)
     for number, cell in _code_cells(nb):
         status = cell.get("metadata", {}).get("papermill", {}).get("status")
-        errors = [o for o in cell.get("outputs", []) if o.get("output_type") == "error"]
+        expected = "raises-exception" in cell.get("metadata", {}).get("tags", [])  # nbclient's tag for a cell meant to raise
+        errors = [o for o in cell.get("outputs", []) if o.get("output_type") == "error" and not expected]
         if errors:
             text = f"{errors[0].get('ename')}: {errors[0].get('evalue')}"
             if errors[0].get("ename") == "SystemExit":
@@ -417,8 +418,8 @@ def conditions(jobs: int, threads: int, cuda: bool, explicit: bool) -> str:
     cores = os.cpu_count() or 1
     if jobs == 1:
         return (f"1 notebook at a time ({'--jobs 1' if explicit else 'the default'}), {threads} torch thread(s) "
-                f"on {cores} core(s): no other notebook shares the {'GPU' if cuda else 'cores'}, so timings are "
-                "taken under the conditions of notebook 00's ceilings")
+                f"on {cores} core(s): no other notebook of this run shares the {'GPU' if cuda else 'cores'}, as when "
+                "notebook 00 measured its ceilings (other programs on the machine are not controlled)")
     return (f"{jobs} notebooks at a time (--jobs {jobs}), {threads} torch thread(s) each on {cores} core(s): "
             f"they compete for {'the GPU' if cuda else 'cores and memory bandwidth'}, so timings and fractions "
             "of notebook 00's ceilings (measured alone) are lower than a notebook alone would get")

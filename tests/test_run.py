@@ -236,3 +236,33 @@ def test_may_start_keeps_notebook_00_alone():
     a, b, z = Path("00_hardware.ipynb"), Path("01_x.ipynb"), Path("02_y.ipynb")
     assert run._may_start(a, [], 2) and run._may_start(b, [], 2) and run._may_start(z, [b], 2)
     assert not run._may_start(b, [a], 2) and not run._may_start(a, [b], 2) and not run._may_start(z, [b], 1)
+
+
+def _executed(path, cells):
+    """An executed notebook by hand: cells are (source, tags, execution_count, papermill status, error name)."""
+    from nbformat.v4 import new_output
+
+    nb_cells = [new_markdown_cell("# title")]
+    for source, tags, count, status, error in cells:
+        c = new_code_cell(source, execution_count=count,
+                          outputs=[new_output("error", ename=error, evalue="0", traceback=[])] if error else [])
+        c.metadata.update({"tags": tags, "papermill": {"status": status}})
+        nb_cells.append(c)
+    nbformat.write(new_notebook(cells=nb_cells), path)
+    return path
+
+
+def test_inspect_executed_counts_cells_as_jupyterlab_and_knows_what_ran(tmp_path):
+    head = [("P = 1", ["parameters"], 1, "completed", None), ("P = 2", ["injected-parameters"], 2, "completed", None),
+            ("", [], None, "completed", None)]  # an empty cell: not numbered, never run
+    done = head + [("x = 1", [], 3, "completed", None)]
+    assert run.inspect_executed(_executed(tmp_path / "a.ipynb", done))["state"] == "complete"
+    meant = head + [("raise X", ["raises-exception"], 3, "completed", "X"), ("y = 1", [], 4, "completed", None)]
+    assert run.inspect_executed(_executed(tmp_path / "b.ipynb", meant))["state"] == "complete"
+    exits = head + [("sys.exit(0)", [], 3, "failed", "SystemExit"), ("y = 1", [], None, "pending", None)]
+    found = run.inspect_executed(_executed(tmp_path / "c.ipynb", exits))
+    assert (found["state"], found["cell"]) == ("error", 2) and "SystemExit" in found["error"]
+    stopped = head + [("sleep()", [], 3, "running", None), ("y = 1", [], None, "completed", None)]
+    assert run.inspect_executed(_executed(tmp_path / "d.ipynb", stopped)) == {"state": "running", "cell": 2, "error": ""}
+    skipped = head + [("x = 1", [], 3, "completed", None), ("y = 1", [], None, "completed", None)]
+    assert run.inspect_executed(_executed(tmp_path / "e.ipynb", skipped))["cell"] == 3
