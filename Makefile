@@ -46,7 +46,7 @@ lab: $(STAMP)
 	$(VENV)/bin/jupyter lab --notebook-dir=notebooks $(LAB_ROOT_FLAG)
 
 run: $(STAMP)
-	$(PY) -m helpers.run --profile $(PROFILE) $(ARGS)
+	$(PY) -m helpers.run $(if $(filter-out auto,$(PROFILE)),--profile $(PROFILE)) $(ARGS)
 
 # before committing a notebook: outputs, execution counts and widget state out
 strip: $(STAMP)
