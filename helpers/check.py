@@ -223,12 +223,34 @@ def compare(got: Any, want: Any, rtol: float, atol: float) -> str | None:
     w = torch.as_tensor(want, dtype=torch.float64) if not isinstance(want, torch.Tensor) else want.double()
     if g.shape != w.shape:
         return f"shape {tuple(g.shape)}, expected {tuple(w.shape)}"
+    g, w = g.cpu(), w.cpu()
     try:
-        torch.testing.assert_close(g.cpu(), w.cpu(), rtol=rtol, atol=atol, equal_nan=True)
-    except AssertionError as err:
-        lines = [s.strip() for s in str(err).splitlines() if s.strip()]
-        return "; ".join(lines[1:4] if len(lines) > 1 else lines)
+        torch.testing.assert_close(g, w, rtol=rtol, atol=atol, equal_nan=True)
+    except AssertionError:
+        return _difference(g, w, rtol, atol)
     return None
+
+
+def _difference(got, want, rtol: float, atol: float) -> str:
+    """How `got` differs from `want`, without printing `want` (that would be the answer)."""
+    import torch
+
+    if got.numel() == 1:
+        g, w = float(got.reshape(())), float(want.reshape(()))
+        if not (torch.isfinite(got).all() and torch.isfinite(want).all()):
+            return f"got {g}, which is not what a correct version gives here (infinities and NaNs must match)"
+        return f"got {g:.6g}: {how_far(g, w)}"
+    same_nan = torch.isnan(got) & torch.isnan(want)
+    close = torch.isclose(got, want, rtol=rtol, atol=atol) | same_nan
+    bad = (~close).nonzero()
+    first = tuple(bad[0].tolist())
+    nonfinite = ~(torch.isfinite(got) & torch.isfinite(want)) & ~close
+    text = f"{len(bad)} of {got.numel()} values differ (tolerance rtol={rtol:g}, atol={atol:g}); the first at index {first}"
+    if nonfinite.any():
+        return text + f", where you have {float(got[first])} (infinities or NaNs that a correct version does not give)"
+    diff = (got - want).abs()[~close]
+    rel = diff / want.abs()[~close].clamp_min(1e-300)
+    return text + f"; largest absolute difference {float(diff.max()):.3g}, largest relative {float(rel.max()):.3g}"
 
 
 def _call(fn: Callable, case: Case, run: Callable | None) -> Any:

@@ -184,3 +184,23 @@ def test_hints_do_not_contain_the_answer(ex):
 
 def test_the_command_line_self_test_passes():
     assert check.main(MODULES) == 0
+
+
+def test_a_failing_code_case_does_not_print_the_expected_output(capsys):
+    import torch
+
+    check.register("98.count", "code", prompt="p", hint="h", solution=lambda n: n * 66519, rtol=0, atol=0,
+                   cases=lambda: [check.Case("n=1", (1,))])
+    check.register("98.vec", "code", prompt="p", hint="h", solution=lambda: torch.tensor([12345.0, 2.0]),
+                   rtol=0, atol=0, cases=lambda: [check.Case("one", ())])
+    try:
+        out = _verdict(capsys, "98.count", lambda n: n * 66000)
+        assert out.startswith("FAIL") and "66519" not in out and "too low" in out
+        out = _verdict(capsys, "98.vec", lambda: torch.tensor([12000.0, 2.0]))
+        assert "1 of 2 values differ" in out and "index (0,)" in out and "12345" not in out
+        out = _verdict(capsys, "98.vec", lambda: torch.tensor([float("nan"), 2.0]))
+        assert "NaN" in out and "12345" not in out
+    finally:
+        for name in ("98.count", "98.vec"):
+            check.REGISTRY.pop(name)
+            check._STATUS.pop(name, None)
