@@ -408,7 +408,11 @@ def strategy_panel(strategy: str, k: int, *, model: GPT, idx, tgt, autocast=None
     fig, (ax_m, ax_t) = plots.figure(2, figsize=(8.0, 3.6))
     plots.bars({n: v / 2**20 for n, v in mem.items()}, ylabel="MiB kept for backward", title="activation memory",
                ax=ax_m, logy=False)
-    plots.bars(ms, ylabel="ms per step", title="step time", ax=ax_t, logy=False)
+    plots.bars(ms, ylabel="ms per step (bars: quartiles)", title="step time", ax=ax_t, logy=False)
+    for bar, name in zip(ax_t.patches, ms):  # the quartiles the printed ± comes from
+        x = bar.get_x() + bar.get_width() / 2
+        ax_t.errorbar([x], [ms[name]], yerr=[[ms[name] - t[name].q25 * 1e3], [t[name].q75 * 1e3 - ms[name]]],
+                      fmt="none", ecolor="black", elinewidth=1, capsize=4)
     fig.tight_layout()
     return fig
 

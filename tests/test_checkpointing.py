@@ -153,6 +153,7 @@ def test_measure_strategy_and_panel_change_with_the_controls(capsys):
     for strategy, k in (("every-k", 1), ("every-k", 4), ("selective-mlp", 2)):
         fig = C.strategy_panel(strategy, k, model=m, idx=idx, tgt=tgt, reps=1)
         heights[(strategy, k)] = fig.axes[0].patches[1].get_height()
+        assert len(fig.axes[1].containers) == 1 + 2  # the bars, and an error bar (quartiles) on each
         assert fig.axes[0].patches[0].get_height() == pytest.approx(base["activation_bytes"] / 2**20)
         plt.close(fig)
     assert heights[("every-k", 1)] < heights[("every-k", 4)] < base["activation_bytes"] / 2**20
