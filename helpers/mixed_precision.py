@@ -344,11 +344,11 @@ def training_sentences(summary: dict[str, dict[str, Any]], steps: int) -> list[s
     lost = l16 - l32
     if abs(lost) <= noise:
         out.append(f"The loss does not show the lost gradients at this size: over its last 5 of {steps} steps "
-                   f"unscaled fp16 averaged {l16:.4f} against fp32's {l32:.4f}, a gap of {lost:+.4f}, within what "
+                   f"unscaled fp16 averaged {l16:.4f} against fp32's {l32:.4f}, a gap of {lost:+.4f}, within "
                    f"{why}.")
     else:
         out.append(f"Over its last 5 of {steps} steps unscaled fp16 averaged {l16:.4f} against fp32's {l32:.4f}, "
-                   f"a gap of {lost:+.4f}, beyond what {why}: "
+                   f"a gap of {lost:+.4f}, beyond {why}: "
                    + ("the lost gradients (with fp16's rounding) slowed training." if lost > 0 else
                       "unscaled fp16 did better here, which lost gradients cannot explain."))
     skipped = scaled[0]["skipped_steps"]
@@ -357,8 +357,8 @@ def training_sentences(summary: dict[str, dict[str, Any]], steps: int) -> list[s
         out.append(f"The scalers skipped {skipped} of {steps} steps (an overflow, after which the scale was "
                    f"halved): {skipped / steps:.0%} of the updates not made. Scaled fp16 averaged {ls:.4f}, "
                    f"{gap:+.4f} from fp32, "
-                   + (f"beyond what {why}: the skipped updates cost it more than rounding did."
-                      if abs(gap) > noise else f"within what {why}."))
+                   + (f"beyond {why}: the skipped updates cost it more than rounding did."
+                      if abs(gap) > noise else f"within {why}."))
     return out
 
 
