@@ -29,10 +29,11 @@ SUBLAYERS = ("attention", "attention_core", "mlp")
 # ---------------------------------------------------------------- counting
 
 def source_formula_flops(config: GPTConfig, n_tokens: int) -> dict[str, int]:
-    """The per-component formulas of source text 003 §3, taken literally (h = d_model, D = tokens).
+    """The per-component formulas of a blog post on LLM scaling laws (section B-4), taken literally.
 
-    attention 2·L·D·h², FFN 2·L·D·4h², 'embedding' 2·D·V·h. (Forward only, one h x h matrix for
-    attention, one of the two FFN matrices, and no T-dependent attention term: see notebook 02.)
+    h = d_model, D = tokens:
+    attention 2·L·D·h², FFN 2·L·D·4h², 'embedding' 2·D·V·h (forward only, one h x h matrix for
+    attention, one of the two FFN matrices, and no T-dependent attention term: see notebook 02).
     """
     L, h, V = config.n_layer, config.d_model, config.vocab_size
     return {"attention": 2 * L * n_tokens * h**2, "ffn": 2 * L * n_tokens * 4 * h**2,
@@ -257,19 +258,21 @@ def all_params(config: GPTConfig) -> int:
         return sum(p.numel() for p in GPT(config).parameters())
 
 
-def six_n_error(config: GPTConfig, seq_len: int | None = None) -> dict[str, float]:
+def six_n_error(config: GPTConfig, seq_len: int | None = None, n_params: int | None = None) -> dict[str, float]:
     """Why 6 x (all parameters) per token misses the exact training count, as shares of the exact count.
 
     Returns {"six_n_all": 6N_all / exact - 1 (negative = too low), "attention": the scores-and-values
     term 12·L·T·d it leaves out, "unmultiplied": what the parameters no token is multiplied by (position
-    table, biases, LayerNorm) add back}. six_n_all == unmultiplied - attention exactly.
+    table, biases, LayerNorm) add back}. six_n_all == unmultiplied - attention exactly. `n_params`:
+    every parameter of the model when already known (else counted on the meta device).
     """
     T = seq_len or config.seq_len
+    n_all = all_params(config) if n_params is None else n_params
     f = transformer_flops(config, 1, T)
     exact = f["total"]["total"] / T
     attention = (f["attn_scores"]["total"] + f["attn_values"]["total"]) / T
-    unmultiplied = 6 * (all_params(config) - matmul_params(config))
-    return {"six_n_all": 6 * all_params(config) / exact - 1, "attention": attention / exact,
+    unmultiplied = 6 * (n_all - matmul_params(config))
+    return {"six_n_all": 6 * n_all / exact - 1, "attention": attention / exact,
             "unmultiplied": unmultiplied / exact}
 
 
@@ -399,11 +402,12 @@ def attention_vs_mlp_verdict(points: Sequence[dict], batch_sizes: Sequence[int],
     how = "more efficiently than" if mid > band else "less efficiently than" if mid < 1 / band else "about as efficiently as"
     lines.append(f"median ratio {mid:.2f}: per counted FLOP, the MLP half ran {how} the attention half on this device.")
     near = sum(claim / band <= r <= claim * band for r in ratios)
+    within = f"{near} of {len(ratios)} points are within ±{band - 1:.0%} of the claimed {claim}"
     lines.append("verdict: " + ("the ratio is roughly constant here" if hi / lo < 1.5 else
                                 f"the ratio is not constant here: it varies {hi / lo:.1f}x with batch size and sequence length")
                  + (f"; every point is within ±{band - 1:.0%} of {claim}." if near == len(ratios) else
-                    f"; {near} of {len(ratios)} points are within ±{band - 1:.0%} of the claimed {claim}, so a universal "
-                    f"{claim}x does not describe this device."))
+                    f"; {within}, so {claim}x describes none of the shapes measured on this device." if near == 0 else
+                    f"; {within}: {claim}x describes some shapes on this device, not all, so it is not universal here."))
     if spread > band - 1:
         lines.append(f"caution: timings were noisy on this machine (median IQR {spread:.0%}), so ratio differences "
                      "smaller than that are not evidence of anything; re-run on an idle machine")

@@ -166,6 +166,7 @@ def test_six_n_error_names_the_missing_attention_term_as_the_cause():
     assert e["attention"] == pytest.approx(12 * 12 * 1024 * 768 / exact)  # 13.3% of the exact count
     assert e["unmultiplied"] == pytest.approx(6 * (124_439_808 - 123_532_032) / exact)  # 0.6% back
     assert e["six_n_all"] == pytest.approx(e["unmultiplied"] - e["attention"])
+    assert mfu.six_n_error(GPTConfig.preset("gpt2"), n_params=124_439_808) == e
     text = mfu.six_n_takeaway({n: mfu.six_n_error(GPTConfig.preset(n)) for n in ("tiny", "gpt2")})
     assert "13% low" in text and "main cause is the attention" in text and "lookup" not in text
 
@@ -212,7 +213,9 @@ def test_verdict_is_generated_from_the_points():
     pts = [_point(1, 64, 3.0, mlp=1.01), _point(1, 512, 1.0)]
     lines, summary = mfu.attention_vs_mlp_verdict(pts, [1], [64, 512], 1.0, ceiling_source="notebook 00")
     text = "\n".join(lines)
-    assert "not constant" in text and "0 of 2 points" in text and "shrinks" in text
+    assert "not constant" in text and "0 of 2 points" in text and "describes none" in text and "shrinks" in text
+    lines, _ = mfu.attention_vs_mlp_verdict([_point(1, 64, 1.7), _point(1, 512, 3.0)], [1], [64, 512], 1.0)
+    assert "1 of 2 points" in lines[-1] and "describes some shapes on this device, not all" in lines[-1]
     assert "CEILING PROBLEM" in text and "101% (!)" in text
 
 
