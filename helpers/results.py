@@ -5,7 +5,7 @@ import datetime as _dt
 import json
 import math
 import os
-import tempfile
+import secrets
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
@@ -87,7 +87,8 @@ def write_atomic(path: str | os.PathLike, data: str | bytes, *, fsync: bool = Tr
     """
     path = Path(path)
     payload = data.encode() if isinstance(data, str) else data
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    tmp = path.parent / f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # the umask's usual mode, unlike mkstemp's 0600
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(payload)

@@ -104,3 +104,12 @@ def test_write_atomic_keeps_the_old_file_when_the_disk_is_full(tmp_path, monkeyp
         results.write_atomic(target, "new and longer")
     assert err.value.filename == str(target) and err.value.errno == errno.ENOSPC
     assert target.read_text() == "old" and [p.name for p in tmp_path.iterdir()] == ["a.txt"]
+
+
+def test_write_atomic_gives_files_the_usual_mode(tmp_path):
+    umask = os.umask(0o022)
+    try:
+        path = results.write_atomic(tmp_path / "r.json", "{}")
+    finally:
+        os.umask(umask)
+    assert path.stat().st_mode & 0o777 == 0o644  # readable by others, as open() would make it
