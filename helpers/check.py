@@ -63,6 +63,7 @@ class Exercise:
     cases: Callable[[], Sequence[Case]] | None = None
     run: Callable[[Callable, Case], Any] | None = None
     tolerance: str = ""
+    outputs: tuple = ()
 
     def expected(self) -> Any:
         """The expected value (value and choice exercises only)."""
@@ -72,7 +73,7 @@ class Exercise:
 def register(name: str, kind: str, *, prompt: str, hint: str, solution: Callable[..., Any],
              wrong: Iterable[Any] = (), rtol: float = 1e-2, atol: float = 0.0, options: Iterable[str] = (),
              cases: Callable[[], Sequence[Case]] | None = None, run: Callable[[Callable, Case], Any] | None = None,
-             tolerance: str = "") -> Exercise:
+             tolerance: str = "", outputs: Iterable[str] = ()) -> Exercise:
     """Add an exercise to the registry (called from `helpers/exercises/nbXX.py`).
 
     Raises ValueError for a malformed name or kind, a code exercise without cases, a choice
@@ -89,7 +90,7 @@ def register(name: str, kind: str, *, prompt: str, hint: str, solution: Callable
     if name in REGISTRY:
         raise ValueError(f"exercise {name!r} is registered twice")
     ex = Exercise(name, kind, prompt, hint, solution, tuple(wrong), rtol, atol, tuple(options), cases, run,
-                  tolerance)
+                  tolerance, tuple(outputs))
     REGISTRY[name] = ex
     return ex
 
@@ -192,8 +193,11 @@ def describe(value: Any) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-def compare(got: Any, want: Any, rtol: float, atol: float) -> str | None:
-    """None when `got` matches `want` (tensors, numbers, and tuples/lists/dicts of them), else why not."""
+def compare(got: Any, want: Any, rtol: float, atol: float, names: Sequence[str] = ()) -> str | None:
+    """None when `got` matches `want` (tensors, numbers, and tuples/lists/dicts of them), else why not.
+
+    `names` name the items of a returned tuple in the message ("new_scale: ..." rather than "item 1").
+    """
     import torch
 
     if isinstance(want, (tuple, list)):
@@ -202,7 +206,7 @@ def compare(got: Any, want: Any, rtol: float, atol: float) -> str | None:
         for i, (g, w) in enumerate(zip(got, want)):
             why = compare(g, w, rtol, atol)
             if why:
-                return f"item {i}: {why}"
+                return f"{names[i] if i < len(names) else f'item {i}'}: {why}"
         return None
     if isinstance(want, dict):
         if not isinstance(got, dict) or set(got) != set(want):
@@ -253,6 +257,19 @@ def _difference(got, want, rtol: float, atol: float) -> str:
     return text + f"; largest absolute difference {float(diff.max()):.3g}, largest relative {float(rel.max()):.3g}"
 
 
+class _Watched:
+    """The learner's function, remembering whether its first call returned None (an unwritten body)."""
+
+    def __init__(self, fn: Callable):
+        self.fn, self.first = fn, Ellipsis
+
+    def __call__(self, *args, **kwargs):
+        out = self.fn(*args, **kwargs)
+        if self.first is Ellipsis:
+            self.first = out
+        return out
+
+
 def _call(fn: Callable, case: Case, run: Callable | None) -> Any:
     case = Case(case.label, copy.deepcopy(case.args), copy.deepcopy(case.kwargs))  # learners may write in place
     return run(fn, case) if run else fn(*case.args, **case.kwargs)
@@ -263,19 +280,23 @@ def _check_code(ex: Exercise, fn: Any) -> str:
         return _say(ex.name, "FAIL", f"expected a function, got {describe(fn)}", ex.hint)
     cases = list(ex.cases())
     tolerance = ex.tolerance or f"rtol={ex.rtol:g}, atol={ex.atol:g}"
+    unwritten = "your function returns None: its body is not written yet"
+    watched = _Watched(fn)
     for i, case in enumerate(cases):
         shapes = ", ".join(describe(a) for a in case.args) or "no arguments"
         try:
-            got = _call(fn, case, ex.run)
+            got = _call(watched, case, ex.run)
         except NotImplementedError:
             return _say(ex.name, "TODO", "not written yet (it raises NotImplementedError)", ex.hint)
         except Exception as err:  # the learner's code failed: report it, never raise
+            if i == 0 and watched.first is None:  # a runner choked on the None of an unwritten body
+                return _say(ex.name, "TODO", unwritten, ex.hint)
             return _say(ex.name, "FAIL", f"case {i + 1}/{len(cases)} ({case.label}; inputs {shapes}) raised "
                                          f"{type(err).__name__}: {err}", ex.hint)
-        if got is None and i == 0 and not ex.run:
-            return _say(ex.name, "TODO", "your function returns None: its body is not written yet", ex.hint)
+        if i == 0 and watched.first is None:
+            return _say(ex.name, "TODO", unwritten, ex.hint)
         want = _call(ex.solution, case, ex.run)
-        why = compare(got, want, ex.rtol, ex.atol)
+        why = compare(got, want, ex.rtol, ex.atol, ex.outputs)
         if why:
             return _say(ex.name, "FAIL", f"case {i + 1}/{len(cases)} ({case.label}; inputs {shapes}): {why}",
                         ex.hint)

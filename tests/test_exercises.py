@@ -204,3 +204,26 @@ def test_a_failing_code_case_does_not_print_the_expected_output(capsys):
         for name in ("98.count", "98.vec"):
             check.REGISTRY.pop(name)
             check._STATUS.pop(name, None)
+
+
+def test_named_outputs_and_unwritten_bodies_under_a_runner(capsys):
+    def replay(fn, case):  # a runner that unpacks what the learner returns
+        state = 0
+        for step in case.args[0]:
+            state, flag = fn(state, step)
+        return state, flag
+
+    check.register("97.replay", "code", prompt="p", hint="h", solution=lambda s, x: (s + x, x > 1), rtol=0, atol=0,
+                   cases=lambda: [check.Case("steps", ([1, 2, 3],))], run=replay, outputs=("total", "big"))
+
+    def unwritten(state, step):
+        ...
+
+    try:
+        assert _verdict(capsys, "97.replay", unwritten).startswith("TODO")
+        out = _verdict(capsys, "97.replay", lambda s, x: (s + x, x > 5))
+        assert out.startswith("FAIL") and "big:" in out
+        assert _verdict(capsys, "97.replay", lambda s, x: (s + x, x > 1)).startswith("PASS")
+    finally:
+        check.REGISTRY.pop("97.replay")
+        check._STATUS.pop("97.replay", None)
