@@ -275,12 +275,13 @@ def _overlap(a: dict, b: dict) -> bool:
 def sweep_summary(rows: Sequence[dict], effective_batch: int) -> tuple[dict, list[str]]:
     """The sweep's verdict from its own numbers: (numbers to record, sentences to print).
 
-    rows: `sweep_micro_batches` rows, smallest micro-batch first, each with "of_ceiling" (achieved
+    rows: `sweep_micro_batches` rows (in any order), each with "of_ceiling" (achieved
     over the measured matmul ceiling). Differences whose IQRs overlap are called noise, not a trend.
     Raises ValueError for no rows.
     """
     if not rows:
         raise ValueError("no rows: every micro-batch size ran out of memory")
+    rows = sorted(rows, key=lambda r: r["micro_batch"])
     best = max(rows, key=lambda r: r["tokens_per_s"])
     first, last = rows[0], rows[-1]
     enough = next(r for r in rows if r["tokens_per_s"] >= 0.9 * best["tokens_per_s"])
@@ -387,6 +388,7 @@ def draw_sweep(rows: Sequence[dict], ax_t, ax_m, label: str = "sweep") -> None:
     Tokens/s on a log2 x-axis (the sizes double); memory on linear axes from 0, where memory that
     grows in proportion to b is a straight line through the origin.
     """
+    rows = sorted(rows, key=lambda r: r["micro_batch"])
     xs = [r["micro_batch"] for r in rows]
     med = [r["tokens_per_s"] for r in rows]
     low = [m - r.get("tokens_per_s_q25", m) for m, r in zip(med, rows)]

@@ -275,7 +275,7 @@ def _row(b, k, median, q25, q75, saved, of_ceiling=0.1):
 
 def test_sweep_summary_calls_overlapping_iqrs_noise_and_flags_a_ceiling_above_100_percent():
     apart = [_row(1, 4, 100, 95, 105, 2**20), _row(2, 2, 150, 140, 160, 2 * 2**20), _row(4, 1, 200, 190, 210, 4 * 2**20)]
-    out, lines = A.sweep_summary(apart, 4)
+    out, lines = A.sweep_summary(apart[::-1], 4)  # any order: the smallest micro-batch is compared with the best
     assert out["best_micro_batch"] == 4 and out["first_fraction_of_best"] == pytest.approx(0.5)
     assert not out["first_vs_best_within_noise"] and "beyond this run's noise" in lines[1]
     assert out["smallest_b_within_10pct"] == 4 and "in proportion to b" in lines[3]
@@ -353,4 +353,4 @@ def test_notebook_parameters_resolve_none_to_the_profile_default(results_tmp, ca
     assert (scope["PRESET"], scope["SEQ_LEN"], scope["EFFECTIVE_BATCH"], scope["REPS"]) == ("tiny", 64, 16, 3)
     assert scope["MICRO_BATCHES"] == [1, 2, 4, 8, 16]
     assert (scope["CHECK_MICRO_BATCH"], scope["CHECK_ACCUM_STEPS"]) == (2, 4)
-    assert _validate(REPS=7, MICRO_BATCHES=[2, 8])["REPS"] == 7
+    assert _validate(REPS=7, MICRO_BATCHES=[8, 2])["MICRO_BATCHES"] == [2, 8]  # smallest first
