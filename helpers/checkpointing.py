@@ -408,9 +408,9 @@ def strategy_panel(strategy: str, k: int, *, model: GPT, idx, tgt, autocast=None
     fig, (ax_m, ax_t) = plots.figure(2, figsize=(8.0, 3.6))
     plots.bars({n: v / 2**20 for n, v in mem.items()}, ylabel="MiB kept for backward", title="activation memory",
                ax=ax_m, logy=False)
-    plots.bars(ms, ylabel="ms per step (bars: quartiles)", title="step time", ax=ax_t, logy=False)
-    for bar, name in zip(ax_t.patches, ms):  # the quartiles the printed ± comes from
-        x = bar.get_x() + bar.get_width() / 2
+    plots.bars(ms, ylabel="ms per step (median; whiskers: quartiles)", title="step time", ax=ax_t, logy=False)
+    for bar, name in zip(ax_t.patches, ms):  # the quartiles the printed ± comes from, beside the value label
+        x = bar.get_x() + 0.8 * bar.get_width()
         ax_t.errorbar([x], [ms[name]], yerr=[[ms[name] - t[name].q25 * 1e3], [t[name].q75 * 1e3 - ms[name]]],
                       fmt="none", ecolor="black", elinewidth=1, capsize=4)
     fig.tight_layout()
@@ -498,7 +498,7 @@ def rule_verdict(low: float, mid: float, high: float, flop_overhead: float, adde
     FLOPs over a step's; added: `added_self_time(none, every)` or None when nothing was profiled.
     """
     where = ("exceeded" if low > rule else "stayed below" if high < rule else
-             "cannot be told apart from")
+             "matched, within its measured spread,")
     text = (f"Checkpointing every block cost {mid:+.0%} step time (quartiles give {low:+.0%} to {high:+.0%}) for "
             f"{flop_overhead:+.1%} counted FLOPs: this run {where} the \"+33%\" rule of thumb.")
     if low > flop_overhead:
@@ -510,7 +510,7 @@ def rule_verdict(low: float, mid: float, high: float, flop_overhead: float, adde
             share = max(0.0, added["other_ms"]) / added["total_ms"]
             names = [n for n, _ in added["top"][:3] if not is_matmul(n)]
             text += (f": the profiler puts {share:.0%} of the {added['total_ms']:.2f} ms of added self time per step "
-                     f"outside the matmuls (largest growth: {', '.join(names) or 'none in the top rows'})")
+                     f"outside the matmuls (grew most outside them: {', '.join(names) or 'none in the top rows'})")
             if any("Backward" in n for n in names):
                 text += (". An autograd node's own time grows because the recompute is started from inside it: the "
                          "Python and dispatch work of re-running the blocks' forward is no op of its own and lands there")

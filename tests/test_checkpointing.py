@@ -259,7 +259,7 @@ def test_rule_verdict_follows_the_numbers():
     below = verdict(0.20, 0.25, 0.30, 0.28)
     assert "stayed below" in below and "about as much as the counted FLOPs" in below
     tie = verdict(0.30, 0.34, 0.40, 0.34)
-    assert "cannot be told apart" in tie and "exceeded" not in tie
+    assert "this run matched, within its measured spread, the" in tie and "exceeded" not in tie
     faster = verdict(0.05, 0.10, 0.15, 0.222)
     assert "grew less than the counted FLOPs" in faster
 
