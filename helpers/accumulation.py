@@ -324,7 +324,7 @@ _ATEN_MATMULS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")
 
 def is_matmul(op: str) -> bool:
     """True for a profiler row that is a matrix multiply: an aten GEMM op (CPU) or a GEMM kernel (CUDA)."""
-    return op in _ATEN_MATMULS or any(word in op.lower() for word in ("gemm", "cutlass", "xmma"))
+    return op in _ATEN_MATMULS or any(word in op.lower() for word in ("gemm", "cutlass", "xmma", "nvjet"))
 
 
 def profile_splits(model: torch.nn.Module, optimizer: torch.optim.Optimizer, splits: Sequence[tuple[int, int]],
@@ -345,7 +345,8 @@ def profile_splits(model: torch.nn.Module, optimizer: torch.optim.Optimizer, spl
         step, _ = _prepare(model, optimizer, micro_batch, accum_steps, seq_len, device, autocast_dtype, seed)
         prof = profiling.profile(step, steps=1, warmup=warmup, top=1000, name=f"accumulation_b{micro_batch}_k{accum_steps}")
         mm = [r for r in prof.rows if is_matmul(r[0])]
-        rows.append({"micro_batch": micro_batch, "accum_steps": accum_steps, "total_ms": prof.total_ms,
+        rows.append({"micro_batch": micro_batch, "accum_steps": accum_steps, "device": prof.device,
+                     "total_ms": prof.total_ms,
                      "matmul_ms": sum(r[1] for r in mm), "matmul_calls": sum(r[2] for r in mm),
                      "matmul_share": sum(r[3] for r in mm),
                      "profile": dataclasses.replace(prof, rows=prof.rows[:8])})
@@ -355,9 +356,10 @@ def profile_splits(model: torch.nn.Module, optimizer: torch.optim.Optimizer, spl
 def split_profile_lines(rows: Sequence[dict]) -> list[str]:
     """Sentences comparing the first and last profiled split, generated from their numbers."""
     small, big = rows[0], rows[-1]
+    what = "GPU kernel time" if small.get("device") == "cuda" else "op self time"
     lines = [f"b={r['micro_batch']} (k={r['accum_steps']}): {r['matmul_calls']:.0f} matmul calls per step, "
-             f"{r['matmul_ms']:.1f} ms of self time in them = {r['matmul_share']:.0%} of the {r['total_ms']:.1f} ms "
-             f"of op self time" for r in ((small, big) if len(rows) > 1 else (small,))]
+             f"{r['matmul_ms']:.1f} ms in them = {r['matmul_share']:.0%} of the {r['total_ms']:.1f} ms "
+             f"of {what}" for r in ((small, big) if len(rows) > 1 else (small,))]
     if len(rows) > 1 and big["matmul_calls"] > 0:
         calls = small["matmul_calls"] / big["matmul_calls"]
         mm, rest = small["matmul_ms"] / big["matmul_ms"], \

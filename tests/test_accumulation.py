@@ -304,7 +304,7 @@ def test_profile_splits_counts_k_times_the_matmul_calls(results_tmp):
     assert 0 < small["matmul_share"] <= 1 and small["matmul_ms"] <= small["total_ms"]
     assert len(small["profile"].rows) == 8 and small["profile"].trace_path.exists()
     assert small["profile"].trace_path.parent == results_tmp / "traces"
-    assert A.is_matmul("aten::addmm") and A.is_matmul("sm90_xmma_gemm_bf16") and not A.is_matmul("aten::add_")
+    assert A.is_matmul("aten::addmm") and A.is_matmul("sm90_xmma_gemm_bf16") and A.is_matmul("nvjet_tst_128x256_64x4") and not A.is_matmul("aten::add_")
     with pytest.raises(ValueError, match="splits"):
         A.profile_splits(m, opt, [], 16)
 
@@ -314,6 +314,7 @@ def test_split_profile_lines_follow_the_numbers():
         return {"micro_batch": b, "accum_steps": k, "matmul_calls": calls, "matmul_ms": mm, "total_ms": total,
                 "matmul_share": mm / total}
     lines = A.split_profile_lines([row(1, 16, 320, 30.0, 60.0), row(16, 1, 20, 10.0, 30.0)])
+    assert lines[0] == "b=1 (k=16): 320 matmul calls per step, 30.0 ms in them = 50% of the 60.0 ms of op self time"
     assert "x16.0 as many matmul calls: matmul time x3.00, the other ops' time x1.50" in lines[2]
     assert "the matmuls themselves" in lines[3]
     lines = A.split_profile_lines([row(1, 16, 320, 11.0, 60.0), row(16, 1, 20, 10.0, 30.0)])
