@@ -222,7 +222,7 @@ def speed_figures(speed: list, impls: list, seq_lens: list, head_dims: list, dty
                     if pts:
                         ns, rs = zip(*pts)
                         ys = [r["tflops"] for r in rs]
-                        err = [[y - r["tflops_lo"] for y, r in zip(ys, rs)], [r["tflops_hi"] - y for y, r in zip(ys, rs)]]
+                        err = [[max(0.0, y - r["tflops_lo"]) for y, r in zip(ys, rs)], [max(0.0, r["tflops_hi"] - y) for y, r in zip(ys, rs)]]
                         ax.errorbar(ns, ys, yerr=err, capsize=3, label=impl, **style)
                 ax.set_xscale("log", base=2)
                 ax.set(xlabel="sequence length N", ylabel="TFLOP/s (median, IQR bars)", ylim=(0, None),

@@ -207,6 +207,7 @@ def test_flash_panel_moves_with_its_controls(capsys):
     large = A.flash_panel(128, 1024)
     second = capsys.readouterr().out
     assert "block 32" in first and "block 128" in second and first != second
+    assert "floors at 1000 GB/s (model, not measured)" in first  # a prediction for the bandwidth given, said so
     y_small = small.axes[0].collections[0].get_offsets()[0][1]
     y_large = large.axes[0].collections[0].get_offsets()[0][1]
     assert y_large < y_small  # the marked point: less traffic with the larger block
