@@ -79,7 +79,7 @@ def inspect_executed(path: Path) -> dict:
             if errors[0].get("ename") == "SystemExit":
                 text += " (sys.exit: the cells after it did not run)"
             return {"state": "error", "cell": number, "error": text}
-        if status == "running":
+        if status in ("running", "interrupted"):  # papermill left it running; mark_interrupted says so
             return {"state": "running", "cell": number, "error": ""}
         if cell.get("execution_count") is None:
             return {"state": "not run", "cell": number, "error": ""}
@@ -94,7 +94,7 @@ def mark_interrupted(path: Path, cell: int | None, why: str) -> None:
     seen = False
     for number, c in _code_cells(nb):
         meta = c.setdefault("metadata", {}).setdefault("papermill", {})
-        if number == cell or (seen and c.get("execution_count") is None):
+        if number == cell or ((seen or cell is None) and c.get("execution_count") is None):
             meta["status"] = "interrupted" if number == cell else "pending"
             seen = True
     where = f"in code cell {cell}" if cell else "between cells"

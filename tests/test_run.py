@@ -265,3 +265,18 @@ def test_inspect_executed_counts_cells_as_jupyterlab_and_knows_what_ran(tmp_path
     assert run.inspect_executed(_executed(tmp_path / "d.ipynb", stopped)) == {"state": "running", "cell": 2, "error": ""}
     skipped = head + [("x = 1", [], 3, "completed", None), ("y = 1", [], None, "completed", None)]
     assert run.inspect_executed(_executed(tmp_path / "e.ipynb", skipped))["cell"] == 3
+
+
+def test_mark_interrupted_undoes_papermills_false_completed(tmp_path):
+    head = [("P = 1", ["parameters"], 1, "completed", None), ("x = 1", [], 2, "completed", None)]
+    path = _executed(tmp_path / "a.ipynb", head + [("sleep()", [], 3, "running", None),
+                                                  ("y = 1", [], None, "completed", None)])
+    run.mark_interrupted(path, 3, "SIGTERM")
+    nb = nbformat.read(path, 4)
+    assert [c.metadata["papermill"]["status"] for c in nb.cells if c.cell_type == "code"] == [
+        "completed", "completed", "interrupted", "pending"]
+    assert "Interrupted** (SIGTERM) in code cell 3" in nb.cells[0].source
+    assert run.inspect_executed(path)["cell"] == 3  # the note is not counted as a cell
+    between = _executed(tmp_path / "b.ipynb", head + [("y = 1", [], None, "completed", None)])
+    run.mark_interrupted(between, None, "SIGINT")
+    assert [c.metadata["papermill"]["status"] for c in nbformat.read(between, 4).cells if c.cell_type == "code"][-1] == "pending"
