@@ -12,6 +12,7 @@ and says so in one sentence.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 from dataclasses import dataclass, field
@@ -44,6 +45,22 @@ class Profile:
         return "\n".join([text, *self.notes])
 
 
+@contextlib.contextmanager
+def _quiet_stderr():
+    """Send what native code writes to file descriptor 2 to /dev/null for the duration."""
+    import sys
+
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 2)
+            yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
 def _self_us(event: Any, on_cuda: bool) -> float:
     if on_cuda:
         for attr in ("self_device_time_total", "self_cuda_time_total"):
@@ -69,11 +86,17 @@ def profile(fn: Callable[[], Any], *, steps: int = 3, warmup: int = 1, top: int 
     for _ in range(warmup):
         fn()
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_cuda else [])
-    with torch_profile(activities=activities) as prof:
+    prof = torch_profile(activities=activities)
+    with _quiet_stderr():  # the profiler's C++ side announces its start and stop on file descriptor 2
+        prof.start()
+    try:
         for _ in range(steps):
             fn()
         if on_cuda:
             torch.cuda.synchronize()
+    finally:
+        with _quiet_stderr():
+            prof.stop()
     events = [e for e in prof.key_averages() if _self_us(e, on_cuda) > 0]
     total = sum(_self_us(e, on_cuda) for e in events)
     events.sort(key=lambda e: _self_us(e, on_cuda), reverse=True)
