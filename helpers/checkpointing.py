@@ -420,11 +420,11 @@ def strategy_panel(strategy: str, k: int, *, model: GPT, idx, tgt, autocast=None
 # ---------------------------------------------------------------- what the run says about the overhead
 
 MATMUL_MARKERS = ("aten::mm", "aten::bmm", "aten::addmm", "aten::baddbmm", "aten::matmul", "aten::linear",
-                  "gemm", "cublas", "xmma")  # op names on a CPU; kernel names on CUDA
+                  "gemm", "cublas", "xmma", "nvjet")  # op names on a CPU; kernel names on CUDA (nvjet: cuBLAS on Hopper)
 
 
 def is_matmul(op: str) -> bool:
-    """True for a matmul op (aten::mm, bmm, addmm, ...) or a GEMM kernel (…gemm…, cublas…, xmma…)."""
+    """True for a matmul op (aten::mm, bmm, addmm, ...) or a GEMM kernel (…gemm…, cublas…, xmma…, nvjet…)."""
     name = op.lower()
     return any(marker in name for marker in MATMUL_MARKERS)
 

@@ -274,6 +274,7 @@ def test_added_self_time_splits_matmuls_from_the_rest():
     assert added["total_ms"] == 10.0 and added["matmul_ms"] == 3.0 and added["other_ms"] == 7.0
     assert [n for n, _ in added["top"]] == ["AddmmBackward0", "aten::mm", "aten::gelu"]
     assert C.is_matmul("sm90_xmma_gemm_bf16") and C.is_matmul("aten::bmm") and not C.is_matmul("aten::gelu")
+    assert C.is_matmul("nvjet_hsh_128x256_64x4_2x1_v_bz_coopB_TNT")  # cuBLAS's GEMM kernels on Hopper
     assert "+5.00 ms" in C.added_summary("every", added)
 
 
