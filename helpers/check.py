@@ -287,7 +287,8 @@ def _check_code(ex: Exercise, fn: Any) -> str:
         try:
             got = _call(watched, case, ex.run)
         except NotImplementedError:
-            return _say(ex.name, "TODO", "not written yet (it raises NotImplementedError)", ex.hint)
+            return _say(ex.name, "TODO", unwritten if watched.first is None else
+                        "not written yet (it raises NotImplementedError)", ex.hint)
         except Exception as err:  # the learner's code failed: report it, never raise
             if i == 0 and watched.first is None:  # a runner choked on the None of an unwritten body
                 return _say(ex.name, "TODO", unwritten, ex.hint)
