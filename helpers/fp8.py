@@ -236,6 +236,17 @@ class DelayedScaler:
 # ---------------------------------------------------------------- matmuls
 
 _SCALED_MM_REFUSED: dict[tuple, str] = {}
+_EMULATE = [False]
+
+
+@contextlib.contextmanager
+def emulated():
+    """Within this block every `scaled_mm` takes the fp32 emulation path, not torch._scaled_mm."""
+    _EMULATE.append(True)
+    try:
+        yield
+    finally:
+        _EMULATE.pop()
 
 
 def _emulated_mm(a, b, inv_a, inv_b, out_dtype):
@@ -249,7 +260,8 @@ def scaled_mm(a: torch.Tensor, b: torch.Tensor, inv_a: torch.Tensor, inv_b: torc
     unless `emulate` or the device refused it once (then fp32 emulation; the reason is kept in
     `_SCALED_MM_REFUSED`)."""
     key = (a.device.type, inv_a.numel() > 1, a.dtype, b.dtype)
-    if not emulate and key not in _SCALED_MM_REFUSED and hasattr(torch, "_scaled_mm"):
+    inv_a, inv_b = inv_a.to(a.device), inv_b.to(a.device)
+    if not (emulate or _EMULATE[-1]) and key not in _SCALED_MM_REFUSED and hasattr(torch, "_scaled_mm"):
         a_rm, b_cm = a.contiguous(), b.t().contiguous().t()  # row-major a, column-major b
         try:
             out = torch._scaled_mm(a_rm, b_cm, scale_a=inv_a, scale_b=inv_b, out_dtype=out_dtype,

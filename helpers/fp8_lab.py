@@ -1,0 +1,331 @@
+"""Notebook 07's measurements: formats side by side, quantisation error on the course GPT's tensors,
+delayed vs current scaling, training with FP8, and speed on GPUs with FP8 tensor cores.
+
+The FP8 machinery itself (formats, recipes, Float8Linear) is `helpers.fp8`.
+"""
+from __future__ import annotations
+
+import copy
+import math
+from typing import Callable
+
+import torch
+
+from . import fp8
+from . import precision as P
+
+TRAIN_VARIANTS = ("fp32", "ours tensorwise", "ours delayed", "ours rowwise", "ours blockwise",
+                  "torchao tensorwise", "torchao rowwise")
+
+
+# ---------------------------------------------------------------- formats
+
+def format_rows(names=("fp8-e4m3fn", "fp8-e5m2", "bf16")) -> list[list]:
+    """One row per format: bits, max, smallest normal and subnormal, eps, dynamic range in binades."""
+    rows = []
+    for name in names:
+        f = P.facts(name)
+        binades = math.log2(f.max / f.smallest_subnormal)
+        rows.append([name, f"1/{f.exponent_bits}/{f.mantissa_bits}", f.max, f.smallest_normal, f.smallest_subnormal,
+                     f.eps, f"{binades:.1f}"])
+    return rows
+
+
+def grid_figure(ax=None):
+    """The positive values of e4m3fn and e5m2 on a log2 axis, bf16's range drawn behind them."""
+    from . import plots
+
+    fig, ax = plots._axes(ax, "every positive fp8 value, on a log2 axis")
+    bf = P.facts("bf16")
+    for i, dtype in enumerate((fp8.E4M3, fp8.E5M2)):
+        g = fp8.grid(dtype)[1:]
+        ax.plot(g.log2().numpy(), [i] * len(g), "|", ms=14, color=plots.COLORS[i],
+                label=f"{fp8.FORMAT_NAMES[dtype]}: {len(g)} values")
+    ax.axvspan(math.log2(bf.smallest_normal), 20, color=plots.COLORS[3], alpha=0.12,
+               label="bf16 normals reach 2^-126 … 2^127 (cut at 2^20)")
+    ax.set_yticks([0, 1], ["e4m3fn", "e5m2"])
+    ax.set_ylim(-0.8, 1.8)
+    ax.set_xlim(-18, 20)
+    ax.set_xlabel("log2 |value|")
+    ax.legend(fontsize=8, loc="upper left")
+    fig.tight_layout()
+    return fig
+
+
+# ---------------------------------------------------------------- real tensors
+
+def capture(model: torch.nn.Module, layer: str, x: torch.Tensor, y: torch.Tensor) -> dict[str, torch.Tensor]:
+    """One forward+backward of `model` on (x, y); the 2-D input, weight and output gradient of `layer`."""
+    mod = dict(model.named_modules())[layer]
+    got = {}
+    h1 = mod.register_forward_hook(lambda m, inp, out: got.__setitem__("activations", inp[0].detach()))
+    h2 = mod.register_full_backward_hook(lambda m, gin, gout: got.__setitem__("output gradients", gout[0].detach()))
+    try:
+        model.zero_grad(set_to_none=True)
+        model(x, y)[1].backward()
+    finally:
+        h1.remove(), h2.remove()
+    model.zero_grad(set_to_none=True)
+    flat = lambda t: t.reshape(-1, t.shape[-1]).float().clone()  # noqa: E731
+    return {"activations": flat(got["activations"]), "weights": mod.weight.detach().float().clone(),
+            "output gradients": flat(got["output gradients"])}
+
+
+def plant_outlier(x: torch.Tensor, magnitude: float, channel: int = 7, every: int = 8) -> torch.Tensor:
+    """A copy of x (M, K) whose column `channel` is set to magnitude × x's amax on every `every`-th row
+    (an outlier channel carried by some tokens, as in LLM.int8(), Dettmers et al., 2022)."""
+    if magnitude <= 0:
+        raise ValueError(f"magnitude={magnitude!r} must be positive")
+    out = x.clone()
+    out[::every, channel % x.shape[1]] = magnitude * x.abs().max()
+    return out
+
+
+def error_rows(tensors: dict[str, torch.Tensor], recipes=fp8.NUMERIC_RECIPES, block: int = 128,
+               masks: dict[str, torch.Tensor] | None = None) -> list[dict]:
+    """Quantisation error of every recipe on every tensor: dicts with tensor, recipe and error_stats.
+
+    masks[name], if given, marks entries (the planted outliers) left out of that tensor's error: they
+    are quantised with the rest, but the error is measured on the ordinary entries only.
+    """
+    rows = []
+    for name, t in tensors.items():
+        keep = ~masks[name] if masks and name in masks else torch.ones_like(t, dtype=torch.bool)
+        for r in recipes:
+            q = fp8.quantise(t, r, block=block)
+            rows.append({"tensor": name, "recipe": r, **fp8.error_stats(t * keep, q * keep)})
+    return rows
+
+
+def outlier_sweep(x: torch.Tensor, log2s, block: int = 128) -> dict[str, list[float]]:
+    """Per-row relative error of the ordinary entries of x with an outlier channel of 2**k × amax planted,
+    for each k in log2s (k = 0 plants none); {recipe: [error per k]}."""
+    out = {r: [] for r in fp8.NUMERIC_RECIPES}
+    for k in log2s:
+        planted = plant_outlier(x, 2.0 ** k) if k > 0 else x
+        mask = planted != x
+        for r in out:
+            out[r].append(error_rows({"x": planted}, (r,), block, {"x": mask})[0]["row_rel_error"])
+    return out
+
+
+def outlier_histogram(x: torch.Tensor, ax=None, title: str = ""):
+    """Histogram of log2(|x| / amax): against the tensor's amax (tensorwise) and each row's (rowwise),
+    with the e4m3 limits: below the subnormal line values keep fewer bits, below the zero line they vanish."""
+    from . import plots
+
+    fig, ax = plots._axes(ax, title or "where the values sit, relative to the amax that scales them")
+    a = x.abs().float()
+    f = fp8.facts(fp8.E4M3)
+    for i, (label, ref) in enumerate((("|x| / tensor amax (tensorwise)", a.max()),
+                                      ("|x| / row amax (rowwise)", a.amax(dim=-1, keepdim=True)))):
+        r = (a / ref)[a > 0]
+        ax.hist(r.log2().numpy(), bins=100, alpha=0.55, color=plots.COLORS[i], label=label)
+    ax.axvline(math.log2(f.smallest_normal / f.max), ls="--", color=plots.COLORS[3], label="e4m3: subnormal below")
+    ax.axvline(math.log2(f.underflow_threshold / f.max), ls="--", color=plots.COLORS[4], label="e4m3: rounds to 0 below")
+    ax.set_xlabel("log2 (|x| / amax)")
+    ax.set_ylabel("entries")
+    ax.set_yscale("log")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def quant_panel(recipe: str, block: int, log2_outlier: int, *, x: torch.Tensor):
+    """The instructor panel's callback: plant an outlier channel of 2**log2_outlier × amax into x (0: none),
+    quantise with `recipe` (blockwise tiles of 1 × block), print the error of the ordinary entries and
+    draw the histogram. Returns the error stats."""
+    planted = plant_outlier(x, 2.0 ** log2_outlier) if log2_outlier > 0 else x
+    stats = error_rows({"x": planted}, (recipe,), block, {"x": planted != x})[0]
+    tile = f", tiles of 1x{block}" if recipe == "blockwise" else (", blocks of 32" if recipe == "mx" else "")
+    print(f"recipe={recipe}{tile}, outlier=2^{log2_outlier} x amax: ordinary entries' per-row relative error "
+          f"{stats['row_rel_error']:.4f} (SNR {stats['row_snr_db']:.1f} dB)")
+    outlier_histogram(planted, title=f"outlier 2^{log2_outlier} × amax")
+    return stats
+
+
+# ---------------------------------------------------------------- delayed vs current
+
+def delayed_vs_current(x: torch.Tensor, multipliers: list[float], history_len: int, margin: int = 0) -> list[dict]:
+    """Cast x × m for each step's multiplier m with current (tensorwise) scaling and with delayed
+    scaling ("max" and "most_recent"); per step the overflow and underflow counts of each."""
+    scalers = {"delayed max": fp8.DelayedScaler(history_len, margin, "max"),
+               "delayed most_recent": fp8.DelayedScaler(history_len, margin, "most_recent")}
+    rows = []
+    for step, m in enumerate(multipliers):
+        t = x * m
+        row = {"step": step, "multiplier": m, "current": fp8.cast_counts(t, fp8.tensorwise(t)[1])}
+        for name, sc in scalers.items():
+            row[name] = fp8.cast_counts(t, sc.scale)
+            sc.update(t.abs().max().item())
+        rows.append(row)
+    return rows
+
+
+# ---------------------------------------------------------------- parity
+
+def _grads(module: torch.nn.Module) -> list[torch.Tensor]:
+    return [p.grad for p in module.parameters()]
+
+
+def linear_parity(recipe: str, shape=(2, 48, 96), out_features: int = 64, seed: int = 0) -> dict:
+    """Our Float8Linear against torchao's on one linear: forward bitwise equal? max |difference| of the
+    output, dX, dW, db; and our _scaled_mm path against our fp32 emulation (max |difference|)."""
+    torch.manual_seed(seed)
+    lin = torch.nn.Linear(shape[-1], out_features)
+    ours = fp8.Float8Linear.from_linear(copy.deepcopy(lin), recipe)
+    ref = torch.nn.Sequential(copy.deepcopy(lin))
+    fp8.torchao_convert(ref, recipe)
+    x = torch.randn(*shape) * 4
+    g = torch.randn(*shape[:-1], out_features)
+    outs = []
+    for mod in (ours, ref):
+        xi = x.clone().requires_grad_()
+        y = mod(xi)
+        y.backward(g)
+        outs.append([y.detach(), xi.grad] + _grads(mod))
+    with fp8.emulated():
+        y_emu = ours(x)
+    diff = lambda a, b: (a - b).abs().max().item()  # noqa: E731
+    (y1, dx1, dw1, db1), (y2, dx2, dw2, db2) = outs
+    return {"recipe": recipe, "forward_bitwise": torch.equal(y1, y2), "y": diff(y1, y2), "dX": diff(dx1, dx2),
+            "dW": diff(dw1, dw2), "db": diff(db1, db2), "emulated_vs_scaled_mm": diff(y_emu, y1),
+            "y_scale": y1.abs().max().item()}
+
+
+def gpt_parity(base: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, recipe: str) -> dict:
+    """The whole GPT converted by us and by torchao: loss difference and the largest gradient difference
+    relative to that gradient's largest entry."""
+    ours, ref = copy.deepcopy(base), copy.deepcopy(base)
+    fp8.convert_to_float8(ours, recipe)
+    fp8.torchao_convert(ref, recipe)
+    losses = []
+    for model in (ours, ref):
+        model.zero_grad(set_to_none=True)
+        loss = model(x, y)[1]
+        loss.backward()
+        losses.append(loss.item())
+    rel = max(((a - b).abs().max() / b.abs().max().clamp(min=1e-30)).item()
+              for a, b in zip(_grads(ours), _grads(ref)) if b is not None)
+    return {"recipe": recipe, "loss_ours": losses[0], "loss_torchao": losses[1],
+            "loss_diff": abs(losses[0] - losses[1]), "grad_rel_diff": rel}
+
+
+# ---------------------------------------------------------------- training
+
+def make_variant(base: torch.nn.Module, variant: str) -> tuple[torch.nn.Module, str]:
+    """A deep copy of `base` converted for `variant` (one of TRAIN_VARIANTS); and what was converted."""
+    model = copy.deepcopy(base)
+    if variant == "fp32":
+        return model, "nothing (the baseline)"
+    who, recipe = variant.split()
+    if who == "ours":
+        rep = fp8.convert_to_float8(model, recipe)
+        return model, f"{len(rep['converted'])} linears; skipped {', '.join(rep['skipped']) or 'none'}"
+    fp8.torchao_convert(model, recipe)
+    n = sum(type(m).__name__ == "Float8Linear" for m in model.modules())
+    return model, f"{n} linears (torchao); skipped lm_head"
+
+
+@torch.no_grad()
+def evaluate(model: torch.nn.Module, batches) -> float:
+    """Mean loss over fixed batches."""
+    model.eval()
+    loss = sum(model(x, y)[1].item() for x, y in batches) / len(batches)
+    model.train()
+    return loss
+
+
+def train(model: torch.nn.Module, batches, val_batches, lr: float, progress: Callable = iter) -> dict:
+    """AdamW over the given batches; training losses per step and the final validation loss."""
+    opt = torch.optim.AdamW(model.parameters(), lr=lr)
+    losses = []
+    for x, y in progress(batches):
+        loss = model(x, y)[1]
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return {"losses": losses, "val_loss": evaluate(model, val_batches)}
+
+
+def training_sentences(results: dict[str, dict], last: int) -> list[str]:
+    """Each FP8 variant's final losses against fp32, as measured (mean of the last `last` training losses)."""
+    tail = lambda r: sum(r["losses"][-last:]) / len(r["losses"][-last:])  # noqa: E731
+    base = results["fp32"]
+    out = []
+    for name, r in results.items():
+        if name == "fp32":
+            continue
+        d_train, d_val = tail(r) - tail(base), r["val_loss"] - base["val_loss"]
+        out.append(f"{name}: training loss (mean of last {last}) {tail(r):.4f}, {d_train:+.4f} vs fp32; "
+                   f"validation {r['val_loss']:.4f}, {d_val:+.4f} ({100 * d_val / base['val_loss']:+.2f}%)")
+    return out
+
+
+# ---------------------------------------------------------------- speed (GPUs with FP8 tensor cores)
+
+def matmul_tflops(n: int, kind: str, reps: int, device: str = "cuda") -> float:
+    """TFLOP/s of an n×n×n matmul: "bf16", or fp8 "tensorwise" / "rowwise" through torch._scaled_mm."""
+    from . import bench
+
+    a, b = torch.randn(n, n, device=device), torch.randn(n, n, device=device)
+    if kind == "bf16":
+        a16, b16 = a.bfloat16(), b.bfloat16()
+        fn = lambda: a16 @ b16  # noqa: E731
+    else:
+        (qa, sa), (qb, sb) = ((fp8.tensorwise(a), fp8.tensorwise(b)) if kind == "tensorwise"
+                              else (fp8.rowwise(a, -1), fp8.rowwise(b, 0)))
+        qb = qb.t().contiguous().t()
+        ia, ib = sa.reciprocal(), sb.reciprocal()
+        fn = lambda: torch._scaled_mm(qa, qb, scale_a=ia, scale_b=ib, out_dtype=torch.bfloat16,  # noqa: E731
+                                      use_fast_accum=True)
+    return bench.tflops(2 * n ** 3, bench.benchmark(fn, reps=reps, device=device))
+
+
+def linear_tflops(n: int, variant: str, reps: int, compile: bool = False, device: str = "cuda") -> float:
+    """TFLOP/s of a bf16 linear n→n on n tokens, forward + backward (6 n³ FLOPs), casts included:
+    variant "bf16", "ours tensorwise", "ours rowwise", "torchao tensorwise" or "torchao rowwise"."""
+    from . import bench
+
+    lin = torch.nn.Sequential(torch.nn.Linear(n, n, bias=False, device=device, dtype=torch.bfloat16))
+    if variant != "bf16":
+        who, recipe = variant.split()
+        if who == "ours":
+            fp8.convert_to_float8(lin, recipe)
+        else:
+            fp8.torchao_convert(lin, recipe)
+    model = torch.compile(lin) if compile else lin
+    x = torch.randn(n, n, device=device, dtype=torch.bfloat16, requires_grad=True)
+    g = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+
+    def step():
+        model(x).backward(g)
+    return bench.tflops(6 * n ** 3, bench.benchmark(step, reps=reps, warmup=3, device=device))
+
+
+MATMUL_KINDS = ("bf16", "tensorwise", "rowwise")
+LINEAR_VARIANTS = ("bf16", "ours tensorwise", "ours rowwise", "torchao tensorwise", "torchao rowwise")
+
+
+def speed_sweep(sizes, reps: int, with_torchao: bool, compile: bool) -> dict:
+    """On a CUDA GPU with FP8 tensor cores: matmul and linear fwd+bwd TFLOP/s for every size.
+
+    Returns {"matmul": {kind: [tflops or None]}, "linear": {variant: [...]}, "failed": [messages]}; a
+    point that raises is recorded as None with its message (kernels this course did not write may
+    refuse a shape), never a traceback."""
+    from . import bench
+
+    out = {"matmul": {k: [] for k in MATMUL_KINDS}, "failed": [],
+           "linear": {v: [] for v in LINEAR_VARIANTS if with_torchao or not v.startswith("torchao")}}
+    for n in sizes:
+        for group, fn in (("matmul", lambda k: matmul_tflops(n, k, reps)),
+                          ("linear", lambda v: linear_tflops(n, v, reps, compile))):
+            for name in out[group]:
+                try:
+                    out[group][name].append(fn(name))
+                except Exception as err:  # noqa: BLE001: one refused point must not end the sweep
+                    out[group][name].append(None)
+                    out["failed"].append(f"{group} {name} n={n}: {type(err).__name__}: {str(err).splitlines()[0][:150]}")
+                bench.release_memory()
+    return out
