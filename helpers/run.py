@@ -262,7 +262,11 @@ def _main(args, stop: Stop) -> int:
             print(f"helpers.run: report not written: {err.filename or run_dir}: {err.strerror or err}")
             code = 1
     if args.save_reference:
-        saved, problems = save_reference(run_dir / "results", args.references / device_slug())
+        try:
+            saved, problems = save_reference(run_dir / "results", args.references / device_slug())
+        except OSError as err:
+            print(f"helpers.run: references not saved: {err.filename or args.references}: {err.strerror or err}")
+            return stop.signum + 128 if stop.why else 1
         print(f"copied {len(saved)} record(s) to {args.references / device_slug()}")
         for path, reason in problems:
             print(f"  not copied: {path}: {reason}")

@@ -280,3 +280,17 @@ def test_mark_interrupted_undoes_papermills_false_completed(tmp_path):
     between = _executed(tmp_path / "b.ipynb", head + [("y = 1", [], None, "completed", None)])
     run.mark_interrupted(between, None, "SIGINT")
     assert [c.metadata["papermill"]["status"] for c in nbformat.read(between, 4).cells if c.cell_type == "code"][-1] == "pending"
+
+
+def test_an_unwritable_reference_folder_is_one_line(tmp_path, monkeypatch, capsys):
+    nbs = tmp_path / "nbs"
+    nbs.mkdir()
+    nbformat.write(new_notebook(cells=[]), nbs / "10_x.ipynb")
+    monkeypatch.setattr(run, "_run_all", lambda *a, **k: [run.Outcome("10_x", True, 1.0)])
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    code = run.main(["--notebooks-dir", str(nbs), "--out", str(tmp_path / "runs"), "--no-report",
+                     "--save-reference", "--references", str(blocker / "refs")])
+    out = capsys.readouterr().out
+    assert code == 1 and [ln for ln in out.splitlines() if "references" in ln] == [
+        next(ln for ln in out.splitlines() if ln.startswith("helpers.run: references not saved:"))]
