@@ -76,3 +76,19 @@ def test_memory_wall_figure_draws_the_wall_and_says_which_lines_coincide():
     assert "budget" in labels and any(label.startswith("naive stops") for label in labels)
     assert notes == ["flash_pytorch's line lies exactly on sdpa's (the same bytes at every N); it is drawn dashed on top"]
     plt.close("all")
+
+
+def test_notebook_06_text_points_the_right_way_and_cites_in_words():
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "notebooks" / "06_flash_attention.ipynb"
+    cells = json.loads(path.read_text())["cells"]
+    for i, cell in enumerate(cells):
+        text = "".join(cell["source"])
+        if cell["cell_type"] != "markdown":
+            continue
+        if "next cell" in text.lower():
+            assert cells[i + 1]["cell_type"] == "code", f"markdown cell {i} announces a next cell that is not code"
+        assert "4d/B_r" not in text and "6N^2" not in text, "the traffic model is 2d/B_r N² against naive's 4N²"
+        assert "`000`" not in text and "`003`" not in text and ".txt" not in text, "cite source texts in words"
