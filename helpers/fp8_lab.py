@@ -115,7 +115,7 @@ def outlier_histogram(x: torch.Tensor, ax=None, title: str = ""):
     from . import plots
 
     fig, ax = plots._axes(ax, title or "where the values sit, relative to the amax that scales them")
-    a = x.abs().float()
+    a = x.detach().abs().float().cpu()
     f = fp8.facts(fp8.E4M3)
     for i, (label, ref) in enumerate((("|x| / tensor amax (tensorwise)", a.max()),
                                       ("|x| / row amax (rowwise)", a.amax(dim=-1, keepdim=True)))):

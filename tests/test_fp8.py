@@ -204,3 +204,65 @@ def test_gpt_loss_and_grads_close_to_torchao():
         assert abs(l1.item() - l2.item()) < 1e-5
         for (n, p1), p2 in zip(ours.named_parameters(), ref.parameters()):
             torch.testing.assert_close(p1.grad, p2.grad, rtol=1e-4, atol=1e-6, msg=n)
+
+
+# ---------------------------------------------------------------- notebook 07's measurements (helpers.fp8_lab)
+
+from helpers import fp8_lab  # noqa: E402
+
+
+def _acts(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(32, 256, generator=g) * torch.exp2(torch.randn(32, 1, generator=g))
+
+
+def test_planted_outlier_is_left_out_of_the_error_and_the_order_appears():
+    x = _acts()
+    planted = fp8_lab.plant_outlier(x, 2.0 ** 14)
+    mask = planted != x
+    assert mask.sum() == 4 and mask[::8, 7].all()  # one channel, every eighth row
+    rows = {r["recipe"]: r for r in fp8_lab.error_rows({"p": planted}, masks={"p": mask})}
+    assert rows["tensorwise"]["row_rel_error"] > rows["rowwise"]["row_rel_error"] > rows["blockwise"]["row_rel_error"]
+    sweep = fp8_lab.outlier_sweep(x, [0, 14])
+    assert sweep["tensorwise"][1] > 2 * sweep["tensorwise"][0]  # a large outlier costs the rest dearly
+    with pytest.raises(ValueError, match="magnitude"):
+        fp8_lab.plant_outlier(x, 0.0)
+
+
+def test_delayed_scaling_overflows_at_a_spike_that_current_scaling_absorbs():
+    rows = fp8_lab.delayed_vs_current(_acts(), [1.0, 1.0, 16.0, 1.0, 2.0 ** -12, 2.0 ** -12], history_len=2)
+    assert [r["current"]["overflow"] for r in rows] == [0] * 6
+    assert rows[2]["delayed max"]["overflow"] > 0 and rows[1]["delayed max"]["overflow"] == 0
+    # after the fall, 'max' still remembers the spike's neighbours one step longer than 'most_recent'
+    assert rows[5]["delayed max"]["underflow"] >= rows[5]["delayed most_recent"]["underflow"]
+    assert rows[4]["delayed most_recent"]["underflow"] > rows[4]["current"]["underflow"]
+
+
+def test_quant_panel_is_a_plain_callback(capsys):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    x = _acts(1)
+    a = fp8_lab.quant_panel("blockwise", 64, 12, x=x)
+    b = fp8_lab.quant_panel("tensorwise", 64, 12, x=x)
+    out = capsys.readouterr().out
+    assert "recipe=blockwise, tiles of 1x64, outlier=2^12" in out and "recipe=tensorwise, outlier=2^12" in out
+    assert b["row_rel_error"] > a["row_rel_error"]
+
+
+def test_training_sentences_state_the_measured_gap():
+    res = {"fp32": {"losses": [3.0, 2.0], "val_loss": 2.5}, "ours rowwise": {"losses": [3.0, 2.1], "val_loss": 2.6}}
+    (line,) = fp8_lab.training_sentences(res, 1)
+    assert "2.1000, +0.1000 vs fp32" in line and "validation 2.6000, +0.1000 (+4.00%)" in line
+
+
+@pytest.mark.notebook
+def test_notebook_07_rejects_a_bad_outlier_at_once(tmp_path):
+    import papermill as pm
+
+    from tests.test_notebooks import NOTEBOOKS, _execute
+
+    path = next(p for p in NOTEBOOKS if p.stem.startswith("07"))
+    with pytest.raises(pm.PapermillExecutionError) as err:
+        _execute(path, tmp_path, OUTLIER=0)
+    assert err.value.ename == "ValueError" and "OUTLIER=0" in err.value.evalue
