@@ -9,6 +9,7 @@ from typing import Any, Iterable
 from .results import read_records, records_by_name, write_atomic
 
 Block = tuple  # ("h1"|"h2"|"h3"|"p", text) | ("table", header, rows) | ("img", relative path)
+#               | ("fig", relative path, caption) | ("details", summary line) ... ("/details",)
 
 
 def _fmt(value: Any) -> str:
@@ -128,41 +129,196 @@ def _record_blocks(name: str, rec: dict, refs: dict, run_device: str, run_profil
     return [("h3", title), ("p", origin), ("table", header, rows)]
 
 
+def _verdict_text(row: dict) -> str:
+    return str(row.get("verdict", "?")) + (f" ({row['reason']})" if row.get("reason") else "")
+
+
 def _ledger_blocks(mine: dict, refs: dict, problems: list) -> tuple[list[Block], set[str]]:
-    """The claims ledger (helpers.claims): each claim's verdict in this run beside each reference GPU's.
+    """The claims ledger (helpers.claims): every claim recorded in this run or on a reference GPU, its
+    source, this run's measurement, verdict and device, and each reference GPU's measurement and verdict.
 
     Returns the blocks and the record names shown there; a claim record without the ledger's fields
     goes to `problems`.
     """
     from . import claims
 
-    rows = claims.from_records(mine)
-    shown = {claims.PREFIX + str(r["id"]) for r in rows}
+    rows = {r["id"]: r for r in claims.from_records(mine)}
+    shown = {claims.PREFIX + str(i) for i in rows}
     for name, rec in mine.items():
         if name.startswith(claims.PREFIX) and name not in shown:
             problems.append((rec["_file"], "a claim record without id, notebook, claim and verdict"))
-    if not rows:
-        return [], shown
     ref_rows = {gpu: {r["id"]: r for r in claims.from_records(recs)} for gpu, recs in refs.items()}
     ref_rows = {gpu: r for gpu, r in ref_rows.items() if r}
-    verdict = lambda r: r["verdict"] + (f" ({r['reason']})" if r.get("reason") else "")  # noqa: E731
-    header = ["notebook", "claim", "source", "measured here", "verdict here"] + [f"verdict on {g}" for g in ref_rows]
-    table = [[r["notebook"], r["claim"], r.get("source", ""), r.get("measured", ""), verdict(r)]
-             + [verdict(g[r["id"]]) + f"; measured {g[r['id']].get('measured', '?')}" if r["id"] in g else ""
-                for g in ref_rows.values()] for r in rows]
-    return [("h2", "Claims ledger"), ("p", "Each claim a notebook tested, with this run's measurement and verdict."),
-            ("table", header, table)], shown
+    for gpu_rows in ref_rows.values():  # a claim only a reference tested still gets its row
+        for cid, r in gpu_rows.items():
+            rows.setdefault(cid, {**r, "verdict": None, "measured": None, "device": None})
+    blocks: list[Block] = [("h2", "Claims ledger")]
+    if not rows:
+        return blocks + [("p", "No notebook recorded a verdict on a claim in this run (helpers.claims.verdict), "
+                               "and no reference GPU holds one.")], shown
+    header = ["notebook", "claim", "source", "measured here", "verdict here", "device here"]
+    header += [f"on {gpu}: measured; verdict" for gpu in ref_rows]
+    table = []
+    for r in sorted(rows.values(), key=lambda r: (str(r["notebook"]), str(r["id"]))):
+        here = ([r["measured"], _verdict_text(r), _text(r.get("device"))] if r["verdict"] is not None
+                else ["not run here", "", ""])
+        table.append([r["notebook"], r["claim"], r.get("source", "") or "?"] + here
+                     + [f"{g[r['id']].get('measured', '?')}; {_verdict_text(g[r['id']])}" if r["id"] in g
+                        else "not recorded there" for g in ref_rows.values()])
+    refs_note = (" Beside it, the same claim's measurement and verdict on each reference GPU in results/<gpu>/."
+                 if ref_rows else " No reference GPU in results/<gpu>/ has recorded a verdict yet.")
+    return blocks + [("p", "Every claim a notebook tested (from the source texts and papers), with this run's "
+                           "measurement and verdict: supported, contradicted, or not testable on this device "
+                           "with the reason." + refs_note), ("table", header, table)], shown
+
+
+def _stem_of(number: str, stems: Iterable[str]) -> str | None:
+    return next((s for s in sorted(stems) if s.startswith(number)), None)
+
+
+def _summaries(mine: dict, problems: list) -> dict[str, dict]:
+    """{notebook number: summary metrics} of this run's summary-NN records (results.summary)."""
+    from .results import SUMMARY_PREFIX
+
+    out = {}
+    for name, rec in mine.items():
+        if not name.startswith(SUMMARY_PREFIX):
+            continue
+        m = rec["metrics"]
+        if isinstance(m.get("notebook"), str) and isinstance(m.get("headline"), dict) and all(
+                isinstance(v, dict) and "value" in v for v in m["headline"].values()):
+            out[m["notebook"]] = {**m, "_record": name}
+        else:
+            problems.append((rec["_file"], "a summary record without notebook, sentence and headline {label: value, unit}"))
+    return out
+
+
+def _value(v: dict) -> str:
+    return f"{_fmt(v.get('value'))} {v.get('unit') or ''}".strip()
+
+
+def _ratio(mine: dict, ref: dict) -> str:
+    a, b = mine.get("value"), ref.get("value")
+    numeric = all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in (a, b))
+    if not numeric or (mine.get("unit") or "") != (ref.get("unit") or ""):
+        return "-"
+    return f"{a / b:.3g}x" if b else "-"
+
+
+def _versus_blocks(summaries: dict, refs: dict) -> list[Block]:
+    """Your device vs reference: each headline number beside the same record's on each reference GPU."""
+    blocks: list[Block] = [("h2", "Your device vs reference")]
+    how = ("To make one, run scripts/gpu_capture.sh on the GPU and import what comes back with "
+           "`python -m helpers.capture import` (results/README.md says how), or run "
+           "`python -m helpers.run --profile full --save-reference` on a GPU box.")
+    if not summaries:
+        return blocks + [("p", "No notebook recorded its headline numbers in this run (helpers.results.summary), "
+                               "so there is nothing to compare.")]
+    ref_sums = {gpu: {n: r["metrics"] for n, r in recs.items() if n.startswith("summary-")
+                      and isinstance(r["metrics"].get("headline"), dict)} for gpu, recs in refs.items()}
+    ref_sums = {gpu: s for gpu, s in ref_sums.items() if s}
+    if not ref_sums:
+        blocks.append(("p", "There is no reference GPU run in results/<gpu>/ yet, so this run's numbers stand "
+                            "alone. " + how))
+    header = ["notebook", "headline number", "this run"]
+    for gpu in ref_sums:
+        header += [gpu, "this run / " + gpu]
+    rows, missing = [], []
+    for nb, s in sorted(summaries.items()):
+        for gpu, sums in ref_sums.items():
+            if s["_record"] not in sums:
+                missing.append(f"{s['_record']} on {gpu}")
+        for label, v in s["headline"].items():
+            row = [nb, label, _value(v)]
+            for gpu, sums in ref_sums.items():
+                ref = sums.get(s["_record"], {}).get("headline", {}).get(label)
+                if isinstance(ref, dict):
+                    row += [_value(ref), _ratio(v, ref)]
+                else:
+                    row += ["no reference" if s["_record"] not in sums else "not in the reference", "-"]
+            rows.append(row)
+    if ref_sums:
+        blocks.append(("p", "Each headline number of this run beside the record of the same name on each reference "
+                            "GPU (results/<gpu>/), and their ratio; a ratio below 1 means this run measured less."
+                       + (f" Missing on the reference: {', '.join(missing)}. " + how if missing else "")))
+    return blocks + [("table", header, rows)]
+
+
+def _title(notebook: Path | None, stem: str) -> str:
+    """The notebook's first markdown heading ('02 · FLOPs and MFU'), else its file name."""
+    import nbformat
+
+    try:
+        for cell in nbformat.read(notebook, as_version=4).cells:
+            if cell.cell_type == "markdown" and cell.source.lstrip().startswith("# "):
+                return cell.source.lstrip()[2:].splitlines()[0].strip()
+    except Exception:  # an unreadable notebook is listed by extract_figures
+        pass
+    return stem
+
+
+SKIP_SECTIONS = ("Play with it", "Exercises")   # figures there are the learner's, not the measurement's
+
+
+def _captions(notebook: Path) -> dict[int, str]:
+    """{cell index: caption} from the section heading each code cell sits under, and its code cell number."""
+    import nbformat
+
+    out, heading, code_no = {}, "", 0
+    try:
+        cells = nbformat.read(notebook, as_version=4).cells
+    except Exception:
+        return out
+    for i, cell in enumerate(cells):
+        if cell.cell_type == "markdown":
+            for line in cell.source.splitlines():
+                if line.startswith("## ") or line.startswith("### "):
+                    heading = line.lstrip("#").strip()
+        elif cell.cell_type == "code":
+            code_no += 1
+            out[i] = f"{heading} (code cell {code_no})" if heading else f"code cell {code_no}"
+    return out
+
+
+def _notebook_blocks(stem: str, executed: Path | None, outcome, summary: dict | None, run_dir: Path,
+                     problems: list) -> list[Block]:
+    """One notebook's section: its status, what it measured, its headline numbers and key figures."""
+    from .run import status_word
+
+    blocks: list[Block] = [("h2", _title(executed, stem) if executed else stem)]
+    status = (f"Status: {status_word(outcome)} in {outcome.seconds:.1f} s." if outcome is not None else "")
+    if summary:
+        blocks.append(("p", f"{summary.get('sentence') or '?'} {status}".strip()))
+        blocks.append(("table", ["headline number", "this run"],
+                       [[label, _value(v)] for label, v in summary["headline"].items()]))
+        if summary.get("noise"):
+            blocks.append(("p", f"Noise: {summary['noise']}."))
+    else:
+        blocks.append(("p", f"{status} This notebook recorded no summary in this run (a results.summary call in its "
+                            "takeaways cell records one), so it has no headline numbers here.".strip()))
+    if executed is not None:
+        captions = _captions(executed)
+        figs = extract_figures(executed, run_dir / "figures", problems)
+        for f in figs:
+            cell = int(f.stem.rsplit("-cell", 1)[1].split("-")[0])
+            caption = captions.get(cell, "")
+            if not any(caption.startswith(s) for s in SKIP_SECTIONS):
+                blocks.append(("fig", str(f.relative_to(run_dir)), f"{stem}: {caption}"))
+    return blocks
 
 
 def build_blocks(run_dir: Path, outcomes: Iterable, references: Path, profile: str,
                  conditions: str | None = None, asked: str | None = None) -> list[Block]:
     """Everything the report says, as blocks that both renderers understand.
 
-    Builds from whatever is readable: every file that is not (a torn record, a reference file that
-    is not a record, a malformed executed notebook or figure) is listed by path with the reason.
+    In order: the run's device and conditions with a noise note, the claims ledger, this run beside
+    the reference GPUs, the notebooks' statuses, one section per notebook in course order (summary,
+    headline numbers, figures), the raw records in a collapsed appendix, and every file that could
+    not be read (a torn record, a reference file that is not a record, a malformed executed notebook
+    or figure), by path with the reason.
     """
     from .hardware import library_versions
-    from .results import device_name
+    from .results import SUMMARY_PREFIX, device_name
     from .run import failure_text, status_word
 
     outcomes, problems = list(outcomes), []
@@ -171,37 +327,45 @@ def build_blocks(run_dir: Path, outcomes: Iterable, references: Path, profile: s
     mine = _by_name(good)
     refs = reference_sets(references, problems)
     device = device_name()
+    summaries = _summaries(mine, problems)
     blocks: list[Block] = [
         ("h1", f"Course run report: {run_dir.name}"),
         ("p", f"Device: {device}. Profile: {profile}" + (f" (asked for: {asked})" if asked and asked != profile else "")
               + ". Versions: " + ", ".join(f"{k} {v}" for k, v in library_versions().items()) + "."),
+        ("h2", "Measurement conditions"),
+        ("p", f"Run conditions: {conditions}." if conditions else
+              "Run conditions: not given (the notebooks were not run through helpers.run)."),
     ]
-    if conditions:
-        blocks.append(("p", f"Run conditions: {conditions}."))
+    noise = [f"{nb}: {s['noise']}" for nb, s in sorted(summaries.items()) if s.get("noise")]
+    blocks.append(("p", "Noise (the timing spread each notebook printed): " + "; ".join(noise) + "." if noise else
+                        "Noise: no notebook recorded its timing spread in this run, so differences of a few "
+                        "percent between runs are not evidence of anything."))
+    ledger, in_ledger = _ledger_blocks(mine, refs, problems)
+    blocks += ledger + _versus_blocks(summaries, refs)
     blocks += [
         ("h2", "Notebooks"),
         ("p", "Cell numbers count the notebook's code cells from 1, as JupyterLab numbers them after "
               "'Restart Kernel and Run All Cells'."),
         ("table", ["notebook", "status", "seconds", "failure"],
          [[o.notebook, status_word(o), f"{o.seconds:.1f}", failure_text(o)] for o in outcomes]),
-        ("h2", "Recorded results"),
     ]
-    if not mine:
+    executed = {p.stem: p for p in sorted((run_dir / "notebooks").glob("*.ipynb"))}
+    by_outcome = {o.notebook: o for o in outcomes}
+    stems = set(executed) | set(by_outcome)
+    stems |= {nb for nb in summaries if _stem_of(nb, stems) is None}
+    for stem in sorted(stems):
+        number = stem[:2]
+        blocks += _notebook_blocks(stem, executed.get(stem), by_outcome.get(stem),
+                                   summaries.get(number) if number.isdigit() else None, run_dir, problems)
+    raw = [(n, r) for n, r in mine.items() if n not in in_ledger and not n.startswith(SUMMARY_PREFIX)]
+    blocks += [("details", f"Appendix: raw metrics of every record ({len(raw)} records)")]
+    if not raw:
         blocks.append(("p", "No notebook recorded a result in this run."))
     if refs:
         blocks.append(("p", "Reference columns come from results/<gpu>/ in the repository: " + ", ".join(refs) + "."))
-    ledger, in_ledger = _ledger_blocks(mine, refs, problems)
-    for name, rec in mine.items():
-        if name not in in_ledger:
-            blocks += _record_blocks(name, rec, refs, device, profile)
-    blocks += ledger
-    figures = [("h2", "Figures")]
-    for nb in sorted((run_dir / "notebooks").glob("*.ipynb")):
-        figs = extract_figures(nb, run_dir / "figures", problems)
-        if figs:
-            figures.append(("h3", nb.stem))
-            figures += [("img", str(f.relative_to(run_dir))) for f in figs]
-    blocks += figures
+    for name, rec in raw:
+        blocks += _record_blocks(name, rec, refs, device, profile)
+    blocks.append(("/details",))
     if problems:
         blocks += [("h2", "Files the report could not read"),
                    ("table", ["file", "reason"], [[str(p), r] for p, r in problems])]
@@ -226,16 +390,42 @@ def to_markdown(blocks: list[Block]) -> str:
             lines.append("")
         elif kind == "img":
             lines += [f"![{Path(b[1]).stem}]({b[1]})", ""]
+        elif kind == "fig":
+            lines += [f"![{b[2]}]({b[1]})", "", f"*Figure: {b[2]}*", ""]
+        elif kind == "details":  # GitHub renders the Markdown inside when blank lines surround it
+            lines += [f"<details><summary>{html.escape(b[1])}</summary>", ""]
+        elif kind == "/details":
+            lines += ["</details>", ""]
     return "\n".join(lines)
 
 
+VERDICT_CLASS = {"supported": "ok", "contradicted": "bad", "not testable": "na"}
+CSS = ("body{font-family:system-ui,sans-serif;max-width:1150px;margin:2em auto;padding:0 1em;color:#222;"
+       "line-height:1.45}h1{font-size:1.6em}h2{margin-top:1.8em;border-bottom:1px solid #ddd;padding-bottom:.2em}"
+       ".scroll{overflow-x:auto}table{border-collapse:collapse;margin:.5em 0 1.5em}"
+       "td,th{border:1px solid #ccc;padding:3px 8px;text-align:left;vertical-align:top;font-size:13px}"
+       "th{background:#f3f3f3}td.ok{background:#e3f4e3}td.bad{background:#fbe3e3}td.na{background:#f1f1f1}"
+       "figure{margin:1em 0}figure img{max-width:100%;border:1px solid #eee}figcaption{font-size:13px;color:#555}"
+       "img{max-width:100%}details{margin:1.5em 0}summary{cursor:pointer;font-weight:600;font-size:1.1em}")
+
+
+def _td(cell: Any) -> str:
+    text = str(cell)
+    kind = next((c for v, c in VERDICT_CLASS.items() if text.startswith(v)), None)
+    return (f"<td class='{kind}'>" if kind else "<td>") + html.escape(text) + "</td>"
+
+
+def _png(run_dir: Path, rel: str) -> str | None:
+    try:
+        return base64.b64encode((run_dir / rel).read_bytes()).decode()
+    except OSError:
+        return None
+
+
 def to_html(blocks: list[Block], run_dir: Path) -> str:
-    """Render blocks as one self-contained HTML page (figures inlined)."""
-    parts = ["<!doctype html><html><head><meta charset='utf-8'><title>Course run report</title><style>"
-             "body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em}"
-             "table{border-collapse:collapse;margin:0.5em 0 1.5em}td,th{border:1px solid #ccc;padding:3px 8px;"
-             "text-align:left;font-size:13px}th{background:#f3f3f3}img{max-width:100%;margin:0.5em 0}"
-             "</style></head><body>"]
+    """Render blocks as one self-contained HTML page (figures inlined, no external resource)."""
+    parts = ["<!doctype html><html lang='en'><head><meta charset='utf-8'><title>Course run report</title>"
+             f"<style>{CSS}</style></head><body>"]
     esc = html.escape
     for b in blocks:
         kind = b[0]
@@ -243,14 +433,21 @@ def to_html(blocks: list[Block], run_dir: Path) -> str:
             parts.append(f"<{kind}>{esc(b[1])}</{kind}>")
         elif kind == "table":
             head = "".join(f"<th>{esc(str(h))}</th>" for h in b[1])
-            body = "".join("<tr>" + "".join(f"<td>{esc(str(c))}</td>" for c in r) + "</tr>" for r in b[2])
-            parts.append(f"<table><tr>{head}</tr>{body}</table>")
-        elif kind == "img":
-            try:
-                data = base64.b64encode((run_dir / b[1]).read_bytes()).decode()
-                parts.append(f"<img alt='{esc(b[1])}' src='data:image/png;base64,{data}'>")
-            except OSError as err:
-                parts.append(f"<p>figure {esc(b[1])} could not be read: {esc(str(err.strerror or err))}</p>")
+            body = "".join("<tr>" + "".join(_td(c) for c in r) + "</tr>" for r in b[2])
+            parts.append(f"<div class='scroll'><table><tr>{head}</tr>{body}</table></div>")
+        elif kind in ("img", "fig"):
+            data = _png(run_dir, b[1])
+            caption = b[2] if kind == "fig" else Path(b[1]).stem
+            if data is None:
+                parts.append(f"<p>figure {esc(b[1])} could not be read</p>")
+            else:
+                parts.append(f"<figure><img alt='{esc(caption)}' src='data:image/png;base64,{data}'>"
+                             + (f"<figcaption>Figure: {esc(caption)}</figcaption>" if kind == "fig" else "")
+                             + "</figure>")
+        elif kind == "details":
+            parts.append(f"<details><summary>{esc(b[1])}</summary>")
+        elif kind == "/details":
+            parts.append("</details>")
     parts.append("</body></html>")
     return "\n".join(parts)
 

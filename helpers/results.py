@@ -205,3 +205,51 @@ def load_results(folder: str | os.PathLike) -> dict[str, dict]:
     for path, reason in bad:
         warnings.warn(f"skipping {path}: {reason}", stacklevel=2)
     return records_by_name(good)
+
+
+SUMMARY_PREFIX = "summary-"
+
+
+def summary(notebook: str, sentence: str, headline: Mapping, *, noise: str | None = None,
+            quiet: bool = True) -> dict[str, Any]:
+    """Record a notebook's summary for the report: what it measured and its 3-5 headline numbers.
+
+    notebook: two digits ("02"); sentence: what the notebook measured, in one sentence;
+    headline: {label: (value, unit)} with 1-6 entries, value a finite number (or a short string such
+    as a verdict) and unit a string ("TFLOP/s", "x", "%", "" for none); the label must name the
+    quantity and its condition ("fp32 matmul, best"), because the same label on a reference GPU is
+    what the report sets beside it. noise: one line on the timing spread the notebook printed
+    (e.g. "median IQR 6% of the step time"), or None when nothing was timed.
+    Writes the ordinary record `summary-<notebook>` and returns its metrics. Raises ValueError for a
+    malformed notebook number, an empty sentence, an empty or too long headline, a value that is
+    neither a finite number nor a string, or a unit that is not a string.
+    """
+    if not isinstance(notebook, str) or len(notebook) != 2 or not notebook.isdigit():
+        raise ValueError(f"notebook={notebook!r} must be a two-digit notebook number like '02'")
+    if not isinstance(sentence, str) or not sentence.strip():
+        raise ValueError("sentence must say in one non-empty sentence what the notebook measured")
+    if not isinstance(headline, Mapping) or not 1 <= len(headline) <= 6:
+        raise ValueError(f"headline must be a dict of 1 to 6 {{label: (value, unit)}}, got {headline!r:.80}")
+    rows = {}
+    for label, pair in headline.items():
+        if not isinstance(label, str) or not label.strip():
+            raise ValueError(f"headline label {label!r} must be a non-empty string")
+        if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+            raise ValueError(f"headline[{label!r}] must be (value, unit), got {pair!r:.80}")
+        value, unit = pair
+        if hasattr(value, "item") and not isinstance(value, str):
+            value = value.item()  # a tensor or numpy scalar
+        if isinstance(value, bool) or not isinstance(value, (int, float, str)) or (
+                isinstance(value, float) and not math.isfinite(value)):
+            raise ValueError(f"headline[{label!r}] value {value!r} must be a finite number or a string")
+        if not isinstance(unit, str):
+            raise ValueError(f"headline[{label!r}] unit {unit!r} must be a string ('' for none)")
+        rows[label.strip()] = {"value": value, "unit": unit}
+    if noise is not None and (not isinstance(noise, str) or not noise.strip()):
+        raise ValueError("noise must be one line of text, or None when nothing was timed")
+    metrics = {"notebook": notebook, "sentence": sentence.strip(), "headline": rows,
+               "noise": None if noise is None else noise.strip()}
+    record(SUMMARY_PREFIX + notebook, metrics, quiet=True)
+    if not quiet:
+        print(f"summary-{notebook} recorded: " + "; ".join(f"{k} {v['value']} {v['unit']}".strip() for k, v in rows.items()))
+    return metrics
