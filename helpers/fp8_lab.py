@@ -329,3 +329,40 @@ def speed_sweep(sizes, reps: int, with_torchao: bool, compile: bool) -> dict:
                     out["failed"].append(f"{group} {name} n={n}: {type(err).__name__}: {str(err).splitlines()[0][:150]}")
                 bench.release_memory()
     return out
+
+
+GPT_VARIANTS = ("bf16", "ours rowwise", "torchao rowwise")
+
+
+def gpt_steps(base: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, reps: int, compile: bool,
+              with_torchao: bool) -> dict:
+    """Milliseconds per training step (forward, backward, AdamW) of the course GPT in bf16 weights, with
+    its block linears in bf16 or FP8 rowwise (ours, torchao's); optionally under torch.compile.
+
+    Returns {variant: ms or None, "failed": [messages]}: a variant that raises (a compiler or kernel
+    refusing it) is recorded as None with its message."""
+    from . import bench
+
+    out: dict = {"failed": []}
+    for variant in GPT_VARIANTS:
+        if variant.startswith("torchao") and not with_torchao:
+            continue
+        try:
+            model = copy.deepcopy(base).to(torch.bfloat16)
+            if variant != "bf16":
+                who, recipe = variant.split()
+                fp8.convert_to_float8(model, recipe) if who == "ours" else fp8.torchao_convert(model, recipe)
+            opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+            fwd = torch.compile(model) if compile else model
+
+            def step():
+                loss = fwd(x, y)[1]
+                loss.backward()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+            out[variant] = bench.benchmark(step, reps=reps, warmup=3, device=x.device.type).ms
+        except Exception as err:  # noqa: BLE001: one refused variant must not end the section
+            out[variant] = None
+            out["failed"].append(f"GPT step {variant}: {type(err).__name__}: {str(err).splitlines()[0][:150]}")
+        bench.release_memory()
+    return out

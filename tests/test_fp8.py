@@ -266,3 +266,13 @@ def test_notebook_07_rejects_a_bad_outlier_at_once(tmp_path):
     with pytest.raises(pm.PapermillExecutionError) as err:
         _execute(path, tmp_path, OUTLIER=0)
     assert err.value.ename == "ValueError" and "OUTLIER=0" in err.value.evalue
+
+
+def test_gpt_steps_times_every_variant_or_says_why():
+    torch.manual_seed(0)
+    base = GPT(GPTConfig(n_layer=1, n_head=2, d_model=32, d_ff=64, seq_len=16))
+    x = torch.randint(0, 256, (2, 16))
+    out = fp8_lab.gpt_steps(base, x, x, reps=1, compile=False, with_torchao=False)
+    assert out["failed"] == [] and set(out) == {"failed", "bf16", "ours rowwise"}
+    assert all(out[v] > 0 for v in ("bf16", "ours rowwise"))
+    assert next(base.parameters()).dtype == torch.float32  # the base model is left as it was
