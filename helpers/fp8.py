@@ -272,13 +272,7 @@ def scaled_mm(a: torch.Tensor, b: torch.Tensor, inv_a: torch.Tensor, inv_b: torc
     return _emulated_mm(a, b, inv_a, inv_b, out_dtype)
 
 
-def blockwise_mm(qa: torch.Tensor, sa: torch.Tensor, qb: torch.Tensor, sb: torch.Tensor,
-                 block: int = 128, b_rows: int = 128, out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """y = A Bᵀ for A (M, K) in 1 x block tiles (scale sa (M, K/block)) and B (N, K) in b_rows x block
-    blocks (scale sb (N/b_rows, K/block); b_rows = block for weights, 1 for activations), as
-    DeepSeek-V3 computes it: each K-chunk of `block` is multiplied on its own, its partial sum
-    dequantised with that chunk's scales and added in fp32 (the "promotion to fp32 every 128 along
-    K"). Here each chunk's product is an fp32 matmul; the result is (M, N) in out_dtype."""
+def _emulated_blockwise_mm(qa, sa, qb, sb, block, b_rows, out_dtype):
     M, K = qa.shape
     N = qb.shape[0]
     inv_b = expand_scale(1.0 / sb, (b_rows, 1), (N, sb.shape[1]))  # (N, K/block)
@@ -287,6 +281,54 @@ def blockwise_mm(qa: torch.Tensor, sa: torch.Tensor, qb: torch.Tensor, sb: torch
         part = qa[:, k0:k0 + block].float() @ qb[:, k0:k0 + block].float().t()  # (M, N), one chunk
         out += part * (1.0 / sa[:, c:c + 1]) * inv_b[:, c][None, :]
     return out.to(out_dtype)
+
+
+BLOCKWISE_PATH: dict[tuple, str] = {}  # (device, b_rows) -> "native, scales <layout>" or "emulated: <why>"
+_SCALE_LAYOUTS = {"row-major": lambda s: s.contiguous(), "column-major": lambda s: s.t().contiguous().t()}
+
+
+def _native_blockwise_mm(qa, sa, qb, sb, b_rows, layout):
+    F = torch.nn.functional
+    rec_b = F.ScalingType.BlockWise128x128 if b_rows == 128 else F.ScalingType.BlockWise1x128
+    fix = _SCALE_LAYOUTS[layout]
+    return F.scaled_mm(qa.contiguous(), qb.contiguous().t(), fix(sa.reciprocal()), F.ScalingType.BlockWise1x128,
+                       fix(sb.reciprocal()), rec_b, output_dtype=torch.bfloat16)
+
+
+def blockwise_mm(qa: torch.Tensor, sa: torch.Tensor, qb: torch.Tensor, sb: torch.Tensor,
+                 block: int = 128, b_rows: int = 128, out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """y = A Bᵀ for A (M, K) in 1 x block tiles (scale sa (M, K/block)) and B (N, K) in b_rows x block
+    blocks (scale sb (N/b_rows, K/block); b_rows = block for weights, 1 for activations), as
+    DeepSeek-V3 computes it: each K-chunk of `block` is multiplied on its own, its partial sum
+    dequantised with that chunk's scales and added in fp32 (the "promotion to fp32 every 128 along
+    K"). Emulated with one fp32 matmul per chunk; the result is (M, N) in out_dtype.
+
+    On CUDA, torch.nn.functional.scaled_mm's blockwise recipes are tried once per (device, b_rows):
+    a layout is kept only if it reproduces the emulation to bf16 rounding (2**-7 of the output's largest
+    value); otherwise the emulation is used, and `BLOCKWISE_PATH` says which path ran and why.
+    """
+    key = (qa.device.type, b_rows)
+    native = (qa.is_cuda and block == 128 and not _EMULATE[-1] and hasattr(torch.nn.functional, "scaled_mm")
+              and qa.shape[1] % 128 == 0 and not BLOCKWISE_PATH.get(key, "").startswith("emulated"))
+    if native and key in BLOCKWISE_PATH:
+        return _native_blockwise_mm(qa, sa, qb, sb, b_rows, BLOCKWISE_PATH[key].split()[-1]).to(out_dtype)
+    ref = _emulated_blockwise_mm(qa, sa, qb, sb, block, b_rows, out_dtype)
+    if native:
+        why = "no scale layout matched the emulation"
+        for layout in _SCALE_LAYOUTS:
+            try:
+                y = _native_blockwise_mm(qa, sa, qb, sb, b_rows, layout).float()
+            except (RuntimeError, ValueError, NotImplementedError) as err:
+                why = str(err).splitlines()[0][:150]
+                continue
+            if (y - ref.float()).abs().max() <= 2.0 ** -7 * ref.float().abs().max():
+                BLOCKWISE_PATH[key] = f"native, scales {layout}"
+                return y.to(out_dtype)
+        BLOCKWISE_PATH[key] = f"emulated: {why}"
+    elif key not in BLOCKWISE_PATH:
+        BLOCKWISE_PATH[key] = "emulated: " + ("torch.nn.functional.scaled_mm's blockwise recipes need CUDA"
+                                              if not qa.is_cuda else "K is not a multiple of 128, or emulation asked for")
+    return ref
 
 
 # ---------------------------------------------------------------- the layer

@@ -123,6 +123,7 @@ def test_blockwise_mm_equals_float64_reference_of_the_same_operands():
     a64 = qa.double() / fp8.expand_scale(sa.double(), (1, 128), a.shape)
     w64 = qw.double() / fp8.expand_scale(sw.double(), (128, 128), w.shape)
     torch.testing.assert_close(got.double(), a64 @ w64.t(), rtol=1e-5, atol=1e-5)  # fp32 sums of 128 products
+    assert fp8.BLOCKWISE_PATH[("cpu", 128)].startswith("emulated: ")  # the path taken is reported, with why
 
 
 def test_quantise_orders_recipes_on_an_outlier():
