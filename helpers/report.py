@@ -157,13 +157,13 @@ def _ledger_blocks(mine: dict, refs: dict, problems: list) -> tuple[list[Block],
         return blocks + [("p", "No notebook recorded a verdict on a claim in this run (helpers.claims.verdict), "
                                "and no reference GPU holds one.")], shown
     header = ["notebook", "claim", "source", "measured here", "verdict here", "device here"]
-    header += [f"on {gpu}: measured; verdict" for gpu in ref_rows]
+    header += [f"verdict on {gpu}; measured there" for gpu in ref_rows]
     table = []
     for r in sorted(rows.values(), key=lambda r: (str(r["notebook"]), str(r["id"]))):
         here = ([r["measured"], _verdict_text(r), _text(r.get("device"))] if r["verdict"] is not None
                 else ["not run here", "", ""])
         table.append([r["notebook"], r["claim"], r.get("source", "") or "?"] + here
-                     + [f"{g[r['id']].get('measured', '?')}; {_verdict_text(g[r['id']])}" if r["id"] in g
+                     + [f"{_verdict_text(g[r['id']])}; measured {g[r['id']].get('measured', '?')}" if r["id"] in g
                         else "not recorded there" for g in ref_rows.values()])
     refs_note = (" Beside it, the same claim's measurement and verdict on each reference GPU in results/<gpu>/."
                  if ref_rows else " No reference GPU in results/<gpu>/ has recorded a verdict yet.")
@@ -358,7 +358,7 @@ def build_blocks(run_dir: Path, outcomes: Iterable, references: Path, profile: s
         blocks += _notebook_blocks(stem, executed.get(stem), by_outcome.get(stem),
                                    summaries.get(number) if number.isdigit() else None, run_dir, problems)
     raw = [(n, r) for n, r in mine.items() if n not in in_ledger and not n.startswith(SUMMARY_PREFIX)]
-    blocks += [("details", f"Appendix: raw metrics of every record ({len(raw)} records)")]
+    blocks += [("details", f"Appendix: raw metrics of every record ({len(raw)} record{'' if len(raw) == 1 else 's'})")]
     if not raw:
         blocks.append(("p", "No notebook recorded a result in this run."))
     if refs:

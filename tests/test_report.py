@@ -161,8 +161,8 @@ def test_ledger_lists_every_verdict_with_source_and_device_beside_the_reference(
     here = device_name()
     assert (f"| 02 | a universal 1.7x gap | the second source text | ratio 0.9-1.1 | not testable (nothing is "
             f"memory-bound here) | {here} | not recorded there |") in ledger
-    assert f"| 03 | 2x faster | a paper | 1.1x | contradicted | {here} | 1.9x; supported |" in ledger
-    assert "| 07 | FP8 2x | a paper | not run here |  |  | 1.6x; contradicted |" in ledger  # only the reference tested it
+    assert f"| 03 | 2x faster | a paper | 1.1x | contradicted | {here} | supported; measured 1.9x |" in ledger
+    assert "| 07 | FP8 2x | a paper | not run here |  |  | contradicted; measured 1.6x |" in ledger  # only the reference tested it
     assert text.index("## Claims ledger") < text.index("## Notebooks")  # at the top
     assert "claim-half.json | a claim record without id" in text and "### claim-speed" not in text
 
