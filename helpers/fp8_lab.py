@@ -366,3 +366,21 @@ def gpt_steps(base: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, reps: int
             out["failed"].append(f"GPT step {variant}: {type(err).__name__}: {str(err).splitlines()[0][:150]}")
         bench.release_memory()
     return out
+
+
+def linear_profile(n: int, recipe: str, device: str, trace_dir=None):
+    """torch.profiler evidence for where an FP8 linear's time goes: our Float8Linear (bf16, n→n, n tokens)
+    forward + backward with `recipe`; a `helpers.profiling.Profile` (top ops by self time, trace saved)."""
+    from . import profiling
+
+    lin = torch.nn.Sequential(torch.nn.Linear(n, n, bias=False, device=device, dtype=torch.bfloat16))
+    fp8.convert_to_float8(lin, recipe)
+    x = torch.randn(n, n, device=device, dtype=torch.bfloat16, requires_grad=True)
+    g = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    return profiling.profile(lambda: lin(x).backward(g), steps=3, name=f"fp8-linear-{recipe}-{n}", trace_dir=trace_dir)
+
+
+def cast_share(prof) -> float:
+    """Share of the profiled self time spent outside the fp8 matmul kernels (casts, amax, scaling)."""
+    mm = sum(share for op, _, _, share in prof.rows if "scaled_mm" in op or "gemm" in op.lower() or "cutlass" in op.lower())
+    return 1.0 - mm

@@ -277,3 +277,10 @@ def test_gpt_steps_times_every_variant_or_says_why():
     assert out["failed"] == [] and set(out) == {"failed", "bf16", "ours rowwise"}
     assert all(out[v] > 0 for v in ("bf16", "ours rowwise"))
     assert next(base.parameters()).dtype == torch.float32  # the base model is left as it was
+
+
+def test_linear_profile_attributes_time_to_ops(tmp_path):
+    prof = fp8_lab.linear_profile(64, "rowwise", "cpu", trace_dir=tmp_path)
+    ops = [row[0] for row in prof.rows]
+    assert any("scaled_mm" in op for op in ops) and prof.trace_path.exists()
+    assert 0.0 <= fp8_lab.cast_share(prof) < 1.0
