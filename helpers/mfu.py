@@ -335,14 +335,15 @@ def projection_takeaway(config: GPTConfig, points: Sequence[dict], backward: boo
 def intensity_bounds(config: GPTConfig, batch_size: int, seq_len: int, bytes_per_element: int) -> dict:
     """Forward arithmetic intensity (FLOP/B) of a block's parts, from two byte models.
 
-    "attention_core": (low, high) per head: low if every intermediate goes to memory as the naive kernel
-    does (q, k, v read, output written, plus 8 passes over the T x T scores: write, scale, mask, softmax,
-    read for x V), high with compulsory traffic only (q, k, v read, output written: a fused kernel).
+    "attention_core": (low, high) per head: low if every intermediate goes to memory as the course's naive
+    kernel does (q, k, v read, output written; q scaled first, one read and one write of T x hd; then 6
+    passes over the T x T scores: write, mask read+write, softmax read+write, read for x V), high with
+    compulsory traffic only (q, k, v read, output written: a fused kernel).
     "mlp_up" and "q_proj": the GEMM (B·T x d) @ (d x n), reading both operands and writing the result once.
     """
     T, hd, s = seq_len, config.head_dim, bytes_per_element
     core_flops = 4 * T * T * hd
-    core = (core_flops / (s * (4 * T * hd + 8 * T * T)), core_flops / (s * 4 * T * hd))
+    core = (core_flops / (s * (6 * T * hd + 6 * T * T)), core_flops / (s * 4 * T * hd))
 
     def gemm(m, k, n):
         return 2 * m * k * n / (s * (m * k + k * n + m * n))

@@ -182,12 +182,13 @@ def test_projection_takeaway_says_the_attention_half_is_mostly_projections():
 
 
 def test_intensity_bounds_by_hand():
-    cfg = GPTConfig(n_layer=1, n_head=1, d_model=64, d_ff=256, seq_len=64)
-    b = mfu.intensity_bounds(cfg, 1, 64, 4)
+    cfg = GPTConfig(n_layer=1, n_head=1, d_model=64, d_ff=256, seq_len=128)
+    b = mfu.intensity_bounds(cfg, 1, 128, 4)
     lo, hi = b["attention_core"]
-    assert lo == pytest.approx(4 * 64**3 / (4 * (4 * 64 * 64 + 8 * 64 * 64)))  # 16/3 FLOP/B
-    assert hi == pytest.approx(64 / 4)  # T / bytes per element
-    assert b["mlp_up"] == pytest.approx(2 * 64 * 64 * 256 / (4 * (64 * 64 + 64 * 256 + 64 * 256)))
+    # q, k, v, o and q's scaling (6 T x hd) plus 6 passes over the T x T scores, 4 bytes each
+    assert lo == pytest.approx(4 * 128**2 * 64 / (4 * (6 * 128 * 64 + 6 * 128 * 128)))  # 64/9 FLOP/B
+    assert hi == pytest.approx(128 / 4)  # T / bytes per element
+    assert b["mlp_up"] == pytest.approx(2 * 128 * 64 * 256 / (4 * (128 * 64 + 64 * 256 + 128 * 256)))
 
 
 @pytest.mark.parametrize("ridge, words", [(5.0, "nothing in this sweep is memory-bound"),
