@@ -137,9 +137,10 @@ def quant_panel(recipe: str, block: int, log2_outlier: int, *, x: torch.Tensor):
     draw the histogram. Returns the error stats."""
     planted = plant_outlier(x, 2.0 ** log2_outlier) if log2_outlier > 0 else x
     stats = error_rows({"x": planted}, (recipe,), block, {"x": planted != x})[0]
-    tile = f", tiles of 1x{block}" if recipe == "blockwise" else (", blocks of 32" if recipe == "mx" else "")
-    print(f"recipe={recipe}{tile}, outlier=2^{log2_outlier} x amax: ordinary entries' per-row relative error "
-          f"{stats['row_rel_error']:.4f} (SNR {stats['row_snr_db']:.1f} dB)")
+    used = {"blockwise": f"tiles of 1x{block}", "mx": "MX blocks of 32"}.get(recipe, "one scale per " +
+                                                                           ("tensor" if recipe == "tensorwise" else "row"))
+    print(f"recipe={recipe}, block={block} ({used}), log2_outlier={log2_outlier}: ordinary entries' per-row "
+          f"relative error {stats['row_rel_error']:.4f} (SNR {stats['row_snr_db']:.1f} dB)")
     outlier_histogram(planted, title=f"outlier 2^{log2_outlier} × amax")
     return stats
 

@@ -247,7 +247,8 @@ def test_quant_panel_is_a_plain_callback(capsys):
     a = fp8_lab.quant_panel("blockwise", 64, 12, x=x)
     b = fp8_lab.quant_panel("tensorwise", 64, 12, x=x)
     out = capsys.readouterr().out
-    assert "recipe=blockwise, tiles of 1x64, outlier=2^12" in out and "recipe=tensorwise, outlier=2^12" in out
+    assert "recipe=blockwise, block=64 (tiles of 1x64), log2_outlier=12" in out
+    assert "recipe=tensorwise, block=64 (one scale per tensor), log2_outlier=12" in out
     assert b["row_rel_error"] > a["row_rel_error"]
 
 
