@@ -16,7 +16,8 @@ reciprocal, amax / fp8 max, as the dequantisation factor: the same number, inver
   1x128 tiles for activations and gradients, 128x128 blocks for weights), `mx` (OCP MX: 32-element
   blocks sharing a power-of-two e8m0 scale; numerics only).
 * `scaled_mm`: torch._scaled_mm where the device accepts it (CUDA sm_89+; the CPU in torch 2.13), else
-  an fp32 emulation; `blockwise_mm`: the K-chunked product with fp32 promotion every 128 along K.
+  an fp32 emulation; `blockwise_mm`: the K-chunked product with fp32 promotion every 128 along K
+  (on CUDA, torch.nn.functional.scaled_mm's blockwise recipes once they have matched it).
 * `Float8Linear`, `convert_to_float8`: the layer and the model swap (LM head and shapes that are not
   multiples of 16 skipped and reported).
 
