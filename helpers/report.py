@@ -261,7 +261,8 @@ SKIP_SECTIONS = ("Play with it", "Exercises")   # figures there are the learner'
 
 
 def _captions(notebook: Path) -> dict[int, str]:
-    """{cell index: caption} from the section heading each code cell sits under, and its code cell number."""
+    """{cell index: caption} from the section heading each code cell sits under, and its code cell number
+    as JupyterLab labels it (papermill's injected-parameters cell not counted)."""
     import nbformat
 
     out, heading, code_no = {}, "", 0
@@ -275,6 +276,8 @@ def _captions(notebook: Path) -> dict[int, str]:
                 if line.startswith("## ") or line.startswith("### "):
                     heading = line.lstrip("#").strip()
         elif cell.cell_type == "code":
+            if "injected-parameters" in cell.get("metadata", {}).get("tags", []):
+                continue  # papermill's cell: not in the notebook a learner opens
             code_no += 1
             out[i] = f"{heading} (code cell {code_no})" if heading else f"code cell {code_no}"
     return out

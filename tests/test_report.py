@@ -122,6 +122,7 @@ def _course_run(tmp_path, monkeypatch):
     results.record("mfu_train_step", {"tflops": 0.5}, quiet=True)
     (run_dir / "notebooks").mkdir()
     cells = [nbformat.v4.new_markdown_cell("# 02 · FLOPs and MFU"), nbformat.v4.new_markdown_cell("## Measure it: MFU"),
+             new_code_cell("PROFILE = 'smoke'", metadata={"tags": ["injected-parameters"]}),
              new_code_cell("plot()", outputs=[new_output("display_data", data={"image/png": REAL_PNG})]),
              nbformat.v4.new_markdown_cell("## Play with it"),
              new_code_cell("panel()", outputs=[new_output("display_data", data={"image/png": REAL_PNG})])]
