@@ -219,3 +219,23 @@ def test_summary_refuses_what_the_report_cannot_show(args, match, tmp_path, monk
     with pytest.raises(ValueError, match=match):
         results.summary(*args)
     assert not list(tmp_path.iterdir())
+
+
+SUMMARISED = ["00", "01", "02", "03", "04", "05"]  # 06 and 07: add them here once their takeaways call summary
+
+
+@pytest.mark.parametrize("number", SUMMARISED)
+def test_notebook_records_its_summary_in_its_takeaways(number):
+    import re
+
+    (path,) = (Path(__file__).resolve().parents[1] / "notebooks").glob(f"{number}_*.ipynb")
+    cells = nbformat.read(path, as_version=4).cells
+    takeaways = next(i for i, c in enumerate(cells) if c.cell_type == "markdown" and c.source.startswith("## Takeaways"))
+    calls = [re.findall(r'(?<!check\.)\b(?:record_)?summary\("(\d\d)"', c.source) for c in cells[takeaways:] if c.cell_type == "code"]
+    assert [n for found in calls for n in found] == [number], f"{path.name}: one results.summary call after '## Takeaways'"
+
+
+def test_notebook_02_records_its_verdict_on_the_gap():
+    (path,) = (Path(__file__).resolve().parents[1] / "notebooks").glob("02_*.ipynb")
+    code = "".join(c.source for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code")
+    assert 'claims.verdict("attention-mlp-gap", notebook="02"' in code
