@@ -187,6 +187,10 @@ def _summaries(mine: dict, problems: list) -> dict[str, dict]:
         m = rec["metrics"]
         if isinstance(m.get("notebook"), str) and isinstance(m.get("headline"), dict) and all(
                 isinstance(v, dict) and "value" in v for v in m["headline"].values()):
+            if m["notebook"] in out:  # a second file for the same notebook: named, not silently dropped
+                problems.append((rec["_file"], f"a second summary of notebook {m['notebook']}; the report shows "
+                                               f"{out[m['notebook']]['_record']}"))
+                continue
             out[m["notebook"]] = {**m, "_record": name}
         else:
             problems.append((rec["_file"], "a summary record without notebook, sentence and headline {label: value, unit}"))

@@ -152,6 +152,9 @@ REAL_PNG = _png_bytes()
 def test_ledger_lists_every_verdict_with_source_and_device_beside_the_reference(tmp_path, monkeypatch):
     run_dir = _course_run(tmp_path, monkeypatch)
     _rec(run_dir / "results", "claim-half", {"id": "half"})
+    _rec(run_dir / "results", "summary-09", {"notebook": "09", "headline": [1, 2]})
+    (run_dir / "results" / "summary-02-copy.json").write_text(
+        (run_dir / "results" / "summary-02.json").read_text())
     refs = tmp_path / "refs"
     _rec(refs / "nvidia-h200", "claim-speed", {**CLAIM, "measured": "1.9x", "verdict": "supported"})
     _rec(refs / "nvidia-h200", "claim-fp8", {**CLAIM, "id": "fp8", "notebook": "07", "claim": "FP8 2x",
@@ -166,6 +169,8 @@ def test_ledger_lists_every_verdict_with_source_and_device_beside_the_reference(
     assert "| 07 | FP8 2x | a paper | not run here |  |  | contradicted; measured 1.6x |" in ledger  # only the reference tested it
     assert text.index("## Claims ledger") < text.index("## Notebooks")  # at the top
     assert "claim-half.json | a claim record without id" in text and "### claim-speed" not in text
+    assert "summary-09.json | a summary record without notebook" in text
+    assert "summary-02-copy.json | a second summary of notebook 02; the report shows summary-02 |" in text
 
 
 def test_headline_numbers_matched_to_references_by_record_name(tmp_path, monkeypatch):
