@@ -149,27 +149,36 @@ def mx(x: torch.Tensor, dtype: torch.dtype = E4M3, block: int = MX_BLOCK) -> tup
     return q[..., :K], scale
 
 
+def element_scales(x: torch.Tensor, recipe: str, dtype: torch.dtype = E4M3, block: int = 128
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """A recipe's fp8 tensor and its scale repeated to one entry per element, for x viewed as (M, K).
+
+    recipe: one of NUMERIC_RECIPES; `block` is the blockwise tile width (1 x block); MX always uses 32.
+    Returns (q (M, K) fp8, scale (M, K) fp32), so that x ≈ q / scale elementwise.
+    """
+    x2 = x.reshape(-1, x.shape[-1]).float()
+    if recipe == "tensorwise":
+        q, s = tensorwise(x2, dtype)
+    elif recipe == "rowwise":
+        q, s = rowwise(x2, -1, dtype)
+    elif recipe == "blockwise":
+        q, s = blockwise(x2, (1, block), dtype)
+        s = expand_scale(s, (1, block), x2.shape)
+    elif recipe == "mx":
+        q, s = mx(x2, dtype)
+        s = s.repeat_interleave(MX_BLOCK, -1)[..., :x2.shape[-1]]
+    else:
+        raise ValueError(f"recipe={recipe!r}; choose one of {', '.join(map(repr, NUMERIC_RECIPES))}")
+    return q, s.expand_as(x2)
+
+
 def quantise(x: torch.Tensor, recipe: str, dtype: torch.dtype = E4M3, block: int = 128) -> torch.Tensor:
     """x quantised with a recipe and dequantised back to fp32 (x's shape): what the matmul effectively sees.
 
     recipe: one of NUMERIC_RECIPES; `block` is the blockwise tile width (1 x block); MX always uses 32.
     """
-    x2 = x.reshape(-1, x.shape[-1]).float()
-    if recipe == "tensorwise":
-        q, s = tensorwise(x2, dtype)
-        out = q.float() / s
-    elif recipe == "rowwise":
-        q, s = rowwise(x2, -1, dtype)
-        out = q.float() / s
-    elif recipe == "blockwise":
-        q, s = blockwise(x2, (1, block), dtype)
-        out = q.float() / expand_scale(s, (1, block), x2.shape)
-    elif recipe == "mx":
-        q, s = mx(x2, dtype)
-        out = q.float() / s.repeat_interleave(MX_BLOCK, -1)[..., :x2.shape[-1]]
-    else:
-        raise ValueError(f"recipe={recipe!r}; choose one of {', '.join(map(repr, NUMERIC_RECIPES))}")
-    return out.reshape(x.shape)
+    q, s = element_scales(x, recipe, dtype, block)
+    return (q.float() / s).reshape(x.shape)
 
 
 def error_stats(x: torch.Tensor, xq: torch.Tensor) -> dict[str, float]:

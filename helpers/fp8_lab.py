@@ -134,14 +134,34 @@ def outlier_histogram(x: torch.Tensor, ax=None, title: str = ""):
 def quant_panel(recipe: str, block: int, log2_outlier: int, *, x: torch.Tensor):
     """The instructor panel's callback: plant an outlier channel of 2**log2_outlier × amax into x (0: none),
     quantise with `recipe` (blockwise tiles of 1 × block), print the error of the ordinary entries and
-    draw the histogram. Returns the error stats."""
+    draw (left) where the scaled values |x·scale| land on E4M3's range and (right) each row's error.
+    Returns the error stats."""
+    from . import plots
+
     planted = plant_outlier(x, 2.0 ** log2_outlier) if log2_outlier > 0 else x
-    stats = error_rows({"x": planted}, (recipe,), block, {"x": planted != x})[0]
+    keep = planted == x
+    stats = error_rows({"x": planted}, (recipe,), block, {"x": ~keep})[0]
     used = {"blockwise": f"tiles of 1x{block}", "mx": "MX blocks of 32"}.get(recipe, "one scale per " +
                                                                            ("tensor" if recipe == "tensorwise" else "row"))
-    print(f"recipe={recipe}, block={block} ({used}), log2_outlier={log2_outlier}: ordinary entries' per-row "
-          f"relative error {stats['row_rel_error']:.4f} (SNR {stats['row_snr_db']:.1f} dB)")
-    outlier_histogram(planted, title=f"outlier 2^{log2_outlier} × amax")
+    label = f"recipe={recipe}, block={block} ({used}), log2_outlier={log2_outlier}"
+    print(f"{label}: ordinary entries' per-row relative error {stats['row_rel_error']:.4f} "
+          f"(SNR {stats['row_snr_db']:.1f} dB)")
+    q, s = fp8.element_scales(planted, recipe, block=block)
+    fig, (ax1, ax2) = plots.figure(ncols=2, figsize=(11, 3.8))
+    y = (planted.abs() * s)[keep & (planted != 0)].cpu()
+    ax1.hist(y.log2().numpy(), bins=100, color=plots.COLORS[0], alpha=0.7, label="ordinary entries")
+    f = fp8.facts(fp8.E4M3)
+    for v, name, c in ((f.max, "e4m3 max", 1), (f.smallest_normal, "subnormal below", 3),
+                       (f.underflow_threshold, "rounds to 0 below", 4)):
+        ax1.axvline(math.log2(v), ls="--", color=plots.COLORS[c], label=name)
+    ax1.set(xlabel="log2 |x · scale| (what is cast)", ylabel="entries", yscale="log")
+    ax1.legend(fontsize=8)
+    x2, d2 = (planted * keep).reshape(-1, x.shape[-1]), ((planted - q.float().reshape(planted.shape) / s.reshape(planted.shape)) * keep)
+    row_err = (d2.reshape(x2.shape).norm(dim=-1) / x2.norm(dim=-1).clamp(min=1e-30)).cpu()
+    ax2.plot(row_err.numpy(), lw=0.8, color=plots.COLORS[2])
+    ax2.set(xlabel="row (token)", ylabel="relative error of the row", yscale="log")
+    fig.suptitle(label, fontsize=10)
+    fig.tight_layout()
     return stats
 
 
