@@ -62,6 +62,9 @@ ESTIMATES: dict[str, tuple[float, str]] = {
                  "a step, ~10 ms, ~15 s of steps in all plus fp32 variants at ~1/15 the rate"),
     "04": (50.0, "checkpointing strategies on a gpt2-size model: a few dozen steps each, memory probes"),
     "05": (40.0, "micro-batch sweep of a small model: seconds of GPU work; start-up dominates"),
+    "07": (120.0, "bf16 vs fp8 matmul sweeps up to 8192^3 (1.1e12 FLOPs each, ~2 ms in fp8), the linear "
+                  "forward+backward per recipe, a short GPT training per recipe, and torch.compile of the GPT "
+                  "step in bf16 and fp8 (cold compiles, ~30 s each on 16 cores): mostly compile time"),
     "06": (180.0, "Triton autotuning and compilation of forward and backward at d=128 (~1-2 min cold on 16 "
                   "cores); speed sweep N=512..16384 at 16k tokens: 3.5 x 4BHN^2d ~ 8e12 FLOPs at N=16384, "
                   "~20 ms per fwd+bwd at 400 TFLOP/s, x 6 implementations x 13 calls; memory wall to 131k "
@@ -124,6 +127,7 @@ class Packer:
             with tarfile.open(tmp, "w:gz") as tar:
                 for path, arcname in self.packs[k]:
                     tar.add(path, arcname=arcname)
+            os.chmod(tmp, 0o644)
             os.replace(tmp, target)
         finally:
             if os.path.exists(tmp):
@@ -270,7 +274,10 @@ def gpu_facts() -> dict[str, str]:
 # ---------------------------------------------------------------- importing what came back
 
 def _slug(device: str) -> str:
-    return "".join(c if c.isalnum() else "-" for c in device.lower()).strip("-").replace("--", "-")
+    """'NVIDIA H200' -> 'nvidia-h200', any CPU -> 'cpu' (as results.device_slug names this machine's folder)."""
+    if device.startswith("CPU"):
+        return "cpu"
+    return "-".join(filter(None, "".join(c if c.isalnum() else "-" for c in device.lower()).split("-")))
 
 
 def import_packs(packs: list[Path], into: Path = REPO_ROOT / "results") -> Path:
