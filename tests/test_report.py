@@ -226,7 +226,7 @@ def test_summary_refuses_what_the_report_cannot_show(args, match, tmp_path, monk
     assert not list(tmp_path.iterdir())
 
 
-SUMMARISED = ["00", "01", "02", "03", "04", "05", "07"]  # 06: add it here once its takeaways call summary
+SUMMARISED = ["00", "01", "02", "03", "04", "05", "06", "07"]
 
 
 @pytest.mark.parametrize("number", SUMMARISED)
