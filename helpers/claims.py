@@ -4,7 +4,7 @@ A notebook that tests a claim (from the source texts or a paper) records one ver
 
     claims.verdict("attention-mlp-gap", notebook="02",
                    claim="attention runs at ~45% efficiency and the MLP at ~75-80%: a universal ~1.7x gap",
-                   source="the second source text, section 5",
+                   source="a Japanese blog post on LLM scaling laws",
                    measured=f"MLP/attention efficiency ratio {lo:.2f}-{hi:.2f}", value=median, unit="x",
                    verdict="contradicted" if ... else "supported", reason="...")
 
