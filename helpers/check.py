@@ -125,7 +125,7 @@ def _unanswered(answer: Any) -> bool:
 def how_far(given: float, expected: float) -> str:
     """Say how far `given` is from `expected` in a band of words, without revealing `expected`."""
     if expected == 0:
-        return "the answer is not this: think about which terms cancel"
+        return "too high" if given > 0 else "too low"
     if given == 0:
         return "zero is not the answer"
     if (given > 0) != (expected > 0):
@@ -217,7 +217,7 @@ def compare(got: Any, want: Any, rtol: float, atol: float, names: Sequence[str] 
                 return f"[{key!r}]: {why}"
         return None
     if isinstance(want, str) or isinstance(want, bool) or want is None:
-        return None if got == want else f"expected {type(want).__name__} {want!r}-like answer, got {describe(got)}"
+        return None if got == want else f"got {describe(got)}, which is not what a correct version returns here"
     if isinstance(want, torch.Tensor) and not isinstance(got, torch.Tensor):
         return f"expected a tensor of shape {tuple(want.shape)}, got {describe(got)}"
     try:

@@ -153,7 +153,7 @@ check.register(
     hint="inf, -inf and NaN all make a step unusable; the tracker counts clean steps since the scale last "
          "changed, so it restarts whenever the scale changes; the clean step that brings the count to "
          "growth_interval is the one that grows the scale",
-    solution=gradscaler_update, cases=_cases,
+    solution=gradscaler_update, cases=_cases, outputs=("take_step", "new_scale", "new_tracker"),
     wrong=(_never_resets, _grows_one_late, _backs_off_but_steps, _misses_nan),
     rtol=1e-6, atol=0.0,
     tolerance="scale to rtol 1e-6 (GradScaler keeps it in fp32, a Python float is fp64), "

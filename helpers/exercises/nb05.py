@@ -149,6 +149,7 @@ register(
     solution=one_batch_reference,
     cases=_cases,
     run=_run,
+    outputs=("the loss you returned", "the gradients left in .grad"),
     wrong=(_mean_of_means, _no_zero_grad, _no_skip),
     rtol=1e-5, atol=1e-6,
     tolerance="rtol=1e-5, atol=1e-6: fp32, the sums only happen in another order",
