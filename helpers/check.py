@@ -376,25 +376,3 @@ if __name__ == "__main__":  # run through the package's module, which the exerci
     from helpers.check import main as _main
 
     raise SystemExit(_main())
-
-
-# ---------------------------------------------------------------- the old checkers (removed once 00-06 moved over)
-
-def check_close(name: str, answer: Any, expected: float, *, rtol: float = 1e-2, hint: str = "") -> None:
-    """Deprecated: carries the expected value in the notebook. Use `exercise`."""
-    if _unanswered(answer):
-        _say(name, "TODO", "not answered yet (replace the ...)", hint)
-    else:
-        ex = Exercise(name, "value", "", hint, lambda: expected, rtol=rtol)
-        _check_value(ex, answer)
-
-
-def check_equal(name: str, answer: Any, expected: Any, *, hint: str = "") -> None:
-    """Deprecated: carries the expected value in the notebook. Use `exercise`."""
-    if _unanswered(answer):
-        _say(name, "TODO", "not answered yet (replace the ...)", hint)
-    elif (answer.strip().lower() == expected.strip().lower() if isinstance(answer, str) and isinstance(expected, str)
-          else answer == expected):
-        _say(name, "PASS", f"{answer!r} is right")
-    else:
-        _say(name, "FAIL", f"you gave {answer!r}", hint)
