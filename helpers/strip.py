@@ -9,10 +9,11 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import tempfile
 from pathlib import Path
 
 import nbformat
+
+from .results import write_atomic
 
 # metadata that a run adds and the repository does not keep
 NOTEBOOK_KEYS = ("widgets", "papermill")
@@ -41,10 +42,7 @@ def strip_file(path: str | os.PathLike, *, check: bool = False) -> bool:
     if after == before:
         return False
     if not check:
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(after)
-        os.replace(tmp, path)
+        write_atomic(path, after, fsync=False)
     return True
 
 
