@@ -234,16 +234,35 @@ def gpt_parity(base: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, recipe: 
 
 # ---------------------------------------------------------------- training
 
+def _convert(model: torch.nn.Module, variant: str) -> dict | None:
+    """Convert `model` in place for a variant "ours <recipe>" or "torchao <recipe>"; "fp32"/"bf16" leave it.
+
+    Returns our `convert_to_float8` report for "ours", else None."""
+    if variant in ("fp32", "bf16"):
+        return None
+    who, recipe = variant.split()
+    if who == "ours":
+        return fp8.convert_to_float8(model, recipe)
+    fp8.torchao_convert(model, recipe)
+    return None
+
+
+def _bf16_linear(n: int, variant: str, device: str):
+    """A bias-free bf16 linear n→n converted for `variant`, an input (n, n) needing grad, and an output gradient."""
+    lin = torch.nn.Sequential(torch.nn.Linear(n, n, bias=False, device=device, dtype=torch.bfloat16))
+    _convert(lin, variant)
+    x = torch.randn(n, n, device=device, dtype=torch.bfloat16, requires_grad=True)
+    return lin, x, torch.randn(n, n, device=device, dtype=torch.bfloat16)
+
+
 def make_variant(base: torch.nn.Module, variant: str) -> tuple[torch.nn.Module, str]:
     """A deep copy of `base` converted for `variant` (one of TRAIN_VARIANTS); and what was converted."""
     model = copy.deepcopy(base)
     if variant == "fp32":
         return model, "nothing (the baseline)"
-    who, recipe = variant.split()
-    if who == "ours":
-        rep = fp8.convert_to_float8(model, recipe)
+    rep = _convert(model, variant)
+    if rep is not None:
         return model, f"{len(rep['converted'])} linears; skipped {', '.join(rep['skipped']) or 'none'}"
-    fp8.torchao_convert(model, recipe)
     n = sum(type(m).__name__ == "Float8Linear" for m in model.modules())
     return model, f"{n} linears (torchao); skipped lm_head"
 
@@ -309,16 +328,8 @@ def linear_tflops(n: int, variant: str, reps: int, compile: bool = False, device
     variant "bf16", "ours tensorwise", "ours rowwise", "torchao tensorwise" or "torchao rowwise"."""
     from . import bench
 
-    lin = torch.nn.Sequential(torch.nn.Linear(n, n, bias=False, device=device, dtype=torch.bfloat16))
-    if variant != "bf16":
-        who, recipe = variant.split()
-        if who == "ours":
-            fp8.convert_to_float8(lin, recipe)
-        else:
-            fp8.torchao_convert(lin, recipe)
+    lin, x, g = _bf16_linear(n, variant, device)
     model = torch.compile(lin) if compile else lin
-    x = torch.randn(n, n, device=device, dtype=torch.bfloat16, requires_grad=True)
-    g = torch.randn(n, n, device=device, dtype=torch.bfloat16)
 
     def step():
         model(x).backward(g)
@@ -370,9 +381,7 @@ def gpt_steps(base: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, reps: int
             continue
         try:
             model = copy.deepcopy(base).to(torch.bfloat16)
-            if variant != "bf16":
-                who, recipe = variant.split()
-                fp8.convert_to_float8(model, recipe) if who == "ours" else fp8.torchao_convert(model, recipe)
+            _convert(model, variant)
             opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
             fwd = torch.compile(model) if compile else model
 
@@ -394,10 +403,7 @@ def linear_profile(n: int, recipe: str, device: str, trace_dir=None):
     forward + backward with `recipe`; a `helpers.profiling.Profile` (top ops by self time, trace saved)."""
     from . import profiling
 
-    lin = torch.nn.Sequential(torch.nn.Linear(n, n, bias=False, device=device, dtype=torch.bfloat16))
-    fp8.convert_to_float8(lin, recipe)
-    x = torch.randn(n, n, device=device, dtype=torch.bfloat16, requires_grad=True)
-    g = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    lin, x, g = _bf16_linear(n, f"ours {recipe}", device)
     return profiling.profile(lambda: lin(x).backward(g), steps=3, name=f"fp8-linear-{recipe}-{n}", trace_dir=trace_dir)
 
 
