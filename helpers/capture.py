@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
+import io
 import json
 import os
 import signal
@@ -40,7 +41,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+from .results import REPO_ROOT, write_atomic
+
 NOTEBOOKS_DIR = REPO_ROOT / "notebooks"
 PACK_LIMIT = 12 * 2**20   # bytes per pack; the device tool returns files of up to 16 MiB
 MAX_PACKS = 6             # with capture.log and gpu.txt: the tool's 8 files
@@ -120,19 +122,11 @@ class Packer:
         self.packs: list[list[tuple[Path, str]]] = [[]]  # per pack: (file, name inside the archive)
 
     def _write(self, k: int) -> Path:
-        target = self.out / f"capture-{k + 1}.tgz"
-        fd, tmp = tempfile.mkstemp(dir=self.out, prefix=f".{target.name}.")
-        os.close(fd)
-        try:
-            with tarfile.open(tmp, "w:gz") as tar:
-                for path, arcname in self.packs[k]:
-                    tar.add(path, arcname=arcname)
-            os.chmod(tmp, 0o644)
-            os.replace(tmp, target)
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-        return target
+        buf = io.BytesIO()  # a pack is at most about `limit` bytes, so it is built in memory
+        with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+            for path, arcname in self.packs[k]:
+                tar.add(path, arcname=arcname)
+        return write_atomic(self.out / f"capture-{k + 1}.tgz", buf.getvalue(), mode=0o644)  # readable by all
 
     def add(self, files: list[tuple[Path, str]], manifest: dict) -> Path:
         """Add one notebook's files (and the updated manifest) to the current pack, or start a new one."""

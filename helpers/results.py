@@ -78,18 +78,22 @@ def device_name() -> str:
     return f"CPU: {cpu_model()}"
 
 
-def write_atomic(path: str | os.PathLike, data: str | bytes, *, fsync: bool = True) -> Path:
+def write_atomic(path: str | os.PathLike, data: str | bytes, *, fsync: bool = True,
+                 mode: int | None = None) -> Path:
     """Write `data` (text as UTF-8, or bytes) to `path` through a temporary file and a rename.
 
     Whoever reads `path` (or a crash, or a full disk) sees the old file or the new one, never half of
-    one; the folder must exist. Raises OSError (e.g. ENOSPC) after removing the temporary file, so a
-    failure leaves what was there before intact.
+    one; the folder must exist. The new file's permission bits are `mode` whatever the umask, or by
+    default 0o666 less the umask, as open() gives. Raises OSError (e.g. ENOSPC) after removing the
+    temporary file, so a failure leaves what was there before intact.
     """
     path = Path(path)
     payload = data.encode() if isinstance(data, str) else data
     tmp = path.parent / f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # the umask's usual mode, unlike mkstemp's 0600
     try:
+        if mode is not None:
+            os.fchmod(fd, mode)
         with os.fdopen(fd, "wb") as fh:
             fh.write(payload)
             fh.flush()

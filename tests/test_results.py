@@ -115,3 +115,12 @@ def test_write_atomic_gives_files_the_usual_mode(tmp_path):
     finally:
         os.umask(umask)
     assert path.stat().st_mode & 0o777 == 0o644  # readable by others, as open() would make it
+
+
+def test_write_atomic_sets_the_mode_asked_for_whatever_the_umask(tmp_path):
+    umask = os.umask(0o077)
+    try:
+        path = results.write_atomic(tmp_path / "p.tgz", b"x", mode=0o644)
+    finally:
+        os.umask(umask)
+    assert path.stat().st_mode & 0o777 == 0o644 and path.read_bytes() == b"x"
