@@ -10,8 +10,8 @@ reciprocal, amax / fp8 max, as the dequantisation factor: the same number, inver
   `helpers.precision.facts`, the course's one table of formats. `grid(dtype)` lists every finite value.
 * `cast(x, dtype)`: clamp to ±max, then convert, so that overflow saturates the same way on every
   device and in both formats (a CPU saturates e4m3fn but sends e5m2 to inf). NaN stays NaN.
-* Recipes: `tensorwise`, `DelayedScaler` (Transformer Engine's documented `DelayedScaling`:
-  amax history, margin, "max" / "most_recent"), `rowwise` (torchao's rowwise recipe: per-row
+* Recipes: `tensorwise`, `DelayedScaler` and its one step `delayed_update` (Transformer Engine's
+  documented `DelayedScaling`: amax history, margin, "max" / "most_recent"), `rowwise` (torchao's rowwise recipe: per-row
   scales, floored to a power of two, e4m3 for the output gradient too), `blockwise` (DeepSeek-V3:
   1x128 tiles for activations and gradients, 128x128 blocks for weights), `mx` (OCP MX: 32-element
   blocks sharing a power-of-two e8m0 scale; numerics only).
@@ -206,6 +206,18 @@ def cast_counts(x: torch.Tensor, scale: torch.Tensor | float, dtype: torch.dtype
     return {"overflow": int((y.abs() > fmax(dtype)).sum()), "underflow": int(((q == 0) & (x != 0)).sum())}
 
 
+def delayed_update(history: list, amax: float, scale: float, history_len: int, margin: int, algo: str,
+                   fp8_max: float) -> tuple[list, float]:
+    """One step of delayed scaling: (history with amax pushed, only the newest history_len kept; the scale
+    for the next step, fp8_max / reference amax / 2**margin, or `scale` unchanged when the reference, the
+    history's max ("max") or last entry ("most_recent"), is 0 or not finite). Plain Python floats."""
+    history = (list(history) + [float(amax)])[-history_len:]
+    ref = max(history) if algo == "max" else history[-1]
+    if ref > 0 and math.isfinite(ref):
+        scale = fp8_max / ref / 2.0 ** margin
+    return history, scale
+
+
 class DelayedScaler:
     """Delayed scaling as Transformer Engine's `DelayedScaling` recipe documents it.
 
@@ -229,10 +241,9 @@ class DelayedScaler:
 
     def update(self, amax: float) -> torch.Tensor:
         """Push one step's amax into the history and return the scale for the next step."""
-        self.history = (self.history + [float(amax)])[-self.history_len:]
-        ref = max(self.history) if self.algo == "max" else self.history[-1]
-        if ref > 0 and math.isfinite(ref):
-            self.scale = torch.tensor(fmax(self.dtype) / ref / 2.0 ** self.margin, dtype=torch.float32)
+        self.history, scale = delayed_update(self.history, amax, self.scale.item(), self.history_len, self.margin,
+                                             self.algo, fmax(self.dtype))
+        self.scale = torch.tensor(scale, dtype=torch.float32)
         return self.scale
 
     def cast(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

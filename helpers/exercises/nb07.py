@@ -74,15 +74,6 @@ register(
 
 # ---------------------------------------------------------------- 07.delayed (code)
 
-def _delayed_reference(history, amax, scale, history_len, margin, algo, fp8_max):
-    """One update of Transformer Engine's delayed scaling: (new history, scale for the next step)."""
-    history = (list(history) + [float(amax)])[-history_len:]
-    ref = max(history) if algo == "max" else history[-1]
-    if ref > 0 and math.isfinite(ref):
-        scale = fp8_max / ref / 2.0 ** margin
-    return history, scale
-
-
 def _replay(fn, case: Case):
     """Feed a scripted amax sequence through fn, starting from an empty history and scale 1."""
     amaxes, history_len, margin, algo, fp8_max = case.args
@@ -110,12 +101,12 @@ def _delayed_cases() -> list[Case]:
 
 def _unbounded(history, amax, scale, history_len, margin, algo, fp8_max):
     """Planted wrong: the history never forgets old steps."""
-    return _delayed_reference(history, amax, scale, 10 ** 9, margin, algo, fp8_max)
+    return fp8.delayed_update(history, amax, scale, 10 ** 9, margin, algo, fp8_max)
 
 
 def _margin_times(history, amax, scale, history_len, margin, algo, fp8_max):
     """Planted wrong: the margin multiplies the scale instead of dividing it."""
-    history, new = _delayed_reference(history, amax, scale, history_len, 0, algo, fp8_max)
+    history, new = fp8.delayed_update(history, amax, scale, history_len, 0, algo, fp8_max)
     return history, new * 2.0 ** margin if new != scale else new
 
 
@@ -132,7 +123,7 @@ register(
            "'most_recent' with the margin",
     hint="append, then keep only the newest history_len entries; pick the reference amax by algo; the new "
          "scale is fp8_max / reference / 2**margin, unless the reference is 0 or not finite",
-    solution=_delayed_reference,
+    solution=fp8.delayed_update,
     wrong=(_unbounded, _margin_times, _no_guard),
     cases=_delayed_cases,
     run=_replay,
