@@ -319,14 +319,6 @@ def sweep_summary(rows: Sequence[dict], effective_batch: int) -> tuple[dict, lis
     return out, lines
 
 
-_ATEN_MATMULS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")
-
-
-def is_matmul(op: str) -> bool:
-    """True for a profiler row that is a matrix multiply: an aten GEMM op (CPU) or a GEMM kernel (CUDA)."""
-    return op in _ATEN_MATMULS or any(word in op.lower() for word in ("gemm", "cutlass", "xmma", "nvjet"))
-
-
 def profile_splits(model: torch.nn.Module, optimizer: torch.optim.Optimizer, splits: Sequence[tuple[int, int]],
                    seq_len: int, *, device: str = "cpu", autocast_dtype: torch.dtype | None = None,
                    seed: int = 0, warmup: int = 1) -> list[dict]:
@@ -335,7 +327,7 @@ def profile_splits(model: torch.nn.Module, optimizer: torch.optim.Optimizer, spl
     `warmup` unprofiled steps come first (0 when these shapes already ran). Each row: micro_batch,
     accum_steps, the Profile of its top 8 ops (`.table()`, trace saved for
     Perfetto), total_ms (self time of every op in the step), matmul_ms, matmul_calls and
-    matmul_share (the matrix multiplies among all ops, see `is_matmul`; attention kernels such as SDPA
+    matmul_share (the matrix multiplies among all ops, see `profiling.is_matmul`; attention kernels such as SDPA
     are not counted as matmuls). Raises ValueError for no splits.
     """
     if not splits:
@@ -344,7 +336,7 @@ def profile_splits(model: torch.nn.Module, optimizer: torch.optim.Optimizer, spl
     for micro_batch, accum_steps in splits:
         step, _ = _prepare(model, optimizer, micro_batch, accum_steps, seq_len, device, autocast_dtype, seed)
         prof = profiling.profile(step, steps=1, warmup=warmup, top=1000, name=f"accumulation_b{micro_batch}_k{accum_steps}")
-        mm = [r for r in prof.rows if is_matmul(r[0])]
+        mm = [r for r in prof.rows if profiling.is_matmul(r[0])]
         rows.append({"micro_batch": micro_batch, "accum_steps": accum_steps, "device": prof.device,
                      "total_ms": prof.total_ms,
                      "matmul_ms": sum(r[1] for r in mm), "matmul_calls": sum(r[2] for r in mm),

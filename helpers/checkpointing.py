@@ -30,6 +30,7 @@ from torch.utils.checkpoint import checkpoint, checkpoint_sequential
 
 from . import bench
 from .model import GPT, Block, GPTConfig
+from .profiling import is_matmul  # noqa: F401  (notebook 04 calls C.is_matmul)
 
 STRATEGIES = ("none", "every", "every-k", "sqrt-L", "selective-attention", "selective-mlp")
 
@@ -418,16 +419,6 @@ def strategy_panel(strategy: str, k: int, *, model: GPT, idx, tgt, autocast=None
 
 
 # ---------------------------------------------------------------- what the run says about the overhead
-
-MATMUL_MARKERS = ("aten::mm", "aten::bmm", "aten::addmm", "aten::baddbmm", "aten::matmul", "aten::linear",
-                  "gemm", "cublas", "xmma", "nvjet")  # op names on a CPU; kernel names on CUDA (nvjet: cuBLAS on Hopper)
-
-
-def is_matmul(op: str) -> bool:
-    """True for a matmul op (aten::mm, bmm, addmm, ...) or a GEMM kernel (…gemm…, cublas…, xmma…, nvjet…)."""
-    name = op.lower()
-    return any(marker in name for marker in MATMUL_MARKERS)
-
 
 def profile_interleaved(fns: dict[str, Any], *, rounds: int = 3, steps: int = 2, top: int = 60,
                         prefix: str = "trace") -> dict[str, Any]:

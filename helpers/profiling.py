@@ -45,6 +45,23 @@ class Profile:
         return "\n".join([text, *self.notes])
 
 
+# Leaf aten GEMM ops (what a CPU profile shows): the composites aten::linear / aten::matmul are left out, since
+# they call these and counting both would count one multiply two or three times.
+_ATEN_MATMULS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")
+# Words in CUDA GEMM kernel names (nvjet: cuBLAS's kernels on Hopper).
+_GEMM_KERNEL_WORDS = ("gemm", "cublas", "cutlass", "xmma", "nvjet")
+
+
+def is_matmul(op: str) -> bool:
+    """True for a profiler row that is a matrix multiply: a leaf aten GEMM op (aten::mm, addmm, bmm, baddbmm,
+    on a CPU) or a GEMM kernel (CUDA: ...gemm..., cublas..., cutlass..., xmma..., nvjet...). Attention kernels
+    (fused "fmha" kernels, even those built on CUTLASS) and composites (aten::linear, aten::matmul) are not."""
+    if op in _ATEN_MATMULS:
+        return True
+    name = op.lower()
+    return "fmha" not in name and any(word in name for word in _GEMM_KERNEL_WORDS)
+
+
 @contextlib.contextmanager
 def _quiet_stderr():
     """Send what native code writes to file descriptor 2 to /dev/null for the duration."""

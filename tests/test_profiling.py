@@ -31,3 +31,13 @@ def test_bad_arguments_and_memory_snapshot_without_cuda(tmp_path, capsys):
     if not torch.cuda.is_available():
         assert profiling.memory_snapshot(lambda: None, tmp_path / "s.pickle") is None
         assert "no CUDA device" in capsys.readouterr().out
+
+
+def test_is_matmul_counts_gemm_ops_and_kernels_once():
+    for op in ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "sm90_xmma_gemm_bf16",
+               "nvjet_hsh_128x256_64x4_2x1_v_bz_coopB_TNT", "nvjet_tst_128x256_64x4",
+               "cublasLt::splitKreduce_kernel", "cutlass_80_tensorop_s1688gemm"):
+        assert profiling.is_matmul(op), op
+    for op in ("aten::linear", "aten::matmul", "aten::gelu", "aten::add_", "aten::mul",
+               "fmha_cutlassF_f32_aligned_64x64_rf_sm80", "pytorch_flash::flash_fwd_kernel"):
+        assert not profiling.is_matmul(op), op
