@@ -26,7 +26,6 @@ MARKER_TAG = "papermill-error-cell-tag"  # papermill's tag for the cells it inse
 
 
 @dataclass
-@dataclass
 class Outcome:
     """How one notebook's execution went; status is 'ok', 'failed', 'interrupted' or 'not run'."""
 
