@@ -326,7 +326,7 @@ def build_blocks(run_dir: Path, outcomes: Iterable, references: Path, profile: s
     """
     from .hardware import library_versions
     from .results import SUMMARY_PREFIX, device_name
-    from .run import failure_text, status_word
+    from .run import SUMMARY_HEADER, summary_rows
 
     outcomes, problems = list(outcomes), []
     good, bad = read_records(run_dir / "results")
@@ -353,8 +353,7 @@ def build_blocks(run_dir: Path, outcomes: Iterable, references: Path, profile: s
         ("h2", "Notebooks"),
         ("p", "Cell numbers count the notebook's code cells from 1, as JupyterLab numbers them after "
               "'Restart Kernel and Run All Cells'."),
-        ("table", ["notebook", "status", "seconds", "failure"],
-         [[o.notebook, status_word(o), f"{o.seconds:.1f}", failure_text(o)] for o in outcomes]),
+        ("table", SUMMARY_HEADER, summary_rows(outcomes)),
     ]
     executed = {p.stem: p for p in sorted((run_dir / "notebooks").glob("*.ipynb"))}
     by_outcome = {o.notebook: o for o in outcomes}

@@ -25,7 +25,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from .params import PROFILES
-from .results import REPO_ROOT, device_slug, write_atomic
+from .results import REPO_ROOT, device_slug, read_records, write_atomic
 from .run_worker import Outcome, Stop, Workers, inspect_executed, mark_interrupted, worker_main  # noqa: F401
 
 NOTEBOOKS_DIR = REPO_ROOT / "notebooks"
@@ -109,12 +109,19 @@ def route_parameters(notebooks: list[Path], given: dict) -> dict[Path, dict]:
 # ---------------------------------------------------------------------------------------------
 # the command line
 
+SUMMARY_HEADER = ["notebook", "status", "seconds", "failure"]
+
+
+def summary_rows(outcomes: list[Outcome]) -> list[list[str]]:
+    """One row per notebook under SUMMARY_HEADER (the printed summary's and the report's)."""
+    return [[o.notebook, status_word(o), f"{o.seconds:.1f}", failure_text(o)] for o in outcomes]
+
+
 def summary_table(outcomes: list[Outcome]) -> str:
     """A plain-text table: notebook, status, seconds, failing cell and error."""
     from .tables import table
 
-    return table(["notebook", "status", "seconds", "failure"],
-                 [[o.notebook, status_word(o), f"{o.seconds:.1f}", failure_text(o)] for o in outcomes])
+    return table(SUMMARY_HEADER, summary_rows(outcomes))
 
 
 def status_word(o: Outcome) -> str:
@@ -325,8 +332,6 @@ def save_reference(results_dir: Path, target: Path) -> tuple[list[Path], list[tu
 
     Returns (copied paths, [(path, reason)] for files that were not copied because they are unreadable).
     """
-    from .results import read_records
-
     target.mkdir(parents=True, exist_ok=True)
     good, bad = read_records(results_dir)
     return [write_atomic(target / p.name, p.read_bytes()) for p, _ in good], bad
