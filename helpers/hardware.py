@@ -263,14 +263,16 @@ def matmul_fn(n: int, dtype: str, device: str, m: int | None = None, k: int | No
 
 
 def measure_matmul_tflops(n: int, dtype: str = "fp32", device: str | None = None,
-                          reps: int = 10, warmup: int = 3) -> float | None:
-    """Measured TFLOP/s of an n×n×n matmul in `dtype`; None where the dtype cannot run here."""
+                          reps: int = 10, warmup: int = 3, *, m: int | None = None,
+                          k: int | None = None) -> float | None:
+    """Measured TFLOP/s of an n×n×n matmul in `dtype` ((m×k)@(k×n) when m or k is given, as `matmul_fn`);
+    None where the dtype cannot run here."""
     from .bench import benchmark
 
     device = device or ("cuda" if capabilities()["cuda"] else "cpu")
     if matmul_unsupported(dtype, device):
         return None
-    fn, flops = matmul_fn(n, dtype, device)
+    fn, flops = matmul_fn(n, dtype, device, m=m, k=k)
     t = benchmark(fn, warmup=warmup, reps=reps, device=device)
     return flops / t.median / 1e12
 
@@ -304,14 +306,8 @@ def load_ceilings(folder=None) -> dict | None:
 
 def _measure_shape(size, dtype: str, device: str | None, reps: int) -> float | None:
     """TFLOP/s of one matmul: `size` is n (square n x n x n) or (m, k, n); None where dtype cannot run."""
-    from .bench import benchmark
-
-    device = device or ("cuda" if capabilities()["cuda"] else "cpu")
-    if matmul_unsupported(dtype, device):
-        return None
     m, k, n = (size, size, size) if isinstance(size, int) else size
-    fn, flops = matmul_fn(n, dtype, device, m=m, k=k)
-    return flops / benchmark(fn, warmup=min(reps, 3), reps=reps, device=device).median / 1e12
+    return measure_matmul_tflops(n, dtype, device, reps=reps, warmup=min(reps, 3), m=m, k=k)
 
 
 def _shape_name(size) -> str:

@@ -45,6 +45,7 @@ def test_detect_and_capabilities_on_this_machine():
 
 def test_measurements_on_cpu_are_positive_and_skip_gpu_formats():
     assert hardware.measure_matmul_tflops(64, "fp32", "cpu", reps=2, warmup=1) > 0
+    assert hardware.measure_matmul_tflops(24, "fp32", "cpu", reps=2, warmup=1, m=16, k=8) > 0  # (16x8)@(8x24)
     assert hardware.measure_matmul_tflops(64, "fp8", "cpu", reps=2) is None
     assert hardware.measure_matmul_tflops(64, "tf32", "cpu", reps=2) is None
     assert hardware.measure_copy_bandwidth(2**20, "cpu", reps=2, warmup=1) > 0
