@@ -316,8 +316,8 @@ def projection_takeaway(config: GPTConfig, points: Sequence[dict], backward: boo
 
     `points` are the sweep's rows with "B", "T", "attention_seconds" and "attention_core_seconds".
     """
-    shares = [1 - sublayer_flops(config, p["B"], p["T"], backward=backward)["attention_core"]
-              / sublayer_flops(config, p["B"], p["T"], backward=backward)["attention"] for p in points]
+    counts = [sublayer_flops(config, p["B"], p["T"], backward=backward) for p in points]
+    shares = [1 - c["attention_core"] / c["attention"] for c in counts]
     times = [p["attention_core_seconds"] / p["attention_seconds"] for p in points]
     text = (f"At these shapes (d={config.d_model}, T={min(p['T'] for p in points)}–{max(p['T'] for p in points)}) "
             f"the q/kv/output projections are {min(shares):.0%}–{max(shares):.0%} of the attention half's FLOPs, "
