@@ -42,21 +42,34 @@ def extract_figures(notebook: Path, figures_dir: Path, problems: list | None = N
     A notebook that cannot be read, an image that is not valid base64 PNG, or a figure that cannot
     be written is appended to `problems` as (path, reason) when a list is given, else raised.
     """
-    import nbformat
+    nb = _read_executed(notebook, problems)
+    return [] if nb is None else [path for _, path in _save_figures(nb, notebook, figures_dir, problems)]
 
-    def problem(path, reason, err):
-        if problems is None:
-            raise err
-        problems.append((path, reason))
+
+def _problem(problems: list | None, path: Path, reason: str, err: Exception) -> None:
+    """Append (path, reason) to `problems`, or raise `err` when no list is given."""
+    if problems is None:
+        raise err
+    problems.append((path, reason))
+
+
+def _read_executed(notebook: Path, problems: list | None):
+    """The executed notebook, or None (named in `problems`, see extract_figures) when it cannot be read."""
+    import nbformat
 
     try:
         nb = nbformat.read(notebook, as_version=4)
-        cells = list(nb.cells)
+        nb.cells = list(nb.cells)
+        return nb
     except Exception as err:  # torn JSON, not a notebook, unreadable: the report goes on without it
-        problem(notebook, f"unreadable executed notebook ({type(err).__name__}: {str(err)[:200]})", err)
-        return []
+        _problem(problems, notebook, f"unreadable executed notebook ({type(err).__name__}: {str(err)[:200]})", err)
+        return None
+
+
+def _save_figures(nb, notebook: Path, figures_dir: Path, problems: list | None) -> list[tuple[int, Path]]:
+    """(cell index, saved file) for every PNG output of the read notebook `nb` (see extract_figures)."""
     saved = []
-    for i, cell in enumerate(cells):
+    for i, cell in enumerate(nb.cells):
         for k, out in enumerate(cell.get("outputs", []) if isinstance(cell, dict) else []):
             data = out.get("data", {}).get("image/png") if isinstance(out, dict) else None
             if not data:
@@ -67,11 +80,11 @@ def extract_figures(notebook: Path, figures_dir: Path, problems: list | None = N
                 if not png.startswith(b"\x89PNG"):
                     raise ValueError("not a PNG image")
                 figures_dir.mkdir(parents=True, exist_ok=True)
-                saved.append(write_atomic(path, png, fsync=False))
+                saved.append((i, write_atomic(path, png, fsync=False)))
             except (ValueError, TypeError, OSError) as err:
                 why = f"{err.strerror}" if isinstance(err, OSError) and err.strerror else str(err)
-                problem(path if isinstance(err, OSError) else notebook,
-                        f"figure of cell {i}, output {k} not saved: {why}", err)
+                _problem(problems, path if isinstance(err, OSError) else notebook,
+                         f"figure of cell {i}, output {k} not saved: {why}", err)
     return saved
 
 
@@ -248,15 +261,13 @@ def _versus_blocks(summaries: dict, refs: dict) -> list[Block]:
     return blocks + [("table", header, rows)]
 
 
-def _title(notebook: Path | None, stem: str) -> str:
-    """The notebook's first markdown heading ('02 · FLOPs and MFU'), else its file name."""
-    import nbformat
-
+def _title(nb, stem: str) -> str:
+    """The read notebook's first markdown heading ('02 · FLOPs and MFU'), else `stem`."""
     try:
-        for cell in nbformat.read(notebook, as_version=4).cells:
+        for cell in nb.cells:
             if cell.cell_type == "markdown" and cell.source.lstrip().startswith("# "):
                 return cell.source.lstrip()[2:].splitlines()[0].strip()
-    except Exception:  # an unreadable notebook is listed by extract_figures
+    except Exception:  # a malformed cell: the file name will do
         pass
     return stem
 
@@ -264,17 +275,11 @@ def _title(notebook: Path | None, stem: str) -> str:
 SKIP_SECTIONS = ("Play with it", "Exercises")   # figures there are the learner's, not the measurement's
 
 
-def _captions(notebook: Path) -> dict[int, str]:
-    """{cell index: caption} from the section heading each code cell sits under, and its code cell number
-    as JupyterLab labels it (papermill's injected-parameters cell not counted)."""
-    import nbformat
-
+def _captions(nb) -> dict[int, str]:
+    """{cell index: caption} of the read notebook `nb`, from the section heading each code cell sits under,
+    and its code cell number as JupyterLab labels it (papermill's injected-parameters cell not counted)."""
     out, heading, code_no = {}, "", 0
-    try:
-        cells = nbformat.read(notebook, as_version=4).cells
-    except Exception:
-        return out
-    for i, cell in enumerate(cells):
+    for i, cell in enumerate(nb.cells):
         if cell.cell_type == "markdown":
             for line in cell.source.splitlines():
                 if line.startswith("## ") or line.startswith("### "):
@@ -292,7 +297,8 @@ def _notebook_blocks(stem: str, executed: Path | None, outcome, summary: dict | 
     """One notebook's section: its status, what it measured, its headline numbers and key figures."""
     from .run import status_word
 
-    blocks: list[Block] = [("h2", _title(executed, stem) if executed else stem)]
+    nb = _read_executed(executed, problems) if executed is not None else None
+    blocks: list[Block] = [("h2", _title(nb, stem) if nb is not None else stem)]
     status = (f"Status: {status_word(outcome)} in {outcome.seconds:.1f} s." if outcome is not None else "")
     if summary:
         blocks.append(("p", f"{summary.get('sentence') or '?'} {status}".strip()))
@@ -303,11 +309,9 @@ def _notebook_blocks(stem: str, executed: Path | None, outcome, summary: dict | 
     else:
         blocks.append(("p", f"{status} This notebook recorded no summary in this run (a results.summary call in its "
                             "takeaways cell records one), so it has no headline numbers here.".strip()))
-    if executed is not None:
-        captions = _captions(executed)
-        figs = extract_figures(executed, run_dir / "figures", problems)
-        for f in figs:
-            cell = int(f.stem.rsplit("-cell", 1)[1].split("-")[0])
+    if nb is not None:
+        captions = _captions(nb)
+        for cell, f in _save_figures(nb, executed, run_dir / "figures", problems):
             caption = captions.get(cell, "")
             if not any(caption.startswith(s) for s in SKIP_SECTIONS):
                 blocks.append(("fig", str(f.relative_to(run_dir)), f"{stem}: {caption}"))
