@@ -11,7 +11,7 @@ from typing import Callable
 
 import torch
 
-from . import fp8
+from . import bench, fp8, plots, profiling
 from . import precision as P
 
 TRAIN_VARIANTS = ("fp32", "ours tensorwise", "ours delayed", "ours rowwise", "ours blockwise",
@@ -33,8 +33,6 @@ def format_rows(names=("fp8-e4m3fn", "fp8-e5m2", "bf16")) -> list[list]:
 
 def grid_figure(ax=None):
     """The positive values of e4m3fn and e5m2 on a log2 axis, bf16's range drawn behind them."""
-    from . import plots
-
     fig, ax = plots._axes(ax, "every positive fp8 value, on a log2 axis")
     bf = P.facts("bf16")
     for i, dtype in enumerate((fp8.E4M3, fp8.E5M2)):
@@ -112,8 +110,6 @@ def outlier_sweep(x: torch.Tensor, log2s, block: int = 128) -> dict[str, list[fl
 def outlier_histogram(x: torch.Tensor, ax=None, title: str = ""):
     """Histogram of log2(|x| / amax): against the tensor's amax (tensorwise) and each row's (rowwise),
     with the e4m3 limits: below the subnormal line values keep fewer bits, below the zero line they vanish."""
-    from . import plots
-
     fig, ax = plots._axes(ax, title or "where the values sit, relative to the amax that scales them")
     a = x.detach().abs().float().cpu()
     f = fp8.facts(fp8.E4M3)
@@ -136,8 +132,6 @@ def quant_panel(recipe: str, block: int, log2_outlier: int, *, x: torch.Tensor):
     quantise with `recipe` (blockwise tiles of 1 × block), print the error of the ordinary entries and
     draw (left) where the scaled values |x·scale| land on E4M3's range and (right) each row's error.
     Returns the error stats."""
-    from . import plots
-
     planted = plant_outlier(x, 2.0 ** log2_outlier) if log2_outlier > 0 else x
     keep = planted == x
     q, s = fp8.element_scales(planted, recipe, block=block)  # quantised once, for the error and the figure
@@ -308,8 +302,6 @@ def training_sentences(results: dict[str, dict], last: int) -> list[str]:
 
 def matmul_tflops(n: int, kind: str, reps: int, device: str = "cuda") -> float:
     """TFLOP/s of an n×n×n matmul: "bf16", or fp8 "tensorwise" / "rowwise" through torch._scaled_mm."""
-    from . import bench
-
     a, b = torch.randn(n, n, device=device), torch.randn(n, n, device=device)
     if kind == "bf16":
         a16, b16 = a.bfloat16(), b.bfloat16()
@@ -327,8 +319,6 @@ def matmul_tflops(n: int, kind: str, reps: int, device: str = "cuda") -> float:
 def linear_tflops(n: int, variant: str, reps: int, compile: bool = False, device: str = "cuda") -> float:
     """TFLOP/s of a bf16 linear n→n on n tokens, forward + backward (6 n³ FLOPs), casts included:
     variant "bf16", "ours tensorwise", "ours rowwise", "torchao tensorwise" or "torchao rowwise"."""
-    from . import bench
-
     lin, x, g = _bf16_linear(n, variant, device)
     model = torch.compile(lin) if compile else lin
 
@@ -347,8 +337,6 @@ def speed_sweep(sizes, reps: int, with_torchao: bool, compile: bool) -> dict:
     Returns {"matmul": {kind: [tflops or None]}, "linear": {variant: [...]}, "failed": [messages]}; a
     point that raises is recorded as None with its message (kernels this course did not write may
     refuse a shape), never a traceback."""
-    from . import bench
-
     out = {"matmul": {k: [] for k in MATMUL_KINDS}, "failed": [],
            "linear": {v: [] for v in LINEAR_VARIANTS if with_torchao or not v.startswith("torchao")}}
     for n in sizes:
@@ -374,8 +362,6 @@ def gpt_steps(base: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, reps: int
 
     Returns {variant: ms or None, "failed": [messages]}: a variant that raises (a compiler or kernel
     refusing it) is recorded as None with its message."""
-    from . import bench
-
     out: dict = {"failed": []}
     for variant in GPT_VARIANTS:
         if variant.startswith("torchao") and not with_torchao:
@@ -402,8 +388,6 @@ def gpt_steps(base: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, reps: int
 def linear_profile(n: int, recipe: str, device: str, trace_dir=None):
     """torch.profiler evidence for where an FP8 linear's time goes: our Float8Linear (bf16, n→n, n tokens)
     forward + backward with `recipe`; a `helpers.profiling.Profile` (top ops by self time, trace saved)."""
-    from . import profiling
-
     lin, x, g = _bf16_linear(n, f"ours {recipe}", device)
     return profiling.profile(lambda: lin(x).backward(g), steps=3, name=f"fp8-linear-{recipe}-{n}", trace_dir=trace_dir)
 
