@@ -41,7 +41,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable
 
-from .results import REPO_ROOT, write_atomic
+from .results import REPO_ROOT, device_slug, slug, write_atomic
 
 NOTEBOOKS_DIR = REPO_ROOT / "notebooks"
 PACK_LIMIT = 12 * 2**20   # bytes per pack; the device tool returns files of up to 16 MiB
@@ -269,9 +269,7 @@ def gpu_facts() -> dict[str, str]:
 
 def _slug(device: str) -> str:
     """'NVIDIA H200' -> 'nvidia-h200', any CPU -> 'cpu' (as results.device_slug names this machine's folder)."""
-    if device.startswith("CPU"):
-        return "cpu"
-    return "-".join(filter(None, "".join(c if c.isalnum() else "-" for c in device.lower()).split("-")))
+    return "cpu" if device.startswith("CPU") else slug(device)
 
 
 def import_packs(packs: list[Path], into: Path = REPO_ROOT / "results") -> Path:
@@ -378,8 +376,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"--budget-s must exceed the {MARGIN_S:.0f} s kept for packing")
         return 2
     if args.references is None:
-        from .results import device_slug
-
         args.references = REPO_ROOT / "results" / device_slug()
     order = priority(args.notebooks or known, load_index(args.references))
     if args.command == "plan":

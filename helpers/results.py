@@ -17,15 +17,16 @@ ENV_VAR = "COURSE_RESULTS_DIR"
 _state: dict[str, Any] = {"dir": None, "profile": None}
 
 
+def slug(name: str) -> str:
+    """A folder-safe form of a device name: lower case, each run of other characters one '-' ('NVIDIA H200' -> 'nvidia-h200')."""
+    return "-".join(filter(None, "".join(c if c.isalnum() else "-" for c in name.lower()).split("-")))
+
+
 def device_slug() -> str:
-    """A short folder-safe name for the current device: 'cpu' or e.g. 'nvidia-h200'."""
+    """A short folder-safe name for the current device: 'cpu' or e.g. 'nvidia-h200' (see `slug`)."""
     import torch
 
-    if torch.cuda.is_available():
-        name = torch.cuda.get_device_name(0).lower()
-    else:
-        name = "cpu"
-    return "".join(c if c.isalnum() else "-" for c in name).strip("-").replace("--", "-")
+    return slug(torch.cuda.get_device_name(0)) if torch.cuda.is_available() else "cpu"
 
 
 def configure(results_dir: str | os.PathLike | None = None, profile: str | None = None) -> Path:

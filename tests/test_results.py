@@ -51,6 +51,8 @@ def test_load_results_of_missing_folder_is_empty(tmp_path):
 def test_device_slug_is_folder_safe():
     slug = results.device_slug()
     assert slug and all(c.isalnum() or c == "-" for c in slug)
+    assert results.slug("NVIDIA H200") == "nvidia-h200"
+    assert results.slug(" Tesla  T4 / PCIe (x) ") == "tesla-t4-pcie-x"  # every run of separators is one '-'
 
 
 FIXTURES = __import__("pathlib").Path(__file__).resolve().parent / "fixtures"
