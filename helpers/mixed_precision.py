@@ -183,11 +183,9 @@ def static_scaling_sweep(model: torch.nn.Module, x: torch.Tensor, y: torch.Tenso
 
     Returns one dict per scale: log2_scale, zero_fraction (share of the fp32 gradient's nonzero entries
     that came out 0), finite (no inf/NaN anywhere), rel_error (‖g/S − g32‖ / ‖g32‖; inf when not finite).
-    Raises ValueError when a log2 scale is not an int in 0..100.
+    Raises ValueError unless `log2_scales` is a non-empty list of ints in 0..100 (`check_log2_scales`).
     """
-    for k in log2_scales:
-        if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= 100:
-            raise ValueError(f"log2 scale {k!r} must be an int in 0..100")
+    log2_scales = check_log2_scales("log2 scales", log2_scales)
     model.zero_grad(set_to_none=True)
     model(x, y)[1].backward()
     ref = torch.cat([p.grad.flatten() for p in model.parameters()])
