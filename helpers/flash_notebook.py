@@ -204,8 +204,10 @@ def speed_figures(speed: list, impls: list, seq_lens: list, head_dims: list, dty
 
     With fewer than `min_points` sequence lengths a line would invent a trend between two points, so
     the numbers are printed as a table instead and no figure is drawn (returns [])."""
-    pick = lambda impl, d, c, p: [next((r for r in speed if (r["impl"], r["head_dim"], r["causal"], r["n"], r["pass"])
-                                        == (impl, d, c, n, p)), None) for n in seq_lens]
+    index = {}
+    for r in speed:  # the first row of each (impl, head dim, causal, N, pass), looked up in one step
+        index.setdefault((r["impl"], r["head_dim"], r["causal"], r["n"], r["pass"]), r)
+    pick = lambda impl, d, c, p: [index.get((impl, d, c, n, p)) for n in seq_lens]  # noqa: E731
     if len(seq_lens) < min_points:
         print(f"only {len(seq_lens)} sequence lengths: a table, not a curve (TFLOP/s, median, IQR in brackets)")
         rows = [[p, d, c, impl] + [f"{r['tflops']:.3g} [{r['tflops_lo']:.3g}-{r['tflops_hi']:.3g}]" if r and r["tflops"]
