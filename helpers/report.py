@@ -6,7 +6,7 @@ import html
 from pathlib import Path
 from typing import Any, Iterable
 
-from .results import read_records, records_by_name, write_atomic
+from .results import SUMMARY_PREFIX, device_name, read_records, records_by_name, write_atomic
 
 Block = tuple  # ("h1"|"h2"|"h3"|"p", text) | ("table", header, rows) | ("img", relative path)
 #               | ("fig", relative path, caption) | ("details", summary line) ... ("/details",)
@@ -191,8 +191,6 @@ def _stem_of(number: str, stems: Iterable[str]) -> str | None:
 
 def _summaries(mine: dict, problems: list) -> dict[str, dict]:
     """{notebook number: summary metrics} of this run's summary-NN records (results.summary)."""
-    from .results import SUMMARY_PREFIX
-
     out = {}
     for name, rec in mine.items():
         if not name.startswith(SUMMARY_PREFIX):
@@ -231,7 +229,7 @@ def _versus_blocks(summaries: dict, refs: dict) -> list[Block]:
     if not summaries:
         return blocks + [("p", "No notebook recorded its headline numbers in this run (helpers.results.summary), "
                                "so there is nothing to compare.")]
-    ref_sums = {gpu: {n: r["metrics"] for n, r in recs.items() if n.startswith("summary-")
+    ref_sums = {gpu: {n: r["metrics"] for n, r in recs.items() if n.startswith(SUMMARY_PREFIX)
                       and isinstance(r["metrics"].get("headline"), dict)} for gpu, recs in refs.items()}
     ref_sums = {gpu: s for gpu, s in ref_sums.items() if s}
     if not ref_sums:
@@ -329,7 +327,6 @@ def build_blocks(run_dir: Path, outcomes: Iterable, references: Path, profile: s
     or figure), by path with the reason.
     """
     from .hardware import library_versions
-    from .results import SUMMARY_PREFIX, device_name
     from .run import SUMMARY_HEADER, summary_rows
 
     outcomes, problems = list(outcomes), []

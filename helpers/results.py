@@ -256,5 +256,5 @@ def summary(notebook: str, sentence: str, headline: Mapping, *, noise: str | Non
                "noise": None if noise is None else noise.strip()}
     record(SUMMARY_PREFIX + notebook, metrics, quiet=True)
     if not quiet:
-        print(f"summary-{notebook} recorded: " + "; ".join(f"{k} {v['value']} {v['unit']}".strip() for k, v in rows.items()))
+        print(f"{SUMMARY_PREFIX}{notebook} recorded: " + "; ".join(f"{k} {v['value']} {v['unit']}".strip() for k, v in rows.items()))
     return metrics
