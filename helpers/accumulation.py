@@ -114,8 +114,11 @@ def max_gradient_error(grads: dict[str, torch.Tensor], reference: dict[str, torc
     return max(((grads[n] - r).abs().max() / r.abs().max().clamp_min(1e-30)).item() for n, r in reference.items())
 
 
-def _flat(grads: dict[str, torch.Tensor], names) -> torch.Tensor:
-    return torch.cat([grads[n].detach().reshape(-1).double() for n in names])
+def _flat_pair(grads: dict[str, torch.Tensor], reference: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Both gradients as float64 vectors, parameters in the reference's order; ValueError if the names differ."""
+    if set(grads) != set(reference):
+        raise ValueError(f"the gradients name different parameters: {sorted(set(grads) ^ set(reference))}")
+    return tuple(torch.cat([g[n].detach().reshape(-1).double() for n in reference]) for g in (grads, reference))
 
 
 def gradient_error(grads: dict[str, torch.Tensor], reference: dict[str, torch.Tensor]) -> float:
@@ -124,9 +127,7 @@ def gradient_error(grads: dict[str, torch.Tensor], reference: dict[str, torch.Te
     0 for identical gradients; 1 for a zero gradient or for g = 2 g_ref. Raises ValueError when the
     names differ or the reference is all zeros.
     """
-    if set(grads) != set(reference):
-        raise ValueError(f"the gradients name different parameters: {sorted(set(grads) ^ set(reference))}")
-    g, r = _flat(grads, reference), _flat(reference, reference)
+    g, r = _flat_pair(grads, reference)
     norm = r.norm()
     if norm == 0:
         raise ValueError("the reference gradient is all zeros: a relative error is undefined")
@@ -135,9 +136,7 @@ def gradient_error(grads: dict[str, torch.Tensor], reference: dict[str, torch.Te
 
 def gradient_cosine(grads: dict[str, torch.Tensor], reference: dict[str, torch.Tensor]) -> float:
     """Cosine similarity of the two gradients as single vectors: 1 = same direction (any length)."""
-    if set(grads) != set(reference):
-        raise ValueError(f"the gradients name different parameters: {sorted(set(grads) ^ set(reference))}")
-    g, r = _flat(grads, reference), _flat(reference, reference)
+    g, r = _flat_pair(grads, reference)
     return float(torch.nn.functional.cosine_similarity(g, r, dim=0))
 
 

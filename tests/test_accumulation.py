@@ -113,6 +113,8 @@ def test_gradient_error_and_cosine_are_norm_based():
         A.gradient_error(ref, {n: torch.zeros_like(g) for n, g in ref.items()})
     with pytest.raises(ValueError, match="different parameters"):
         A.gradient_error({"a": ref["a"]}, ref)
+    with pytest.raises(ValueError, match="different parameters"):
+        A.gradient_cosine({"a": ref["a"]}, ref)
 
 
 def test_pad_to_lengths():
