@@ -68,11 +68,12 @@ def _model(seed: int) -> torch.nn.Module:
 
 def _batch(seed: int, sizes: list[int], T: int, lengths: list[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Micro-batches of the given sizes; row r keeps lengths[r] counted targets, the rest is padding."""
+    from helpers.accumulation import pad_to_lengths  # here, not at the top: it imports matplotlib
+
     g = torch.Generator().manual_seed(seed)
     B = sum(sizes)
     x = torch.randint(0, _VOCAB, (B, T), generator=g)  # (B, T)
-    y = torch.randint(0, _VOCAB, (B, T), generator=g)  # (B, T)
-    y[torch.arange(T)[None, :] >= torch.tensor(lengths)[:, None]] = IGNORE_INDEX
+    y = pad_to_lengths(torch.randint(0, _VOCAB, (B, T), generator=g), lengths, IGNORE_INDEX)  # (B, T)
     return list(zip(x.split(sizes), y.split(sizes)))
 
 
