@@ -242,10 +242,7 @@ class Workers:
                 ancestors = set()
             if live & ancestors:
                 continue  # still owned by a running worker
-            try:
-                p.kill()
-            except psutil.Error:
-                pass
+            _quietly(p.kill)
             self.known.pop(pid)
 
     def stop(self, why: str) -> list[Outcome]:
