@@ -311,12 +311,12 @@ def import_packs(packs: list[Path], into: Path = REPO_ROOT / "results") -> Path:
             (target / f"{old}.json").unlink(missing_ok=True)
         for name, rec in records.items():
             if name.startswith(f"{nb}/results/"):
-                (target / Path(name).name).write_text(json.dumps(rec, indent=2) + "\n")
+                write_atomic(target / Path(name).name, json.dumps(rec, indent=2) + "\n")
         index[nb] = {"date": manifest["started"], **{k: info[k] for k in ("seconds", "estimate_s", "records")}}
     facts = manifest.get("gpu", {})
-    (target / "capture.json").write_text(json.dumps({"device": device, "gpu": facts, "notebooks": index},
-                                                    indent=2, sort_keys=True) + "\n")
-    (target / "README.md").write_text(_readme(device, facts, manifest, index))
+    write_atomic(target / "capture.json", json.dumps({"device": device, "gpu": facts, "notebooks": index},
+                                                     indent=2, sort_keys=True) + "\n")
+    write_atomic(target / "README.md", _readme(device, facts, manifest, index))
     return target
 
 
