@@ -48,26 +48,28 @@ PACK_LIMIT = 12 * 2**20   # bytes per pack; the device tool returns files of up 
 MAX_PACKS = 6             # with capture.log and gpu.txt: the tool's 8 files
 MARGIN_S = 25.0           # kept back for packing and the tool's transfer
 
-# Full-profile seconds on one H200, estimated before any GPU run from each notebook's FLOP and byte
-# counts against the H200's published rates (dense bf16 ~990 TFLOP/s, fp32 ~67 TFLOP/s, 4.8 TB/s:
-# NVIDIA H200 datasheet), plus start-up, compilation and Python time, which dominate most of them.
-# `python -m helpers.capture plan` prints them; a capture prints each beside the measured time.
+# Full-profile seconds on one H200. First estimated before any GPU run from each notebook's FLOP and
+# byte counts against the H200's published rates (dense bf16 ~990 TFLOP/s, fp32 ~67 TFLOP/s, 4.8 TB/s:
+# NVIDIA H200 datasheet) plus start-up and compile time; where a capture has since measured a
+# notebook (first capture: 2026-11-30, torch 2.11, Triton 3.6), the figure is that time plus ~15%.
+# The whole course does not fit one 540 s call: the capture takes the notebooks without a reference
+# first, so successive calls (and sessions) complete it. `python -m helpers.capture plan` prints them.
 ESTIMATES: dict[str, tuple[float, str]] = {
-    "00": (45.0, "matmul sweep 512..16384 in 4 formats x 20 reps: 2n^3 FLOPs each, ~0.4 s of GPU work at "
+    "00": (25.0, "measured 20.1 s (2026-11-30); matmul sweep 512..16384 in 4 formats x 20 reps: 2n^3 FLOPs each, ~0.4 s of GPU work at "
                  "the datasheet rates; copies up to 4 GiB x reps at 4.8 TB/s ~ 1 s; the rest is start-up, "
                  "warm-up and the timing-mistakes demos"),
-    "01": (35.0, "ops at n=8192: each a few hundred MB of traffic or 1e12 FLOPs, milliseconds each; "
+    "01": (20.0, "measured 17.2 s (2026-11-30); ops at n=8192: each a few hundred MB of traffic or 1e12 FLOPs, milliseconds each; "
                  "start-up and FlopCounterMode checks dominate"),
-    "02": (60.0, "training steps of small10m/gpt2/gpt2-medium at T=1024, B up to 32: ~6*355e6*32k FLOPs "
+    "02": (95.0, "measured 83.6 s (2026-11-30); training steps of small10m/gpt2/gpt2-medium at T=1024, B up to 32: ~6*355e6*32k FLOPs "
                  "~ 7e13 per gpt2-medium step, ~0.1 s at 70% of bf16 peak, x reps; meta-device FLOP checks"),
-    "03": (70.0, "gpt2 for 200 steps in 7 precision variants at 16x512 tokens: 6*124e6*8192 ~ 6e12 FLOPs "
+    "03": (115.0, "measured 100.2 s (2026-11-30); gpt2 for 200 steps in 7 precision variants at 16x512 tokens: 6*124e6*8192 ~ 6e12 FLOPs "
                  "a step, ~10 ms, ~15 s of steps in all plus fp32 variants at ~1/15 the rate"),
-    "04": (50.0, "checkpointing strategies on a gpt2-size model: a few dozen steps each, memory probes"),
+    "04": (75.0, "measured 65.0 s (2026-11-30); checkpointing strategies on a gpt2-size model: a few dozen steps each, memory probes"),
     "05": (40.0, "micro-batch sweep of a small model: seconds of GPU work; start-up dominates"),
     "07": (120.0, "bf16 vs fp8 matmul sweeps up to 8192^3 (1.1e12 FLOPs each, ~2 ms in fp8), the linear "
                   "forward+backward per recipe, a short GPT training per recipe, and torch.compile of the GPT "
                   "step in bf16 and fp8 (cold compiles, ~30 s each on 16 cores): mostly compile time"),
-    "06": (180.0, "Triton autotuning and compilation of forward and backward at d=128 (~1-2 min cold on 16 "
+    "06": (400.0, "stopped at 231 s in the speed sweep (2026-11-30): the cells before it took ~170 s, the memory wall 50 s and the correctness table 62 s of them; Triton autotuning and compilation of forward and backward at d=128 (~1-2 min cold on 16 "
                   "cores); speed sweep N=512..16384 at 16k tokens: 3.5 x 4BHN^2d ~ 8e12 FLOPs at N=16384, "
                   "~20 ms per fwd+bwd at 400 TFLOP/s, x 6 implementations x 13 calls; memory wall to 131k "
                   "(stops at the out-of-memory error); the estimate is mostly compile time"),
