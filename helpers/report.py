@@ -98,7 +98,7 @@ def reference_sets(references: Path, problems: list | None = None) -> dict[str, 
         return {}
     sets = {}
     for folder in sorted(d for d in references.iterdir() if d.is_dir()):
-        good, bad = read_records(folder)
+        good, bad = read_records(folder, skip=("capture.json",))  # the capture's index, not a record
         if problems is not None:
             problems += bad
         if good:

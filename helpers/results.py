@@ -151,8 +151,11 @@ def check_record(data: Any) -> str | None:
     return None
 
 
-def read_records(folder: str | os.PathLike) -> tuple[list[tuple[Path, dict]], list[tuple[Path, str]]]:
+def read_records(folder: str | os.PathLike, skip: tuple[str, ...] = ()) -> tuple[list[tuple[Path, dict]],
+                                                                                 list[tuple[Path, str]]]:
     """Every record file in `folder`: ([(path, record)...] readable, [(path, reason)...] unreadable).
+
+    `skip` names JSON files that are not records and are left out (a reference folder's capture.json).
 
     A file is unreadable when it cannot be read, is empty or torn (invalid JSON), or is not a record
     (see `check_record`). An absent folder gives two empty lists. Files are in name order; nothing
@@ -163,7 +166,7 @@ def read_records(folder: str | os.PathLike) -> tuple[list[tuple[Path, dict]], li
     bad: list[tuple[Path, str]] = []
     if not folder.is_dir():
         return good, bad
-    for path in sorted(folder.glob("*.json")):
+    for path in sorted(p for p in folder.glob("*.json") if p.name not in skip):
         try:
             text = path.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as err:

@@ -178,9 +178,11 @@ def test_headline_numbers_matched_to_references_by_record_name(tmp_path, monkeyp
     refs = tmp_path / "refs"
     _rec(refs / "nvidia-h200", "summary-02", {"notebook": "02", "sentence": "x", "noise": None, "headline": {
         "best MFU": {"value": 50, "unit": "%"}, "ratio": {"value": 2.0, "unit": ""}}})
+    (refs / "nvidia-h200" / "capture.json").write_text(json.dumps({"device": "NVIDIA H200", "notebooks": {}}))
     md, html = report.write_report(run_dir, [run.Outcome("02_flops_mfu", True, 3.0)], refs, profile="smoke",
                                    conditions="1 notebook at a time, 1 thread")
     text = md.read_text()
+    assert "capture.json" not in text  # the capture's index beside the references is no record, and no problem
     versus = text[text.index("## Your device vs reference"):text.index("## Notebooks")]
     assert "| 02 | best MFU | 0.25 % | 50 % | 0.005x |" in versus          # matched by name and label, ratio
     assert "| 02 | ratio | 1 x | 2 | - |" in versus                     # units differ: no ratio
