@@ -21,7 +21,7 @@ import math
 import os
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Protocol
 
 import torch
 import torch.nn as nn
@@ -29,6 +29,23 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 AttentionFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, bool], torch.Tensor]
+
+
+class KVCacheLike(Protocol):
+    """What `GPT.forward(idx, cache=...)` needs of a key/value cache (contiguous, paged, latent, ...).
+
+    The cache tracks B sequences. For T new tokens of each: `positions(T)` gives their absolute
+    positions (B, T); `attend(layer, q, k, v)` with q (B, H, T, hd) and k, v (B, H_kv, T, hd) stores
+    k and v after what the layer holds for each sequence and returns causal attention (B, H, T, hd)
+    of q over the cached and new keys (new token t sees the cached ones and new ones up to t);
+    `advance(T)` is called once after the last layer.
+    """
+
+    def positions(self, T: int) -> torch.Tensor: ...
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor: ...
+
+    def advance(self, T: int) -> None: ...
 
 
 @dataclass(kw_only=True)
@@ -149,11 +166,14 @@ class CausalSelfAttention(nn.Module):
         self.resid_drop = nn.Dropout(cfg.dropout)
         self.attn_fn: AttentionFn = sdpa_attention
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cache: "KVCacheLike | None" = None, layer: int = 0) -> torch.Tensor:
         B, T, _ = x.shape
         H, H_kv, hd = self.n_head, self.n_kv_head, self.head_dim
         q = self.q_proj(x).view(B, T, H, hd).transpose(1, 2)  # (B, H, T, hd)
         k, v = self.kv_proj(x).view(B, T, 2, H_kv, hd).permute(2, 0, 3, 1, 4)  # 2 x (B, H_kv, T, hd)
+        if cache is not None:  # the cache stores k, v after what it holds and attends over all of it
+            y = cache.attend(layer, q, k, v)  # (B, H, T, hd)
+            return self.resid_drop(self.out_proj(y.transpose(1, 2).reshape(B, T, H * hd)))
         if H_kv != H:  # each kv head serves H // H_kv consecutive query heads
             k = k.repeat_interleave(H // H_kv, dim=1)  # (B, H, T, hd)
             v = v.repeat_interleave(H // H_kv, dim=1)  # (B, H, T, hd)
@@ -187,8 +207,8 @@ class Block(nn.Module):
         self.mlp = MLP(cfg)
         self.checkpointed = False  # recompute this block in backward instead of keeping activations
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.ln_1(x))  # (B, T, d_model)
+    def forward(self, x: torch.Tensor, cache: "KVCacheLike | None" = None, layer: int = 0) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x), cache, layer)  # (B, T, d_model)
         return x + self.mlp(self.ln_2(x))  # (B, T, d_model)
 
 
@@ -259,19 +279,34 @@ class GPT(nn.Module):
             n -= self.wte.weight.numel() + self.wpe.weight.numel()
         return n
 
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, cache: "KVCacheLike | None" = None
                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Logits (B, T, vocab_size) for token ids idx (B, T); mean cross-entropy when targets are given."""
+        """Logits (B, T, vocab_size) for token ids idx (B, T); mean cross-entropy when targets are given.
+
+        With a `cache` (see KVCacheLike), idx holds only the T new tokens of each of the B sequences
+        the cache tracks: their positions come from the cache, each attention layer stores its keys
+        and values there and attends over everything cached, and the cache advances by T at the end.
+        Raises ValueError when a position would pass seq_len.
+        """
         B, T = idx.shape
-        if T > self.config.seq_len:
-            raise ValueError(f"sequence of length {T} is longer than seq_len={self.config.seq_len}")
-        pos = torch.arange(T, device=idx.device)  # (T,)
+        if cache is None:
+            if T > self.config.seq_len:
+                raise ValueError(f"sequence of length {T} is longer than seq_len={self.config.seq_len}")
+            pos = torch.arange(T, device=idx.device)  # (T,)
+        else:
+            pos = cache.positions(T)  # (B, T) absolute positions of the new tokens
+            if int(pos.max()) >= self.config.seq_len:
+                raise ValueError(f"position {int(pos.max())} is past seq_len={self.config.seq_len}")
         x = self.drop(self.wte(idx) + self.wpe(pos))  # (B, T, d_model)
-        for block in self.blocks:
-            if block.checkpointed and torch.is_grad_enabled():
+        for i, block in enumerate(self.blocks):
+            if cache is not None:
+                x = block(x, cache, i)  # (B, T, d_model)
+            elif block.checkpointed and torch.is_grad_enabled():
                 x = checkpoint(block, x, use_reentrant=False)  # (B, T, d_model), activations dropped
             else:
                 x = block(x)  # (B, T, d_model)
+        if cache is not None:
+            cache.advance(T)
         logits = self.lm_head(self.ln_f(x))  # (B, T, vocab_size)
         loss = None
         if targets is not None:

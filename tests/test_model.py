@@ -224,3 +224,44 @@ def test_generate():
     assert torch.equal(greedy[:, 12], expected_next)
     g1, g2 = torch.Generator().manual_seed(1), torch.Generator().manual_seed(1)
     assert torch.equal(m.generate(prompt, 4, generator=g1), m.generate(prompt, 4, generator=g2))
+
+
+class _ConcatCache:
+    """The simplest KVCacheLike: per layer, keys and values concatenated along the sequence."""
+
+    def __init__(self, batch, n_layer):
+        self.k, self.v, self.length, self.batch = [None] * n_layer, [None] * n_layer, 0, batch
+
+    def positions(self, T):
+        return (self.length + torch.arange(T)).expand(self.batch, T)
+
+    def attend(self, layer, q, k, v):
+        if self.k[layer] is not None:
+            k, v = torch.cat([self.k[layer], k], dim=2), torch.cat([self.v[layer], v], dim=2)
+        self.k[layer], self.v[layer] = k, v
+        rep = q.size(1) // k.size(1)
+        k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+        T, S = q.size(2), k.size(2)
+        mask = torch.ones(T, S, dtype=torch.bool).tril(diagonal=S - T)  # new token t sees cache + new up to t
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+    def advance(self, T):
+        self.length += T
+
+
+@pytest.mark.parametrize("kv_heads", [4, 2, 1])
+def test_forward_with_a_cache_matches_the_full_forward(kv_heads):
+    torch.manual_seed(0)
+    model = GPT(GPTConfig.preset("tiny", n_kv_head=kv_heads)).eval()
+    idx = torch.randint(0, 256, (2, 11))
+    full, _ = model(idx)
+    cache = _ConcatCache(2, model.config.n_layer)
+    with torch.no_grad():
+        first, _ = model(idx[:, :7], cache=cache)  # prefill 7 tokens, then two chunks
+        second, _ = model(idx[:, 7:8], cache=cache)
+        third, _ = model(idx[:, 8:], cache=cache)
+    got = torch.cat([first, second, third], dim=1)
+    torch.testing.assert_close(got, full, rtol=1e-5, atol=1e-5)
+    assert cache.length == 11
+    with pytest.raises(ValueError, match="past seq_len"):
+        model(torch.zeros(2, model.config.seq_len, dtype=torch.long), cache=cache)
