@@ -291,9 +291,27 @@ def loader_breakdown(model, dataset, *, steps: int, warmup: int = 1, device: str
     loader = make_loader(dataset, **loader_kw)
     try:
         return step_breakdown(model, loader, steps=steps, warmup=warmup, device=device,
-                              mask=loader_kw.get("kind", "pad") == "pack")
+                              mask=loader_kw.get("kind", "pad") == "pack",
+                              non_blocking=loader_kw.get("pin_memory", False))
     finally:
         shutdown(loader)
+
+
+def sweep(make_model: Callable[[], torch.nn.Module], dataset, configs: Sequence[dict], *, steps: int,
+          warmup: int = 1, device: str = "cpu", **common) -> list[dict]:
+    """`loader_breakdown` for each loader configuration (a dict of make_loader keywords over `common`).
+
+    Every configuration trains a fresh `make_model()` (call torch.manual_seed inside it for equal
+    weights). Returns one row per configuration: its keywords, then wait_ms, copy_ms, compute_ms,
+    step_ms (medians), idle (share of the step) and tokens_per_s (real tokens over wall time).
+    """
+    rows = []
+    for cfg in configs:
+        model = make_model().to(device)
+        bd = loader_breakdown(model, dataset, steps=steps, warmup=warmup, device=device, **{**common, **cfg})
+        rows.append({**cfg, "wait_ms": 1e3 * bd.wait, "copy_ms": 1e3 * bd.copy, "compute_ms": 1e3 * bd.compute,
+                     "step_ms": 1e3 * bd.step, "idle": bd.idle, "tokens_per_s": bd.tokens_per_s})
+    return rows
 
 
 def epochs_time(dataset, *, epochs: int, **loader_kw) -> float:

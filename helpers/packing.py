@@ -139,6 +139,20 @@ def block_causal_mask(doc: torch.Tensor) -> torch.Tensor:
     return (doc[..., :, None] == doc[..., None, :]) & causal  # (R, T, T)
 
 
+def positions_from_doc(doc: torch.Tensor) -> torch.Tensor:
+    """(R, T) document ids -> (R, T) int64 position ids restarting at 0 where a new document starts (0 on padding).
+
+    A document starts at slot 0 and wherever the id differs from the slot before (packing never puts
+    one document in two runs of a row).
+    """
+    T = doc.size(-1)
+    idx = torch.arange(T, device=doc.device).expand_as(doc)  # (R, T)
+    start = torch.ones_like(doc, dtype=torch.bool)
+    start[..., 1:] = doc[..., 1:] != doc[..., :-1]
+    first = torch.where(start, idx, torch.zeros_like(idx)).cummax(dim=-1).values  # (R, T) start of each run
+    return torch.where(doc >= 0, idx - first, torch.zeros_like(idx))
+
+
 def forward_packed(model, x: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor | None,
                    targets: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The course GPT on rows with given position ids and an attention mask; (logits, mean loss or None).

@@ -133,3 +133,9 @@ def test_worker_memory_reports_growth_of_a_forked_reader():
     assert py["uss_after"] >= py["uss_before"] > 0 and npy["uss_after"] > 0
     assert py["growth"] > npy["growth"]  # touching 4000 Python objects copies their pages; one array does not
     assert not psutil.Process().children(recursive=True)
+
+
+def test_positions_from_doc_match_the_packer():
+    b = packing.pack_batch(_docs(LENGTHS), 32)
+    assert torch.equal(packing.positions_from_doc(b.doc), b.pos)
+    assert packing.positions_from_doc(torch.tensor([[4, 4, 1, -1, -1]])).tolist() == [[0, 1, 0, 0, 0]]
