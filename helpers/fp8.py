@@ -445,7 +445,11 @@ class Float8Linear(nn.Linear):
         return new
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = Float8Matmul.apply(x.reshape(-1, x.shape[-1]), self.weight, self.recipe, self.scalers)
+        device = x.device.type
+        if torch.is_autocast_enabled(device):  # as F.linear under autocast (and torchao): the input is
+            x = x.to(torch.get_autocast_dtype(device))  # cast to the autocast dtype, so y comes out in it
+        with torch.autocast(device, enabled=False):  # the recipe's own arithmetic, untouched by autocast
+            y = Float8Matmul.apply(x.reshape(-1, x.shape[-1]), self.weight, self.recipe, self.scalers)
         y = y.reshape(*x.shape[:-1], self.out_features)
         return y + self.bias.to(y.dtype) if self.bias is not None else y
 

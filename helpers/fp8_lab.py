@@ -15,7 +15,16 @@ from . import bench, fp8, plots, profiling
 from . import precision as P
 
 TRAIN_VARIANTS = ("fp32", "ours tensorwise", "ours delayed", "ours rowwise", "ours blockwise",
-                  "torchao tensorwise", "torchao rowwise")
+                  "torchao tensorwise", "torchao rowwise")  # the first is the baseline: "bf16" where it runs
+
+
+def train_variants(baseline: str) -> tuple[str, ...]:
+    """TRAIN_VARIANTS with the baseline first: "bf16" (autocast, on a GPU that has bf16) or "fp32".
+
+    Raises ValueError for another baseline."""
+    if baseline not in ("fp32", "bf16"):
+        raise ValueError(f"baseline={baseline!r}; choose 'fp32' or 'bf16'")
+    return (baseline, *TRAIN_VARIANTS[1:])
 
 
 # ---------------------------------------------------------------- formats
@@ -253,7 +262,7 @@ def _bf16_linear(n: int, variant: str, device: str):
 def make_variant(base: torch.nn.Module, variant: str) -> tuple[torch.nn.Module, str]:
     """A deep copy of `base` converted for `variant` (one of TRAIN_VARIANTS); and what was converted."""
     model = copy.deepcopy(base)
-    if variant == "fp32":
+    if variant in ("fp32", "bf16"):
         return model, "nothing (the baseline)"
     rep = _convert(model, variant)
     if rep is not None:
@@ -263,37 +272,46 @@ def make_variant(base: torch.nn.Module, variant: str) -> tuple[torch.nn.Module, 
 
 
 @torch.no_grad()
-def evaluate(model: torch.nn.Module, batches) -> float:
-    """Mean loss over fixed batches."""
+def evaluate(model: torch.nn.Module, batches, autocast: torch.dtype | None = None) -> float:
+    """Mean loss over fixed batches (under torch.autocast in `autocast`, if given)."""
     model.eval()
-    loss = sum(model(x, y)[1].item() for x, y in batches) / len(batches)
+    with torch.autocast(batches[0][0].device.type, dtype=autocast or torch.float32, enabled=autocast is not None):
+        loss = sum(model(x, y)[1].float().item() for x, y in batches) / len(batches)
     model.train()
     return loss
 
 
-def train(model: torch.nn.Module, batches, val_batches, lr: float, progress: Callable = iter) -> dict:
-    """AdamW over the given batches; training losses per step and the final validation loss."""
+def train(model: torch.nn.Module, batches, val_batches, lr: float, progress: Callable = iter,
+          autocast: torch.dtype | None = None) -> dict:
+    """AdamW over the given batches; training losses per step and the final validation loss.
+
+    `autocast` (e.g. torch.bfloat16) runs each forward under torch.autocast on the batches' device,
+    fp32 master weights kept: the GPU baseline, and its FP8 variants (Float8Linear follows autocast).
+    """
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
     losses = []
     for x, y in progress(batches):
-        loss = model(x, y)[1]
+        with torch.autocast(x.device.type, dtype=autocast or torch.float32, enabled=autocast is not None):
+            loss = model(x, y)[1]
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
         losses.append(loss.item())
-    return {"losses": losses, "val_loss": evaluate(model, val_batches)}
+    return {"losses": losses, "val_loss": evaluate(model, val_batches, autocast)}
 
 
 def training_sentences(results: dict[str, dict], last: int) -> list[str]:
-    """Each FP8 variant's final losses against fp32, as measured (mean of the last `last` training losses)."""
+    """Each FP8 variant's final losses against the baseline (the first entry: fp32 or bf16), as measured
+    (mean of the last `last` training losses)."""
     tail = lambda r: sum(r["losses"][-last:]) / len(r["losses"][-last:])  # noqa: E731
-    base = results["fp32"]
+    base_name = next(iter(results))
+    base = results[base_name]
     out = []
     for name, r in results.items():
-        if name == "fp32":
+        if name == base_name:
             continue
         d_train, d_val = tail(r) - tail(base), r["val_loss"] - base["val_loss"]
-        out.append(f"{name}: training loss (mean of last {last}) {tail(r):.4f}, {d_train:+.4f} vs fp32; "
+        out.append(f"{name}: training loss (mean of last {last}) {tail(r):.4f}, {d_train:+.4f} vs {base_name}; "
                    f"validation {r['val_loss']:.4f}, {d_val:+.4f} ({100 * d_val / base['val_loss']:+.2f}%)")
     return out
 

@@ -258,6 +258,37 @@ def test_training_sentences_state_the_measured_gap():
     assert "2.1000, +0.1000 vs fp32" in line and "validation 2.6000, +0.1000 (+4.00%)" in line
 
 
+def test_the_baseline_comes_first_and_names_the_sentences():
+    assert fp8_lab.train_variants("bf16")[0] == "bf16" and fp8_lab.train_variants("fp32")[1:] == fp8_lab.TRAIN_VARIANTS[1:]
+    with pytest.raises(ValueError, match="baseline"):
+        fp8_lab.train_variants("fp16")
+    res = {"bf16": {"losses": [3.0, 2.0], "val_loss": 2.5}, "ours rowwise": {"losses": [3.0, 2.1], "val_loss": 2.6}}
+    assert "vs bf16" in fp8_lab.training_sentences(res, 1)[0]
+
+
+@pytest.mark.parametrize("recipe", ["tensorwise", "rowwise"])
+def test_float8_linear_follows_autocast_like_a_linear(recipe):
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(32, 48)
+    f8 = fp8.Float8Linear.from_linear(copy.deepcopy(lin), recipe)
+    x = torch.randn(5, 32)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y, ref = f8(x), lin(x)
+    assert y.dtype == ref.dtype == torch.bfloat16  # the output in the autocast dtype, as F.linear's
+    assert torch.equal(y, f8(x.to(torch.bfloat16)))  # the same as casting the input by hand
+    assert f8(x).dtype == torch.float32  # and no cast outside autocast
+
+
+def test_training_under_bf16_autocast_keeps_fp32_master_weights():
+    torch.manual_seed(0)
+    model = GPT(GPTConfig.preset("tiny", n_layer=1))
+    fp8.convert_to_float8(model, "rowwise")
+    batches = [(torch.randint(0, 256, (2, 16)), torch.randint(0, 256, (2, 16))) for _ in range(2)]
+    out = fp8_lab.train(model, batches, batches[:1], lr=1e-3, autocast=torch.bfloat16)
+    assert len(out["losses"]) == 2 and all(math.isfinite(v) for v in out["losses"] + [out["val_loss"]])
+    assert all(p.dtype == torch.float32 and p.grad is not None for p in model.parameters() if p.requires_grad)
+
+
 @pytest.mark.notebook
 def test_notebook_07_rejects_a_bad_outlier_at_once(tmp_path):
     import papermill as pm
