@@ -1,0 +1,138 @@
+"""helpers.inference and helpers.pretrained: cached generation equals uncached, bytes equal the formula,
+sampling is reproducible, the latent cache equals its low-rank model, checkpoints are cached and retrained."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from helpers import inference as I
+from helpers import pretrained as P
+from helpers.model import GPT, GPTConfig
+
+
+def _model(n_kv_head: int, seed: int = 0) -> GPT:
+    torch.manual_seed(seed)
+    cfg = GPTConfig(n_layer=2, n_head=4, n_kv_head=n_kv_head, d_model=32, d_ff=64, seq_len=48)
+    model = GPT(cfg).eval()
+    with torch.no_grad():  # larger weights than the init so that logits are far from ties
+        for p in model.parameters():
+            p.mul_(3.0)
+    return model
+
+
+@pytest.mark.parametrize("n_kv_head", [4, 2, 1])  # MHA, GQA (a divisor), MQA
+def test_greedy_identical_with_and_without_cache(n_kv_head):
+    model = _model(n_kv_head)
+    prompt = torch.randint(0, 256, (2, 7), generator=torch.Generator().manual_seed(1))
+    with_cache = I.generate(model, prompt, 30, cache=True)
+    without = I.generate(model, prompt, 30, cache=False)
+    assert with_cache.shape == (2, 30)
+    assert torch.equal(with_cache, without)
+
+
+@pytest.mark.parametrize("n_kv_head", [4, 2, 1])
+def test_cached_logits_match_full_forward(n_kv_head):
+    model = _model(n_kv_head)
+    seq = torch.randint(0, 256, (3, 20), generator=torch.Generator().manual_seed(2))
+    full = model(seq)[0]
+    cache = I.KVCache(model.config, 3, 20)
+    first = model(seq[:, :9], cache=cache)[0]  # a chunk, then tokens one at a time
+    rest = [I.decode_one(model, seq[:, t], cache) for t in range(9, 20)]
+    torch.testing.assert_close(first, full[:, :9], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(torch.stack(rest, 1), full[:, 9:], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("n_kv_head,dtype", [(4, torch.float32), (2, torch.bfloat16), (1, torch.float16)])
+def test_kv_bytes_formula_equals_allocated(n_kv_head, dtype):
+    cfg = _model(n_kv_head).config
+    cache = I.KVCache(cfg, batch=3, max_len=17, dtype=dtype)
+    per_token = I.kv_bytes_per_token(cfg.n_layer, cfg.n_kv_head, cfg.head_dim, torch.finfo(dtype).bits // 8)
+    assert cache.nbytes == per_token * 3 * 17
+    assert cache.nbytes == sum(t.numel() * t.element_size() for t in (cache.k, cache.v))
+
+
+def test_cache_overflow_and_bad_sizes_raise():
+    model = _model(2)
+    cache = I.KVCache(model.config, 1, 4)
+    with pytest.raises(ValueError, match="max_len=4"):
+        model(torch.zeros(1, 5, dtype=torch.long), cache=cache)
+    with pytest.raises(ValueError, match="batch"):
+        I.KVCache(model.config, 0, 4)
+    with pytest.raises(ValueError, match="seq_len"):
+        I.generate(model, torch.zeros(40, dtype=torch.long), 10)
+
+
+def test_sampling_reproducible_and_restricted():
+    logits = torch.randn(4, 256, generator=torch.Generator().manual_seed(3))
+    a = [I.Sampler(temperature=0.8, top_k=20, seed=5)(logits) for _ in range(1)][0]
+    b = I.Sampler(temperature=0.8, top_k=20, seed=5)(logits)
+    assert torch.equal(a, b)
+    top1 = I.Sampler(temperature=1.0, top_k=1, seed=0)(logits)
+    assert torch.equal(top1, logits.argmax(-1))
+    tiny_p = I.Sampler(temperature=1.0, top_p=1e-6, seed=0)(logits)  # the nucleus holds only the top token
+    assert torch.equal(tiny_p, logits.argmax(-1))
+    s = I.Sampler(temperature=1.0, top_k=5, seed=1)
+    draws = torch.stack([s(logits) for _ in range(50)])  # (50, 4)
+    top5 = logits.topk(5).indices  # (4, 5)
+    assert all(bool((draws[:, i, None] == top5[i]).any(-1).all()) for i in range(4))
+    model = _model(2)
+    prompt = torch.randint(0, 256, (1, 5), generator=torch.Generator().manual_seed(4))
+    x = I.generate(model, prompt, 12, I.Sampler(temperature=1.0, top_p=0.9, seed=7))
+    y = I.generate(model, prompt, 12, I.Sampler(temperature=1.0, top_p=0.9, seed=7))
+    assert torch.equal(x, y)
+    for bad in (dict(temperature=-1.0), dict(top_k=0), dict(top_p=0.0), dict(top_p=1.5)):
+        with pytest.raises(ValueError):
+            I.Sampler(**bad)
+
+
+@pytest.mark.parametrize("n_kv_head", [4, 1])
+def test_latent_cache_equals_low_rank_model(n_kv_head):
+    model = _model(n_kv_head)
+    full_rank = 2 * model.config.n_kv_head * model.config.head_dim
+    low, errors = I.factorise_kv(model, min(full_rank, 32))
+    assert max(errors) < 1e-6  # full rank: W is reproduced
+    low, errors = I.factorise_kv(model, 6)
+    assert all(0 < e < 1 for e in errors)
+    seq = torch.randint(0, 256, (2, 16), generator=torch.Generator().manual_seed(5))
+    ref = low(seq)[0]
+    cache = I.LatentKVCache(low, 2, 16)
+    got = torch.cat([low(seq[:, :5], cache=cache)[0]] + [I.decode_one(low, seq[:, t], cache)[:, None]
+                                                        for t in range(5, 16)], 1)
+    torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4)
+    assert cache.nbytes == model.config.n_layer * 2 * 16 * 6 * 4
+    with pytest.raises(ValueError, match="factorise_kv"):
+        I.LatentKVCache(model, 1, 4)
+    with pytest.raises(ValueError, match="rank"):
+        I.factorise_kv(model, 0)
+
+
+def test_real_model_rows():
+    rows = {r[0]: r for r in I.real_model_rows(2, 4096)}
+    assert rows["Llama 2 7B (MHA)"][4] == 512  # 2*32*32*128*2 bytes = 512 KiB per token
+    assert rows["Llama 3 8B (GQA)"][4] == 128
+    assert rows["DeepSeek-V2 (MLA)"][3] == 576
+
+
+def test_pretrained_caches_and_retrains(tmp_path, capsys):
+    kw = dict(cache_dir=tmp_path, device="cpu", progress=False, n_layer=1, d_model=32, d_ff=64, n_head=2)
+    first = P.pretrained("tiny", 3, **kw)
+    assert first.trained_now and first.path.is_file()
+    assert first.perplexity == pytest.approx(torch.tensor(first.val_loss).exp().item())
+    second = P.pretrained("tiny", 3, **kw)
+    assert not second.trained_now
+    for a, b in zip(first.model.state_dict().values(), second.model.state_dict().values()):
+        assert torch.equal(a, b)
+    assert P.pretrained("tiny", 4, **kw).path != first.path  # steps are part of the key
+    first.path.write_bytes(b"torn")
+    capsys.readouterr()
+    third = P.pretrained("tiny", 3, **kw)
+    assert third.trained_now and "could not be read" in capsys.readouterr().out
+    payload = torch.load(first.path, weights_only=True)
+    payload["key"]["format"] = -1
+    torch.save(payload, first.path)
+    assert P.pretrained("tiny", 3, **kw).trained_now
+    assert "another configuration" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="steps"):
+        P.pretrained("tiny", 0, **kw)
+    with pytest.raises(ValueError, match="preset"):
+        P.pretrained("nope", 3, **kw)
