@@ -232,3 +232,23 @@ def test_serving_with_the_triton_decode_gives_the_same_tokens():
     a = serving.serve(model, reqs, num_blocks=20, block_size=4, max_batch=3, impl="torch")
     b = serving.serve(model, reqs, num_blocks=20, block_size=4, max_batch=3, impl="triton")
     assert a.tokens == b.tokens
+
+
+def test_notebook_sections_print_their_tables_and_return_consistent_rows(capsys):
+    model = _tiny(2)
+    out = serving.paged_section(model, block_sizes=[4, 7], n_requests=6, batch=2, context=20, reps=1, show=False)
+    waste = {(r["scheme"], r["block size"]): r for r in out["waste"]}
+    assert waste[("paged", 4)]["fraction"] < waste[("preallocate prompt + cap", None)]["fraction"] \
+        < waste[("preallocate seq_len", None)]["fraction"]
+    assert all(r["used"] == waste[("paged", 4)]["used"] for r in out["waste"])  # the same tokens, held differently
+    assert all(r["max |err| torch"] < 1e-4 for r in out["speed"])
+    text = capsys.readouterr().out
+    assert "waste %" in text and out["sentence"] in text
+    run = serving.batching_section(model, n_requests=5, max_batch=4, block_size=4, max_new_tokens=8, show=False)
+    assert [r["policy"] for r in run["rows"]] == list(serving.POLICIES)
+    assert run["speedup"] == pytest.approx(run["runs"]["continuous"].tokens_per_s / run["runs"]["static"].tokens_per_s)
+    assert run["record"]["n_requests"] == 5 and 0 <= run["same_tokens"] <= 5
+    with pytest.raises(ValueError, match="block_sizes"):
+        serving.paged_section(model, block_sizes=[0])
+    with pytest.raises(ValueError, match="max_batch"):
+        serving.batching_section(model, max_batch=0)
