@@ -15,7 +15,8 @@ where a cache that preallocates each request's maximum length wastes everything 
   `set_batch` choose which sequences a forward call extends.
 * `paged_decode_torch`, `paged_decode_triton`: attention of one new query per sequence over its
   cached keys, read through the block table (the Triton kernel runs in Triton's interpreter without
-  CUDA and is compiled on a GPU). `dense_decode`: the contiguous reference.
+  CUDA and is compiled on a GPU). `dense_decode`: the contiguous reference. `flex_paged_decode`:
+  PyTorch's FlexAttention paged helper reading the same pool and tables (a cross-check).
 * `slot_of`: the block-table lookup (position -> physical block, offset) the exercise asks for.
 * `waste`: allocated minus used slots, paged against per-request max-length preallocation.
 """
@@ -288,6 +289,43 @@ def dense_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: tor
     """The contiguous reference: q (B, H, hd), k/v (B, H_kv, S_max, hd) padded; lengths (B,). -> (B, H, hd) fp32."""
     keep = torch.arange(k.size(2), device=q.device)[None, None, :] < lengths.to(q.device)[:, None, None]
     return _grouped_attention(q[:, :, None], k, v, keep)[:, :, 0]
+
+
+def flex_paged_decode(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, tables: torch.Tensor,
+                      lengths: torch.Tensor) -> torch.Tensor | None:
+    """The same decode through PyTorch's FlexAttention paged helper (a cross-check, not the lesson).
+
+    Our block tables are copied into torch's experimental `PagedAttention` page table, and
+    `flex_attention` reads our pools through its converted block mask. Same shapes as
+    `paged_decode_torch`; returns (B, H, hd) float32, or None when this torch has no such helper.
+    Eager (uncompiled) on a CPU: the first call takes seconds, later ones are quick.
+    """
+    try:
+        from torch.nn.attention.experimental._paged_attention import PagedAttention
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    except ImportError:
+        return None
+    B, H, hd = q.shape
+    nb, bs, H_kv, _ = k_pool.shape
+    dev = q.device
+    pa = PagedAttention(nb, bs, B, device=dev)
+    for b in range(B):
+        n = blocks_for(int(lengths[b]), bs)
+        row = tables[b, :n].to(device=dev, dtype=torch.int64)
+        pa.page_table[b, :n] = row
+        pa.physical_to_logical[b, row] = torch.arange(n, device=dev)
+        pa.capacity[b] = n * bs
+    logical = create_block_mask(lambda b, h, q_idx, kv_idx: kv_idx >= 0, B, None, 1, tables.size(1) * bs,
+                                device=dev, BLOCK_SIZE=bs)
+    mask = pa.convert_logical_block_mask(logical, kv_len=lengths.to(dev))
+    kc = k_pool.permute(2, 0, 1, 3).reshape(1, H_kv, nb * bs, hd).expand(B, -1, -1, -1)  # pool as one long sequence
+    vc = v_pool.permute(2, 0, 1, 3).reshape(1, H_kv, nb * bs, hd).expand(B, -1, -1, -1)
+    import warnings
+
+    with warnings.catch_warnings():  # "flex_attention called without torch.compile": fine for a check
+        warnings.simplefilter("ignore")
+        out = flex_attention(q[:, :, None].float(), kc.float(), vc.float(), block_mask=mask, enable_gqa=True)
+    return out[:, :, 0]
 
 
 if tl is not None:

@@ -252,3 +252,14 @@ def test_notebook_sections_print_their_tables_and_return_consistent_rows(capsys)
         serving.paged_section(model, block_sizes=[0])
     with pytest.raises(ValueError, match="max_batch"):
         serving.batching_section(model, max_batch=0)
+
+
+def test_flexattention_paged_helper_agrees_with_our_block_tables():
+    lengths, block_size = [7, 1, 13, 5], 4
+    kp, vp, tables, _ = _pool_and_tables(lengths, block_size, H_kv=2, hd=16)
+    q = torch.randn(len(lengths), 4, 16, generator=torch.Generator().manual_seed(3))
+    flex = paged.flex_paged_decode(q, kp, vp, tables, torch.tensor(lengths))
+    if flex is None:
+        pytest.skip("this torch has no FlexAttention paged helper")
+    torch.testing.assert_close(flex, paged.paged_decode_torch(q, kp, vp, tables, torch.tensor(lengths)),
+                               atol=1e-5, rtol=1e-5)
