@@ -444,3 +444,36 @@ def copy_overlap(nbytes: int, matmul_n: int, *, reps: int = 10) -> dict[str, flo
                                     device="cuda")
     c, m, b = t["copy"].median, t["compute"].median, t["both"].median
     return {"copy": c, "compute": m, "both": b, "hidden": min(1.0, max(0.0, (c + m - b) / min(c, m)))}
+
+
+def breakdown_figure(rows: Sequence[dict], labels: Sequence[str], *, title: str = "", ax=None):
+    """Horizontal stacked bars of wait / copy / compute ms per step, one bar per row of `sweep`; returns the figure."""
+    from . import plots
+
+    fig, ax = plots.figure(figsize=(8, 0.45 * len(rows) + 1.6)) if ax is None else (ax.figure, ax)
+    left = np.zeros(len(rows))
+    for part, color in (("wait_ms", "tab:red"), ("copy_ms", "tab:orange"), ("compute_ms", "tab:green")):
+        vals = np.array([r[part] for r in rows], dtype=float)
+        ax.barh(list(labels), vals, left=left, color=color, label=part[:-3])
+        left += vals
+    ax.set(xlabel="ms per step (medians)", title=title)
+    ax.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+# ---------------------------------------------------------------- parameter checks for notebook 12
+
+def check_nonnegative(name: str, value) -> float:
+    """`value` as a float if it is a finite int or float >= 0, else ValueError naming the parameter."""
+    if type(value) not in (int, float) or not 0 <= value < math.inf:
+        raise ValueError(f"{name}={value!r} must be a finite number >= 0")
+    return float(value)
+
+
+def check_worker_counts(name: str, values) -> list[int]:
+    """`values` as a list if it is a non-empty list or tuple of ints >= 0 (0: load in the main process)."""
+    if isinstance(values, (str, bytes)) or not isinstance(values, (list, tuple)) or not values or any(
+            type(w) is not int or w < 0 for w in values):
+        raise ValueError(f"{name}={values!r} must be a non-empty list of ints >= 0")
+    return list(values)
