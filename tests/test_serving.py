@@ -244,14 +244,17 @@ def test_notebook_sections_print_their_tables_and_return_consistent_rows(capsys)
     assert all(r["max |err| torch"] < 1e-4 for r in out["speed"])
     text = capsys.readouterr().out
     assert "waste %" in text and out["sentence"] in text
-    run = serving.batching_section(model, n_requests=5, max_batch=4, block_size=4, max_new_tokens=8, show=False)
+    run = serving.batching_section(model, n_requests=5, max_batch=4, block_size=4, max_new_tokens=8, repeats=2,
+                                   show=False)
     assert [r["policy"] for r in run["rows"]] == list(serving.POLICIES)
     assert run["speedup"] == pytest.approx(run["runs"]["continuous"].tokens_per_s / run["runs"]["static"].tokens_per_s)
-    assert run["record"]["n_requests"] == 5 and 0 <= run["same_tokens"] <= 5
+    assert run["record"]["n_requests"] == 5 and 0 <= run["same_tokens"] <= 5 and "2 interleaved runs" in run["noise"]
     with pytest.raises(ValueError, match="block_sizes"):
         serving.paged_section(model, block_sizes=[0])
     with pytest.raises(ValueError, match="max_batch"):
         serving.batching_section(model, max_batch=0)
+    with pytest.raises(ValueError, match="repeats"):
+        serving.batching_section(model, repeats=0)
 
 
 def test_flexattention_paged_helper_agrees_with_our_block_tables():
