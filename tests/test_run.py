@@ -294,3 +294,14 @@ def test_an_unwritable_reference_folder_is_one_line(tmp_path, monkeypatch, capsy
     out = capsys.readouterr().out
     assert code == 1 and [ln for ln in out.splitlines() if "references" in ln] == [
         next(ln for ln in out.splitlines() if ln.startswith("helpers.run: references not saved:"))]
+
+
+def test_every_kernel_of_a_run_shares_one_inductor_cache(fixture_dir, tmp_path, monkeypatch):
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    monkeypatch.setenv("COURSE_CACHE_DIR", str(tmp_path / "cache"))
+    assert run.inductor_cache_dir({}) == str((tmp_path / "cache" / "inductor").resolve())
+    assert run.inductor_cache_dir({"TORCHINDUCTOR_CACHE_DIR": "/mine"}) == "/mine"  # the user's own wins
+    seen = []
+    monkeypatch.setattr(run, "_run_all", lambda notebooks, routed, base, workers, *rest: seen.append(workers.env) or [])
+    run.main(["--notebooks-dir", str(fixture_dir), "--out", str(tmp_path / "runs"), "--no-report", "10"])
+    assert seen and seen[0]["TORCHINDUCTOR_CACHE_DIR"] == str((tmp_path / "cache" / "inductor").resolve())
