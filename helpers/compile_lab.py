@@ -1,0 +1,237 @@
+"""Notebook 09's measurements: each workload eager vs compiled (time, GB/s, kernels), the softmax sweep
+with the Triton kernel, the course GPT's training step and one-token forward compiled, the panel.
+
+The compiler machinery and the workloads themselves are `helpers.compiler`; the Triton softmax is
+`helpers.triton_softmax`. Compiled functions are kept in `COMPILED`, one per workload, so a notebook
+(or a test) compiles each workload once and every later call reuses it.
+"""
+from __future__ import annotations
+
+import copy
+import statistics
+import time
+from typing import Any, Callable
+
+from . import compiler  # first: switches Triton's interpreter on where there is no GPU
+from . import bench, plots, triton_softmax
+
+import torch  # noqa: E402
+
+COMPILED: dict[str, Callable] = {}
+# Eager rounds every intermediate to the dtype, a fused kernel keeps them in fp32: about two rounding
+# steps of the dtype apart (eps: fp16 9.8e-4, bf16 7.8e-3); fp32 differs only in the order of sums.
+TOLERANCES = {torch.float32: (1e-5, 1e-5), torch.float16: (2e-3, 2e-3), torch.bfloat16: (1.6e-2, 1.6e-2)}
+
+
+def compiled(name: str) -> Callable:
+    """torch.compile(workload `name`'s function), made once per process and reused."""
+    if name not in COMPILED:
+        compiler.make_inputs(name, 2, 2)  # validates the name
+        COMPILED[name] = torch.compile(compiler.WORKLOADS[name].fn)
+    return COMPILED[name]
+
+
+def tolerance(dtype: torch.dtype) -> tuple[float, float]:
+    """(rtol, atol) for compiled vs eager in `dtype` (see TOLERANCES). Raises ValueError for other dtypes."""
+    if dtype not in TOLERANCES:
+        raise ValueError(f"dtype {dtype} has no stated tolerance; use one of {list(TOLERANCES)}")
+    return TOLERANCES[dtype]
+
+
+def ratio_quartiles(slow: bench.Timing, fast: bench.Timing) -> tuple[float, float, float]:
+    """(median, q25, q75) of the per-round ratios slow/fast of two interleaved timings."""
+    ratios = sorted(a / b for a, b in zip(slow.samples, fast.samples))
+    if len(ratios) < 2:
+        return ratios[0], ratios[0], ratios[0]
+    q = statistics.quantiles(ratios, n=4, method="inclusive")
+    return statistics.median(ratios), q[0], q[2]
+
+
+def measure_workload(name: str, rows: int, cols: int, *, dtype: torch.dtype = torch.float32, device: str = "cpu",
+                     reps: int = 10, seed: int = 0, kernels: bool = True) -> dict[str, Any]:
+    """Workload `name` on a (rows, cols) input: compiled checked against eager (`tolerance`), then eager,
+    compiled and library (and the Triton softmax on CUDA) timed interleaved.
+
+    Returns {"name", "shape", "bytes_eager", "bytes_fused", "timings" {impl: Timing}, "gbps" {impl: GB/s
+    of the fused bytes, i.e. the useful traffic}, "ratio" (median, q25, q75 of eager/compiled per round),
+    "kernels" {"eager": n, "compiled": n} (None without `kernels`), "max_error"}.
+    """
+    w = compiler.WORKLOADS[name] if name in compiler.WORKLOADS else None
+    args = compiler.make_inputs(name, rows, cols, dtype=dtype, device=device, seed=seed)
+    fn, comp = w.fn, compiled(name)
+    with torch.no_grad():
+        want, got = fn(*args), comp(*args)
+        rtol, atol = tolerance(dtype)
+        torch.testing.assert_close(got, want, rtol=rtol, atol=atol)
+        impls = {"eager": lambda: fn(*args), "compiled": lambda: comp(*args)}
+        if w.library is not None:
+            impls["library"] = lambda: w.library(*args)
+        if name == "softmax" and device == "cuda" and not triton_softmax.BROKEN:
+            impls["triton"] = lambda: triton_softmax.softmax(args[0])
+        timings = bench.benchmark_interleaved(impls, reps=reps, warmup=2, device=device)
+    fused = compiler.fused_bytes(fn, *args)
+    counts = None
+    if kernels:
+        counts = {"eager": compiler.kernel_launches(fn, *args)[0], "compiled": compiler.kernel_launches(comp, *args)[0]}
+    return {"name": name, "shape": (rows, cols), "dtype": str(dtype).replace("torch.", ""),
+            "bytes_eager": compiler.eager_bytes(fn, *args)["total"], "bytes_fused": fused, "timings": timings,
+            "gbps": {k: fused / t.median / 1e9 for k, t in timings.items()},
+            "ratio": ratio_quartiles(timings["eager"], timings["compiled"]), "kernels": counts,
+            "max_error": float((got.float() - want.float()).abs().max())}
+
+
+def workload_rows(results: list[dict], copy_gbps: float) -> list[list]:
+    """Table rows: workload, predicted bytes eager/fused, kernels, times, measured ratio, GB/s vs copy."""
+    rows = []
+    for r in results:
+        t, k = r["timings"], r["kernels"] or {}
+        med, lo, hi = r["ratio"]
+        rows.append([r["name"], f"{r['bytes_eager'] / r['bytes_fused']:.1f}x",
+                     f"{k.get('eager', '-')} -> {k.get('compiled', '-')}", f"{t['eager'].ms:.3f}",
+                     f"{t['compiled'].ms:.3f}", f"{t['library'].ms:.3f}" if "library" in t else "-",
+                     f"{med:.2f}x [{lo:.2f}-{hi:.2f}]", f"{r['gbps']['compiled']:.3g}",
+                     f"{r['gbps']['compiled'] / copy_gbps:.0%}"])
+    return rows
+
+
+WORKLOAD_HEADER = ["workload", "bytes eager/fused", "kernels eager->compiled", "eager ms", "compiled ms",
+                   "library ms", "eager/compiled [IQR]", "compiled GB/s", "of copy bw"]
+
+
+def plot_workloads(results: list[dict], copy_gbps: float):
+    """Two panels: time per implementation and workload (grouped bars); useful GB/s against copy bandwidth."""
+    fig, (ax1, ax2) = plots.figure(ncols=2, figsize=(11, 3.6))
+    impls = ["eager", "compiled", "library", "triton"]
+    width = 0.8 / len(impls)
+    for i, impl in enumerate(impls):
+        xs = [j + i * width for j, r in enumerate(results) if impl in r["timings"]]
+        if xs:
+            ax1.bar(xs, [r["timings"][impl].ms for r in results if impl in r["timings"]], width, label=impl,
+                    color=plots.COLORS[i % len(plots.COLORS)])
+            ax2.bar(xs, [r["gbps"][impl] for r in results if impl in r["timings"]], width, label=impl,
+                    color=plots.COLORS[i % len(plots.COLORS)])
+    for ax, label in ((ax1, "ms per call (median)"), (ax2, "GB/s of the fused bytes")):
+        ax.set_xticks([j + 0.3 for j in range(len(results))], [r["name"] for r in results])
+        ax.set_ylabel(label)
+    ax2.axhline(copy_gbps, ls="--", color="gray", label=f"copy bandwidth {copy_gbps:.3g} GB/s")
+    ax1.legend()
+    ax2.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def softmax_sweep(cols_list: list[int], rows: int, *, dtype: torch.dtype = torch.float32, device: str = "cpu",
+                  reps: int = 5) -> dict[str, list]:
+    """GB/s (useful bytes: read once, write once) of the softmax implementations against row length.
+
+    {"cols": [...], "eager": [...], "compiled": [...], "library": [...], "triton": [...]}; "triton" holds
+    None on a CPU, where the kernel runs only in Triton's (untimed) interpreter.
+    """
+    out: dict[str, list] = {"cols": list(cols_list), "eager": [], "compiled": [], "library": [], "triton": []}
+    for cols in cols_list:
+        r = measure_workload("softmax", rows, cols, dtype=dtype, device=device, reps=reps, kernels=False)
+        for impl in ("eager", "compiled", "library", "triton"):
+            out[impl].append(r["gbps"].get(impl))
+    return out
+
+
+def _train_pair(config, batch_size: int, device: str, lr: float, seed: int):
+    from .model import GPT
+
+    torch.manual_seed(seed)
+    eager = GPT(config).to(device)
+    twin = copy.deepcopy(eager)
+    opts = [torch.optim.AdamW(m.parameters(), lr=lr) for m in (eager, twin)]
+    g = torch.Generator().manual_seed(seed)
+    x, y = (torch.randint(0, config.vocab_size, (batch_size, config.seq_len), generator=g).to(device) for _ in "xy")
+    return eager, torch.compile(twin), opts, x, y
+
+
+def _step(model, opt, x, y) -> torch.Tensor:
+    _, loss = model(x, y)
+    loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return loss.detach()
+
+
+def train_step_compare(config, batch_size: int, *, device: str = "cpu", reps: int = 5, check_steps: int = 2,
+                       lr: float = 1e-3, seed: int = 0) -> dict[str, Any]:
+    """The course GPT's training step (forward, backward, AdamW) eager vs torch.compile'd, from equal weights.
+
+    The first compiled step's time is reported as "first_step_s" (it compiles the forward and backward
+    graphs); `check_steps` steps of both must give losses within rtol=1e-4, atol=1e-5 (fp32; the
+    compiled kernels sum in another order, and the difference grows slowly over steps); then `reps`
+    steps of each are timed interleaved. Returns times, tokens/s, TFLOP/s (counted as in notebook 02)
+    and the per-round ratio quartiles.
+    """
+    from .flops import transformer_flops
+
+    eager, comp, (opt_e, opt_c), x, y = _train_pair(config, batch_size, device, lr, seed)
+    _step(eager, opt_e, x, y)
+    start = time.perf_counter()
+    _step(comp, opt_c, x, y)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    first = time.perf_counter() - start
+    losses = [(float(_step(eager, opt_e, x, y)), float(_step(comp, opt_c, x, y))) for _ in range(check_steps)]
+    for a, b in losses:
+        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5)
+    timings = bench.benchmark_interleaved({"eager": lambda: _step(eager, opt_e, x, y),
+                                           "compiled": lambda: _step(comp, opt_c, x, y)},
+                                          reps=reps, warmup=1, device=device)
+    tokens = batch_size * config.seq_len
+    flops = transformer_flops(config, batch_size, config.seq_len)["total"]["total"]
+    return {"first_step_s": first, "losses": losses, "timings": timings, "tokens": tokens, "flops": flops,
+            "tokens_per_s": {k: tokens / t.median for k, t in timings.items()},
+            "tflops": {k: flops / t.median / 1e12 for k, t in timings.items()},
+            "ratio": ratio_quartiles(timings["eager"], timings["compiled"])}
+
+
+def one_token_forward(config, modes: list[str], *, device: str = "cpu", reps: int = 20,
+                      seed: int = 0) -> dict[str, dict]:
+    """A batch-1, one-token forward of the course GPT (the shape of a decode step; no KV cache here),
+    eager and under each torch.compile mode: {mode: {"compile_s", "timing"}} with "eager" first.
+
+    "reduce-overhead" (CUDA graphs) and "max-autotune" need CUDA: asked for on a CPU they raise ValueError.
+    """
+    from .model import GPT
+
+    for mode in modes:
+        if mode not in ("default", "reduce-overhead", "max-autotune"):
+            raise ValueError(f"mode {mode!r}; choose 'default', 'reduce-overhead' or 'max-autotune'")
+        if mode != "default" and device != "cuda":
+            raise ValueError(f"mode {mode!r} needs CUDA (CUDA graphs / GPU autotuning)")
+    torch.manual_seed(seed)
+    model = GPT(config).to(device).eval()
+    idx = torch.zeros(1, 1, dtype=torch.long, device=device)  # (B=1, T=1)
+    fns: dict[str, Callable] = {"eager": model}
+    out: dict[str, dict] = {"eager": {"compile_s": 0.0}}
+    with torch.no_grad():
+        want = model(idx)[0]
+        for mode in modes:
+            fn = torch.compile(model, mode=mode)
+            start = time.perf_counter()
+            for _ in range(3):  # CUDA graphs record on a later call than the first
+                got = fn(idx)[0]
+            if device == "cuda":
+                torch.cuda.synchronize()
+            out[mode] = {"compile_s": time.perf_counter() - start}
+            torch.testing.assert_close(got.float(), want.float(), rtol=1e-4, atol=1e-4)
+            fns[mode] = fn
+        timings = bench.benchmark_interleaved({k: (lambda f=f: f(idx)) for k, f in fns.items()},
+                                              reps=reps, warmup=2, device=device)
+    for k, t in timings.items():
+        out[k]["timing"] = t
+    return out
+
+
+def panel_figure(workload: str, cols: int, rows: int, *, device: str = "cpu", reps: int = 5) -> dict[str, Any]:
+    """The instructor panel's callback: measure one workload at (rows, cols), print one line, draw bars."""
+    r = measure_workload(workload, rows, cols, device=device, reps=reps)
+    k = r["kernels"]
+    print(f"{workload} ({rows} x {cols}): eager {r['timings']['eager'].ms:.3f} ms, {k['eager']} kernels; compiled "
+          f"{r['timings']['compiled'].ms:.3f} ms, {k['compiled']} kernels; eager/compiled {r['ratio'][0]:.2f}x; "
+          f"compiled {r['gbps']['compiled']:.3g} GB/s of the fused bytes")
+    plots.bars({impl: t.ms for impl, t in r["timings"].items()}, ylabel="ms per call", title=f"{workload}, {rows}x{cols}")
+    return r
