@@ -152,11 +152,12 @@ class Sampler:
 
 @torch.no_grad()
 def generate(model: GPT, prompt: torch.Tensor, n: int, sampler: Sampler | None = None, *, cache: bool = True,
-             dtype: torch.dtype | None = None) -> torch.Tensor:
+             dtype: torch.dtype | None = None, make_cache=None) -> torch.Tensor:
     """n new tokens (B, n) after prompt (B, T) or (T,); greedy when sampler is None.
 
     cache=True: one prefill, then one `decode_one` per token against a `KVCache` of length T + n
-    (dtype: the model's). cache=False: the whole sequence is rerun at every step (no cache).
+    (dtype: the model's; make_cache(config, batch, max_len, dtype=, device=) builds another KVCacheLike
+    in its place). cache=False: the whole sequence is rerun at every step (no cache).
     Raises ValueError when T + n passes the model's seq_len.
     """
     if isinstance(n, bool) or not isinstance(n, int) or n <= 0:
@@ -170,7 +171,7 @@ def generate(model: GPT, prompt: torch.Tensor, n: int, sampler: Sampler | None =
     out = []
     if cache:
         p = next(model.parameters())
-        kv = KVCache(model.config, B, T + n, dtype=dtype or p.dtype, device=p.device)
+        kv = (make_cache or KVCache)(model.config, B, T + n, dtype=dtype or p.dtype, device=p.device)
         logits = prefill(model, prompt, kv)
         for i in range(n):
             out.append(sampler(logits))

@@ -123,7 +123,19 @@ def train(config: GPTConfig, schedule: dict, *, seed: int = 0, device: str = "cp
     g = torch.Generator().manual_seed(seed)
     use_bf16 = torch.device(device).type == "cuda"
     model.train()
-    it = bar(range(steps), desc=f"training {config.n_layer}L/{config.d_model}d", disable=None) if progress \
+    threads = torch.get_num_threads()
+    if not use_bf16:  # small CPU matmuls run faster on one thread than on threads that fight other processes
+        torch.set_num_threads(1)
+    try:
+        _loop(model, opt, tokens, schedule, warm, g, device, use_bf16, bar, progress, config)
+    finally:
+        torch.set_num_threads(threads)
+    return model.eval()
+
+
+def _loop(model, opt, tokens, schedule, warm, g, device, use_bf16, bar, progress, config) -> None:
+    steps = schedule["steps"]
+    it = bar(range(steps), desc=f"training {config.n_layer}L/{config.d_model}d") if progress \
         else range(steps)
     for step in it:
         frac = step / warm if step < warm else 0.1 + 0.45 * (1 + math.cos(math.pi * (step - warm) / max(1, steps - warm)))
@@ -136,7 +148,6 @@ def train(config: GPTConfig, schedule: dict, *, seed: int = 0, device: str = "cp
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-    return model.eval()
 
 
 def _load(path: Path, key: dict, device: str) -> tuple[GPT, dict] | str:

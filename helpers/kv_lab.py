@@ -1,0 +1,300 @@
+"""Notebook 10's measurements: decode with and without a cache, prefill vs decode on the roofline, decode as
+bandwidth, attention variants against a memory budget, a static cache for compiled decode, and the panel.
+
+Every function here times with `helpers.bench` and counts FLOPs with torch's FlopCounterMode (matmuls and
+attention, as torch counts them) and bytes by hand (stated in each docstring).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from . import bench
+from .inference import KVCache, LatentKVCache, decode_one, factorise_kv, kv_bytes_per_token
+from .model import GPT, GPTConfig
+
+
+def _tokens(B: int, T: int, device, seed: int = 0) -> torch.Tensor:
+    return torch.randint(0, 256, (B, T), generator=torch.Generator().manual_seed(seed)).to(device)
+
+
+def _param(model: nn.Module) -> torch.Tensor:
+    return next(model.parameters())
+
+
+def weight_bytes(model: GPT) -> int:
+    """Bytes of the weights one decode step reads: every parameter once (a tied LM head once), except the
+    position table, of which one row per token is read."""
+    n = sum(p.numel() * p.element_size() for p in model.parameters())
+    wpe = model.wpe.weight
+    return n - wpe.numel() * wpe.element_size() + wpe.size(1) * wpe.element_size()
+
+
+def counted_flops(fn) -> int:
+    """FLOPs of one call of fn() as torch's FlopCounterMode counts them (matmuls and attention)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with FlopCounterMode(display=False) as counter, torch.no_grad():
+        fn()
+    return int(counter.get_total_flops())
+
+
+def filled_cache(model: GPT, batch: int, context: int, max_len: int | None = None) -> KVCache:
+    """A KVCache of `batch` sequences holding `context` tokens, filled by a prefill of random tokens."""
+    p = _param(model)
+    cache = KVCache(model.config, batch, max_len or context + 1, dtype=p.dtype, device=p.device)
+    with torch.no_grad():
+        model(_tokens(batch, context, p.device), cache=cache)
+    return cache
+
+
+def decode_step_fn(model: GPT, cache, batch: int):
+    """A closure: one decode step at the cache's current length, rewound afterwards so that every call
+    measures the same position."""
+    start, tok = cache.length, _tokens(batch, 1, _param(model).device, 1)
+
+    def step():
+        cache.length = start
+        return decode_one(model, tok, cache)
+    return step
+
+
+def per_position(model: GPT, positions: list[int], reps: int, progress=iter) -> dict[str, list[float]]:
+    """Seconds for the next token at each context length in `positions`: with a cache (one decode step) and
+    without (a forward over the whole context + 1 tokens), timed interleaved."""
+    dev = _param(model).device.type
+    out = {"with cache": [], "without cache": []}
+    cache = filled_cache(model, 1, max(positions), max(positions) + 1)
+    seq = _tokens(1, max(positions) + 1, _param(model).device)
+    for p in progress(positions):
+        cache.length = p
+        fns = {"with cache": decode_step_fn(model, cache, 1),
+               "without cache": lambda p=p: model(seq[:, :p + 1])[0][:, -1]}
+        with torch.no_grad():
+            t = bench.benchmark_interleaved(fns, reps=reps, warmup=1, device=dev)
+        for k in out:
+            out[k].append(t[k].median)
+    return out
+
+
+def prefill_decode(model: GPT, prompt_len: int, reps: int) -> list[dict]:
+    """Prefill of `prompt_len` tokens vs one decode step at that context, batch 1: counted FLOPs, minimum
+    bytes (weights read once + K/V written for prefill; weights + K/V read + written for decode), the
+    intensity (FLOP/byte), measured seconds and the achieved TFLOP/s and GB/s."""
+    dev, p = _param(model).device.type, _param(model)
+    cfg, el = model.config, p.element_size()
+    kv_tok = kv_bytes_per_token(cfg.n_layer, cfg.n_kv_head, cfg.head_dim, el)
+    toks = _tokens(1, prompt_len, p.device)
+    cache = KVCache(cfg, 1, prompt_len + 1, dtype=p.dtype, device=p.device)
+
+    def pre():
+        cache.length = 0
+        return model(toks, cache=cache)[0]
+    with torch.no_grad():
+        pre()
+    dec = decode_step_fn(model, cache, 1)
+    rows = []
+    for name, fn, nbytes in (("prefill", pre, weight_bytes(model) + prompt_len * kv_tok),
+                             ("decode", dec, weight_bytes(model) + (prompt_len + 1) * kv_tok)):
+        flops = counted_flops(fn)
+        with torch.no_grad():
+            t = bench.benchmark(fn, warmup=1, reps=reps, device=dev)
+        rows.append({"phase": name, "tokens": prompt_len if name == "prefill" else 1, "flops": flops,
+                     "bytes": nbytes, "intensity": flops / nbytes, "seconds": t.median, "spread": t.spread,
+                     "tflops": flops / t.median / 1e12, "gbps": nbytes / t.median / 1e9})
+    return rows
+
+
+def random_model(preset: str, dtype: torch.dtype, device: str, **overrides) -> GPT:
+    """An untrained course GPT of `preset` in `dtype` on `device` (speed does not depend on training)."""
+    torch.manual_seed(0)
+    return GPT(GPTConfig.preset(preset, **overrides)).to(device=device, dtype=dtype).eval()
+
+
+def bandwidth_row(model: GPT, context: int, batch: int, reps: int, name: str = "") -> dict:
+    """One decode step of `batch` sequences at `context` cached tokens: seconds, tokens/s, bytes read
+    (weights once + every sequence's K/V), achieved GB/s and counted FLOPs."""
+    p = _param(model)
+    cfg = model.config
+    kv = kv_bytes_per_token(cfg.n_layer, cfg.n_kv_head, cfg.head_dim, p.element_size())
+    cache = filled_cache(model, batch, context)
+    fn = decode_step_fn(model, cache, batch)
+    flops = counted_flops(fn)
+    with torch.no_grad():
+        t = bench.benchmark(fn, warmup=1, reps=reps, device=p.device.type)
+    nbytes = weight_bytes(model) + batch * (context + 1) * kv
+    return {"model": name, "params_m": sum(q.numel() for q in model.parameters()) / 1e6, "batch": batch,
+            "context": context, "seconds": t.median, "spread": t.spread, "tokens_per_s": batch / t.median,
+            "bytes": nbytes, "gbps": nbytes / t.median / 1e9, "flops": flops, "intensity": flops / nbytes,
+            "tflops": flops / t.median / 1e12}
+
+
+# ---------------------------------------------------------------- attention variants
+
+
+def variant_configs(cfg: GPTConfig, rank: int) -> dict[str, dict]:
+    """MHA, GQA (half the kv heads, when that divides), MQA and an MLA-style latent of `rank`, on the
+    dimensions of `cfg`: cached elements per token per layer, and the n_kv_head each uses."""
+    out = {"MHA": dict(n_kv_head=cfg.n_head, per_layer=2 * cfg.n_head * cfg.head_dim)}
+    if cfg.n_head % 2 == 0 and cfg.n_head > 2:
+        g = cfg.n_head // 2
+        out[f"GQA ({g} kv heads)"] = dict(n_kv_head=g, per_layer=2 * g * cfg.head_dim)
+    out["MQA"] = dict(n_kv_head=1, per_layer=2 * cfg.head_dim)
+    out[f"MLA-style latent (r={rank})"] = dict(n_kv_head=cfg.n_head, per_layer=rank)
+    return out
+
+
+def budget_rows(cfg: GPTConfig, variants: dict, budget_bytes: float, weight_bytes_: float, el: int) -> list[list]:
+    """Per variant: bytes per token, the longest context one sequence could hold in what the budget leaves
+    after the weights, and how many sequences of the model's seq_len fit."""
+    free = max(0.0, budget_bytes - weight_bytes_)
+    rows = []
+    for name, v in variants.items():
+        per_tok = cfg.n_layer * v["per_layer"] * el
+        rows.append([name, per_tok, int(free // per_tok), int(free // (per_tok * cfg.seq_len))])
+    return rows
+
+
+def mla_sweep(model: GPT, ranks: list[int], val_tokens: torch.Tensor, val_batches: int) -> list[dict]:
+    """For each rank: the k/v projections' mean relative reconstruction error, and the validation loss of the
+    factorised model (nats/byte), beside the original's."""
+    from .pretrained import validation_loss
+
+    rows = []
+    for r in ranks:
+        low, errs = factorise_kv(model, r)
+        rows.append({"rank": r, "recon_error": sum(errs) / len(errs),
+                     "val_loss": validation_loss(low, val_tokens, batches=val_batches)})
+    return rows
+
+
+def latent_row(low: GPT, context: int, reps: int) -> dict:
+    """One decode step through a LatentKVCache of a factorised model at `context` tokens (batch 1)."""
+    p = _param(low)
+    cache = LatentKVCache(low, 1, context + 1, dtype=p.dtype, device=p.device)
+    with torch.no_grad():
+        low(_tokens(1, context, p.device), cache=cache)
+    start, tok = cache.length, _tokens(1, 1, p.device, 1)
+
+    def step():
+        cache.length = start
+        return decode_one(low, tok, cache)
+    with torch.no_grad():
+        t = bench.benchmark(step, warmup=1, reps=reps, device=p.device.type)
+    return {"seconds": t.median, "spread": t.spread, "cache_bytes": cache.nbytes}
+
+
+# ---------------------------------------------------------------- a static cache for compiled decode
+
+
+class StaticKVCache(nn.Module):
+    """A KVCacheLike for one-token decode with static shapes, as compiled decode needs (gpt-fast's design):
+    buffers k, v (n_layer, B, n_kv_head, max_len, head_dim) and the position `pos` live on the device as
+    module buffers; every step attends over all max_len slots with a mask of those filled, so no shape
+    and no Python number changes between steps."""
+
+    def __init__(self, config: GPTConfig, batch: int, max_len: int, *, dtype=torch.float32, device="cpu"):
+        super().__init__()
+        shape = (config.n_layer, batch, config.n_kv_head, max_len, config.head_dim)
+        self.register_buffer("k", torch.zeros(shape, dtype=dtype, device=device))
+        self.register_buffer("v", torch.zeros(shape, dtype=dtype, device=device))
+        self.register_buffer("pos", torch.zeros((), dtype=torch.long, device=device))
+        self.register_buffer("slots", torch.arange(max_len, device=device))
+        self.group = config.n_head // config.n_kv_head
+
+    def positions(self, T: int) -> torch.Tensor:
+        return (self.pos + self.slots[:T]).expand(self.k.size(1), T)
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        T = q.size(2)
+        idx = self.pos + self.slots[:T]  # (T,)
+        self.k[layer].index_copy_(2, idx, k.to(self.k.dtype))
+        self.v[layer].index_copy_(2, idx, v.to(self.v.dtype))
+        mask = self.slots[None, :] <= idx[:, None]  # (T, max_len): filled slots up to each new token
+        keys, values = self.k[layer], self.v[layer]
+        if self.group > 1:
+            keys, values = keys.repeat_interleave(self.group, 1), values.repeat_interleave(self.group, 1)
+        return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
+
+    def advance(self, T: int) -> None:
+        self.pos += T
+
+
+def static_step(model: GPT, token: torch.Tensor, cache: StaticKVCache) -> torch.Tensor:
+    """GPT.forward for one token per sequence against a StaticKVCache, without the Python-side bounds check
+    (a device-to-host sync that would break a compiled graph): logits (B, vocab)."""
+    x = model.wte(token.reshape(-1, 1)) + model.wpe(cache.positions(1))
+    for i, block in enumerate(model.blocks):
+        x = block(x, cache, i)
+    cache.advance(1)
+    return model.lm_head(model.ln_f(x))[:, -1]
+
+
+def compiled_decode(model: GPT, context: int, reps: int, mode: str = "reduce-overhead") -> dict:
+    """CUDA only: batch-1 decode at `context` tokens, eager KVCache vs torch.compile(static_step) with a
+    StaticKVCache (`mode` "reduce-overhead" adds CUDA graphs). Returns seconds and bytes read per token."""
+    p = _param(model)
+    cfg = model.config
+    static = StaticKVCache(cfg, 1, context + 1, dtype=p.dtype, device=p.device)
+    with torch.no_grad():
+        model(_tokens(1, context, p.device), cache=static)  # prefill through the same buffers
+    tok = _tokens(1, 1, p.device, 1)
+    step = torch.compile(static_step, mode=mode, fullgraph=True)
+
+    def run():
+        static.pos.fill_(context)
+        torch.compiler.cudagraph_mark_step_begin()
+        return step(model, tok, static).clone()
+    with torch.no_grad():
+        t = bench.benchmark(run, warmup=3, reps=reps, device="cuda")
+    eager = bandwidth_row(model, context, 1, reps)
+    nbytes = weight_bytes(model) + (context + 1) * kv_bytes_per_token(cfg.n_layer, cfg.n_kv_head, cfg.head_dim,
+                                                                       p.element_size())
+    return {"eager_s": eager["seconds"], "compiled_s": t.median, "compiled_spread": t.spread, "bytes": nbytes,
+            "compiled_gbps": nbytes / t.median / 1e9, "eager_gbps": eager["gbps"], "mode": mode}
+
+
+# ---------------------------------------------------------------- the panel: memory, waste, throughput
+
+
+def request_mix(name: str, n: int, max_len: int, seed: int = 0) -> list[int]:
+    """Token lengths of n requests: 'uniform' (1..max_len) or 'heavy-tailed' (a log-normal, many short and a
+    few long), clipped to 1..max_len."""
+    g = torch.Generator().manual_seed(seed)
+    if name == "uniform":
+        lens = torch.randint(1, max_len + 1, (n,), generator=g)
+    elif name == "heavy-tailed":
+        lens = torch.exp(torch.randn(n, generator=g) * 1.0 + math.log(max_len / 8)).round().long()
+    else:
+        raise ValueError(f"mix={name!r}; choose 'uniform' or 'heavy-tailed'")
+    return lens.clamp(1, max_len).tolist()
+
+
+def serving_estimate(lengths: list[int], max_len: int, bytes_per_token: float, block: int, budget_bytes: float,
+                     weight_bytes_: float, gbps: float) -> dict:
+    """Memory and throughput of serving `lengths` two ways. Preallocating max_len per request reserves
+    max_len tokens each; paging reserves whole blocks of `block` tokens. Waste = reserved but unused / reserved.
+    Throughput is a bandwidth model from this run's measured GB/s: as many requests as the budget holds decode
+    together, one step reading the weights once plus their K/V (tokens/s = batch / step time)."""
+    used = sum(lengths)
+    pre = len(lengths) * max_len
+    paged = sum(-(-n // block) * block for n in lengths)
+    out = {"used_tokens": used}
+    for name, reserved_per_req in (("preallocated", [max_len] * len(lengths)),
+                                   ("paged", [-(-n // block) * block for n in lengths])):
+        reserved = pre if name == "preallocated" else paged
+        free = max(0.0, budget_bytes - weight_bytes_)
+        batch, total = 0, 0.0
+        for r in reserved_per_req:  # admit requests in order while their reservation fits
+            if total + r * bytes_per_token > free:
+                break
+            total += r * bytes_per_token
+            batch += 1
+        mean_ctx = sum(lengths[:batch]) / batch if batch else 0.0
+        step_s = (weight_bytes_ + batch * mean_ctx * bytes_per_token) / (gbps * 1e9)
+        out[name] = {"reserved_tokens": reserved, "waste": 1 - used / reserved, "batch": batch,
+                     "tokens_per_s": batch / step_s if batch else 0.0}
+    return out
