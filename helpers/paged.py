@@ -393,6 +393,30 @@ def paged_decode_triton(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Ten
     return out
 
 
+def compile_decode_kernel(dtype: str = "bf16", *, block_size: int = 16, head_dim: int = 64, group: int = 1,
+                          arch: int = 90, num_warps: int = 4):
+    """Compile the Triton decode kernel for sm_<arch> ahead of time, with no GPU needed (Triton's real
+    compiler, down to ptxas): catches what the interpreter accepts and the compiler rejects.
+
+    dtype: "bf16", "fp16" or "fp32" pools and query. Must run in a process where Triton's
+    interpreter is off: set COURSE_TRITON_AOT=1 before importing helpers (see helpers.triton_aot).
+    Returns Triton's compiled kernel; raises RuntimeError when the interpreter is on.
+    """
+    if _flash_triton is None or _flash_triton.INTERPRETED:
+        raise RuntimeError("Triton's interpreter is on in this process: set COURSE_TRITON_AOT=1 before importing")
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    p = {"bf16": "*bf16", "fp16": "*fp16", "fp32": "*fp32"}[dtype]
+    fn = _paged_decode_kernel
+    args = dict(q_ptr=p, k_ptr=p, v_ptr=p, table_ptr="*i32", len_ptr="*i32", out_ptr="*fp32", scale="fp32")
+    meta = dict(GROUP=group, BLOCK_SIZE=block_size, B_PAD=triton.next_power_of_2(block_size), HEAD_DIM=head_dim,
+                D_PAD=triton.next_power_of_2(head_dim))
+    types = {n: "constexpr" if n in meta else args.get(n, "i32") for n in fn.arg_names}  # strides: i32
+    return triton.compile(ASTSource(fn, types, meta, {}), target=GPUTarget("cuda", arch, 32),
+                          options={"num_warps": num_warps})
+
+
 # -------------------------------------------------------------------- memory waste
 
 def waste(lengths: Sequence[int], *, block_size: int | None = None, reserve: int | Sequence[int] | None = None

@@ -266,3 +266,21 @@ def test_flexattention_paged_helper_agrees_with_our_block_tables():
         pytest.skip("this torch has no FlexAttention paged helper")
     torch.testing.assert_close(flex, paged.paged_decode_torch(q, kp, vp, tables, torch.tensor(lengths)),
                                atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.skipif(paged.TRITON_MISSING is not None, reason="triton is not installed")
+def test_the_triton_decode_kernel_compiles_for_an_h100_without_a_gpu():
+    """The interpreter accepts code the compiler rejects: compile for sm_90 in a process with it off."""
+    pytest.importorskip("triton.backends.compiler", reason="this triton has no ahead-of-time compile API")
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = ("from helpers import paged\n"
+            "c = paged.compile_decode_kernel('bf16', block_size=12, head_dim=48, group=3)\n"
+            "print('compiled', c.metadata.shared)")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"} | {"COURSE_TRITON_AOT": "1"}
+    done = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[1], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0 and "compiled" in done.stdout, done.stderr[-2000:]
