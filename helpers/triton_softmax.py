@@ -115,6 +115,18 @@ def softmax(x: torch.Tensor, max_block: int | None = None) -> torch.Tensor:
     return out.reshape(x.shape)
 
 
+def online_update(m: torch.Tensor, l: torch.Tensor, block: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """One step of the online softmax in PyTorch, what the kernel's first pass does per block.
+
+    m, l: (rows,) running max and running sum of exp(x - m) so far (start: -inf and 0);
+    block: (rows, B) the next block of each row. Returns the new (m, l). A row whose entries so far are
+    all -inf keeps m = -inf and l = 0 (never -inf - (-inf) = NaN), so a later finite block still counts.
+    """
+    m_new = torch.maximum(m, block.amax(-1))
+    safe = torch.where(m_new == float("-inf"), torch.zeros_like(m_new), m_new)
+    return m_new, l * torch.exp(m - safe) + torch.exp(block - safe[:, None]).sum(-1)
+
+
 def _quiet_nan():
     """numpy's errstate(invalid='ignore') in the interpreter; nothing on a GPU."""
     import contextlib
