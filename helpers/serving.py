@@ -18,7 +18,8 @@
   (p50 and p99), tokens/s and the KV memory wasted (allocated - used slots, averaged over iterations).
 * `solo_tokens`: a request served alone, the reference every batched run must reproduce.
 * `paged_section`, `batching_section`: notebook 10's two sections, each one call that prints a table,
-  draws a figure and returns its rows.
+  draws a figure and returns its rows. `memory_panel`: a callback for the instructor panel (kv heads,
+  block size, length spread -> KV memory, waste and how many requests fit a memory budget).
 
 The schedule is deterministic: arrivals are counted in iterations (request i joins the queue at
 the start of iteration `arrival`), so the same seed gives the same batches on every machine; the
@@ -38,6 +39,9 @@ this run's numbers, draws its figure and returns its rows; see the docstrings fo
                                             max_batch=S.pick(smoke=8, full=32), max_new_tokens=S.pick(smoke=32, full=None),
                                             repeats=S.pick(smoke=1, full=3))
         results.record("10-batching", batching["record"])
+
+    Panel (optional): widgets.panel(functools.partial(serving.memory_panel, config=model.config),
+        {"kv_heads": ..., "block_size": ..., "sigma": ...}) after calling memory_panel once statically.
 
 `model` is the trained course GPT in eval mode (on S.device); pass `corpus=` (1-D token ids of
 held-out text) to draw prompts from real text. batching["speedup"] is the continuous / static
@@ -528,3 +532,50 @@ def batching_section(model, *, n_requests: int = 16, max_batch: int = 8, block_s
     record["tokens_per_s_spread"] = spread
     return {"rows": rows, "runs": runs, "speedup": speedup, "same_tokens": same, "sentence": sentence,
             "noise": noise, "figure": fig, "record": record}
+
+
+def memory_panel(kv_heads: int, block_size: int, sigma: float, *, config, n_requests: int = 200,
+                 budget_gb: float = 1.0, dtype_bytes: int = 2, seed: int = 0, show: bool = True) -> dict:
+    """Instructor-panel callback: KV memory of a request mix, paged against per-request preallocation.
+
+    config: a GPTConfig (layers, head_dim, seq_len are taken from it; `kv_heads` must divide its
+    n_head). The mix: `n_requests` requests with log-normal lengths of spread `sigma` (make_requests).
+    Bytes per token = 2 * n_layer * kv_heads * head_dim * dtype_bytes. Prints, for paged blocks of
+    `block_size`, preallocation to prompt + cap and to seq_len: allocated GB, waste %, and how many
+    of the mix's requests fit at once in `budget_gb` (the batch that memory allows, which bounds
+    decode throughput); draws a bar chart. Returns {scheme: {"gb", "waste", "fit"}}.
+    """
+    if isinstance(kv_heads, bool) or not isinstance(kv_heads, int) or kv_heads < 1 or config.n_head % kv_heads:
+        raise ValueError(f"kv_heads={kv_heads!r} must be a positive divisor of n_head={config.n_head}")
+    if budget_gb <= 0 or dtype_bytes < 1:
+        raise ValueError(f"budget_gb={budget_gb} and dtype_bytes={dtype_bytes} must be positive")
+    per_token = 2 * config.n_layer * kv_heads * config.head_dim * dtype_bytes
+    cap = config.seq_len // 2
+    reqs = make_requests(n_requests, seed=seed, max_len=config.seq_len, max_new_tokens=cap, sigma=sigma,
+                         prompt_median=max(2, config.seq_len // 8), output_median=max(2, config.seq_len // 8))
+    lengths = [len(r.prompt) + r.output_len for r in reqs]
+    holds = {f"paged, block {block_size}": [blocks_for(L, block_size) * block_size for L in lengths],
+             "preallocate prompt + cap": [len(r.prompt) + cap for r in reqs],
+             "preallocate seq_len": [config.seq_len] * len(reqs)}
+    out = {}
+    for scheme, slots in holds.items():
+        w = paged.waste(lengths, reserve=slots)
+        fit, total = 0, 0
+        for s in slots:  # requests in arrival order, until the budget is full
+            if (total + s) * per_token > budget_gb * 1e9:
+                break
+            fit, total = fit + 1, total + s
+        out[scheme] = {"gb": w["allocated"] * per_token / 1e9, "waste": w["fraction"], "fit": fit}
+    print(f"{per_token} bytes of KV per token ({config.n_layer} layers x {kv_heads} kv heads x {config.head_dim} "
+          f"x 2 (k and v) x {dtype_bytes} bytes); {n_requests} requests, {sum(lengths)} tokens in all")
+    print(tables.table(["scheme", "allocated GB", "waste %", f"requests that fit {budget_gb:g} GB"],
+                       [[k, v["gb"], 100 * v["waste"], v["fit"]] for k, v in out.items()]))
+    fig, ax = plots.figure()
+    plots.bars({k.replace("preallocate ", "prealloc\n"): v["fit"] for k, v in out.items()},
+               ylabel=f"requests that fit {budget_gb:g} GB", annotate="{:.0f}", logy=False, ax=ax,
+               title=f"{kv_heads} kv heads, block {block_size}, sigma {sigma:g}")
+    if not show:
+        import matplotlib.pyplot as plt
+
+        plt.close(fig)
+    return out

@@ -284,3 +284,17 @@ def test_the_triton_decode_kernel_compiles_for_an_h100_without_a_gpu():
     done = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[1], env=env,
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0 and "compiled" in done.stdout, done.stderr[-2000:]
+
+
+def test_memory_panel_counts_bytes_and_requests_that_fit(capsys):
+    cfg = GPTConfig.preset("tiny")  # 2 layers, 4 heads of 32, seq_len 128
+    out = serving.memory_panel(2, 16, 0.8, config=cfg, n_requests=50, budget_gb=1e-3, dtype_bytes=2, show=False)
+    per_token = 2 * 2 * 2 * 32 * 2
+    paged_row, pre = out["paged, block 16"], out["preallocate seq_len"]
+    assert pre["gb"] == pytest.approx(50 * 128 * per_token / 1e9)
+    assert pre["fit"] == int(1e-3 * 1e9 // (128 * per_token))
+    assert paged_row["waste"] < out["preallocate prompt + cap"]["waste"] < pre["waste"]
+    assert paged_row["fit"] > pre["fit"]
+    assert f"{per_token} bytes of KV per token" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="kv_heads"):
+        serving.memory_panel(3, 16, 0.8, config=cfg)
