@@ -139,3 +139,21 @@ def test_positions_from_doc_match_the_packer():
     b = packing.pack_batch(_docs(LENGTHS), 32)
     assert torch.equal(packing.positions_from_doc(b.doc), b.pos)
     assert packing.positions_from_doc(torch.tensor([[4, 4, 1, -1, -1]])).tolist() == [[0, 1, 0, 0, 0]]
+
+
+def test_parameter_checks_and_cuda_only_paths_fail_clearly():
+    assert loading.check_nonnegative("LATENCY_MS", 0) == 0.0
+    for bad in (-1.0, float("inf"), "1", True):
+        with pytest.raises(ValueError, match="LATENCY_MS"):
+            loading.check_nonnegative("LATENCY_MS", bad)
+    assert loading.check_worker_counts("WORKERS", (0, 2)) == [0, 2]
+    for bad in ([], [-1], [1.5], "02", [True]):
+        with pytest.raises(ValueError, match="WORKERS"):
+            loading.check_worker_counts("WORKERS", bad)
+    with pytest.raises(ValueError):
+        loading.collate("trim", 8)
+    if not torch.cuda.is_available():
+        with pytest.raises(RuntimeError):
+            loading.h2d_bandwidth([1024])
+        with pytest.raises(RuntimeError):
+            loading.copy_overlap(1024, 64)
