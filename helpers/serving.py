@@ -156,7 +156,7 @@ class ServeRun:
             return float("nan")
         return values[min(len(values) - 1, max(0, math.ceil(q / 100 * len(values)) - 1))]
 
-    def row(self) -> dict[str, float]:
+    def row(self) -> dict:
         """The headline numbers: tokens/s, TTFT and TPOT p50/p99 (ms), waste (%), preemptions."""
         return {"policy": self.policy, "tokens/s": self.tokens_per_s,
                 "TTFT p50 ms": 1e3 * self.percentile("ttft", 50), "TTFT p99 ms": 1e3 * self.percentile("ttft", 99),
