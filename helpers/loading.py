@@ -373,19 +373,6 @@ def worker_memory(store: DocumentStore) -> dict[str, int]:
     return {"uss_before": before, "uss_after": after, "growth": after - before}
 
 
-def loader_worker_rss(loader: torch.utils.data.DataLoader) -> list[dict[str, int]]:
-    """RSS and USS in bytes of each live worker of a running loader (empty when it has none)."""
-    import psutil
-
-    it = getattr(loader, "_iterator", None)
-    out = []
-    for w in getattr(it, "_workers", []) or []:
-        if w.is_alive():
-            m = psutil.Process(w.pid).memory_full_info()
-            out.append({"pid": w.pid, "rss": m.rss, "uss": m.uss})
-    return out
-
-
 # ---------------------------------------------------------------- CUDA: pinned memory and overlap
 
 def h2d_bandwidth(sizes: Sequence[int], *, reps: int = 10) -> list[dict[str, float]]:
