@@ -8,7 +8,8 @@ the claims the course tests), `profiling` (torch.profiler tables, traces, memory
 `tables`, `strip` (notebooks as committed), `run` / `run_worker` / `report` (the headless runner
 and its report) and `capture` (reference runs on a lent GPU). The course GPT and its corpus:
 `model`, `data`. One module per technique: `roofline`, `flops`, `mfu`, `precision`,
-`mixed_precision`, `checkpointing`, `accumulation`, `attention`, `flash_triton`, `fp8`.
+`mixed_precision`, `checkpointing`, `accumulation`, `attention`, `flash_triton`, `fp8`, `loading`
+and `packing` (data loading and sequence packing).
 Modules are imported on demand, so `import helpers` stays cheap.
 """
 
