@@ -14,8 +14,10 @@ where a cache that preallocates each request's maximum length wastes everything 
   (MHA, GQA and MQA), so `GPT.forward(idx, cache=...)` runs on it unchanged. `add`, `free`,
   `set_batch` choose which sequences a forward call extends.
 * `paged_decode_torch`, `paged_decode_triton`: attention of one new query per sequence over its
-  cached keys, read through the block table (the Triton kernel runs in Triton's interpreter without
-  CUDA and is compiled on a GPU). `dense_decode`: the contiguous reference. `flex_paged_decode`:
+  cached keys, read through the block table. The Triton kernel looks each token's block up in the
+  table as it loads a tile of keys, and splits long sequences over several programs whose partial
+  softmaxes are merged afterwards (the split-KV of FlashDecoding); it runs in Triton's interpreter
+  without CUDA and is compiled on a GPU (`compile_decode_kernel`: for sm_90, without one). `dense_decode`: the contiguous reference. `flex_paged_decode`:
   PyTorch's FlexAttention paged helper reading the same pool and tables (a cross-check).
 * `slot_of`: the block-table lookup (position -> physical block, offset) the exercise asks for.
 * `waste`: allocated minus used slots, paged against per-request max-length preallocation.
@@ -330,48 +332,79 @@ def flex_paged_decode(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tenso
 
 if tl is not None:
     @triton.jit
-    def _paged_decode_kernel(q_ptr, k_ptr, v_ptr, table_ptr, len_ptr, out_ptr,
-                             s_qb, s_qh, s_kb, s_ks, s_kh, s_tb, s_ob, s_oh, scale,
-                             GROUP: tl.constexpr, BLOCK_SIZE: tl.constexpr, B_PAD: tl.constexpr,
+    def _paged_decode_kernel(q_ptr, k_ptr, v_ptr, table_ptr, len_ptr, acc_ptr, ml_ptr,
+                             s_qb, s_qh, s_kb, s_ks, s_kh, s_tb, s_ab, s_ah, s_as, scale, split_tokens,
+                             GROUP: tl.constexpr, BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr,
                              HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr):
-        """One program per (sequence, query head): an online softmax over the sequence's blocks."""
+        """One program per (sequence, query head, split): an online softmax over that split's tokens.
+
+        Tokens come TILE at a time; each token's block is looked up in the table (so a tile may span
+        several blocks, and the block size need not be a power of two). Writes the split's unnormalised
+        output and its (max, sum) for `_combine_splits`.
+        """
         b = tl.program_id(0)
         h = tl.program_id(1)
+        sp = tl.program_id(2)
         kvh = h // GROUP  # the kv head this query head shares
         offs_d = tl.arange(0, D_PAD)
-        offs_s = tl.arange(0, B_PAD)
+        offs_t = tl.arange(0, TILE)
         d_ok = offs_d < HEAD_DIM
         q = tl.load(q_ptr + b * s_qb + h * s_qh + offs_d, mask=d_ok, other=0.0).to(tl.float32) * scale
         n_keys = tl.load(len_ptr + b)
+        lo = sp * split_tokens
+        hi = tl.minimum(lo + split_tokens, n_keys)
         m_i = -float("inf")
         l_i = 0.0
         acc = tl.zeros([D_PAD], dtype=tl.float32)
-        for j in range(0, tl.cdiv(n_keys, BLOCK_SIZE)):
-            blk = tl.load(table_ptr + b * s_tb + j).to(tl.int64)  # the block-table lookup
-            pos = j * BLOCK_SIZE + offs_s
-            ok = (offs_s < BLOCK_SIZE) & (pos < n_keys)
-            base = blk * s_kb + kvh * s_kh
-            ptrs = base + offs_s[:, None] * s_ks + offs_d[None, :]
+        for start in range(lo, hi, TILE):
+            pos = start + offs_t  # (TILE,) token positions
+            ok = pos < hi
+            blk = tl.load(table_ptr + b * s_tb + pos // BLOCK_SIZE, mask=ok, other=0).to(tl.int64)  # the lookup
+            rows = blk * s_kb + (pos % BLOCK_SIZE) * s_ks + kvh * s_kh  # (TILE,) where each token's key lives
             kv_ok = ok[:, None] & d_ok[None, :]
-            k = tl.load(k_ptr + ptrs, mask=kv_ok, other=0.0).to(tl.float32)  # (B_PAD, D_PAD)
-            s = tl.sum(k * q[None, :], axis=1)  # (B_PAD,)
-            s = tl.where(ok, s, -float("inf"))
+            k = tl.load(k_ptr + rows[:, None] + offs_d[None, :], mask=kv_ok, other=0.0).to(tl.float32)
+            s = tl.where(ok, tl.sum(k * q[None, :], axis=1), -float("inf"))  # (TILE,) scores
             m_new = tl.maximum(m_i, tl.max(s, axis=0))
             alpha = tl.exp(m_i - m_new)
             p = tl.exp(s - m_new)
-            v = tl.load(v_ptr + ptrs, mask=kv_ok, other=0.0).to(tl.float32)
+            v = tl.load(v_ptr + rows[:, None] + offs_d[None, :], mask=kv_ok, other=0.0).to(tl.float32)
             acc = acc * alpha + tl.sum(p[:, None] * v, axis=0)
             l_i = l_i * alpha + tl.sum(p, axis=0)
             m_i = m_new
-        tl.store(out_ptr + b * s_ob + h * s_oh + offs_d, acc / l_i, mask=d_ok)
+        tl.store(acc_ptr + b * s_ab + h * s_ah + sp * s_as + offs_d, acc, mask=d_ok)
+        piece = (b * tl.num_programs(1) + h) * tl.num_programs(2) + sp  # row of the contiguous (B, H, S, 2) ml
+        tl.store(ml_ptr + 2 * piece, m_i)  # an empty split leaves m = -inf, l = 0
+        tl.store(ml_ptr + 2 * piece + 1, l_i)
+
+
+def _combine_splits(acc: torch.Tensor, ml: torch.Tensor) -> torch.Tensor:
+    """Merge per-split partial softmaxes: acc (B, H, S, hd), ml (B, H, S, 2) of (max, sum) -> (B, H, hd)."""
+    m, l = ml[..., 0], ml[..., 1]  # (B, H, S)
+    w = torch.exp(m - m.amax(-1, keepdim=True))  # (B, H, S); an empty split (m = -inf) weighs 0
+    return (w[..., None] * acc).sum(2) / (w * l).sum(-1, keepdim=True)
+
+
+def decode_splits(batch_heads: int, max_len: int, tile: int, device: str | torch.device) -> int:
+    """How many pieces to split each sequence into so that a GPU has enough programs to run at once.
+
+    On CUDA: enough (batch * heads * splits) to give each streaming multiprocessor about four, with
+    at least `tile` tokens a piece; elsewhere 1 (the interpreter runs programs one after another).
+    """
+    if torch.device(device).type != "cuda":
+        return 1
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    return max(1, min(-(-max_len // tile), -(-4 * sms // batch_heads)))
 
 
 def paged_decode_triton(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, tables: torch.Tensor,
-                        lengths: torch.Tensor) -> torch.Tensor:
-    """`paged_decode_torch` as one Triton kernel: no gather, each program reads its blocks in place.
+                        lengths: torch.Tensor, *, splits: int | None = None, tile: int = 64) -> torch.Tensor:
+    """`paged_decode_torch` as one Triton kernel: no gather, each program reads its tokens in place.
 
-    Same shapes and result (B, H, hd) float32. Runs in Triton's interpreter without CUDA (slow,
-    correctness only). Raises RuntimeError when triton is unavailable, ValueError on bad shapes.
+    Same shapes and result (B, H, hd) float32. Each sequence is cut into `splits` pieces (None:
+    `decode_splits`), each piece handled by its own program, `tile` tokens (a power of two) at a
+    time; the pieces' partial softmaxes are merged in PyTorch (FlashDecoding's split-KV). Runs in
+    Triton's interpreter without CUDA (slow, correctness only). Raises RuntimeError when triton is
+    unavailable, ValueError on bad shapes or arguments.
     """
     if TRITON_MISSING:
         raise RuntimeError(f"the Triton paged decode cannot run here: {TRITON_MISSING}")
@@ -380,27 +413,45 @@ def paged_decode_triton(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Ten
     if hd_k != hd or H % H_kv or v_pool.shape != k_pool.shape or tables.size(0) != B or lengths.numel() != B:
         raise ValueError(f"shapes do not fit: q {tuple(q.shape)}, pools {tuple(k_pool.shape)}, "
                          f"tables {tuple(tables.shape)}, lengths {tuple(lengths.shape)}")
+    if tile < 1 or tile & (tile - 1):
+        raise ValueError(f"tile={tile} must be a power of two")
+    max_len = int(lengths.max())
+    splits = decode_splits(B * H, max_len, tile, q.device) if splits is None else splits
+    if isinstance(splits, bool) or not isinstance(splits, int) or splits < 1:
+        raise ValueError(f"splits={splits!r} must be a positive int")
+    split_tokens = -(-max_len // splits)
+    split_tokens = -(-split_tokens // tile) * tile  # whole tiles per piece
+    splits = -(-max_len // split_tokens)
     k_pool, v_pool, q = k_pool.contiguous(), v_pool.contiguous(), q.contiguous()
     tables = tables.to(torch.int32).contiguous()
     lengths = lengths.to(device=q.device, dtype=torch.int32).contiguous()
-    out = torch.empty(B, H, hd, dtype=torch.float32, device=q.device)
-    _paged_decode_kernel[(B, H)](
-        q, k_pool, v_pool, tables, lengths, out,
+    acc = torch.empty(B, H, splits, hd, dtype=torch.float32, device=q.device)
+    ml = torch.empty(B, H, splits, 2, dtype=torch.float32, device=q.device)
+    _paged_decode_kernel[(B, H, splits)](
+        q, k_pool, v_pool, tables, lengths, acc, ml,
         q.stride(0), q.stride(1), k_pool.stride(0), k_pool.stride(1), k_pool.stride(2), tables.stride(0),
-        out.stride(0), out.stride(1), 1.0 / math.sqrt(hd),
-        GROUP=H // H_kv, BLOCK_SIZE=bs, B_PAD=triton.next_power_of_2(bs), HEAD_DIM=hd,
-        D_PAD=triton.next_power_of_2(hd))
-    return out
+        acc.stride(0), acc.stride(1), acc.stride(2), 1.0 / math.sqrt(hd), split_tokens,
+        GROUP=H // H_kv, BLOCK_SIZE=bs, TILE=tile, HEAD_DIM=hd, D_PAD=triton.next_power_of_2(hd),
+        num_warps=decode_warps(tile, hd))
+    return _combine_splits(acc, ml)
+
+
+def decode_warps(tile: int, head_dim: int) -> int:
+    """Warps per program: 8 once a (tile, head_dim) fp32 tile has 4096 elements or more, else 4. With 4
+    warps, a 64 x 128 tile spills registers to local memory on sm_90 (compile_decode_kernel's report)."""
+    return 8 if tile * triton.next_power_of_2(head_dim) >= 4096 else 4
 
 
 def compile_decode_kernel(dtype: str = "bf16", *, block_size: int = 16, head_dim: int = 64, group: int = 1,
-                          arch: int = 90, num_warps: int = 4):
+                          tile: int = 64, arch: int = 90, num_warps: int | None = None):
     """Compile the Triton decode kernel for sm_<arch> ahead of time, with no GPU needed (Triton's real
     compiler, down to ptxas): catches what the interpreter accepts and the compiler rejects.
 
     dtype: "bf16", "fp16" or "fp32" pools and query. Must run in a process where Triton's
     interpreter is off: set COURSE_TRITON_AOT=1 before importing helpers (see helpers.triton_aot).
-    Returns Triton's compiled kernel; raises RuntimeError when the interpreter is on.
+    num_warps: None for what paged_decode_triton launches with (decode_warps). Returns Triton's
+    compiled kernel (helpers.triton_aot.resources reads its registers and spills); raises RuntimeError
+    when the interpreter is on.
     """
     if _flash_triton is None or _flash_triton.INTERPRETED:
         raise RuntimeError("Triton's interpreter is on in this process: set COURSE_TRITON_AOT=1 before importing")
@@ -409,12 +460,13 @@ def compile_decode_kernel(dtype: str = "bf16", *, block_size: int = 16, head_dim
 
     p = {"bf16": "*bf16", "fp16": "*fp16", "fp32": "*fp32"}[dtype]
     fn = _paged_decode_kernel
-    args = dict(q_ptr=p, k_ptr=p, v_ptr=p, table_ptr="*i32", len_ptr="*i32", out_ptr="*fp32", scale="fp32")
-    meta = dict(GROUP=group, BLOCK_SIZE=block_size, B_PAD=triton.next_power_of_2(block_size), HEAD_DIM=head_dim,
+    args = dict(q_ptr=p, k_ptr=p, v_ptr=p, table_ptr="*i32", len_ptr="*i32", acc_ptr="*fp32", ml_ptr="*fp32",
+                scale="fp32")
+    meta = dict(GROUP=group, BLOCK_SIZE=block_size, TILE=tile, HEAD_DIM=head_dim,
                 D_PAD=triton.next_power_of_2(head_dim))
     types = {n: "constexpr" if n in meta else args.get(n, "i32") for n in fn.arg_names}  # strides: i32
     return triton.compile(ASTSource(fn, types, meta, {}), target=GPUTarget("cuda", arch, 32),
-                          options={"num_warps": num_warps})
+                          options={"num_warps": num_warps or decode_warps(tile, head_dim)})
 
 
 # -------------------------------------------------------------------- memory waste
