@@ -30,6 +30,7 @@ try:  # first: helpers.flash_triton switches Triton's interpreter on (no CUDA) b
 except ImportError as err:  # triton is a Linux-only dependency
     _flash_triton, TRITON_MISSING = None, f"triton is not installed ({err})"
 
+import functools
 import math
 from collections.abc import Hashable, Sequence
 
@@ -228,9 +229,11 @@ class PagedKVCache:
         flat_k[slots] = k.transpose(1, 2).reshape(B * T, H_kv, hd).to(flat_k.dtype)
         flat_v[slots] = v.transpose(1, 2).reshape(B * T, H_kv, hd).to(flat_v.dtype)
         kp, vp = self.k_pool[layer], self.v_pool[layer]
+        if T == 1 and self.impl == "triton":
+            longest = max(self.lengths[s] for s in self.batch) + 1  # known here: no device sync in the kernel call
+            return paged_decode_triton(q[:, :, 0], kp, vp, tables, lens + 1, max_len=longest).unsqueeze(2).to(q.dtype)
         if T == 1:
-            fn = paged_decode_triton if self.impl == "triton" else paged_decode_torch
-            return fn(q[:, :, 0], kp, vp, tables, lens + 1).unsqueeze(2).to(q.dtype)  # (B, H, 1, hd)
+            return paged_decode_torch(q[:, :, 0], kp, vp, tables, lens + 1).unsqueeze(2).to(q.dtype)  # (B, H, 1, hd)
         return paged_prefill_torch(q, kp, vp, tables, lens).to(q.dtype)  # (B, H, T, hd)
 
     def advance(self, T: int) -> None:
@@ -384,25 +387,33 @@ def _combine_splits(acc: torch.Tensor, ml: torch.Tensor) -> torch.Tensor:
     return (w[..., None] * acc).sum(2) / (w * l).sum(-1, keepdim=True)
 
 
+@functools.lru_cache(maxsize=None)
+def _sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
 def decode_splits(batch_heads: int, max_len: int, tile: int, device: str | torch.device) -> int:
     """How many pieces to split each sequence into so that a GPU has enough programs to run at once.
 
     On CUDA: enough (batch * heads * splits) to give each streaming multiprocessor about four, with
     at least `tile` tokens a piece; elsewhere 1 (the interpreter runs programs one after another).
     """
-    if torch.device(device).type != "cuda":
+    device = torch.device(device)
+    if device.type != "cuda":
         return 1
-    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    sms = _sm_count(device)
     return max(1, min(-(-max_len // tile), -(-4 * sms // batch_heads)))
 
 
 def paged_decode_triton(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, tables: torch.Tensor,
-                        lengths: torch.Tensor, *, splits: int | None = None, tile: int = 64) -> torch.Tensor:
+                        lengths: torch.Tensor, *, splits: int | None = None, tile: int = 64,
+                        max_len: int | None = None) -> torch.Tensor:
     """`paged_decode_torch` as one Triton kernel: no gather, each program reads its tokens in place.
 
     Same shapes and result (B, H, hd) float32. Each sequence is cut into `splits` pieces (None:
     `decode_splits`), each piece handled by its own program, `tile` tokens (a power of two) at a
-    time; the pieces' partial softmaxes are merged in PyTorch (FlashDecoding's split-KV). Runs in
+    time; the pieces' partial softmaxes are merged in PyTorch (FlashDecoding's split-KV). `max_len`:
+    the longest length if the caller knows it on the host (saves a device sync). Runs in
     Triton's interpreter without CUDA (slow, correctness only). Raises RuntimeError when triton is
     unavailable, ValueError on bad shapes or arguments.
     """
@@ -415,7 +426,7 @@ def paged_decode_triton(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Ten
                          f"tables {tuple(tables.shape)}, lengths {tuple(lengths.shape)}")
     if tile < 1 or tile & (tile - 1):
         raise ValueError(f"tile={tile} must be a power of two")
-    max_len = int(lengths.max())
+    max_len = int(lengths.max()) if max_len is None else max_len
     splits = decode_splits(B * H, max_len, tile, q.device) if splits is None else splits
     if isinstance(splits, bool) or not isinstance(splits, int) or splits < 1:
         raise ValueError(f"splits={splits!r} must be a positive int")
