@@ -173,6 +173,9 @@ def test_make_requests_is_seeded_and_heavy_tailed():
     assert {r.arrival for r in serving.make_requests(5, arrival_rate=None)} == {0}
     with pytest.raises(ValueError):
         serving.make_requests(3, max_len=8, max_new_tokens=8)
+    corpus = torch.arange(1000)
+    for r in serving.make_requests(20, seed=1, corpus=corpus):  # prompts are slices of the corpus
+        assert list(r.prompt) == list(range(r.prompt[0], r.prompt[0] + len(r.prompt)))
 
 
 @pytest.fixture(scope="module")
