@@ -12,7 +12,8 @@ where a cache that preallocates each request's maximum length wastes everything 
 * `BlockAllocator`: the free list; never hands out a block twice; `OutOfBlocks` when empty.
 * `PagedKVCache`: implements `helpers.model.KVCacheLike` for a batch of sequences of ragged lengths
   (MHA, GQA and MQA), so `GPT.forward(idx, cache=...)` runs on it unchanged. `add`, `free`,
-  `set_batch` choose which sequences a forward call extends.
+  `set_batch` choose which sequences a forward call extends. `factory(block_size)` plugs it into
+  helpers.inference's `generate(..., make_cache=...)`.
 * `paged_decode_torch`, `paged_decode_triton`: attention of one new query per sequence over its
   cached keys, read through the block table. The Triton kernel looks each token's block up in the
   table as it loads a tile of keys, and splits long sequences over several programs whose partial
@@ -157,6 +158,21 @@ class PagedKVCache:
         return cls(cfg.n_layer, cfg.n_kv_head, cfg.head_dim, num_blocks=num_blocks, block_size=block_size,
                    dtype=dtype or p.dtype, device=p.device, impl=impl)
 
+    @classmethod
+    def for_batch(cls, config, batch: int, max_len: int, *, block_size: int = 16, impl: str = "torch",
+                  dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu") -> "PagedKVCache":
+        """`batch` sequences (ids 0..batch-1, already the batch) with blocks enough for max_len tokens each.
+
+        The signature of helpers.inference's `generate(..., make_cache=)` once block_size and impl are
+        bound (see `factory`), so generation runs on the paged cache unchanged.
+        """
+        cache = cls(config.n_layer, config.n_kv_head, config.head_dim, block_size=block_size, impl=impl,
+                    num_blocks=batch * blocks_for(max_len, block_size), dtype=dtype, device=device)
+        for b in range(batch):
+            cache.add(b)
+        cache.set_batch(list(range(batch)))
+        return cache
+
     # ---------------------------------------------------------------- bookkeeping
     def add(self, sid: Hashable) -> None:
         """Register an empty sequence; raises ValueError when the id is already in use."""
@@ -241,6 +257,11 @@ class PagedKVCache:
         for s in self.batch:
             self.lengths[s] += T
         self._pending = None
+
+
+def factory(block_size: int = 16, impl: str = "torch"):
+    """make_cache(config, batch, max_len, dtype=, device=) -> PagedKVCache, for inference.generate."""
+    return functools.partial(PagedKVCache.for_batch, block_size=block_size, impl=impl)
 
 
 # -------------------------------------------------------------------- attention through the table

@@ -308,3 +308,20 @@ def test_memory_panel_counts_bytes_and_requests_that_fit(capsys):
     assert f"{per_token} bytes of KV per token" in capsys.readouterr().out
     with pytest.raises(ValueError, match="kv_heads"):
         serving.memory_panel(3, 16, 0.8, config=cfg)
+
+
+@pytest.mark.parametrize("block_size", [5, 16])
+def test_generation_on_the_paged_cache_equals_the_contiguous_cache(block_size):
+    inference = pytest.importorskip("helpers.inference")
+    model = _tiny(2)
+    prompt = torch.randint(0, 256, (3, 9), generator=torch.Generator().manual_seed(4))
+    contiguous = inference.KVCache(model.config, 3, 20)
+    pag = paged.factory(block_size)(model.config, 3, 20, dtype=torch.float32, device="cpu")
+    with torch.no_grad():
+        a, b = inference.prefill(model, prompt, contiguous), inference.prefill(model, prompt, pag)
+        for _ in range(4):  # batched prefill, then decode steps, logits compared at each
+            torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-5)
+            token = a.argmax(-1)
+            a, b = inference.decode_one(model, token, contiguous), inference.decode_one(model, token, pag)
+    want = inference.generate(model, prompt, 6)
+    assert torch.equal(inference.generate(model, prompt, 6, make_cache=paged.factory(block_size)), want)
