@@ -364,7 +364,7 @@ if tl is not None:
 
         Tokens come TILE at a time; each token's block is looked up in the table (so a tile may span
         several blocks, and the block size need not be a power of two). Writes the split's unnormalised
-        output and its (max, sum) for `_combine_splits`.
+        output and its (max, sum) for `_combine_kernel`.
         """
         b = tl.program_id(0)
         h = tl.program_id(1)
@@ -401,11 +401,27 @@ if tl is not None:
         tl.store(ml_ptr + 2 * piece + 1, l_i)
 
 
-def _combine_splits(acc: torch.Tensor, ml: torch.Tensor) -> torch.Tensor:
-    """Merge per-split partial softmaxes: acc (B, H, S, hd), ml (B, H, S, 2) of (max, sum) -> (B, H, hd)."""
-    m, l = ml[..., 0], ml[..., 1]  # (B, H, S)
-    w = torch.exp(m - m.amax(-1, keepdim=True))  # (B, H, S); an empty split (m = -inf) weighs 0
-    return (w[..., None] * acc).sum(2) / (w * l).sum(-1, keepdim=True)
+    @triton.jit
+    def _combine_kernel(acc_ptr, ml_ptr, out_ptr, n_splits, s_ob, s_oh,
+                        S_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr):
+        """One program per (sequence, query head): merge its pieces' partial softmaxes into the output.
+
+        out = sum_s exp(m_s - M) acc_s / sum_s exp(m_s - M) l_s, with M = max_s m_s (an empty piece
+        has m = -inf and weighs 0). acc (B, H, S, hd) and ml (B, H, S, 2) are contiguous.
+        """
+        b = tl.program_id(0)
+        h = tl.program_id(1)
+        row = b * tl.num_programs(1) + h
+        offs_s = tl.arange(0, S_PAD)
+        offs_d = tl.arange(0, D_PAD)
+        s_ok = offs_s < n_splits
+        m = tl.load(ml_ptr + 2 * (row * n_splits + offs_s), mask=s_ok, other=-float("inf"))
+        l = tl.load(ml_ptr + 2 * (row * n_splits + offs_s) + 1, mask=s_ok, other=0.0)
+        acc = tl.load(acc_ptr + (row * n_splits + offs_s[:, None]) * HEAD_DIM + offs_d[None, :],
+                      mask=s_ok[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
+        w = tl.exp(m - tl.max(m, axis=0))  # (S_PAD,)
+        out = tl.sum(w[:, None] * acc, axis=0) / tl.sum(w * l, axis=0)
+        tl.store(out_ptr + b * s_ob + h * s_oh + offs_d, out, mask=offs_d < HEAD_DIM)
 
 
 @functools.lru_cache(maxsize=None)
@@ -433,7 +449,7 @@ def paged_decode_triton(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Ten
 
     Same shapes and result (B, H, hd) float32. Each sequence is cut into `splits` pieces (None:
     `decode_splits`), each piece handled by its own program, `tile` tokens (a power of two) at a
-    time; the pieces' partial softmaxes are merged in PyTorch (FlashDecoding's split-KV). `max_len`:
+    time; a second small kernel merges the pieces' partial softmaxes (FlashDecoding's split-KV). `max_len`:
     the longest length if the caller knows it on the host (saves a device sync). Runs in
     Triton's interpreter without CUDA (slow, correctness only). Raises RuntimeError when triton is
     unavailable, ValueError on bad shapes or arguments.
@@ -465,7 +481,10 @@ def paged_decode_triton(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Ten
         acc.stride(0), acc.stride(1), acc.stride(2), 1.0 / math.sqrt(hd), split_tokens,
         GROUP=H // H_kv, BLOCK_SIZE=bs, TILE=tile, HEAD_DIM=hd, D_PAD=triton.next_power_of_2(hd),
         num_warps=decode_warps(tile, hd))
-    return _combine_splits(acc, ml)
+    out = torch.empty(B, H, hd, dtype=torch.float32, device=q.device)
+    _combine_kernel[(B, H)](acc, ml, out, splits, out.stride(0), out.stride(1),
+                            S_PAD=triton.next_power_of_2(splits), HEAD_DIM=hd, D_PAD=triton.next_power_of_2(hd))
+    return out
 
 
 def decode_warps(tile: int, head_dim: int) -> int:
@@ -475,13 +494,14 @@ def decode_warps(tile: int, head_dim: int) -> int:
 
 
 def compile_decode_kernel(dtype: str = "bf16", *, block_size: int = 16, head_dim: int = 64, group: int = 1,
-                          tile: int = 64, arch: int = 90, num_warps: int | None = None):
+                          tile: int = 64, arch: int = 90, num_warps: int | None = None, combine: bool = False):
     """Compile the Triton decode kernel for sm_<arch> ahead of time, with no GPU needed (Triton's real
     compiler, down to ptxas): catches what the interpreter accepts and the compiler rejects.
 
     dtype: "bf16", "fp16" or "fp32" pools and query. Must run in a process where Triton's
     interpreter is off: set COURSE_TRITON_AOT=1 before importing helpers (see helpers.triton_aot).
-    num_warps: None for what paged_decode_triton launches with (decode_warps). Returns Triton's
+    num_warps: None for what paged_decode_triton launches with (decode_warps). combine: compile the
+    kernel that merges the pieces instead. Returns Triton's
     compiled kernel (helpers.triton_aot.resources reads its registers and spills); raises RuntimeError
     when the interpreter is on.
     """
@@ -490,6 +510,12 @@ def compile_decode_kernel(dtype: str = "bf16", *, block_size: int = 16, head_dim
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
+    if combine:  # the merge of the pieces: fp32 throughout, whatever the pools' dtype
+        fn = _combine_kernel
+        meta = dict(S_PAD=16, HEAD_DIM=head_dim, D_PAD=triton.next_power_of_2(head_dim))
+        types = {n: "constexpr" if n in meta else "*fp32" if n.endswith("_ptr") else "i32" for n in fn.arg_names}
+        return triton.compile(ASTSource(fn, types, meta, {}), target=GPUTarget("cuda", arch, 32),
+                              options={"num_warps": 4})
     p = {"bf16": "*bf16", "fp16": "*fp16", "fp32": "*fp32"}[dtype]
     fn = _paged_decode_kernel
     args = dict(q_ptr=p, k_ptr=p, v_ptr=p, table_ptr="*i32", len_ptr="*i32", acc_ptr="*fp32", ml_ptr="*fp32",

@@ -327,7 +327,7 @@ def _decode_speed(model, block_sizes: Sequence[int], *, batch: int, context: int
     q = torch.randn(batch, H, hd, generator=g).to(dev, dt)
     k = torch.randn(batch, H_kv, context, hd, generator=g).to(dev, dt)
     v = torch.randn(batch, H_kv, context, hd, generator=g).to(dev, dt)
-    lens = torch.full((batch,), context, device=dev)
+    lens = torch.full((batch,), context, device=dev, dtype=torch.int32)
     qc = q[:, :, None]  # (B, H, 1, hd)
     contiguous = lambda: torch.nn.functional.scaled_dot_product_attention(qc, k, v, enable_gqa=True)  # noqa: E731
     rows, check = [], ""
@@ -343,7 +343,7 @@ def _decode_speed(model, block_sizes: Sequence[int], *, batch: int, context: int
         kp, vp = kp.view(-1, bs, H_kv, hd), vp.view(-1, bs, H_kv, hd)
         fns = {"contiguous": contiguous, "paged torch": lambda: paged.paged_decode_torch(q, kp, vp, tables, lens)}
         if dev.type == "cuda" and paged.TRITON_MISSING is None:
-            fns["paged triton"] = lambda: paged.paged_decode_triton(q, kp, vp, tables, lens)
+            fns["paged triton"] = lambda: paged.paged_decode_triton(q, kp, vp, tables, lens, max_len=context)
         t = bench.benchmark_interleaved(fns, reps=reps, warmup=2, device=dev.type)
         want = contiguous()[:, :, 0].float()
         err = (fns["paged torch"]() - want).abs().max().item()

@@ -288,12 +288,13 @@ def test_the_triton_decode_kernel_compiles_for_an_h100_without_a_gpu():
     code = ("from helpers import paged, triton_aot\n"
             "for bs, hd, group in ((12, 48, 3), (16, 128, 1)):\n"
             "    r = triton_aot.resources(paged.compile_decode_kernel('bf16', block_size=bs, head_dim=hd, group=group))\n"
-            "    print('compiled', bs, hd, 'spills', r['spill_stores'] + r['spill_loads'])")
+            "    print('compiled', bs, hd, 'spills', r['spill_stores'] + r['spill_loads'])\n"
+            "print('combine', paged.compile_decode_kernel(head_dim=128, combine=True).metadata.shared)")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"} | {"COURSE_TRITON_AOT": "1"}
     done = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[1], env=env,
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0 and done.stdout.count("compiled") == 2, done.stderr[-2000:]
-    assert done.stdout.count("spills 0") == 2, done.stdout  # registers suffice at head_dim 48 and 128
+    assert done.stdout.count("spills 0") == 2 and "combine" in done.stdout, done.stdout  # registers suffice at head_dim 48 and 128
 
 
 def test_memory_panel_counts_bytes_and_requests_that_fit(capsys):
