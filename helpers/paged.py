@@ -18,8 +18,9 @@ where a cache that preallocates each request's maximum length wastes everything 
   cached keys, read through the block table. The Triton kernel looks each token's block up in the
   table as it loads a tile of keys, and splits long sequences over several programs whose partial
   softmaxes are merged afterwards (the split-KV of FlashDecoding); it runs in Triton's interpreter
-  without CUDA and is compiled on a GPU (`compile_decode_kernel`: for sm_90, without one). `dense_decode`: the contiguous reference. `flex_paged_decode`:
-  PyTorch's FlexAttention paged helper reading the same pool and tables (a cross-check).
+  without CUDA and is compiled on a GPU (`compile_decode_kernel`: for sm_90, without one).
+  `dense_decode`: the contiguous reference. `flex_paged_decode`: PyTorch's FlexAttention paged
+  helper reading the same pool and tables (a cross-check).
 * `slot_of`: the block-table lookup (position -> physical block, offset) the exercise asks for.
 * `waste`: allocated minus used slots, paged against per-request max-length preallocation.
 """
@@ -449,8 +450,8 @@ def paged_decode_triton(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Ten
 
     Same shapes and result (B, H, hd) float32. Each sequence is cut into `splits` pieces (None:
     `decode_splits`), each piece handled by its own program, `tile` tokens (a power of two) at a
-    time; a second small kernel merges the pieces' partial softmaxes (FlashDecoding's split-KV). `max_len`:
-    the longest length if the caller knows it on the host (saves a device sync). Runs in
+    time; a second small kernel merges the pieces' partial softmaxes (FlashDecoding's split-KV).
+    `max_len`: the longest length if the caller knows it on the host (saves a device sync). Runs in
     Triton's interpreter without CUDA (slow, correctness only). Raises RuntimeError when triton is
     unavailable, ValueError on bad shapes or arguments.
     """

@@ -473,8 +473,8 @@ def batching_section(model, *, n_requests: int = 16, max_batch: int = 8, block_s
     table (tokens/s, TTFT and TPOT p50/p99, waste, preemptions) and a sentence, draws a figure.
     With `repeats` > 1 each policy runs that many times, interleaved, and the run with the median
     tokens/s is reported, with the spread ("noise"). With `tight_pool`, continuous batching also runs
-    with half the blocks, where it must preempt, to show that no request's tokens change. Returns {"rows", "runs", "speedup",
-    "same_tokens", "sentence", "noise", "figure", "record"}.
+    with half the blocks, where it must preempt, to show that no request's tokens change. Returns
+    {"rows", "runs", "speedup", "same_tokens", "sentence", "noise", "figure", "record"}.
     """
     for name, value in (("n_requests", n_requests), ("max_batch", max_batch), ("block_size", block_size)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
