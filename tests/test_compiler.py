@@ -10,7 +10,7 @@ import torch
 from helpers import compile_lab, compiler
 from helpers import triton_softmax as ts
 
-ROWS, COLS = 64, 256  # notebook 09's smoke size
+ROWS, COLS = 256, 1024  # notebook 09's smoke size
 
 
 @pytest.fixture(scope="module")
@@ -68,8 +68,17 @@ def test_dropout_option_keeps_the_chain_and_drops_about_p():
     with torch.no_grad():
         y, clean = fn(x, b, 0.5, p), compiler.pointwise_chain(x, b)
     kept = y != 0
-    assert abs((~kept).float().mean().item() - p) < 0.03  # 16384 draws: 5 sigma is about 0.017
+    assert abs((~kept).float().mean().item() - p) < 0.01  # 262144 draws: 5 sigma is about 0.004
     torch.testing.assert_close(y[kept], clean[kept] / (1 - p), rtol=1e-5, atol=1e-5)
+
+
+def test_gpt_training_step_compiled_equals_eager():
+    from helpers.model import GPTConfig
+
+    cfg = GPTConfig.preset("tiny", n_layer=1, seq_len=32)  # notebook 09's smoke model, so its graphs are cached for it
+    r = compile_lab.train_step_compare(cfg, 4, reps=1, check_steps=2)  # asserts rtol 1e-4, atol 1e-5 itself
+    assert len(r["losses"]) == 2 and all(abs(a - b) <= 1e-4 * abs(a) + 1e-5 for a, b in r["losses"])
+    assert r["tokens"] == 4 * 32 and r["flops"] > 0 and r["first_step_s"] > 0
 
 
 @pytest.mark.parametrize("which", list(compiler.BREAKS))
