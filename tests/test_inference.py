@@ -136,3 +136,53 @@ def test_pretrained_caches_and_retrains(tmp_path, capsys):
         P.pretrained("tiny", 0, **kw)
     with pytest.raises(ValueError, match="preset"):
         P.pretrained("nope", 3, **kw)
+
+
+# ---------------------------------------------------------------- kv_lab (notebook 10's measurements)
+
+from helpers import kv_lab as K  # noqa: E402
+
+
+@pytest.mark.parametrize("n_kv_head", [4, 1])
+def test_static_cache_step_equals_full_forward(n_kv_head):
+    model = _model(n_kv_head)
+    seq = torch.randint(0, 256, (2, 14), generator=torch.Generator().manual_seed(6))
+    cache = K.StaticKVCache(model.config, 2, 14)
+    with torch.no_grad():
+        first = model(seq[:, :6], cache=cache)[0][:, -1:]
+        steps = [K.static_step(model, seq[:, t], cache)[:, None] for t in range(6, 14)]
+        ref = model(seq)[0][:, 5:]
+    torch.testing.assert_close(torch.cat([first] + steps, 1), ref, rtol=1e-5, atol=1e-4)
+    assert int(cache.pos) == 14
+
+
+def test_weight_bytes_and_bandwidth_row():
+    model = _model(2)
+    n = sum(p.numel() for p in model.parameters())  # the tied head counted once
+    assert K.weight_bytes(model) == 4 * (n - model.wpe.weight.numel() + model.config.d_model)
+    row = K.bandwidth_row(model, 10, 3, 1, "m")
+    cfg = model.config
+    kv = I.kv_bytes_per_token(cfg.n_layer, cfg.n_kv_head, cfg.head_dim, 4)
+    assert row["bytes"] == K.weight_bytes(model) + 3 * 11 * kv
+    assert row["flops"] > 0 and row["tokens_per_s"] > 0
+    rows = K.prefill_decode(model, 12, 1)
+    assert [r["phase"] for r in rows] == ["prefill", "decode"]
+    assert rows[0]["intensity"] > rows[1]["intensity"]  # prefill reuses every weight 12 times
+
+
+def test_budget_rows_and_serving_estimate():
+    cfg = GPTConfig.preset("1.3b")
+    var = K.variant_configs(cfg, 512)
+    rows = {r[0]: r for r in K.budget_rows(cfg, var, 80e9, 2.6e9, 2)}
+    assert rows["MHA"][1] == 2 * 24 * 32 * 64 * 2
+    assert rows["MQA"][2] == pytest.approx(32 * rows["MHA"][2], rel=1e-4)
+    lens = K.request_mix("heavy-tailed", 50, 2048, seed=1)
+    assert len(lens) == 50 and all(1 <= n <= 2048 for n in lens)
+    est = K.serving_estimate(lens, 2048, 1000.0, 16, 1e7, 0.0, 100.0)
+    assert est["paged"]["reserved_tokens"] == sum(-(-n // 16) * 16 for n in lens)
+    assert est["paged"]["waste"] < est["preallocated"]["waste"]
+    assert est["paged"]["batch"] >= est["preallocated"]["batch"]
+    one = K.serving_estimate(lens, 2048, 1000.0, 1, 1e12, 0.0, 100.0)
+    assert one["paged"]["waste"] == 0.0  # blocks of one token waste nothing
+    with pytest.raises(ValueError, match="mix"):
+        K.request_mix("bursty", 3, 10)
