@@ -463,7 +463,7 @@ def paged_section(model, *, block_sizes: Sequence[int] = (4, 16, 64), n_requests
 def batching_section(model, *, n_requests: int = 16, max_batch: int = 8, block_size: int = 16,
                      num_blocks: int | None = None, arrival_rate: float | None = 2.0, seed: int = 0,
                      max_new_tokens: int | None = None, corpus: torch.Tensor | None = None, impl: str = "torch",
-                     repeats: int = 1, tight_pool: bool = True, show: bool = True) -> dict:
+                     repeats: int = 1, tight_pool: bool = True, check_solo: bool = True, show: bool = True) -> dict:
     """Notebook 10, "Continuous batching": static vs continuous on the same request mix and KV memory.
 
     Both policies serve the same seeded mix (arrivals: `arrival_rate` per iteration) greedily with the
@@ -473,8 +473,10 @@ def batching_section(model, *, n_requests: int = 16, max_batch: int = 8, block_s
     table (tokens/s, TTFT and TPOT p50/p99, waste, preemptions) and a sentence, draws a figure.
     With `repeats` > 1 each policy runs that many times, interleaved, and the run with the median
     tokens/s is reported, with the spread ("noise"). With `tight_pool`, continuous batching also runs
-    with half the blocks, where it must preempt, to show that no request's tokens change. Returns
-    {"rows", "runs", "speedup", "same_tokens", "sentence", "noise", "figure", "record"}.
+    with half the blocks, where it must preempt, to show that no request's tokens change. With
+    `check_solo`, every request is also served alone (`solo_tokens`) and the sentence counts the
+    requests whose batched tokens equal their solo ones. Returns {"rows", "runs", "speedup",
+    "same_tokens", "solo_matches", "sentence", "noise", "figure", "record"}.
     """
     for name, value in (("n_requests", n_requests), ("max_batch", max_batch), ("block_size", block_size)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -511,6 +513,14 @@ def batching_section(model, *, n_requests: int = 16, max_batch: int = 8, block_s
     st, co = runs["static"], runs["continuous"]
     speedup = co.tokens_per_s / st.tokens_per_s
     same = sum(st.tokens[r.rid] == co.tokens[r.rid] for r in reqs)
+    solo_matches, solo_note = {}, ""
+    if check_solo:  # greedy tokens of each request served alone: what batching must not change
+        solo = {r.rid: solo_tokens(model, r, block_size=block_size, impl=impl) for r in reqs}
+        solo_matches = {name: sum(run.tokens[r.rid] == solo[r.rid] for r in reqs) for name, run in runs.items()}
+        label = {"static": "static batching", "continuous": "continuous batching",
+                 "continuous, tight": "continuous batching with half the blocks"}
+        solo_note = (" Against each request served alone, the greedy tokens matched for " + ", ".join(
+            f"{k} of {n_requests} under {label[name]}" for name, k in solo_matches.items()) + ".")
     faster = "faster" if speedup > 1 else "slower"
     sentence = (f"Same {n_requests} requests, same {num_blocks} blocks of {block_size} tokens: continuous batching "
                 f"generates {co.tokens_per_s:.0f} tokens/s against static batching's {st.tokens_per_s:.0f} "
@@ -518,7 +528,7 @@ def batching_section(model, *, n_requests: int = 16, max_batch: int = 8, block_s
                 f"against {1e3 * st.percentile('ttft', 50):.0f} ms, p99 {1e3 * co.percentile('ttft', 99):.0f} against "
                 f"{1e3 * st.percentile('ttft', 99):.0f} ms; KV waste {100 * co.waste_fraction:.0f}% against "
                 f"{100 * st.waste_fraction:.0f}%, with {co.preemptions} preemption(s). {same} of {n_requests} "
-                f"requests produced identical tokens under both policies.{tight_note} {noise}")
+                f"requests produced identical tokens under both policies.{tight_note}{solo_note} {noise}")
     print()
     print(sentence)
     fig, axes = plots.figure(ncols=3, figsize=(13, 3.8))
@@ -544,7 +554,9 @@ def batching_section(model, *, n_requests: int = 16, max_batch: int = 8, block_s
     if tight_pool:
         record |= {"tight_num_blocks": half, "tight_preemptions": runs["continuous, tight"].preemptions,
                    "tight_same_tokens": kept}
-    return {"rows": rows, "runs": runs, "speedup": speedup, "same_tokens": same, "sentence": sentence,
+    record |= {f"solo_matches_{name.replace(', ', '_')}": k for name, k in solo_matches.items()}
+    return {"rows": rows, "runs": runs, "speedup": speedup, "same_tokens": same, "solo_matches": solo_matches,
+            "sentence": sentence,
             "noise": noise, "figure": fig, "record": record}
 
 

@@ -254,6 +254,7 @@ def test_notebook_sections_print_their_tables_and_return_consistent_rows(capsys)
                                    show=False)
     assert [r["policy"] for r in run["rows"][:2]] == list(serving.POLICIES)
     tight = run["runs"]["continuous, tight"]
+    assert set(run["solo_matches"]) == set(run["runs"]) and all(0 <= k <= 5 for k in run["solo_matches"].values())
     assert run["record"]["tight_preemptions"] == tight.preemptions and tight.peak_blocks <= run["record"]["tight_num_blocks"]
     assert run["speedup"] == pytest.approx(run["runs"]["continuous"].tokens_per_s / run["runs"]["static"].tokens_per_s)
     assert run["record"]["n_requests"] == 5 and 0 <= run["same_tokens"] <= 5 and "2 interleaved runs" in run["noise"]
