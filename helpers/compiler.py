@@ -251,7 +251,7 @@ def generated_code(compiled: Callable, *args) -> tuple[Any, list[str]]:
         return run_and_get_code(compiled, *args)
 
 
-_KERNEL = re.compile(r"^(\w+) = async_compile\.(cpp_pybinding|cpp|triton)\((.*?)^'''\)", re.S | re.M)
+_KERNEL = re.compile(r"^(\w+) = async_compile\.(cpp_pybinding|cpp|triton)\((.*?)^'''", re.S | re.M)
 
 
 def fused_kernels(code: str) -> dict[str, str]:
@@ -264,8 +264,13 @@ def fused_kernels(code: str) -> dict[str, str]:
 
 
 def kernel_excerpt(body: str, lines: int = 30) -> str:
-    """The kernel's body without its #include lines, cut to `lines` lines."""
-    kept = [ln for ln in body.splitlines() if not ln.startswith("#include") and ln.strip()]
+    """The kernel's body without #include and bookkeeping lines (a Triton kernel from its @triton.jit on),
+    cut to `lines` lines."""
+    lines_ = body.splitlines()
+    if any(ln.startswith("@triton.jit") for ln in lines_):  # Triton: from the kernel's decorator on
+        lines_ = lines_[next(i for i, ln in enumerate(lines_) if ln.startswith("@triton.jit")):]
+    boiler = ("#include", "inductor_cpu_integer_div_error", "RAIIAtenRecordFunctionHandle")
+    kept = [ln for ln in lines_ if ln.strip() and not any(b in ln for b in boiler)]
     more = len(kept) - lines
     return "\n".join(kept[:lines]) + (f"\n    ... ({more} more lines)" if more > 0 else "")
 

@@ -86,6 +86,11 @@ def block_for(n_cols: int, max_block: int | None = None) -> tuple[int, bool]:
     return (block, False) if block <= cap else (cap, True)
 
 
+def _warps(block: int) -> int:
+    """Warps per program: 4 up to 1024 elements a block, 8 up to 4096, 16 beyond (one row in registers)."""
+    return 4 if block <= 1024 else 8 if block <= 4096 else 16
+
+
 def softmax(x: torch.Tensor, max_block: int | None = None) -> torch.Tensor:
     """Softmax over the last dimension of `x` (..., n) with the Triton kernel; same shape and dtype as x.
 
@@ -111,7 +116,7 @@ def softmax(x: torch.Tensor, max_block: int | None = None) -> torch.Tensor:
     if rows.shape[0]:
         with _quiet_nan():  # the interpreter's numpy warns on a fully masked row's -inf - (-inf): NaN is intended
             _softmax_row_kernel[(rows.shape[0],)](rows, out, n_cols, rows.stride(0), out.stride(0),
-                                                  BLOCK=block, ONLINE=online)
+                                                  BLOCK=block, ONLINE=online, num_warps=_warps(block))
     return out.reshape(x.shape)
 
 
