@@ -23,6 +23,27 @@ COMPILED: dict[str, Callable] = {}
 TOLERANCES = {torch.float32: (1e-5, 1e-5), torch.float16: (2e-3, 2e-3), torch.bfloat16: (1.6e-2, 1.6e-2)}
 
 
+MODES = ("default", "reduce-overhead", "max-autotune")
+
+
+def check_modes(name: str, value) -> list[str]:
+    """A parameter check: a list of torch.compile modes from MODES, possibly empty (time no mode)."""
+    from .params import choices
+
+    if isinstance(value, (list, tuple)) and not value:
+        return []
+    return choices(name, value, MODES)
+
+
+def check_for_device(device: str, *, MODES: list[str], DTYPE: str) -> None:
+    """Refuse parameters this device cannot run: modes other than 'default' and fp16/bf16 without CUDA
+    (a CPU's half-precision ops are emulated, so they would time the emulation). Raises ValueError naming them."""
+    if device != "cuda" and any(m != "default" for m in MODES):
+        raise ValueError(f"MODES={MODES!r}: 'reduce-overhead' and 'max-autotune' need CUDA; use ['default'] or []")
+    if device != "cuda" and DTYPE != "fp32":
+        raise ValueError(f"DTYPE={DTYPE!r}: fp16 and bf16 are for a GPU here; use 'fp32' on a CPU")
+
+
 def compiled(name: str) -> Callable:
     """torch.compile(workload `name`'s function), made once per process and reused."""
     if name not in COMPILED:

@@ -160,3 +160,16 @@ def test_triton_softmax_refuses_what_it_cannot_do():
     with pytest.raises(ValueError, match="last dimension"):
         ts.softmax(torch.ones(2, 0))
     assert math.isclose(ts.softmax(torch.zeros(1, 4))[0, 0].item(), 0.25)
+
+
+def test_parameter_checks_name_the_parameter():
+    assert compile_lab.check_modes("MODES", []) == [] and compile_lab.check_modes("MODES", ("default",)) == ["default"]
+    with pytest.raises(ValueError, match="MODES"):
+        compile_lab.check_modes("MODES", ["fast"])
+    with pytest.raises(ValueError, match="MODES"):
+        compile_lab.check_modes("MODES", "default")
+    compile_lab.check_for_device("cuda", MODES=["reduce-overhead"], DTYPE="bf16")
+    with pytest.raises(ValueError, match="MODES"):
+        compile_lab.check_for_device("cpu", MODES=["max-autotune"], DTYPE="fp32")
+    with pytest.raises(ValueError, match="DTYPE"):
+        compile_lab.check_for_device("cpu", MODES=[], DTYPE="bf16")
