@@ -173,3 +173,20 @@ def test_parameter_checks_name_the_parameter():
         compile_lab.check_for_device("cpu", MODES=["max-autotune"], DTYPE="fp32")
     with pytest.raises(ValueError, match="DTYPE"):
         compile_lab.check_for_device("cpu", MODES=[], DTYPE="bf16")
+
+
+def test_the_panel_callback_runs_without_a_kernel(measured, capsys):
+    import matplotlib.pyplot as plt
+
+    r = compile_lab.panel_figure("pointwise", COLS, ROWS, reps=2)  # the size compiled above: no recompile
+    assert r["kernels"] == {"eager": 3, "compiled": 1} and "pointwise (256 x 1024)" in capsys.readouterr().out
+    plt.close("all")
+
+
+def test_low_precision_is_checked_against_fp32_with_twice_eagers_error():
+    for name, w in compiler.WORKLOADS.items():
+        args = compiler.make_inputs(name, 16, 300, dtype=torch.bfloat16)
+        fused_like = w.fn(*(a.float() for a in args)).bfloat16()  # what a fused kernel gives: fp32 inside, one rounding
+        assert compile_lab.check_close(w.fn, fused_like, args) < 0.05
+        with pytest.raises(AssertionError, match="twice eager"):
+            compile_lab.check_close(w.fn, fused_like + 0.1, args)
