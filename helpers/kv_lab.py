@@ -111,7 +111,9 @@ def prefill_decode(model: GPT, prompt_len: int, reps: int) -> list[dict]:
 def random_model(preset: str, dtype: torch.dtype, device: str, **overrides) -> GPT:
     """An untrained course GPT of `preset` in `dtype` on `device` (speed does not depend on training)."""
     torch.manual_seed(0)
-    return GPT(GPTConfig.preset(preset, **overrides)).to(device=device, dtype=dtype).eval()
+    with torch.device(device):  # built where it runs: a 1.3B model initialised on a CPU takes long
+        model = GPT(GPTConfig.preset(preset, **overrides))
+    return model.to(dtype=dtype).eval()
 
 
 def bandwidth_row(model: GPT, context: int, batch: int, reps: int, name: str = "") -> dict:
