@@ -416,7 +416,9 @@ def compile_seconds(fn: Callable, *args, cache_dir: str | None = None) -> tuple[
 def cold_and_warm(fn: Callable, *args) -> dict[str, float]:
     """Compile seconds of `fn` with an empty Inductor cache (cold), then again with that filled cache (warm).
 
-    Dynamo traces afresh both times (a fresh copy of the function); only Inductor's caches differ.
+    Dynamo traces afresh both times (a fresh copy of the function); only Inductor's caches differ. Pass
+    arguments this process has not compiled `fn` for (e.g. a new Python constant): kernels already built
+    in this process stay in memory, and a cold compile would find them there.
     """
     with tempfile.TemporaryDirectory(prefix="inductor-cold-") as folder:
         cold, _ = compile_seconds(fn, *args, cache_dir=folder)
