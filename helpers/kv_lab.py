@@ -300,3 +300,25 @@ def serving_estimate(lengths: list[int], max_len: int, bytes_per_token: float, b
         out[name] = {"reserved_tokens": reserved, "waste": 1 - used / reserved, "batch": batch,
                      "tokens_per_s": batch / step_s if batch else 0.0}
     return out
+
+
+def serving_panel(kv_heads: int = 8, block: int = 16, mix: str = "heavy-tailed", budget_gb: float = 8.0, *,
+                  weight_bytes_: float, gbps: float, n_requests: int = 64, max_len: int = 2048, seed: int = 0,
+                  show: bool = True) -> dict:
+    """Notebook 10's panel callback for a 1.3B-sized model (24 layers, head_dim 64, bf16): `n_requests` of `mix`
+    served preallocated (max_len each) or paged (blocks of `block`) in `budget_gb` GB with weights of
+    `weight_bytes_`; prints a table, draws the waste bars and returns `serving_estimate`'s dict."""
+    from . import plots
+    from .inference import kv_bytes_per_token
+    from .tables import table
+
+    lens = request_mix(mix, n_requests, max_len, seed=seed)
+    est = serving_estimate(lens, max_len, kv_bytes_per_token(24, kv_heads, 64, 2), block, budget_gb * 1e9,
+                           weight_bytes_, gbps)
+    if show:
+        print(table(["layout", "reserved tokens", "waste", "requests admitted", "est. tokens/s"],
+                    [[k, est[k]["reserved_tokens"], f"{est[k]['waste']:.1%}", est[k]["batch"], est[k]["tokens_per_s"]]
+                     for k in ("preallocated", "paged")]))
+        plots.bars({k: 100 * est[k]["waste"] for k in ("preallocated", "paged")},
+                   ylabel="% of reserved KV memory unused", title=f"{mix}, {kv_heads} kv heads, block {block}")
+    return est

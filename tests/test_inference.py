@@ -186,3 +186,11 @@ def test_budget_rows_and_serving_estimate():
     assert one["paged"]["waste"] == 0.0  # blocks of one token waste nothing
     with pytest.raises(ValueError, match="mix"):
         K.request_mix("bursty", 3, 10)
+
+
+def test_serving_panel_callback(capsys):
+    est = K.serving_panel(2, 32, "uniform", 16, weight_bytes_=2.6e9, gbps=100.0)
+    assert "paged" in capsys.readouterr().out
+    assert est["paged"]["waste"] < est["preallocated"]["waste"]
+    more_heads = K.serving_panel(32, 32, "uniform", 16, weight_bytes_=2.6e9, gbps=100.0, show=False)
+    assert more_heads["paged"]["batch"] <= est["paged"]["batch"]  # bigger KV per token: fewer requests fit
