@@ -234,9 +234,21 @@ def train_step_compare(config, batch_size: int, *, device: str = "cpu", reps: in
     tokens = batch_size * config.seq_len
     flops = transformer_flops(config, batch_size, config.seq_len)["total"]["total"]
     return {"first_step_s": first, "losses": losses, "timings": timings, "tokens": tokens, "flops": flops,
+            "eager_step": lambda: _step(eager, opt_e, x, y, ac),
             "tokens_per_s": {k: tokens / t.median for k, t in timings.items()},
             "tflops": {k: flops / t.median / 1e12 for k, t in timings.items()},
             "ratio": ratio_quartiles(timings["eager"], timings["compiled"])}
+
+
+def matmul_share(step: Callable[[], Any], name: str = "09_gpt_step_eager") -> float:
+    """Share of `step`'s profiled self time spent in matrix multiplies (`profiling.is_matmul`), 0..1.
+
+    torch.compile hands matmuls to the same library kernels eager uses, so only the rest can shrink: with a
+    share m the whole step can be at most 1/m times faster (Amdahl's law)."""
+    from . import profiling
+
+    prof = profiling.profile(step, steps=2, top=10_000, name=name)
+    return sum(share for op, _, _, share in prof.rows if profiling.is_matmul(op))
 
 
 def one_token_forward(config, modes: list[str], *, device: str = "cpu", reps: int = 20,

@@ -72,13 +72,14 @@ def test_dropout_option_keeps_the_chain_and_drops_about_p():
     torch.testing.assert_close(y[kept], clean[kept] / (1 - p), rtol=1e-5, atol=1e-5)
 
 
-def test_gpt_training_step_compiled_equals_eager():
+def test_gpt_training_step_compiled_equals_eager(results_tmp):
     from helpers.model import GPTConfig
 
     cfg = GPTConfig.preset("tiny", n_layer=1, seq_len=32)  # notebook 09's smoke model, so its graphs are cached for it
     r = compile_lab.train_step_compare(cfg, 4, reps=1, check_steps=2)  # asserts rtol 1e-4, atol 1e-5 itself
     assert len(r["losses"]) == 2 and all(abs(a - b) <= 1e-4 * abs(a) + 1e-5 for a, b in r["losses"])
     assert r["tokens"] == 4 * 32 and r["flops"] > 0 and r["first_step_s"] > 0
+    assert 0 < compile_lab.matmul_share(r["eager_step"], name="test_gpt_step") < 1  # the step is not only matmuls
 
 
 @pytest.mark.parametrize("which", list(compiler.BREAKS))
