@@ -2,7 +2,7 @@
 
 A notebook that needs a model which has *learned* something calls::
 
-    tm = pretrained("tiny")              # smoke: trains in seconds on a CPU
+    tm = pretrained("tiny")              # smoke: about 25 s on one CPU core, once per machine
     tm = pretrained("small10m")          # full: 1-2 minutes on a GPU
     tm.model, tm.val_loss, tm.perplexity  # an eval-mode GPT, nats per byte on held-out files, exp(val_loss)
 
