@@ -116,22 +116,41 @@ def random_model(preset: str, dtype: torch.dtype, device: str, **overrides) -> G
     return model.to(dtype=dtype).eval()
 
 
-def bandwidth_row(model: GPT, context: int, batch: int, reps: int, name: str = "") -> dict:
-    """One decode step of `batch` sequences at `context` cached tokens: seconds, tokens/s, bytes read
-    (weights once + every sequence's K/V), achieved GB/s and counted FLOPs."""
-    p = _param(model)
-    cfg = model.config
+def _decode_case(model: GPT, context: int, batch: int, name: str) -> tuple:
+    """(step closure, row without timings) for one decode step of `batch` sequences at `context` tokens."""
+    p, cfg = _param(model), model.config
     kv = kv_bytes_per_token(cfg.n_layer, cfg.n_kv_head, cfg.head_dim, p.element_size())
-    cache = filled_cache(model, batch, context)
-    fn = decode_step_fn(model, cache, batch)
-    flops = counted_flops(fn)
-    with torch.no_grad():
-        t = bench.benchmark(fn, warmup=1, reps=reps, device=p.device.type)
+    fn = decode_step_fn(model, filled_cache(model, batch, context), batch)
     nbytes = weight_bytes(model) + batch * (context + 1) * kv
-    return {"model": name, "params_m": sum(q.numel() for q in model.parameters()) / 1e6, "batch": batch,
-            "context": context, "seconds": t.median, "spread": t.spread, "tokens_per_s": batch / t.median,
-            "bytes": nbytes, "gbps": nbytes / t.median / 1e9, "flops": flops, "intensity": flops / nbytes,
-            "tflops": flops / t.median / 1e12}
+    flops = counted_flops(fn)
+    return fn, {"model": name, "params_m": sum(q.numel() for q in model.parameters()) / 1e6, "batch": batch,
+                "context": context, "bytes": nbytes, "flops": flops, "intensity": flops / nbytes}
+
+
+def _timed(row: dict, t: bench.Timing) -> dict:
+    return {**row, "seconds": t.median, "spread": t.spread, "tokens_per_s": row["batch"] / t.median,
+            "gbps": row["bytes"] / t.median / 1e9, "tflops": row["flops"] / t.median / 1e12}
+
+
+def bandwidth_row(model: GPT, context: int, batch: int, reps: int, name: str = "") -> dict:
+    """One decode step of `batch` sequences at `context` cached tokens: seconds (median, IQR spread), tokens/s,
+    bytes read (weights once + every sequence's K/V), achieved GB/s, counted FLOPs and FLOP/byte."""
+    fn, row = _decode_case(model, context, batch, name)
+    with torch.no_grad():
+        return _timed(row, bench.benchmark(fn, warmup=1, reps=reps, device=_param(model).device.type))
+
+
+def bandwidth_rows(cases: list[tuple[str, GPT, int, int]], reps: int, interleave: bool) -> list[dict]:
+    """`bandwidth_row` for each (name, model, context, batch). With `interleave` (for a CPU shared with other
+    work) every case is set up first and the steps are timed round-robin, so a burst of other work slows all
+    alike; otherwise one after another, each case's cache freed before the next (for large models on a GPU)."""
+    if not interleave:
+        return [bandwidth_row(m, ctx, b, reps, name) for name, m, ctx, b in cases]
+    built = [_decode_case(m, ctx, b, name) for name, m, ctx, b in cases]
+    with torch.no_grad():
+        t = bench.benchmark_interleaved({i: fn for i, (fn, _) in enumerate(built)}, reps=reps, warmup=1,
+                                        device=_param(cases[0][1]).device.type)
+    return [_timed(row, t[i]) for i, (_, row) in enumerate(built)]
 
 
 # ---------------------------------------------------------------- attention variants

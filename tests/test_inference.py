@@ -194,3 +194,12 @@ def test_serving_panel_callback(capsys):
     assert est["paged"]["waste"] < est["preallocated"]["waste"]
     more_heads = K.serving_panel(32, 32, "uniform", 16, weight_bytes_=2.6e9, gbps=100.0, show=False)
     assert more_heads["paged"]["batch"] <= est["paged"]["batch"]  # bigger KV per token: fewer requests fit
+
+
+def test_bandwidth_rows_interleaved_and_sequential_agree_on_counts():
+    m1, m2 = _model(4), _model(1)
+    cases = [("mha", m1, 8, 2), ("mqa", m2, 8, 3)]
+    a, b = K.bandwidth_rows(cases, 2, True), K.bandwidth_rows(cases, 2, False)
+    for x, y in zip(a, b):
+        assert (x["model"], x["bytes"], x["flops"], x["batch"]) == (y["model"], y["bytes"], y["flops"], y["batch"])
+        assert x["seconds"] > 0 and x["tokens_per_s"] == x["batch"] / x["seconds"]
