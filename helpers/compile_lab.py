@@ -59,7 +59,7 @@ def tolerance(dtype: torch.dtype) -> tuple[float, float]:
     return TOLERANCES[dtype]
 
 
-def check_close(fn: Callable, got: torch.Tensor, args: tuple, name: str = "compiled") -> float:
+def verify_output(fn: Callable, got: torch.Tensor, args: tuple, name: str = "compiled") -> float:
     """Check `got` (an output for `fn(*args)`) and return its largest absolute error against the reference.
 
     fp32 inputs: against eager `fn(*args)` with TOLERANCES[fp32]. fp16/bf16: against `fn` run in fp32, allowed
@@ -92,7 +92,7 @@ def ratio_quartiles(slow: bench.Timing, fast: bench.Timing) -> tuple[float, floa
 
 def measure_workload(name: str, rows: int, cols: int, *, dtype: torch.dtype = torch.float32, device: str = "cpu",
                      reps: int = 10, seed: int = 0, kernels: bool = True, comp: Callable | None = None) -> dict[str, Any]:
-    """Workload `name` on a (rows, cols) input: compiled checked against eager (`check_close`), then eager,
+    """Workload `name` on a (rows, cols) input: compiled checked against eager (`verify_output`), then eager,
     compiled and library (and the Triton softmax on CUDA) timed interleaved. `comp`: the compiled function
     to use (default `compiled(name)`).
 
@@ -104,12 +104,12 @@ def measure_workload(name: str, rows: int, cols: int, *, dtype: torch.dtype = to
     args = compiler.make_inputs(name, rows, cols, dtype=dtype, device=device, seed=seed)
     fn, comp = w.fn, comp or compiled(name)
     with torch.no_grad():
-        error = check_close(fn, comp(*args), args)
+        error = verify_output(fn, comp(*args), args)
         impls = {"eager": lambda: fn(*args), "compiled": lambda: comp(*args)}
         if w.library is not None:
             impls["library"] = lambda: w.library(*args)
         if name == "softmax" and device == "cuda" and not triton_softmax.BROKEN:
-            check_close(fn, triton_softmax.softmax(args[0]), args, "the Triton softmax")
+            verify_output(fn, triton_softmax.softmax(args[0]), args, "the Triton softmax")
             impls["triton"] = lambda: triton_softmax.softmax(args[0])
         timings = bench.benchmark_interleaved(impls, reps=reps, warmup=2, device=device)
     fused = compiler.fused_bytes(fn, *args)
