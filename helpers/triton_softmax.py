@@ -96,8 +96,9 @@ def softmax(x: torch.Tensor, max_block: int | None = None) -> torch.Tensor:
 
     Statistics are kept in fp32 whatever the input dtype. `max_block` caps the block (a power of two);
     rows longer than it use the online two-pass loop (pass a small one to exercise that path on short rows).
-    Raises ValueError for an empty last dimension or a dtype outside DTYPES (and bf16 in the interpreter,
-    whose bf16 support is incomplete), RuntimeError when Triton cannot run in this process.
+    Raises ValueError for an empty last dimension, a dtype outside DTYPES (and bf16 in the interpreter,
+    whose bf16 support is incomplete) or a CPU tensor where a GPU is present, RuntimeError when Triton
+    cannot run in this process.
     """
     if BROKEN:
         raise RuntimeError(BROKEN)
@@ -105,6 +106,8 @@ def softmax(x: torch.Tensor, max_block: int | None = None) -> torch.Tensor:
         raise ValueError(f"dtype {x.dtype} is not supported; use one of {', '.join(map(str, DTYPES))}")
     if INTERPRETED and x.dtype == torch.bfloat16:
         raise ValueError("bf16 runs on a GPU only (Triton's interpreter handles fp32 and fp16)")
+    if not INTERPRETED and not x.is_cuda:
+        raise ValueError(f"x is on {x.device}: with a GPU present the kernel is compiled for it; move x to CUDA")
     if x.dim() == 0 or x.shape[-1] == 0:
         raise ValueError(f"x of shape {tuple(x.shape)} has no last dimension to normalise")
     n_cols = x.shape[-1]
