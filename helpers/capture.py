@@ -69,6 +69,13 @@ ESTIMATES: dict[str, tuple[float, str]] = {
     "07": (120.0, "bf16 vs fp8 matmul sweeps up to 8192^3 (1.1e12 FLOPs each, ~2 ms in fp8), the linear "
                   "forward+backward per recipe, a short GPT training per recipe, and torch.compile of the GPT "
                   "step in bf16 and fp8 (cold compiles, ~30 s each on 16 cores): mostly compile time"),
+    "09": (280.0, "not yet measured; torch.compile of three Triton workloads and four softmax sizes (~40 s), the "
+                  "GPT step (~60 s), default / reduce-overhead / max-autotune on a one-token forward (~100-130 s, "
+                  "max-autotune the slowest), the rest ~40 s"),
+    "10": (240.0, "not yet measured; training small10m once (~60 s; ~150 s in all once its checkpoint is cached), "
+                  "compiling the 1.3B decode step (~60 s), the decode sweeps and the paged and batching sections"),
+    "12": (100.0, "not yet measured; ~25 ms per small10m step at 64x256, nine loader settings of 31 steps, ~1 s per "
+                  "worker start-up, ~5 s of host-to-device bandwidth sizes"),
     "06": (400.0, "stopped at 231 s in the speed sweep (2026-11-30): the cells before it took ~170 s, the memory wall 50 s and the correctness table 62 s of them; Triton autotuning and compilation of forward and backward at d=128 (~1-2 min cold on 16 "
                   "cores); speed sweep N=512..16384 at 16k tokens: 3.5 x 4BHN^2d ~ 8e12 FLOPs at N=16384, "
                   "~20 ms per fwd+bwd at 400 TFLOP/s, x 6 implementations x 13 calls; memory wall to 131k "
