@@ -62,11 +62,15 @@ def decode_step_fn(model: GPT, cache, batch: int):
     return step
 
 
-def per_position(model: GPT, positions: list[int], reps: int, progress=iter) -> dict[str, list[float]]:
+def per_position(model: GPT, positions: list[int], reps: int, progress=iter, warmup: int = 1,
+                 spreads: dict | None = None) -> dict[str, list[float]]:
     """Seconds for the next token at each context length in `positions`: with a cache (one decode step) and
-    without (a forward over the whole context + 1 tokens), timed interleaved."""
+    without (a forward over the whole context + 1 tokens), timed interleaved after `warmup` untimed calls of
+    each. When `spreads` is a dict it receives each variant's IQR / median per position (same keys)."""
     dev = _param(model).device.type
     out = {"with cache": [], "without cache": []}
+    if spreads is not None:
+        spreads.update({k: [] for k in out})
     cache = filled_cache(model, 1, max(positions), max(positions) + 1)
     seq = _tokens(1, max(positions) + 1, _param(model).device)
     for p in progress(positions):
@@ -74,9 +78,11 @@ def per_position(model: GPT, positions: list[int], reps: int, progress=iter) -> 
         fns = {"with cache": decode_step_fn(model, cache, 1),
                "without cache": lambda p=p: model(seq[:, :p + 1])[0][:, -1]}
         with torch.no_grad():
-            t = bench.benchmark_interleaved(fns, reps=reps, warmup=1, device=dev)
+            t = bench.benchmark_interleaved(fns, reps=reps, warmup=warmup, device=dev)
         for k in out:
             out[k].append(t[k].median)
+            if spreads is not None:
+                spreads[k].append(t[k].spread)
     return out
 
 
@@ -192,8 +198,8 @@ def mla_sweep(model: GPT, ranks: list[int], val_tokens: torch.Tensor, val_batche
     return rows
 
 
-def latent_row(low: GPT, context: int, reps: int) -> dict:
-    """One decode step through a LatentKVCache of a factorised model at `context` tokens (batch 1)."""
+def _latent_step(low: GPT, context: int):
+    """(step closure, cache) for one decode step through a LatentKVCache at `context` tokens (batch 1)."""
     p = _param(low)
     cache = LatentKVCache(low, 1, context + 1, dtype=p.dtype, device=p.device)
     with torch.no_grad():
@@ -203,9 +209,37 @@ def latent_row(low: GPT, context: int, reps: int) -> dict:
     def step():
         cache.length = start
         return decode_one(low, tok, cache)
+    return step, cache
+
+
+def latent_row(low: GPT, context: int, reps: int) -> dict:
+    """One decode step through a LatentKVCache of a factorised model at `context` tokens (batch 1)."""
+    step, cache = _latent_step(low, context)
     with torch.no_grad():
-        t = bench.benchmark(step, warmup=1, reps=reps, device=p.device.type)
+        t = bench.benchmark(step, warmup=1, reps=reps, device=_param(low).device.type)
     return {"seconds": t.median, "spread": t.spread, "cache_bytes": cache.nbytes}
+
+
+def variant_speeds(models: dict[str, GPT], latent: tuple[str, GPT] | None, context: int, reps: int,
+                   warmup: int = 3) -> list[dict]:
+    """Batch-1 decode at `context` cached tokens for each named model (contiguous KV cache) and, when `latent`
+    is (name, factorised model), through a LatentKVCache. Every case is set up first and all are timed
+    round-robin after `warmup` untimed calls each, so other work on the machine slows them alike.
+    Returns per case: "variant", "seconds" (median), "spread" (IQR / median) and "kv_share" (the K/V's share
+    of the bytes a step reads; None for the latent)."""
+    if reps < 1 or warmup < 0:
+        raise ValueError(f"reps={reps} must be >= 1 and warmup={warmup} >= 0")
+    fns, shares = {}, {}
+    for name, m in models.items():
+        fn, row = _decode_case(m, context, 1, name)
+        fns[name], shares[name] = fn, 1 - weight_bytes(m) / row["bytes"]
+    if latent is not None:
+        fns[latent[0]], _ = _latent_step(latent[1], context)
+        shares[latent[0]] = None
+    dev = _param(next(iter(models.values())) if models else latent[1]).device.type
+    with torch.no_grad():
+        t = bench.benchmark_interleaved(fns, reps=reps, warmup=warmup, device=dev)
+    return [{"variant": k, "seconds": t[k].median, "spread": t[k].spread, "kv_share": shares[k]} for k in fns]
 
 
 # ---------------------------------------------------------------- a static cache for compiled decode
@@ -341,3 +375,25 @@ def serving_panel(kv_heads: int = 8, block: int = 16, mix: str = "heavy-tailed",
         plots.bars({k: 100 * est[k]["waste"] for k in ("preallocated", "paged")},
                    ylabel="% of reserved KV memory unused", title=f"{mix}, {kv_heads} kv heads, block {block}")
     return est
+
+
+# ---------------------------------------------------------------- the paged-waste claim at this run's scale
+
+
+def paged_waste_verdict(fraction: float, block_size: int, mean_tokens: float, min_ratio: float = 25.0) -> dict:
+    """Judge the vLLM paper's "under 4% of KV memory wasted" on a measured paged-cache waste `fraction` (0-1).
+
+    A paged cache wastes about half a block per request (the last block's empty tail), so the expected waste
+    is (block_size / 2) / mean_tokens: on requests only a few blocks long it exceeds 4% whatever the allocator
+    does. The claim is therefore judged only when `mean_tokens` >= `min_ratio` x `block_size`; otherwise the
+    verdict is "not testable" with that reason. Returns {"verdict", "expected" (0-1), "reason" (str or None)}.
+    Raises ValueError for a block_size or mean_tokens that is not positive."""
+    if block_size <= 0 or mean_tokens <= 0 or min_ratio <= 0:
+        raise ValueError(f"block_size={block_size}, mean_tokens={mean_tokens} and min_ratio={min_ratio} must be > 0")
+    expected = (block_size / 2) / mean_tokens
+    if mean_tokens < min_ratio * block_size:
+        return {"verdict": "not testable", "expected": expected,
+                "reason": f"requests average {mean_tokens:.0f} tokens, under {min_ratio:g} blocks of {block_size}: "
+                          f"half a block per request alone is {100 * expected:.1f}% expected waste, a scale effect "
+                          f"of this small run, not the allocator"}
+    return {"verdict": "supported" if fraction < 0.04 else "contradicted", "expected": expected, "reason": None}

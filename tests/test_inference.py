@@ -203,3 +203,30 @@ def test_bandwidth_rows_interleaved_and_sequential_agree_on_counts():
     for x, y in zip(a, b):
         assert (x["model"], x["bytes"], x["flops"], x["batch"]) == (y["model"], y["bytes"], y["flops"], y["batch"])
         assert x["seconds"] > 0 and x["tokens_per_s"] == x["batch"] / x["seconds"]
+
+
+def test_paged_waste_verdict_is_not_testable_on_short_requests():
+    short = K.paged_waste_verdict(0.179, 16, 43)
+    assert short["verdict"] == "not testable" and "16" in short["reason"]
+    assert abs(short["expected"] - 8 / 43) < 1e-12
+    assert K.paged_waste_verdict(0.02, 16, 1000)["verdict"] == "supported"
+    assert K.paged_waste_verdict(0.10, 16, 1000)["verdict"] == "contradicted"
+    with pytest.raises(ValueError):
+        K.paged_waste_verdict(0.1, 0, 100)
+
+
+def test_variant_speeds_times_every_case_round_robin():
+    models = {"mha": _model(4), "mqa": _model(1)}
+    low, _ = I.factorise_kv(models["mha"], 4)
+    rows = K.variant_speeds(models, ("latent", low), 8, 2, warmup=1)
+    assert [r["variant"] for r in rows] == ["mha", "mqa", "latent"]
+    assert all(r["seconds"] > 0 and r["spread"] >= 0 for r in rows)
+    assert rows[0]["kv_share"] > rows[1]["kv_share"] and rows[2]["kv_share"] is None
+    with pytest.raises(ValueError):
+        K.variant_speeds(models, None, 8, 0)
+
+
+def test_per_position_reports_spreads():
+    sp = {}
+    out = K.per_position(_model(2), [4, 8], 2, warmup=1, spreads=sp)
+    assert set(sp) == set(out) and all(len(v) == 2 for v in sp.values())
