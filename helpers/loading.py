@@ -314,6 +314,27 @@ def sweep(make_model: Callable[[], torch.nn.Module], dataset, configs: Sequence[
     return rows
 
 
+def sweep_rounds(make_model: Callable[[], torch.nn.Module], dataset, configs: Sequence[dict], *, steps: int,
+                 rounds: int = 2, warmup: int = 1, device: str = "cpu", **common) -> list[dict]:
+    """`sweep` repeated `rounds` times, interleaved (round 1 in order, round 2 reversed, ...).
+
+    The machine's load drifts over a sweep; interleaving spreads that drift over every configuration.
+    Returns one row per configuration (in the order of `configs`): the round with the most tokens/s
+    (its wait_ms, copy_ms, compute_ms, step_ms, idle, tokens_per_s), plus `tokens_per_s_rounds`, the
+    tokens/s of every round. Raises ValueError when `rounds` < 1.
+    """
+    if type(rounds) is not int or rounds < 1:
+        raise ValueError(f"rounds={rounds!r} must be an int >= 1")
+    runs: list[list[dict]] = [[] for _ in configs]
+    for k in range(rounds):
+        order = list(range(len(configs)))[:: -1 if k % 2 else 1]
+        for i in order:
+            runs[i].append(sweep(make_model, dataset, [configs[i]], steps=steps, warmup=warmup, device=device,
+                                 **common)[0])
+    return [{**max(rs, key=lambda r: r["tokens_per_s"]), "tokens_per_s_rounds": [r["tokens_per_s"] for r in rs]}
+            for rs in runs]
+
+
 def epochs_time(dataset, *, epochs: int, **loader_kw) -> float:
     """Seconds to iterate `epochs` epochs of `make_loader(dataset, **loader_kw)` (no model): start-up cost included."""
     loader = make_loader(dataset, **loader_kw)

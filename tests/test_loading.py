@@ -164,3 +164,22 @@ def test_parameter_checks_and_cuda_only_paths_fail_clearly():
             loading.h2d_bandwidth([1024])
         with pytest.raises(RuntimeError):
             loading.copy_overlap(1024, 64)
+
+
+def test_sweep_rounds_interleaves_and_keeps_each_configs_fastest_round(monkeypatch):
+    calls = []
+    speed = {(0, 1): 10.0, (0, 2): 30.0, (1, 1): 20.0, (1, 2): 5.0}
+
+    def fake_sweep(make_model, dataset, configs, **kw):
+        (cfg,) = configs
+        calls.append(cfg["num_workers"])
+        rnd = sum(1 for c in calls if c == cfg["num_workers"])
+        return [{**cfg, "tokens_per_s": speed[(cfg["num_workers"], rnd)], "idle": 0.1 * rnd}]
+
+    monkeypatch.setattr(loading, "sweep", fake_sweep)
+    rows = loading.sweep_rounds(None, None, [{"num_workers": 0}, {"num_workers": 1}], steps=1, rounds=2)
+    assert calls == [0, 1, 1, 0]  # round two runs in reverse order
+    assert [r["tokens_per_s"] for r in rows] == [30.0, 20.0]
+    assert rows[0]["idle"] == pytest.approx(0.2) and rows[0]["tokens_per_s_rounds"] == [10.0, 30.0]
+    with pytest.raises(ValueError, match="rounds"):
+        loading.sweep_rounds(None, None, [{}], steps=1, rounds=0)

@@ -40,6 +40,14 @@ def _padding_empty(doc):
     return packing.block_causal_mask(doc) & (doc[..., :, None] >= 0)
 
 
+def _with_dtype(fn, case):
+    """Runs the function on a case; returns (its output, its dtype's name) so a wrong dtype FAILs by name."""
+    out = fn(*case.args, **case.kwargs)
+    if out is None:
+        return None
+    return out, str(getattr(out, "dtype", type(out).__name__)).replace("torch.", "")
+
+
 register(
     "12.mask", "code",
     prompt="write block_causal_mask(doc): (R, T) document ids (-1 = padding) -> (R, T, T) bool, True where "
@@ -50,8 +58,9 @@ register(
     solution=packing.block_causal_mask,
     wrong=(_causal_only, _blocks_only, _padding_empty),
     cases=_doc_cases,
+    run=_with_dtype, outputs=("mask", "dtype (bool expected)"),
     rtol=0.0, atol=0.0,
-    tolerance="exact: every entry of the mask",
+    tolerance="exact: every entry of the mask, and its dtype",
 )
 
 
@@ -65,6 +74,11 @@ def _off_by_one(doc):
     return torch.where(doc >= 0, packing.positions_from_doc(doc) + 1, torch.zeros_like(doc))
 
 
+def _float_positions(doc):
+    """Planted wrong: the right values as float32 (an embedding table cannot be indexed with them)."""
+    return packing.positions_from_doc(doc).float()
+
+
 register(
     "12.positions", "code",
     prompt="write positions_from_doc(doc): (R, T) document ids -> (R, T) int64 position ids that restart at 0 "
@@ -72,10 +86,11 @@ register(
     hint="a document starts at slot 0 and wherever the id changes from the slot before; a running maximum "
          "(cummax) of the start slots gives each slot its document's start; subtract it from the slot index",
     solution=packing.positions_from_doc,
-    wrong=(_no_restart, _off_by_one),
+    wrong=(_no_restart, _off_by_one, _float_positions),
     cases=_doc_cases,
+    run=_with_dtype, outputs=("positions", "dtype (int64 expected)"),
     rtol=0.0, atol=0.0,
-    tolerance="exact: every position id",
+    tolerance="exact: every position id, and the dtype int64",
 )
 
 EX_LENGTHS = (100, 20, 60, 12, 128, 36)  # the exercise's documents; rows of 128 tokens
