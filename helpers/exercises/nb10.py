@@ -99,14 +99,15 @@ def _new_only(k_buf, v_buf, k, v, length):
 register(
     "10.update", "code",
     prompt="write the KV cache's update: store the new keys and values after the cached ones, return all of them",
-    hint="the new tokens go to slots length .. length + T of the third dim (T = k.size(2)), written in place "
-         "with slice assignment; return slices of the buffers that end at the last slot just written",
+    hint="the buffers' third dimension is time: the new tokens belong right after the cached ones, the "
+         "buffers must change in place, and attention needs every filled slot but no empty one",
     solution=_reference_update,
     wrong=(_off_by_one, _whole_buffer, _new_only),
     cases=_update_cases,
     run=_run,
     rtol=0.0, atol=0.0,
     tolerance="exact: the same values in the same slots, and identical greedy tokens",
+    outputs=("keys returned", "values returned", "k_buf after the call (write in place)", "v_buf after the call"),
 )
 
 # ---------------------------------------------------------------- 10.kv_gib (value)
@@ -115,8 +116,8 @@ register(
     "10.kv_gib", "value",
     prompt="Llama 3 70B (80 layers, 64 query heads, 8 kv heads, head_dim 128; Meta's model card and config.json) "
            "in bf16: how many GiB of KV cache does one sequence of 8192 tokens occupy?",
-    hint="bytes per token = 2 (k and v) x layers x kv heads x head_dim x bytes per element; query heads do not "
-         "enter; then times the tokens, divided by 2**30",
+    hint="use the theory's bytes-per-token formula; ask yourself which of the two head counts has a cache, "
+         "and remember a GiB is a power of two",
     solution=lambda: 2 * 80 * 8 * 128 * 2 * 8192 / 2**30,
     wrong=(2 * 80 * 64 * 128 * 2 * 8192 / 2**30, 80 * 8 * 128 * 2 * 8192 / 2**30, 2 * 80 * 8 * 128 * 4 * 8192 / 2**30),
     rtol=1e-3,
