@@ -90,6 +90,62 @@ def ratio_quartiles(slow: bench.Timing, fast: bench.Timing) -> tuple[float, floa
     return statistics.median(ratios), q[0], q[2]
 
 
+def saved_per_call(eager_s: float, ratio: float) -> float:
+    """Seconds saved per call by the compiled version, from eager's median time (s) and the median per-round
+    eager/compiled ratio: eager_s * (1 - 1/ratio); negative when compiled is slower. Raises ValueError for
+    a non-positive time or ratio."""
+    if eager_s <= 0 or ratio <= 0:
+        raise ValueError(f"eager_s={eager_s} and ratio={ratio} must be positive")
+    return eager_s * (1 - 1 / ratio)
+
+
+def break_even_from_ratio(compile_s: float, eager_s: float, ratio: float) -> float | None:
+    """Calls after which compile_s (s) has paid for itself, from the same statistic the notebook reports
+    (the median per-round eager/compiled ratio): None when ratio <= 1 (compiled is not faster: it never pays
+    back). Raises ValueError for a negative compile time or a non-positive time or ratio."""
+    saved = saved_per_call(eager_s, ratio)
+    return compiler.break_even_steps(compile_s, eager_s, eager_s - saved) if saved > 0 else None
+
+
+def fmt_seconds(s: float) -> str:
+    """A duration for a sentence: '12.3 µs' below 1 ms, '13.43 ms' below 1 s, else '1.23 s'."""
+    a = abs(s)
+    return f"{s * 1e6:.1f} µs" if a < 1e-3 else f"{s * 1e3:.2f} ms" if a < 1 else f"{s:.2f} s"
+
+
+def busy_warning(cores: int | None = None, load: float | None = None) -> bool:
+    """Print one warning line and return True when the 1-minute load average >= the core count (other
+    processes then hold the cores, and a parallel loop waits for its slowest thread, so timings and
+    ratios are unreliable). cores/load default to os.cpu_count() and os.getloadavg()[0] (0 where absent)."""
+    import os
+
+    cores = cores or os.cpu_count() or 1
+    if load is None:
+        load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+    if load >= cores:
+        print(f"Warning: the load average ({load:.1f}) is at least the number of cores ({cores}): other work "
+              "shares this CPU, so the timings below are unreliable (each parallel loop waits for its slowest thread).")
+        return True
+    return False
+
+
+def sweep_agreement(sweep: dict, results: list[dict], cols: int, tol: float = 0.25) -> str:
+    """One sentence comparing the softmax sweep's eager/compiled ratio at row length `cols` (GB/s compiled /
+    eager) with the softmax workload's median per-round ratio in `results` (the same input size): they
+    agree when within `tol` (relative) and on the same side of 1. '' when the sweep lacks that length."""
+    if cols not in sweep["cols"]:
+        return ""
+    i = sweep["cols"].index(cols)
+    e, c = sweep["eager"][i], sweep["compiled"][i]
+    r = next((r["ratio"][0] for r in results if r["name"] == "softmax"), None)
+    if not e or not c or r is None:
+        return ""
+    s = c / e
+    same = abs(s - r) <= tol * r and (s > 1) == (r > 1)
+    return (f"At row length {cols} the sweep measured eager/compiled {s:.2f}x, the workload table above {r:.2f}x: "
+            + ("they agree." if same else "they disagree: two timing runs of the same input, so at least one was "
+               "distorted (by other work on the CPU, or by a different compiled kernel); read either ratio with care."))
+
 def measure_workload(name: str, rows: int, cols: int, *, dtype: torch.dtype = torch.float32, device: str = "cpu",
                      reps: int = 10, seed: int = 0, kernels: bool = True, comp: Callable | None = None) -> dict[str, Any]:
     """Workload `name` on a (rows, cols) input: compiled checked against eager (`verify_output`), then eager,

@@ -192,3 +192,23 @@ def test_low_precision_is_checked_against_fp32_with_twice_eagers_error():
         assert compile_lab.verify_output(w.fn, fused_like, args) < 0.05
         with pytest.raises(AssertionError, match="twice eager"):
             compile_lab.verify_output(w.fn, fused_like + 0.1, args)
+
+
+def test_break_even_comes_from_the_median_ratio_and_never_when_not_faster():
+    assert compile_lab.break_even_from_ratio(10.0, 0.02, 2.0) == pytest.approx(1000)  # saves 10 ms per step
+    assert compile_lab.break_even_from_ratio(10.0, 0.02, 1.0) is None
+    assert compile_lab.break_even_from_ratio(10.0, 0.02, 0.9) is None
+    assert compile_lab.saved_per_call(0.02, 0.5) == pytest.approx(-0.02)
+    with pytest.raises(ValueError, match="ratio"):
+        compile_lab.saved_per_call(0.02, 0.0)
+    assert compile_lab.fmt_seconds(13.4345e-3) == "13.43 ms" and compile_lab.fmt_seconds(5e-6) == "5.0 µs"
+
+
+def test_busy_warning_and_sweep_agreement(capsys):
+    assert compile_lab.busy_warning(cores=2, load=2.5) and "unreliable" in capsys.readouterr().out
+    assert not compile_lab.busy_warning(cores=2, load=0.5) and capsys.readouterr().out == ""
+    sweep = {"cols": [64, 128], "eager": [1.0, 1.0], "compiled": [2.0, 0.8]}
+    res = [{"name": "softmax", "ratio": (2.1, 1.9, 2.3)}]
+    assert "they agree" in compile_lab.sweep_agreement(sweep, res, 64)
+    assert "disagree" in compile_lab.sweep_agreement(sweep, res, 128)
+    assert compile_lab.sweep_agreement(sweep, res, 256) == ""

@@ -1,8 +1,9 @@
-"""Notebook 09's exercises: the online softmax's block update, a function fixed to one graph, the bytes
+"""Notebook 09's exercises: merging two online-softmax states, a function fixed to one graph, the bytes
 of an unfused chain.
 
-The online update's reference is `helpers.triton_softmax.online_update`, what the Triton kernel's first
-pass computes; the graph-break fix is checked by running the learner's function and by
+The merge is not printed in the notebook (the Triton kernel's first pass folds one block of x into the
+state; the exercise combines two states, as split rows do); each chunk's state comes from
+`helpers.triton_softmax.online_update`. The graph-break fix is checked by running the learner's function and by
 `torch._dynamo.explain` on it.
 """
 from __future__ import annotations
@@ -17,14 +18,21 @@ from helpers.check import Case, register
 NEG = float("-inf")
 
 
+def _chunk_state(chunk: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(m, l) of one chunk of each row: its max and its sum of exp(x - max), (-inf, 0) for an all -inf chunk."""
+    rows = chunk.shape[0]
+    return triton_softmax.online_update(torch.full((rows,), NEG), torch.zeros(rows), chunk)
+
+
 def _replay(fn, case: Case):
-    """Feed a row matrix block by block through fn from m=-inf, l=0; return (m, l) after each block."""
+    """Cut each row into chunks, take every chunk's (m, l), fold them left to right with fn starting from the
+    first chunk's state; return (m, l) after each merge."""
     x, width = case.args
-    rows = x.shape[0]
-    m, l = torch.full((rows,), NEG), torch.zeros(rows)
+    m, l = _chunk_state(x[:, :width])
     seen = []
-    for start in range(0, x.shape[1], width):
-        out = fn(m.clone(), l.clone(), x[:, start:start + width].clone())
+    for start in range(width, x.shape[1], width):
+        cm, cl = _chunk_state(x[:, start:start + width])
+        out = fn(m.clone(), l.clone(), cm, cl)
         if out is None:
             raise NotImplementedError("the function returns None")
         m, l = out
@@ -47,31 +55,46 @@ def _online_cases() -> list[Case]:
     ]
 
 
-def _no_rescale(m, l, block):
-    """Planted wrong: the old sum is not rescaled when the max grows."""
-    m_new = torch.maximum(m, block.amax(-1))
-    safe = torch.where(m_new == NEG, torch.zeros_like(m_new), m_new)
-    return m_new, l + torch.exp(block - safe[:, None]).sum(-1)
+def _merge_reference(m1, l1, m2, l2):
+    m = torch.maximum(m1, m2)
+    safe = torch.where(m == NEG, torch.zeros_like(m), m)
+    return m, l1 * torch.exp(m1 - safe) + l2 * torch.exp(m2 - safe)
 
 
-def _nan_on_masked(m, l, block):
-    """Planted wrong: no guard, so an all -inf prefix gives exp(-inf - (-inf)) = NaN."""
-    m_new = torch.maximum(m, block.amax(-1))
-    return m_new, l * torch.exp(m - m_new) + torch.exp(block - m_new[:, None]).sum(-1)
+def _no_rescale(m1, l1, m2, l2):
+    """Planted wrong: the two sums are added as they are, each still against its own max."""
+    return torch.maximum(m1, m2), l1 + l2
 
+
+def _one_side(m1, l1, m2, l2):
+    """Planted wrong: only the first sum is rescaled to the common max."""
+    m = torch.maximum(m1, m2)
+    safe = torch.where(m == NEG, torch.zeros_like(m), m)
+    return m, l1 * torch.exp(m1 - safe) + l2
+
+
+def _nan_on_masked(m1, l1, m2, l2):
+    """Planted wrong: no guard, so two empty states give exp(-inf - (-inf)) = NaN."""
+    m = torch.maximum(m1, m2)
+    return m, l1 * torch.exp(m1 - m) + l2 * torch.exp(m2 - m)
+
+
+# m and l after each merge; the longest case (48 columns in blocks of 8) merges 5 times
+_MERGE_OUTPUTS = tuple(f"{v} after merging chunk {k + 2}" for k in range(16) for v in ("m", "l"))
 
 register(
     "09.online", "code",
-    prompt="write the online softmax's block update: new running max and running sum of exp(x - max)",
-    hint="the new max is the larger of the old one and the block's; the old sum was taken against the old max, "
-         "so scale it by exp(old - new) before adding the block's exps; subtract 0 instead of the max while "
-         "the max is still -inf",
-    solution=triton_softmax.online_update,
-    wrong=(_no_rescale, _nan_on_masked),
+    prompt="merge two online-softmax states (m1, l1) and (m2, l2) of two parts of the same rows into the state "
+           "of the whole rows",
+    hint="each sum was taken against its own max: bring both to one common reference before adding them, and "
+         "keep rows whose states are both still empty (max -inf) free of NaN",
+    solution=_merge_reference,
+    wrong=(_no_rescale, _one_side, _nan_on_masked),
     cases=_online_cases,
     run=_replay,
     rtol=1e-5, atol=1e-6,
-    tolerance="m and l after every block, rtol 1e-5, atol 1e-6 (fp32; -inf and 0 must match exactly)",
+    tolerance="m and l after every merge, rtol 1e-5, atol 1e-6 (fp32; -inf and 0 must match exactly)",
+    outputs=_MERGE_OUTPUTS,
 )
 
 
@@ -105,6 +128,7 @@ def _one_graph_cases() -> list[Case]:
         Case("positive mean, 4 x 6", (torch.randn(4, 6, generator=g) + 1,)),
         Case("negative mean, 5 x 3", (torch.randn(5, 3, generator=g) - 1,)),
         Case("1-D, 7 entries", (torch.randn(7, generator=g) + 0.5,)),
+        Case("a mean of exactly 0 (not positive: negated)", (torch.tensor([[-1.0, 2.0], [1.0, -2.0]]),)),
     ]
 
 
@@ -113,6 +137,11 @@ def _only_item_fixed(x):
     if x.mean() > 0:
         return x / x.abs().max()
     return -x / x.abs().max()
+
+
+def _zero_counts_as_positive(x):
+    """Planted wrong: one graph, but a mean of exactly 0 keeps the sign (>= instead of >)."""
+    return torch.where(x.mean() >= 0, x, -x) / x.abs().max()
 
 
 def _wrong_sign(x):
@@ -126,11 +155,12 @@ register(
     hint="keep the peak a tensor instead of a Python float; compute both signs and let torch.where pick one "
          "by the (tensor) condition",
     solution=_one_graph_reference,
-    wrong=(scale_by_sign_broken, _only_item_fixed, _wrong_sign),
+    wrong=(scale_by_sign_broken, _only_item_fixed, _wrong_sign, _zero_counts_as_positive),
     cases=_one_graph_cases,
     run=_graphs,
     rtol=1e-6, atol=1e-6,
     tolerance="the output within 1e-6 and exactly 1 graph from torch._dynamo.explain",
+    outputs=("the output", "graphs from torch._dynamo.explain"),
 )
 
 
