@@ -252,9 +252,11 @@ def _difference(got, want, rtol: float, atol: float) -> str:
     text = f"{len(bad)} of {got.numel()} values differ (tolerance rtol={rtol:g}, atol={atol:g}); the first at index {first}"
     if nonfinite.any():
         return text + f", where you have {float(got[first])} (infinities or NaNs that a correct version does not give)"
+    text += f" (yours there: {float(got[first]):.6g})"  # the learner's own value, never the expected one
     diff = (got - want).abs()[~close]
-    rel = diff / want.abs()[~close].clamp_min(1e-300)
-    return text + f"; largest absolute difference {float(diff.max()):.3g}, largest relative {float(rel.max()):.3g}"
+    nonzero = want.abs()[~close] != 0  # a relative difference means nothing where the right value is 0
+    rel = f", largest relative {float((diff[nonzero] / want.abs()[~close][nonzero]).max()):.3g}" if nonzero.any() else ""
+    return text + f"; largest absolute difference {float(diff.max()):.3g}{rel}"
 
 
 class _Watched:

@@ -227,3 +227,14 @@ def test_named_outputs_and_unwritten_bodies_under_a_runner(capsys):
     finally:
         check.REGISTRY.pop("97.replay")
         check._STATUS.pop("97.replay", None)
+
+
+def test_a_difference_where_the_right_value_is_zero_has_no_relative_figure():
+    import torch
+
+    from helpers.check import compare
+
+    why = compare(torch.tensor([[1.0, 0.0], [0.0, 1.0]]), torch.tensor([[1.0, 0.0], [1.0, 1.0]]), 0.0, 0.0)
+    assert "the first at index (1, 0) (yours there: 0)" in why and "largest relative 1" in why
+    why = compare(torch.tensor([1.0, 1.0]), torch.tensor([1.0, 0.0]), 0.0, 0.0)  # wrong only where 0 is right
+    assert "index (1,)" in why and "yours there: 1" in why and "relative" not in why
