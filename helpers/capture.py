@@ -74,8 +74,8 @@ ESTIMATES: dict[str, tuple[float, str]] = {
                   "max-autotune the slowest), the rest ~40 s"),
     "10": (240.0, "not yet measured; training small10m once (~60 s; ~150 s in all once its checkpoint is cached), "
                   "compiling the 1.3B decode step (~60 s), the decode sweeps and the paged and batching sections"),
-    "12": (100.0, "not yet measured; ~25 ms per small10m step at 64x256, nine loader settings of 31 steps, ~1 s per "
-                  "worker start-up, ~5 s of host-to-device bandwidth sizes"),
+    "12": (125.0, "not yet measured; ~25 ms per small10m step at 64x256, nine loader settings of 31 steps swept "
+                  "twice (interleaved rounds), ~1 s per worker start-up, ~5 s of host-to-device bandwidth sizes"),
     "06": (400.0, "stopped at 231 s in the speed sweep (2026-11-30): the cells before it took ~170 s, the memory wall 50 s and the correctness table 62 s of them; Triton autotuning and compilation of forward and backward at d=128 (~1-2 min cold on 16 "
                   "cores); speed sweep N=512..16384 at 16k tokens: 3.5 x 4BHN^2d ~ 8e12 FLOPs at N=16384, "
                   "~20 ms per fwd+bwd at 400 TFLOP/s, x 6 implementations x 13 calls; memory wall to 131k "
