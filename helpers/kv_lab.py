@@ -373,7 +373,9 @@ def serving_panel(kv_heads: int = 8, block: int = 16, mix: str = "heavy-tailed",
                     [[k, est[k]["reserved_tokens"], f"{est[k]['waste']:.1%}", est[k]["batch"], est[k]["tokens_per_s"]]
                      for k in ("preallocated", "paged")]))
         plots.bars({k: 100 * est[k]["waste"] for k in ("preallocated", "paged")},
-                   ylabel="% of reserved KV memory unused", title=f"{mix}, {kv_heads} kv heads, block {block}")
+                   ylabel="% of reserved KV memory unused",
+                   title=f"{mix}, {kv_heads} kv heads, block {block}, {budget_gb:g} GB: "
+                         f"{est['preallocated']['batch']} vs {est['paged']['batch']} requests admitted")
     return est
 
 
