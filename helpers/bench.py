@@ -47,7 +47,8 @@ class Timing:
         return text + (" [below the timer's resolution: not a measurement]" if self.below_resolution else "")
 
 
-def _quantiles(samples: list[float]) -> tuple[float, float, float]:
+def quartiles(samples: list[float]) -> tuple[float, float, float]:
+    """(median, 25th percentile, 75th percentile) of one or more numbers (timings, per-round ratios)."""
     if len(samples) == 1:
         return samples[0], samples[0], samples[0]
     q = statistics.quantiles(samples, n=4, method="inclusive")
@@ -192,7 +193,7 @@ def benchmark(fn: Callable[[], Any], *, warmup: int = 3, reps: int = 10, flush_l
     for _ in range(warmup):
         fn()
     samples = _timed_samples(fn, reps, device, flush)
-    med, q25, q75 = _quantiles(samples)
+    med, q25, q75 = quartiles(samples)
     timing = Timing(med, q25, q75, samples, warmup, device, timer_overhead(device))
     if timing.below_resolution:
         warnings.warn(ImplausibleTiming(
@@ -219,7 +220,7 @@ def benchmark_interleaved(fns: dict[str, Callable[[], Any]], *, reps: int = 10, 
     for _ in range(reps):
         for name, fn in fns.items():
             samples[name] += benchmark(fn, warmup=0, reps=1, device=device).samples
-    return {name: Timing(*_quantiles(xs), xs, warmup, device, timer_overhead(device)) for name, xs in samples.items()}
+    return {name: Timing(*quartiles(xs), xs, warmup, device, timer_overhead(device)) for name, xs in samples.items()}
 
 
 def tflops(flops: float, seconds: "float | Timing", *, device: str | None = None,

@@ -8,7 +8,6 @@ The compiler machinery and the workloads themselves are `helpers.compiler`; the 
 from __future__ import annotations
 
 import copy
-import statistics
 import time
 from typing import Any, Callable
 
@@ -83,11 +82,7 @@ def verify_output(fn: Callable, got: torch.Tensor, args: tuple, name: str = "com
 
 def ratio_quartiles(slow: bench.Timing, fast: bench.Timing) -> tuple[float, float, float]:
     """(median, q25, q75) of the per-round ratios slow/fast of two interleaved timings."""
-    ratios = sorted(a / b for a, b in zip(slow.samples, fast.samples))
-    if len(ratios) < 2:
-        return ratios[0], ratios[0], ratios[0]
-    q = statistics.quantiles(ratios, n=4, method="inclusive")
-    return statistics.median(ratios), q[0], q[2]
+    return bench.quartiles([a / b for a, b in zip(slow.samples, fast.samples)])
 
 
 def saved_per_call(eager_s: float, ratio: float) -> float:

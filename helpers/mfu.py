@@ -14,7 +14,7 @@ from typing import Callable, Sequence
 import torch
 
 from . import plots
-from .bench import benchmark, benchmark_interleaved, release_memory
+from .bench import benchmark, benchmark_interleaved, quartiles, release_memory
 from .flops import COMPONENTS, SECONDS_PER_DAY, matmul_params, six_nd, transformer_flops
 from .model import GPT, Block, GPTConfig, resolve_attention
 from .widgets import progress
@@ -131,10 +131,8 @@ def ratio_quartiles(result: dict[str, dict], numerator: str = "mlp",
     """(25th percentile, median, 75th percentile) of the per-repetition efficiency ratios."""
     n, d = result[numerator], result[denominator]
     ratios = [(n["flops"] / tn) / (d["flops"] / td) for tn, td in zip(n["samples"], d["samples"])]
-    if len(ratios) == 1:
-        return ratios[0], ratios[0], ratios[0]
-    q = statistics.quantiles(ratios, n=4, method="inclusive")
-    return q[0], statistics.median(ratios), q[2]
+    med, q25, q75 = quartiles(ratios)
+    return q25, med, q75
 
 
 # ---------------------------------------------------------------- timing a training step
