@@ -1,4 +1,13 @@
-"""Every committed notebook is clean, has a parameters cell, validates its parameters and runs in smoke."""
+"""Every committed notebook is clean, has a parameters cell, validates its parameters and runs in smoke.
+
+A notebook with an instructor panel is run in full by the browser suite as well (JupyterLab's Run
+All Cells in the smoke profile, then its controls moved; tests/browser/test_panels_live.py), which
+checks what the smoke run here checks: every cell ran, no traceback, records written. When that suite
+can run (Chromium and Playwright present), the papermill run of such a notebook is skipped here, so
+that CI does not execute it twice (except the first notebook, for the headless path); without
+them it runs here as before.
+"""
+import importlib.util
 from pathlib import Path
 
 import nbformat
@@ -7,6 +16,23 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+BROWSER = ROOT / "tests" / "browser"
+
+
+def _module(path: Path):
+    """A file of the browser suite as a plain module (tests/browser is not a package)."""
+    spec = importlib.util.spec_from_file_location(f"_browser_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def run_by_the_browser_suite(path: Path) -> bool:
+    """Whether the browser suite will Run All Cells of this notebook in this session. The first
+    notebook always runs here too, so that the headless path (INTERACTIVE=False) is run end to end."""
+    if path == NOTEBOOKS[0] or _module(BROWSER / "conftest.py").missing_requirement() is not None:
+        return False
+    return _module(BROWSER / "test_panels_live.py").panel_count(path) > 0
 
 
 def test_there_are_notebooks():
@@ -55,6 +81,8 @@ def _execute(path, tmp_path, **parameters):
 @pytest.mark.notebook
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_notebook_runs_in_smoke_profile(path, tmp_path, monkeypatch):
+    if run_by_the_browser_suite(path):
+        pytest.skip("run in full by the browser suite (test_instructor_panels_redraw_in_jupyterlab)")
     monkeypatch.setenv("COURSE_HEADLESS", "1")
     monkeypatch.setenv("MPLBACKEND", "module://matplotlib_inline.backend_inline")
     _execute(path, tmp_path)

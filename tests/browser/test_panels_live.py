@@ -10,6 +10,8 @@ panel redrew for the new value:
     same way (`n=256`, `fp16`). Measured numbers differ on every redraw, so "the output changed"
     alone would pass even for a callback that ignores the control.
 Screenshots of each panel before and after go to runs/browser/<test>/ (git-ignored).
+The Run All also stands in for the notebook's papermill smoke run (tests/test_notebooks.py skips
+that one when this suite can run): no traceback anywhere in the notebook, and records written.
 """
 from __future__ import annotations
 
@@ -67,6 +69,9 @@ CELLS_JS = """(nb) => Array.from(nb.querySelectorAll('.jp-CodeCell')).map(cell =
 
 ERRORS_JS = """(nb) => Array.from(nb.querySelectorAll('.jp-OutputArea-output[data-mime-type="application/vnd.jupyter.stderr"]'))
   .map(o => o.textContent).filter(t => /Traceback|Error/.test(t)).map(t => t.slice(-1500))"""
+
+# Only real exceptions (a warning on stderr that mentions an error is not one).
+TRACEBACKS_JS = ERRORS_JS.replace("/Traceback|Error/", "/Traceback \\(most recent call last\\)/")
 
 
 def kernel_status(page) -> str:
@@ -251,8 +256,15 @@ def test_instructor_panels_redraw_in_jupyterlab(path, lab, browser, request, cap
     page.set_default_timeout(30_000)
     try:
         open_notebook(page, lab, path.name)
+        started = time.time()
         run_all_cells(page)
         wait_until_executed(page, path.name)
+        # This run stands in for the notebook's papermill smoke run (tests/test_notebooks.py skips
+        # it when this suite runs), so it checks the same: no traceback anywhere, records written.
+        shown = page.locator(f"{NOTEBOOK} .jp-Notebook").first.evaluate(TRACEBACKS_JS)
+        assert not shown, f"{path.name} showed a traceback:\n" + "\n---\n".join(shown)
+        written = [p for p in (lab.root / "results").rglob("*.json") if p.stat().st_mtime >= started - 1]
+        assert written, f"{path.name} recorded nothing under {lab.root / 'results'}"
         panels = page.locator(f"{NOTEBOOK} .course-panel")
         wait_for(lambda: panels.count() >= panel_count(path), 60, f"{panel_count(path)} .course-panel widget(s)")
         for k in range(panels.count()):
