@@ -23,20 +23,17 @@ wrong, so bf16 is refused there; fp32 and fp16 run, slowly, for correctness only
 from __future__ import annotations
 
 import os
-import sys
 
 import torch
+
+from . import triton_mode
 
 # COURSE_TRITON_AOT=1: compile-only checks on a machine without a GPU (tests/test_flash_triton_compile.py)
 AHEAD_OF_TIME = os.environ.get("COURSE_TRITON_AOT") == "1"
 INTERPRETED = not torch.cuda.is_available() and not AHEAD_OF_TIME
-BROKEN: str | None = None  # why the kernels cannot run in this process, if they cannot
-if INTERPRETED:
-    if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
-        BROKEN = ("triton was imported before helpers.flash_triton switched its interpreter on; restart "
-                  "the kernel and import helpers.attention (or set TRITON_INTERPRET=1) first")
-    os.environ["TRITON_INTERPRET"] = "1"
-elif not AHEAD_OF_TIME and torch.cuda.get_device_capability() < (8, 0):  # e.g. a T4 (sm_75)
+# why the kernels cannot run in this process, if they cannot; set before anything imports triton
+BROKEN: str | None = triton_mode.use_interpreter_without_gpu(__name__, INTERPRETED)
+if not INTERPRETED and not AHEAD_OF_TIME and torch.cuda.get_device_capability() < (8, 0):  # e.g. a T4 (sm_75)
     _SM = "".join(map(str, torch.cuda.get_device_capability()))
     BROKEN = (f"the course's Triton kernels need an sm_80 or newer GPU (A100, H100, ...): for this sm_{_SM} GPU "
               "Triton compiles their matrix products without tensor cores, and the backward's tiles exceed its "

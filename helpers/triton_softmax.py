@@ -20,25 +20,19 @@ this module sets TRITON_INTERPRET=1, which must happen before anything imports t
 """
 from __future__ import annotations
 
-import os
-import sys
-
 import torch
 
+from . import triton_mode
+
 INTERPRETED = not torch.cuda.is_available()
-BROKEN: str | None = None  # why the kernel cannot run in this process, if it cannot
-if INTERPRETED:
-    if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
-        BROKEN = ("triton was imported before helpers.triton_softmax switched its interpreter on; restart the "
-                  "kernel and import helpers.compiler (or set TRITON_INTERPRET=1) first")
-    os.environ["TRITON_INTERPRET"] = "1"
+# why the kernel cannot run in this process, if it cannot; set before anything imports triton
+BROKEN: str | None = triton_mode.use_interpreter_without_gpu(__name__, INTERPRETED)
 
 try:
     import triton  # noqa: E402  (after the interpreter switch)
     import triton.language as tl  # noqa: E402
-except ImportError as err:  # pragma: no cover - triton ships with torch's Linux wheels
+except ImportError:  # pragma: no cover - triton ships with torch's Linux wheels; BROKEN says so
     triton = tl = None
-    BROKEN = BROKEN or f"triton is not installed ({err})"
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 MAX_BLOCK = 4096  # the longest row kept whole in one block; longer rows go online
