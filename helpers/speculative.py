@@ -215,7 +215,8 @@ class SpecResult:
     tokens: (n,) int64 emitted tokens; target_passes: verification passes of the target; draft_passes: draft
     forward passes; proposed / accepted: draft tokens proposed / accepted; betas: Σ min(p, q) at every verified
     position (positions whose draft prefix was accepted); window: the index i (0..γ-1) of each of those positions
-    in its draft window; accepted_at: whether each was accepted.
+    in its draft window; positions: its index among the generated tokens (0 .. n-1); accepted_at: whether each
+    was accepted.
     """
 
     tokens: torch.Tensor
@@ -225,6 +226,7 @@ class SpecResult:
     accepted: int = 0
     betas: list[float] = field(default_factory=list)
     window: list[int] = field(default_factory=list)
+    positions: list[int] = field(default_factory=list)
     accepted_at: list[bool] = field(default_factory=list)
 
     @property
@@ -315,6 +317,7 @@ def speculative_generate(target: GPT, draft, prompt: torch.Tensor, n: int, *, ga
             p, q, x = ps[k], qs[k], xs[k]
             res.betas.append(float(alpha(p, q)))
             res.window.append(k)
+            res.positions.append(len(out) + k)
             ok = bool(torch.rand(1, generator=g, dtype=torch.float64) < accept_probability(p, q)[x])
             res.accepted_at.append(ok)
             if not ok:

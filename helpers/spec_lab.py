@@ -1,0 +1,235 @@
+"""Notebook 11's measurements: speculative decoding on the course GPTs, timed and compared with its formula.
+
+* `prompts(tokens, count, length, seed)`: prompts cut from the held-out corpus.
+* `model_pq(target, draft, prompt, k)`: a small "known" p and q taken from the two models themselves.
+* `rule_check(p, q, draws, seed, threshold)`: the exact and the wrong rule sampled, each chi-square tested.
+* `greedy_rows(target, drafts, prompt, n, gammas)`: greedy speculative output against the target's greedy.
+* `decode_costs(target, draft, prompt, gammas, reps, device)`: ms per token of each model, the cost ratio c,
+  and the target's verification pass of γ + 1 tokens relative to one decode step.
+* `speed_grid(...)`: every (draft, γ, temperature) timed round-robin beside plain decoding, with α, tokens per
+  pass, measured and predicted speedup; `position_rows` bins acceptance by window index and by position.
+* Figures: `exactness_figure`, `speedup_figure`, `panel_figure`.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+
+from . import bench
+from . import speculative as sp
+from .inference import KVCache, Sampler, generate, prefill
+from .model import GPT
+
+
+def prompts(tokens: torch.Tensor, count: int, length: int, seed: int = 0) -> list[torch.Tensor]:
+    """`count` prompts (length,) int64 from random offsets of a 1-D token tensor (the held-out corpus), each
+    starting after a newline when one is near, so that prompts open on a line. Raises ValueError if too short."""
+    if len(tokens) < length + 200:
+        raise ValueError(f"{len(tokens)} tokens are too few for prompts of {length}")
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for start in torch.randint(0, len(tokens) - length - 200, (count,), generator=g).tolist():
+        window = tokens[start:start + 200].tolist()
+        nl = window.index(10) + 1 if 10 in window[:199] else 0
+        out.append(tokens[start + nl:start + nl + length].long())
+    return out
+
+
+@torch.no_grad()
+def model_pq(target: GPT, draft: GPT, prompt: torch.Tensor, k: int = 8) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+    """p and q (k,) float64: the target's and the draft's next-token distributions after `prompt` (temperature 1),
+    restricted to the target's k most likely tokens and renormalised; and those token ids."""
+    dev = next(target.parameters()).device
+    p = torch.softmax(target(prompt[None].to(dev))[0][0, -1].double().cpu(), -1)
+    q = torch.softmax(draft(prompt[None].to(dev))[0][0, -1].double().cpu(), -1)
+    ids = p.topk(k).indices
+    return p[ids] / p[ids].sum(), q[ids] / q[ids].sum(), ids.tolist()
+
+
+def rule_check(p: torch.Tensor, q: torch.Tensor, draws: int, seed: int = 0, threshold: float = 0.001) -> dict:
+    """Sample `draws` emitted tokens with each rule in `sp.RULES`; {rule: {"counts": (V,), "test": ChiSquare}}."""
+    g = torch.Generator().manual_seed(seed)
+    out = {}
+    for rule in sp.RULES:
+        counts = torch.bincount(sp.sample_rule(p, q, draws, rule=rule, generator=g), minlength=len(p))
+        out[rule] = {"counts": counts, "test": sp.chi_square(counts, p, threshold)}
+    return out
+
+
+def greedy_rows(target: GPT, drafts: dict, prompt: torch.Tensor, n: int, gammas: list[int]) -> list[list]:
+    """Rows [draft, γ, identical tokens, n, target passes] of greedy speculative decoding against the target's own
+    greedy tokens (helpers.inference.generate) for every draft and γ."""
+    dev = next(target.parameters()).device
+    want = generate(target, prompt.to(dev), n)[0].cpu()
+    rows = []
+    for name, draft in drafts.items():
+        for gamma in gammas:
+            got = sp.speculative_generate(target, draft, prompt, n, gamma=gamma, temperature=0)
+            rows.append([name, gamma, int((got.tokens == want).sum()), n, got.target_passes])
+    return rows
+
+
+def _step_fn(model: GPT, prompt: torch.Tensor, T: int):
+    """A callable running T new tokens against a cache holding `prompt` (rolled back before each call)."""
+    dev = next(model.parameters()).device
+    cache = KVCache(model.config, 1, len(prompt) + T, device=dev)
+    prefill(model, prompt[None].to(dev), cache)
+    L = cache.length
+    x = prompt[-T:][None].to(dev) if T <= len(prompt) else prompt[None, :1].repeat(1, T).to(dev)
+
+    @torch.no_grad()
+    def step():
+        sp.rollback(cache, L)
+        model(x, cache=cache)
+    return step
+
+
+def decode_costs(target: GPT, draft: GPT, prompt: torch.Tensor, gammas: list[int], *, reps: int = 10,
+                 device: str = "cpu") -> dict:
+    """Median ms of one decode step of the target and the draft, c = draft / target, and for each γ the target's
+    verification pass of γ + 1 tokens in units of one decode step (`verify[γ]`), timed round-robin
+    (helpers.bench.benchmark_interleaved). Also the IQRs ({name: Timing} in "timings")."""
+    fns = {"target": _step_fn(target, prompt, 1), "draft": _step_fn(draft, prompt, 1)}
+    fns.update({f"verify{g}": _step_fn(target, prompt, g + 1) for g in gammas})
+    t = bench.benchmark_interleaved(fns, reps=reps, warmup=2, device=device)
+    return {"target_ms": t["target"].ms, "draft_ms": t["draft"].ms, "c": t["draft"].median / t["target"].median,
+            "verify": {g: t[f"verify{g}"].median / t["target"].median for g in gammas}, "timings": t}
+
+
+def _ngram_cost(prompt: torch.Tensor, n: int, gamma: int, target_ms: float, reps: int = 20) -> float:
+    """c of the n-gram draft: ms of one lookup over a sequence of the generation's length, per drafted token,
+    relative to the target's decode step."""
+    seq = prompt.tolist() * (1 + n // max(len(prompt), 1))
+    d = sp.NGramDraft()
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        d.propose(seq, gamma)
+    return (time.perf_counter() - t0) / reps / gamma * 1e3 / target_ms
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def speed_grid(target: GPT, drafts: dict, prompt_list: list[torch.Tensor], n: int, gammas: list[int],
+               temperatures: list[float], costs: dict, *, device: str = "cpu", seed: int = 0,
+               progress=None) -> list[dict]:
+    """Every (draft, γ, temperature) generating n tokens, timed beside plain decoding (helpers.inference.generate
+    with the same sampler), round-robin: round r uses prompt r. One dict per configuration: draft, gamma,
+    temperature, alpha (mean Σ min(p, q)), acceptance, tokens_per_pass, expected (the formula's tokens per pass),
+    speedup (median over rounds of plain time / speculative time) with its IQR, c, predicted (the formula), and
+    predicted_verify (the formula with the measured verification cost instead of one step); plus the raw
+    SpecResults under "runs" (window, position statistics). `costs` comes from decode_costs."""
+    configs = [(name, g, T) for T in temperatures for name in drafts for g in gammas]
+    plain_s = {T: [] for T in temperatures}
+    spec_s = {c: [] for c in configs}
+    runs = {c: [] for c in configs}
+    rounds = range(len(prompt_list)) if progress is None else progress(range(len(prompt_list)))
+    for r in rounds:
+        prompt = prompt_list[r]
+        for T in temperatures:
+            _sync(device)
+            t0 = time.perf_counter()
+            generate(target, prompt.to(device), n, Sampler(temperature=T, seed=seed + r))
+            _sync(device)
+            plain_s[T].append(time.perf_counter() - t0)
+            for c in configs:
+                if c[2] != T:
+                    continue
+                t0 = time.perf_counter()
+                res = sp.speculative_generate(target, drafts[c[0]], prompt, n, gamma=c[1], temperature=T, seed=seed + r)
+                _sync(device)
+                spec_s[c].append(time.perf_counter() - t0)
+                runs[c].append(res)
+    rows = []
+    for (name, g, T) in configs:
+        res = runs[(name, g, T)]
+        betas = [b for x in res for b in x.betas]
+        a = sum(betas) / len(betas) if betas else 0.0
+        ratios = [p / s for p, s in zip(plain_s[T], spec_s[(name, g, T)])]
+        med, q25, q75 = bench.quartiles(ratios)
+        c = costs["c"] if isinstance(drafts[name], GPT) else _ngram_cost(prompt_list[0], n, g, costs["target_ms"])
+        v = costs["verify"].get(g, 1.0)
+        proposed = sum(x.proposed for x in res)
+        rows.append({"draft": name, "gamma": g, "temperature": T, "alpha": a,
+                     "acceptance": sum(x.accepted for x in res) / proposed if proposed else 0.0,
+                     "tokens_per_pass": sum(len(x.tokens) for x in res) / sum(x.target_passes for x in res),
+                     "expected": sp.expected_tokens(min(a, 1.0), g), "speedup": med, "speedup_q25": q25,
+                     "speedup_q75": q75, "c": c, "predicted": sp.predicted_speedup(min(a, 1.0), g, c),
+                     "predicted_verify": sp.expected_tokens(min(a, 1.0), g) / (g * c + v),
+                     "plain_ms_per_token": 1e3 * statistics.median(plain_s[T]) / n,
+                     "spec_ms_per_token": 1e3 * statistics.median(spec_s[(name, g, T)]) / n, "runs": res})
+    return rows
+
+
+def position_rows(runs: list, gamma: int, n: int, bins: int = 4) -> tuple[list[list], list[list]]:
+    """From SpecResults at one γ: rows [window index i, positions verified, mean Σ min(p, q), acceptance rate
+    given i was reached] and rows [generated positions lo-hi, verified, mean Σ min(p, q)] in `bins` equal bins."""
+    by_i, by_pos = [], []
+    for i in range(gamma):
+        sel = [(b, ok) for x in runs for b, w, ok in zip(x.betas, x.window, x.accepted_at) if w == i]
+        if sel:
+            by_i.append([i, len(sel), sum(b for b, _ in sel) / len(sel), sum(ok for _, ok in sel) / len(sel)])
+    edges = [round(k * n / bins) for k in range(bins + 1)]
+    for lo, hi in zip(edges[:-1], edges[1:]):
+        sel = [b for x in runs for b, p in zip(x.betas, x.positions) if lo <= p < hi]
+        if sel:
+            by_pos.append([f"{lo}-{hi - 1}", len(sel), sum(sel) / len(sel)])
+    return by_i, by_pos
+
+
+# ---------------------------------------------------------------- figures
+
+
+def exactness_figure(p: torch.Tensor, checks: dict, labels: list[str]):
+    """Bars of p beside the emitted frequencies of each rule (its chi-square p-value in the legend)."""
+    from . import plots
+
+    fig, ax = plots.figure(figsize=(8, 3.2))
+    x = torch.arange(len(p)).float()
+    w = 0.8 / (1 + len(checks))
+    ax.bar(x - w, p.tolist(), w, label="target p")
+    for j, (rule, c) in enumerate(checks.items()):
+        freq = (c["counts"] / c["counts"].sum()).tolist()
+        ax.bar(x + j * w, freq, w, label=f"emitted, rule '{rule}' (chi-square p-value {c['test'].p_value:.2g})")
+    ax.set_xticks(x.tolist(), labels)
+    ax.set_ylabel("probability")
+    ax.set_title("what one verification step emits, against the target's p")
+    ax.legend(fontsize=8)
+    return fig
+
+
+def speedup_figure(rows: list[dict], draft: str, title: str | None = None, highlight: tuple | None = None):
+    """Measured speedup (median, IQR bars) and the formula's prediction against γ, one colour per temperature,
+    for one draft; `highlight` = (γ, temperature) circles one point."""
+    from . import plots
+
+    fig, ax = plots.figure(figsize=(7, 3.6))
+    temps = sorted({r["temperature"] for r in rows})
+    for j, T in enumerate(temps):
+        sel = sorted((r for r in rows if r["draft"] == draft and r["temperature"] == T), key=lambda r: r["gamma"])
+        gs = [r["gamma"] for r in sel]
+        colour = f"C{j}"
+        ax.errorbar(gs, [r["speedup"] for r in sel], yerr=[[r["speedup"] - r["speedup_q25"] for r in sel],
+                                                          [r["speedup_q75"] - r["speedup"] for r in sel]],
+                    fmt="o-", color=colour, label=f"measured, T={T:g}", capsize=3)
+        ax.plot(gs, [r["predicted"] for r in sel], "--", color=colour, label=f"formula, T={T:g}")
+        if highlight and highlight[1] == T:
+            hit = [r for r in sel if r["gamma"] == highlight[0]]
+            if hit:
+                ax.plot([highlight[0]], [hit[0]["speedup"]], "o", ms=14, mfc="none", mec="k")
+    ax.axhline(1.0, color="grey", lw=0.8)
+    ax.set_xlabel("γ (draft tokens per round)")
+    ax.set_ylabel("speedup over plain decoding")
+    ax.set_title(title or f"speedup against γ, draft: {draft}")
+    ax.legend(fontsize=7, ncol=2)
+    return fig
+
+
+def panel_figure(rows: list[dict], draft: str, gamma: int, temperature: float):
+    """The panel's figure: `speedup_figure` for one draft with the chosen (γ, temperature) circled."""
+    return speedup_figure(rows, draft, title=f"draft={draft}, γ={gamma}, T={temperature:g}",
+                          highlight=(gamma, temperature))
