@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 
 import torch
 
@@ -60,9 +61,15 @@ class Quantized:
         return sum(t.numel() * t.element_size() for t in (self.q, self.scale, self.zero) if t is not None)
 
     def bits_per_param(self) -> float:
-        """Storage bits per source value, measured from the state's tensors (int8 codes count 8 bits
-        unless packed: store int4 with `pack=True` to see 4)."""
+        """Storage bits per source value, measured from the state's tensors (codes are bytes unless
+        packed: store int4 with `pack=True` to see 4)."""
         return 8 * self.nbytes() / math.prod(self.shape)
+
+    def packed_bits_per_param(self) -> float:
+        """Bits per source value if the codes were packed at `bits` each (scales and zeros as stored):
+        what a 3- or 2-bit format costs in a kernel that packs it; equal to `bits_per_param` for packed int4."""
+        meta = sum(t.numel() * t.element_size() for t in (self.scale, self.zero) if t is not None)
+        return self.bits + 8 * meta / math.prod(self.shape)
 
 
 def block_size(shape: tuple, granularity: "str | int") -> int:
@@ -110,7 +117,7 @@ def quantize(w: torch.Tensor, bits: int = 8, scheme: str = "absmax", granularity
         zero = torch.clamp(torch.round(-lo / scale), 0, qmax)
         q = torch.clamp(torch.round(x / scale) + zero, 0, qmax)
         zero = zero.reshape(-1)
-    codes = q.to(torch.int16 if scheme == "zeropoint" and bits == 8 else torch.int8).reshape(w.shape)
+    codes = q.to(torch.uint8 if scheme == "zeropoint" else torch.int8).reshape(w.shape)
     if pack:
         codes = pack_int4(codes.to(torch.int16) + (8 if scheme == "absmax" else 0))
     return Quantized(codes, scale.reshape(-1), zero, block, tuple(w.shape), bits, scheme, pack)
@@ -159,6 +166,11 @@ def error(w: torch.Tensor, w_hat: torch.Tensor) -> float:
 # ---------------------------------------------------------------- NF4 and double quantisation
 
 def nf4_codebook(offset: float = NF4_OFFSET) -> torch.Tensor:
+    return _nf4_codebook(offset).clone()
+
+
+@lru_cache(maxsize=4)
+def _nf4_codebook(offset: float) -> torch.Tensor:
     """The 16 NF4 levels (float32, ascending, -1 ... 0 ... 1) built with QLoRA's recipe.
 
     Positive side: the normal quantiles at 8 evenly spaced probabilities from `offset` down to 0.5,
@@ -174,6 +186,11 @@ def nf4_codebook(offset: float = NF4_OFFSET) -> torch.Tensor:
 
 
 def dynamic_map() -> torch.Tensor:
+    return _dynamic_map().clone()
+
+
+@lru_cache(maxsize=1)
+def _dynamic_map() -> torch.Tensor:
     """bitsandbytes' signed dynamic 8-bit map (256 float32 values in [-1, 1], ascending), the code the
     absmax constants are stored with under double quantisation (Dettmers et al., 2022, "8-bit Optimizers
     via Block-wise Quantization"). Each of 7 decades 10^-6..10^0 holds evenly spaced means of
@@ -219,10 +236,10 @@ class NF4State:
         return 8 * self.nbytes() / math.prod(self.shape)
 
 
-def _blocks(x: torch.Tensor, blocksize: int) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    """Flatten x (float32) and split it into blocks of `blocksize`, the last possibly shorter."""
-    flat = x.reshape(-1).float()
-    return flat, list(torch.split(flat, blocksize))
+def _block_absmax(flat: torch.Tensor, blocksize: int) -> torch.Tensor:
+    """max |x| of each block of `blocksize` consecutive values of a 1-D tensor (the last block may be shorter)."""
+    pad = -flat.numel() % blocksize
+    return torch.nn.functional.pad(flat.abs(), (0, pad)).reshape(-1, blocksize).amax(1)
 
 
 def nf4_quantize(w: torch.Tensor, blocksize: int = 64, *, double: bool = False) -> NF4State:
@@ -239,8 +256,8 @@ def nf4_quantize(w: torch.Tensor, blocksize: int = 64, *, double: bool = False) 
         raise ValueError("cannot quantise an empty tensor")
     code = nf4_codebook()
     mids = (code[:-1] + code[1:]) / 2
-    flat, blocks = _blocks(w, blocksize)
-    absmax = torch.stack([b.abs().max() for b in blocks])
+    flat = w.reshape(-1).float()
+    absmax = _block_absmax(flat, blocksize)
     full = (flat.numel() // blocksize) * blocksize
     inv = 1.0 / absmax.clamp(min=1e-38)
     scaled = torch.empty_like(flat)
@@ -264,9 +281,9 @@ def quantize_blockwise8(x: torch.Tensor, blocksize: int = 256) -> tuple[torch.Te
     """8-bit blockwise quantisation with the dynamic map: (uint8 codes of x's shape, float32 absmax per
     block). Each value divided by its block's absmax goes to the nearest of the 256 levels."""
     code = dynamic_map()
-    flat, blocks = _blocks(x, blocksize)
-    absmax = torch.stack([b.abs().max() for b in blocks])
-    scaled = torch.cat([b / a for b, a in zip(blocks, absmax)])
+    flat = x.reshape(-1).float()
+    absmax = _block_absmax(flat, blocksize)
+    scaled = flat / absmax.repeat_interleave(blocksize)[: flat.numel()]
     # the level at or left of the value, then its right neighbour if strictly closer. bitsandbytes' CPU kernel
     # finds the left level with an approximate search and picks the other neighbour for a few values in a
     # thousand that lie near a midpoint (measured in tests/test_quant.py), so codes agree to one level.
@@ -279,8 +296,7 @@ def quantize_blockwise8(x: torch.Tensor, blocksize: int = 256) -> tuple[torch.Te
 def dequantize_blockwise8(codes: torch.Tensor, absmax: torch.Tensor, blocksize: int = 256) -> torch.Tensor:
     """Float32 values of `quantize_blockwise8`'s codes: map[code] * absmax of its block."""
     vals = dynamic_map()[codes.reshape(-1).long()]
-    out = torch.cat([v * a for v, a in zip(torch.split(vals, blocksize), absmax)])
-    return out.reshape(codes.shape)
+    return (vals * absmax.repeat_interleave(blocksize)[: vals.numel()]).reshape(codes.shape)
 
 
 def nf4_absmax(state: NF4State) -> torch.Tensor:
@@ -334,4 +350,4 @@ def method_bits(method: str, group: "str | int", shape: tuple) -> float:
     if method.startswith("nf4"):
         return nf4_quantize(w + 1e-3, group, double=method == "nf4-dq").bits_per_param()
     bits = 8 if method == "int8" else 4
-    return quantize(w, bits, "absmax", group, pack=bits == 4).bits_per_param()
+    return quantize(w, bits, "absmax", group, pack=bits == 4).bits_per_param()  # int8 codes: one byte each

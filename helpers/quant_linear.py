@@ -105,8 +105,9 @@ def planted_outliers(tokens: int, features: int, columns: int = 3, size: float =
 class WeightOnlyLinear(nn.Module):
     """A linear layer with its weight stored in int8 (per output row) or int4 (zero-point, per group,
     packed), dequantised inside the matmul. Build it with `WeightOnlyLinear.from_linear(linear, bits,
-    group_size)`. forward(x (..., in)) -> (..., out) in x's dtype. `backend` for int4: "torch"
-    (unpack, dequantise, F.linear) or "triton" (`int4_matmul`)."""
+    group_size)`. forward(x (..., in)) -> (..., out) in x's dtype. `backend`: "torch" (int4: unpack,
+    dequantise, F.linear; int8: convert inside F.linear, scale the output), "triton" (int4: `int4_matmul`)
+    or "compile" (int8: the same under torch.compile)."""
 
     def __init__(self, in_features: int, out_features: int, bits: int, group_size: int, bias: torch.Tensor | None):
         super().__init__()
@@ -148,13 +149,30 @@ class WeightOnlyLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.bits == 8:  # gpt-fast's form: int8 -> x.dtype inside the matmul, per-row scale on the output
-            y = F.linear(x, self.qweight.to(x.dtype)) * self.scale.to(x.dtype)
+            fn = _compiled_int8() if self.backend == "compile" else _int8_linear
+            y = fn(x, self.qweight, self.scale)
         elif self.backend == "triton":
             y = int4_matmul(x.reshape(-1, self.in_features), self.qweight, self.scale, self.zero,
                             self.group_size).reshape(*x.shape[:-1], self.out_features)
         else:
             y = F.linear(x, self.dequantized(x.dtype))
         return y if self.bias is None else y + self.bias.to(y.dtype)
+
+
+def _int8_linear(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    return F.linear(x, q.to(x.dtype)) * scale.to(x.dtype)
+
+
+_COMPILED = None
+
+
+def _compiled_int8():
+    """`_int8_linear` under torch.compile (on a GPU Inductor fuses the int8 -> bf16 conversion into the
+    matmul's load instead of writing a bf16 copy of the weight first: gpt-fast's recipe)."""
+    global _COMPILED
+    if _COMPILED is None:
+        _COMPILED = torch.compile(_int8_linear, dynamic=True)
+    return _COMPILED
 
 
 def swap_linears(model: nn.Module, make) -> nn.Module:

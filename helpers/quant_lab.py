@@ -1,0 +1,251 @@
+"""Notebook 08's measurements: quantisation error on a trained GPT's real tensors, perplexity per method,
+the memory formulas (QLoRA's "65B on one 48 GB GPU"), and decode speed of weight-only linears on a GPU.
+
+The quantisers are `helpers.quant` and `helpers.quant_linear`; this module applies them to the course GPT.
+Every linear inside the blocks (attention q/kv/out, MLP up/down) is quantised; the embeddings and the
+output head stay in full precision (bitsandbytes' and torchao's defaults skip lm_head too).
+"""
+from __future__ import annotations
+
+import copy
+import math
+
+import torch
+from torch import nn
+
+from . import quant
+from . import quant_linear as ql
+
+GB = 1e9
+
+
+def block_linears(model: nn.Module) -> dict[str, nn.Linear]:
+    """{'blocks.0.attn.q_proj': module, ...}: every nn.Linear inside model.blocks, in order."""
+    return {f"blocks.{i}.{n}": m for i, b in enumerate(model.blocks) for n, m in b.named_modules()
+            if isinstance(m, nn.Linear)}
+
+
+@torch.no_grad()
+def block_inputs(model: nn.Module, tokens: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The input activations of every block linear for one forward pass on `tokens` (B, T): {name: (B*T, in)}
+    float32 on the CPU, captured with forward hooks."""
+    got, hooks = {}, []
+    for name, lin in block_linears(model).items():
+        hooks.append(lin.register_forward_hook(
+            lambda m, inp, out, name=name: got.__setitem__(name, inp[0].reshape(-1, inp[0].shape[-1]).float().cpu())))
+    try:
+        model(tokens)
+    finally:
+        for h in hooks:
+            h.remove()
+    return got
+
+
+def weight_error_rows(weights: dict[str, torch.Tensor], groups, bits=(8, 4)) -> list[dict]:
+    """Relative error ||W - Q(W)|| / ||W|| of each scheme x bits x granularity, and NF4 (± double quant) at
+    every integer group, over all weights: {method, bits, granularity, mean error, worst error, worst layer,
+    bits/param (from the first weight's state; RTN codes counted at `bits` each)}. `groups`: list of "tensor" / "channel" / int."""
+    first = next(iter(weights.values()))
+    rows = []
+    specs = [(s, b, g) for s in quant.SCHEMES for b in bits for g in groups]
+    specs += [(m, 4, g) for m in ("nf4", "nf4-dq") for g in groups if isinstance(g, int) and g >= 32]
+    for scheme, b, g in specs:
+        errs = {}
+        for name, w in weights.items():
+            if scheme.startswith("nf4"):
+                w_hat = quant.nf4_fake_quantize(w, g, scheme == "nf4-dq")
+            else:
+                w_hat = quant.fake_quantize(w, b, scheme, g)
+            errs[name] = quant.error(w, w_hat)
+        if scheme.startswith("nf4"):
+            bpp = quant.nf4_quantize(first, g, double=scheme == "nf4-dq").bits_per_param()
+        else:
+            bpp = quant.quantize(first, b, scheme, g).packed_bits_per_param()
+        worst = max(errs, key=errs.get)
+        rows.append({"method": scheme, "bits": b, "granularity": str(g), "mean_error": sum(errs.values()) / len(errs),
+                     "worst_error": errs[worst], "worst_layer": worst, "bits_per_param": bpp})
+    return rows
+
+
+def outlier_profile(acts: dict[str, torch.Tensor]) -> list[dict]:
+    """Per layer input: largest |x|, median |x|, their ratio, the share of input columns holding any
+    |x| >= 6 (LLM.int8's default threshold), and the column whose absmax is largest."""
+    rows = []
+    for name, x in acts.items():
+        col = x.abs().amax(0)
+        rows.append({"layer": name, "max_abs": float(col.max()), "median_abs": float(x.abs().median()),
+                     "ratio": float(col.max() / x.abs().median().clamp(min=1e-12)),
+                     "cols_over_6": float((col >= 6).float().mean()), "top_column": int(col.argmax())})
+    return rows
+
+
+def activation_error_rows(acts: dict[str, torch.Tensor], weights: dict[str, torch.Tensor],
+                          thresholds=(0.0, 6.0)) -> list[dict]:
+    """Error of each layer's real matmul X W^T in int8: per-tensor absmax X, LLM.int8 vector-wise
+    (threshold 0: no decomposition) and with the decomposition at each threshold > 0. Errors relative to
+    the fp32 product; also the outlier columns kept in floating point."""
+    rows = []
+    for name, x in acts.items():
+        w = weights[name]
+        ref = x @ w.float().T
+        xt = quant.fake_quantize(x, 8, "absmax", "tensor")
+        wt = quant.fake_quantize(w.float(), 8, "absmax", "channel")
+        row = {"layer": name, "per-tensor int8": quant.error(ref, xt @ wt.T)}
+        for th in thresholds:
+            out, cols = ql.llm_int8_matmul(x, w, th)
+            key = "vector-wise int8" if th <= 0 else f"LLM.int8, threshold {th:g}"
+            row[key] = quant.error(ref, out)
+            if th > 0:
+                row[f"outlier cols, threshold {th:g}"] = int(cols.numel())
+        rows.append(row)
+    return rows
+
+
+# ---------------------------------------------------------------- whole-model quantisation and perplexity
+
+def quantized_copy(model: nn.Module, method: str, bits: int = 4, group: "str | int" = 64) -> nn.Module:
+    """A deep copy of `model` whose block linears hold their quantised-then-dequantised weights.
+    method: "absmax" / "zeropoint" (RTN at `bits`), "nf4" / "nf4-dq" (bits ignored: 4)."""
+    m = copy.deepcopy(model)
+    with torch.no_grad():
+        for lin in block_linears(m).values():
+            w = lin.weight
+            if method.startswith("nf4"):
+                w_hat = quant.nf4_fake_quantize(w.float(), group, method == "nf4-dq")
+            else:
+                w_hat = quant.fake_quantize(w.float(), bits, method, group)
+            lin.weight.copy_(w_hat.to(w.dtype))
+    return m
+
+
+def weight_bits(model: nn.Module, method: str, bits: int = 4, group: "str | int" = 64) -> float:
+    """Storage bits per parameter of the block linears under `method`, from each weight's quantised state
+    (NF4: every tensor as stored; RTN: codes counted at `bits` each, as a packing kernel stores them, plus
+    the scales and zeros as stored), averaged over their parameters; 32 or 16 for "fp32" / "bf16"."""
+    if method in ("fp32", "bf16"):
+        return 32.0 if method == "fp32" else 16.0
+    total = n = 0
+    for lin in block_linears(model).values():
+        w = lin.weight.detach().float().cpu()
+        if method.startswith("nf4"):
+            state = quant.nf4_quantize(w, group, double=method == "nf4-dq")
+        else:
+            state = quant.quantize(w, bits, method, group)
+        total += (state.bits_per_param() if method.startswith("nf4") else state.packed_bits_per_param()) * w.numel()
+        n += w.numel()
+    return total / n
+
+
+def block_param_count(model: nn.Module) -> tuple[int, int]:
+    """(parameters in block linears' weights, all parameters): the share a weight-only method quantises."""
+    inner = sum(l.weight.numel() for l in block_linears(model).values())
+    return inner, sum(p.numel() for p in model.parameters())
+
+
+# ---------------------------------------------------------------- memory formulas
+
+# bytes per parameter of the frozen weights under each storage format (NF4: QLoRA's 4-bit + block-64 fp32
+# absmax = 4.5 bits; with double quantisation 4 + 8/64 + 32/(64*256) bits)
+WEIGHT_BYTES = {"bf16": 2.0, "int8": 1.0 + 4 / 4096, "nf4": 4.5 / 8, "nf4-dq": (4 + 8 / 64 + 32 / (64 * 256)) / 8}
+FINETUNE = ("full (bf16, Adam)", "LoRA (bf16 base)", "QLoRA (NF4+DQ base)")
+
+
+def lora_params(d_model: int, d_ff: int, n_layer: int, rank: int) -> int:
+    """LoRA parameters with rank `rank` on every linear of a Llama-style block: q, k, v, o (d x d each)
+    and gate, up, down (d x d_ff): rank * (in + out) per matrix."""
+    return n_layer * rank * (4 * 2 * d_model + 3 * (d_model + d_ff))
+
+
+# Llama-65B's shape (Touvron et al., 2023, "LLaMA: Open and Efficient Foundation Language Models", Table 2:
+# dimension 8192, 80 layers; the SwiGLU hidden size 2/3 * 4d rounded up to a multiple of 256 is 22016)
+LLAMA_SHAPES = {7: (4096, 11008, 32), 13: (5120, 13824, 40), 33: (6656, 17920, 60), 65: (8192, 22016, 80)}
+
+
+def finetune_gb(params_b: float, method: str, rank: int = 64, shape: tuple | None = None) -> dict[str, float]:
+    """GB (1e9 bytes) of weights, gradients and optimizer state to fine-tune a model of `params_b` billion
+    parameters, activations not counted.
+
+    full: bf16 weights and gradients (2 + 2 bytes) and Adam's two fp32 moments (8 bytes): 12 bytes a
+    parameter. LoRA / QLoRA: the frozen base in bf16 / NF4 with double quantisation, plus adapters of
+    `rank` (from `shape` = (d_model, d_ff, n_layer), else the nearest LLAMA_SHAPES entry) with bf16 weights
+    and gradients and fp32 Adam moments (12 bytes an adapter parameter). Raises ValueError for an unknown method.
+    """
+    if method not in FINETUNE:
+        raise ValueError(f"method must be one of {FINETUNE}, not {method!r}")
+    n = params_b * 1e9
+    if method.startswith("full"):
+        return {"weights": 2 * n / GB, "gradients": 2 * n / GB, "optimizer": 8 * n / GB, "adapters": 0.0}
+    if shape is None:
+        nearest = min(LLAMA_SHAPES, key=lambda k: abs(k - params_b))
+        a = lora_params(*LLAMA_SHAPES[nearest], rank) * params_b / nearest  # scaled to this size
+    else:
+        a = lora_params(*shape, rank)
+    base = WEIGHT_BYTES["bf16" if method.startswith("LoRA") else "nf4-dq"]
+    return {"weights": base * n / GB, "gradients": 2 * a / GB, "optimizer": 8 * a / GB, "adapters": 2 * a / GB}
+
+
+# ---------------------------------------------------------------- decode speed (GPU)
+
+def _decode_step(model, batch: int, prompt: int, device: str):
+    """A callable running one decode step from a cache filled with `prompt` tokens (the cache is rewound
+    before each call, so every timed step sees the same length)."""
+    from .inference import KVCache, decode_one, prefill
+    cfg = model.config
+    cache = KVCache(cfg, batch, prompt + 1, dtype=torch.bfloat16, device=device)
+    toks = torch.randint(0, cfg.vocab_size, (batch, prompt), device=device)
+    prefill(model, toks, cache)
+    nxt = torch.randint(0, cfg.vocab_size, (batch,), device=device)
+
+    def step():
+        cache.length = prompt
+        return decode_one(model, nxt, cache)
+    return step
+
+
+def decode_speed(preset: str = "1.3b", batches=(1, 32), prompt: int = 64, reps: int = 20,
+                 variants=("bf16", "int8", "int4-triton", "torchao-int8", "torchao-int4"), group_size: int = 64) -> list[dict]:
+    """Tokens/s of one decode step of a randomly initialised `preset` GPT in bf16 on CUDA, its block
+    linears as bf16, our int8 / int4 weight-only linears, or torchao's configs; and the achieved
+    bandwidth = (bytes of all weights read once + KV cache read) / step time. A variant that cannot run
+    gives a row with its reason. Raises RuntimeError without CUDA."""
+    from .bench import benchmark
+    from .model import GPT, GPTConfig
+    if not torch.cuda.is_available():
+        raise RuntimeError("decode speed is measured on a GPU only")
+    torch.manual_seed(0)
+    base = GPT(GPTConfig.preset(preset)).to("cuda", torch.bfloat16).eval()
+    rows, stored = [], {}
+    for name in variants:
+        model = copy.deepcopy(base)
+        why = None
+        try:
+            if name in ("int8", "int4-triton"):
+                bits = 8 if name == "int8" else 4
+                ql.swap_linears(model, lambda l: ql.WeightOnlyLinear.from_linear(l, bits, group_size))
+                for m in model.modules():
+                    if isinstance(m, ql.WeightOnlyLinear):
+                        m.backend = "triton" if bits == 4 else "compile"
+            elif name.startswith("torchao"):
+                from torchao.quantization import Int4WeightOnlyConfig, Int8WeightOnlyConfig, quantize_
+                cfg = Int8WeightOnlyConfig() if name.endswith("int8") else Int4WeightOnlyConfig(group_size=group_size)
+                for blk in model.blocks:
+                    quantize_(blk, cfg)
+            if name.startswith("torchao"):  # its tensor subclasses hide their packed size: count ours at that width
+                wbytes = stored.get(name.split("-")[1].replace("int4", "int4-triton"))
+            else:
+                wbytes = sum(t.numel() * t.element_size() for t in list(model.parameters()) + list(model.buffers()))
+                stored[name] = wbytes
+            for b in batches:
+                step = _decode_step(model, b, prompt, "cuda")
+                t = benchmark(step, warmup=5, reps=reps, device="cuda")
+                kv = 2 * model.config.n_layer * b * (prompt + 1) * model.config.d_model * 2
+                rows.append({"variant": name, "batch": b, "ms": 1e3 * t.median, "iqr_ms": 1e3 * (t.q75 - t.q25),
+                             "tokens_per_s": b / t.median,
+                             "gbps": None if wbytes is None else (wbytes + kv) / t.median / GB})
+        except Exception as err:  # noqa: BLE001 - a kernel missing for this GPU or library: a row that says so
+            why = f"{type(err).__name__}: {str(err)[:120]}"
+        if why:
+            rows.append({"variant": name, "batch": None, "ms": None, "tokens_per_s": None, "gbps": None, "why": why})
+        del model
+        torch.cuda.empty_cache()
+    return rows
