@@ -171,3 +171,117 @@ def test_sections_print_and_return_rows(tiny, calib, capsys):
     ppl = gptq.perplexity_section(tiny, calib, bits=(4,), group_size=64, batches=1)
     assert [r["method"] for r in ppl] == ["fp32", "rtn", "gptq", "awq"]
     assert all(r["perplexity"] > 1 for r in ppl)
+
+
+# ---------------------------------------------------------------- LoRA and QLoRA
+
+from helpers import lora  # noqa: E402
+
+
+def test_lora_starts_as_the_base_and_merged_equals_unmerged():
+    torch.manual_seed(4)
+    base = torch.nn.Linear(24, 40)
+    W0 = base.weight.detach().clone()
+    layer = lora.LoRALinear(base, r=4, alpha=8, dropout=0.1).eval()
+    x = torch.randn(3, 5, 24)
+    assert torch.equal(layer(x), base(x))  # B = 0: the adapter adds nothing yet
+    with torch.no_grad():
+        layer.lora_B.normal_()
+    unmerged = layer(x)
+    assert not torch.allclose(unmerged, base(x))
+    layer.merge()
+    assert layer.merged and torch.allclose(layer(x), unmerged, atol=1e-5)
+    layer.unmerge()
+    assert torch.allclose(base.weight, W0, atol=1e-6) and torch.allclose(layer(x), unmerged, atol=1e-5)
+    assert layer.scaling == 2.0 and not base.weight.requires_grad
+
+
+def test_lora_validates_its_options():
+    base = torch.nn.Linear(8, 8)
+    for kwargs in ({"r": 0}, {"r": 2, "alpha": -1}, {"r": 2, "dropout": 1.0}):
+        with pytest.raises(ValueError):
+            lora.LoRALinear(base, **kwargs)
+    with pytest.raises(ValueError, match="base"):
+        lora.apply_lora(torch.nn.Sequential(base), base="int4")
+
+
+def test_apply_lora_trains_only_adapters_and_qlora_base_is_nf4(tiny):
+    m = lora.apply_lora(tiny, r=4)
+    trainable = [n for n, p in m.named_parameters() if p.requires_grad]
+    assert trainable and all("lora_" in n for n in trainable)
+    expected = sum(4 * (lin.in_features + lin.out_features) for lin in gptq.block_linears(tiny).values())
+    assert sum(p.numel() for p in m.parameters() if p.requires_grad) == expected
+    q = lora.apply_lora(tiny, r=4, base="nf4")
+    import bitsandbytes as bnb
+
+    layer = q.blocks[0].mlp.up
+    assert isinstance(layer.base, bnb.nn.Linear4bit) and layer.base.weight.dtype == torch.uint8
+    # the QLoRA base computes with the dequantised NF4 weight, within 4-bit error of the original
+    W, Wq = tiny.blocks[0].mlp.up.weight, lora.dequantize_nf4(layer.base)
+    x = torch.randn(2, 7, W.shape[1])
+    assert torch.allclose(layer(x), torch.nn.functional.linear(x, Wq, layer.base.bias), atol=1e-5)
+    assert 0 < (Wq - W).abs().max() < 0.25 * W.abs().max()
+
+
+def test_merged_variants_dequantised_merge_matches_unmerged(tiny):
+    q = lora.apply_lora(tiny, r=4, base="nf4")
+    with torch.no_grad():
+        for a in lora.lora_layers(q).values():
+            a.lora_B.normal_(std=0.01)
+    x = gptq.calibration_tokens(2, 32, seed=5)
+    variants = lora.merged_variants(q, tiny)
+    ref = variants["QLoRA, unmerged"](x)[0]
+    deq = variants["merged into dequantised NF4, 16-bit"](x)[0]
+    orig = variants["merged into original 16-bit W"](x)[0]
+    err_deq, err_orig = (deq - ref).abs().max(), (orig - ref).abs().max()
+    assert err_deq < 0.05 and err_orig > err_deq  # bf16 rounding only vs the NF4 error as well
+
+
+def test_finetune_lowers_the_loss_for_every_kind(tiny):
+    tokens = lora.finetune_split()[0][:33]  # one window of 32: every step sees the same batch
+    for kind in lora.KINDS:
+        m = lora.prepare(tiny, kind, r=4)
+        losses = lora.finetune(m, 10, 1e-3 if kind == "full" else 1e-2, tokens, batch=2, seq_len=32)
+        assert losses[-1] < losses[0] - 0.1, (kind, losses)
+
+
+def test_finetune_section_returns_its_numbers(tiny, capsys):
+    res = lora.finetune_section(tiny, steps=2, eval_batches=1)
+    assert set(res["losses"]) == set(lora.KINDS) and all(len(v) == 2 for v in res["losses"].values())
+    assert res["trainable"]["lora"] == res["trainable"]["qlora"] < res["trainable"]["full"]
+    assert len(res["merged"]) == 4 and "Held-out loss before fine-tuning" in capsys.readouterr().out
+    import matplotlib.pyplot as plt
+
+    plt.close(lora.finetune_figure(res))
+
+
+def test_memory_measured_against_formula(tiny):
+    rows = {r["method"]: r for r in lora.memory_rows(tiny, r=4)}
+    for kind in ("full", "lora"):
+        assert rows[kind]["measured"] == rows[kind]["formula"]
+    q = rows["qlora"]
+    assert q["measured"]["gradients"] == q["formula"]["gradients"] == rows["lora"]["measured"]["gradients"]
+    gap = q["measured"]["weights"] - q["formula"]["weights"]
+    assert 0 <= gap - q["code_tables"] < 0.002 * q["formula"]["weights"]  # the rest: a few scalars and padding
+    assert q["measured"]["weights"] < 0.4 * rows["full"]["measured"]["weights"]
+
+
+def test_memory_formula_bits_per_nf4_weight():
+    n = 64 * 256 * 100
+    got = lora.memory_formula(n, 0, 0, "qlora")["weights"] * 8 / n
+    assert got == pytest.approx(4 + 8 / 64 + 32 / (64 * 256))
+    assert lora.memory_formula(n, 0, 0, "qlora", double_quant=False)["weights"] * 8 / n == pytest.approx(4.5)
+    assert lora.memory_formula(10, 5, 2, "full") == {"weights": 60, "gradients": 60, "optimizer": 120}
+    with pytest.raises(ValueError):
+        lora.memory_formula(1, 1, 1, "int8")
+
+
+def test_adamw8bit_state_is_uint8_above_the_threshold_only(tiny, capsys):
+    res = lora.optimizer_section(tiny, steps=2)
+    by = {t["name"]: t for t in res["tensors"]}
+    big, small = by["blocks.0.mlp.up.weight"], by["blocks.0.mlp.up.bias"]
+    assert big["adamw"] == small["adamw"] == 8.0
+    assert big["dtypes8"] == "float32/uint8" and big["adamw8bit"] == pytest.approx(2 + 2 * 4 / 256)
+    assert small["dtypes8"] == "float32" and small["adamw8bit"] == 8.0
+    assert res["losses"]["adamw"][0] == res["losses"]["adamw8bit"][0]  # same start, same batch
+    assert "consistent with bitsandbytes' min_8bit_size of 4096" in capsys.readouterr().out
