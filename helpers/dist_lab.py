@@ -185,7 +185,7 @@ def check_tensor_parallel(rank: int, world: int, seed: int = 0) -> dict:
         ya, yb = dense(xa), tp(xb)
         ya.pow(2).sum().backward()
         yb.pow(2).sum().backward()
-        out[name] = max(float((ya - yb).abs().max()), float((xa.grad - xb.grad).abs().max()))
+        out[name] = max(float((ya - yb).detach().abs().max()), float((xa.grad - xb.grad).abs().max()))
     return out if rank == 0 else {}
 
 

@@ -173,7 +173,7 @@ def run_pipeline(rank: int, world: int, kind: str, micro: int, forward_ms: float
     steps = pipeline_schedule(kind, world, micro)[rank]
     w = torch.randn(width, width) / width ** 0.5
     acts: dict[int, torch.Tensor] = {}
-    busy, peak = 0.0, 0
+    busy, peak, sends = 0.0, 0, []  # sends are asynchronous: 1F1B would deadlock on blocking sends
     dist.barrier()
     t0 = time.perf_counter()
     for op, i in steps:
@@ -189,7 +189,7 @@ def run_pipeline(rank: int, world: int, kind: str, micro: int, forward_ms: float
             busy += time.perf_counter() - s
             peak = max(peak, len(acts))
             if rank < world - 1:
-                dist.send(acts[i], rank + 1)
+                sends.append(dist.isend(acts[i].clone(), rank + 1))
         else:
             if rank < world - 1:
                 dist.recv(buf, rank + 1)
@@ -201,6 +201,8 @@ def run_pipeline(rank: int, world: int, kind: str, micro: int, forward_ms: float
             time.sleep(2 * forward_ms / 1e3)
             busy += time.perf_counter() - s
             if rank > 0:
-                dist.send(g, rank - 1)
+                sends.append(dist.isend(g, rank - 1))
+    for req in sends:
+        req.wait()
     wall = time.perf_counter() - t0
     return {"busy_s": busy, "wall_s": wall, "bubble": 1 - busy / wall, "peak_in_flight": peak}

@@ -1,0 +1,199 @@
+"""Notebook 13's machinery on real gloo ranks: the launcher, the ring all-reduce, DDP, ZeRO, FSDP,
+tensor and pipeline parallelism, and a two-"node" torchrun launch. Ranks are started once per check
+group (a fork server makes every launch after the first cost a fraction of a second)."""
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+
+from helpers import dist_lab as L
+from helpers import distributed as D
+from helpers import model_parallel as MP
+from helpers import parallel as P
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _children() -> set[int]:
+    """Our live child processes, except the fork server (it lives as long as this process, by design)."""
+    return {c.pid for c in psutil.Process().children(recursive=True)
+            if c.is_running() and c.status() != psutil.STATUS_ZOMBIE and "forkserver" not in " ".join(c.cmdline())}
+
+
+@pytest.fixture(scope="module")
+def two_ranks():
+    """Every check that needs two ranks, run once: {section: rank 0's result}."""
+    return {"collectives": D.run_on_ranks(L.check_collectives, 2)[0],
+            "data": D.run_on_ranks(L.check_data_parallel, 2, 3)[0],
+            "tensor": D.run_on_ranks(L.check_tensor_parallel, 2)[0],
+            "memory": D.run_on_ranks(L.measure_memory, 2, dict(n_layer=2, n_head=4, d_model=64, d_ff=256, seq_len=16)),
+            "pipeline": D.run_on_ranks(L.measure_pipeline, 2, [1, 4], 2.0)[0]}
+
+
+# ---------------------------------------------------------------- pure functions
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5])
+def test_ring_schedule_sums_on_every_rank(n):
+    g = torch.Generator().manual_seed(n)
+    xs = [torch.randint(-50, 50, (11,), generator=g) for _ in range(n)]
+    for out in D.simulate_ring(xs):
+        assert torch.equal(out, sum(xs))
+
+
+def test_a_wrong_schedule_is_caught_by_the_simulation():
+    wrong = lambda r, n, s, ph: ((r + s) % n, (r + s - 1) % n)  # noqa: E731  turns the wrong way
+    xs = [torch.arange(6) * (r + 1) for r in range(3)]
+    assert not all(torch.equal(o, sum(xs)) for o in D.simulate_ring(xs, wrong))
+    with pytest.raises(ValueError, match="phase"):
+        D.ring_schedule(0, 2, 0, "broadcast")
+
+
+def test_alpha_beta_fit_recovers_a_known_model():
+    sizes = [2 ** k for k in range(6, 24, 2)]
+    alpha, beta = 20e-6, 1 / 5e9
+    fit = D.alpha_beta_fit(sizes, [alpha + s * beta for s in sizes])
+    assert fit[0] == pytest.approx(alpha, rel=1e-6) and fit[1] == pytest.approx(beta, rel=1e-6)
+    with pytest.raises(ValueError):
+        D.alpha_beta_fit([8, 8], [1.0, 1.0])
+
+
+def test_bus_bandwidth_follows_nccl_tests():
+    assert D.bus_bandwidth(1e9, 1.0, 8) == pytest.approx(1.75)  # algbw 1 GB/s x 2*7/8
+    assert D.bus_bandwidth(1e9, 1.0, 2) == pytest.approx(1.0)
+    with pytest.raises(ValueError):
+        D.bus_bandwidth(1e9, 0.0, 2)
+
+
+def test_pipeline_schedules_and_bubble_formula():
+    for kind in ("gpipe", "1f1b"):
+        sched = MP.pipeline_schedule(kind, 4, 6)
+        for s, steps in enumerate(sched):
+            assert sorted(steps) == sorted([("F", i) for i in range(6)] + [("B", i) for i in range(6)])
+            assert all(steps.index(("F", i)) < steps.index(("B", i)) for i in range(6))
+            held, peak = 0, 0
+            for op, _ in steps:
+                held += 1 if op == "F" else -1
+                peak = max(peak, held)
+            assert peak == (6 if kind == "gpipe" else 4 - s)
+    assert MP.bubble_formula(4, 8) == pytest.approx(3 / 11)
+    with pytest.raises(ValueError):
+        MP.pipeline_schedule("zigzag", 2, 2)
+
+
+def test_zero_formulas_match_the_paper():
+    psi, n = 7.5e9, 64  # the ZeRO paper's figure 1 example: 120 GB, 31.4, 16.6, 1.9 GB per device
+    gb = [P.zero_formula(s, psi, n, 2, 2, 12)["total"] / 1e9 for s in range(4)]
+    assert gb == pytest.approx([120, 31.4, 16.6, 1.875], rel=0.01)
+    with pytest.raises(ValueError):
+        P.zero_formula(4, 10, 2)
+
+
+def test_run_on_ranks_validates():
+    with pytest.raises(ValueError, match="world_size"):
+        D.run_on_ranks(L.fail_on, 0, 0)
+    with pytest.raises(ValueError, match="backend"):
+        D.run_on_ranks(L.fail_on, 2, 0, backend="mpi")
+
+
+# ---------------------------------------------------------------- on ranks
+
+def test_ring_all_reduce_equals_dist_all_reduce(two_ranks):
+    assert two_ranks["collectives"]["int exact"]
+    assert two_ranks["collectives"]["float max err"] <= 1e-5
+
+
+def test_ring_all_reduce_on_four_ranks():
+    out = D.run_on_ranks(L.check_collectives, 4)[0]
+    assert out["int exact"] and out["float max err"] <= 1e-5
+
+
+def test_ddp_equals_single_process_and_torch_ddp(two_ranks):
+    d = two_ranks["data"]
+    for key in ("ddp per-parameter", "ddp bucketed", "ddp after backward", "torch ddp", "no_sync accumulation"):
+        assert d[key] <= 1e-6, key  # SGD: only the order of fp32 additions differs
+    assert d["ours vs torch ddp"] <= 1e-6
+    assert d["buckets"] > 1
+
+
+def test_zero_and_fsdp_equal_single_process(two_ranks):
+    d = two_ranks["data"]
+    for key in ("zero-1", "zero-2", "fsdp fp32"):
+        assert d[key] <= 1e-4, key  # AdamW divides by sqrt(v): rounding-level gradient differences grow to ~1e-5
+    assert 1e-4 < d["fsdp bf16 compute"] <= 0.1  # bf16 matmuls: visibly different, still close
+    assert d["fsdp full shapes"]
+    n = sum(p.numel() for p in P.unique_params(L.GPT(L.small_config())))
+    assert d["fsdp shard elements"] <= n / 2 + 64  # a shard is half of each tensor (LayerNorms stay whole)
+    assert isinstance(d["fsdp2"], str) or d["fsdp2"] <= 1e-4
+
+
+def test_tensor_parallel_equals_dense(two_ranks):
+    assert two_ranks["tensor"]["mlp"] <= 1e-5 and two_ranks["tensor"]["attention"] <= 1e-5
+
+
+def test_memory_per_rank_follows_zero(two_ranks):
+    ranks = two_ranks["memory"]
+    for stage in range(4):
+        rows = [r[stage] for r in ranks]
+        n = rows[0]["n_params"]
+        want = P.zero_formula(stage, n, 2)
+        total = sum(r["total"] for r in rows) / 2
+        assert total == pytest.approx(want["total"], rel=0.1), stage
+    assert ranks[0][3]["params"] < 0.6 * ranks[0][0]["params"]
+
+
+def test_pipeline_holds_what_the_schedule_says(two_ranks):
+    rows = {(r["kind"], r["micro"]): r for r in two_ranks["pipeline"]}
+    assert rows[("gpipe", 4)]["peak_in_flight"] == [4, 4]
+    assert rows[("1f1b", 4)]["peak_in_flight"] == [2, 1]
+    assert all(0 <= r["bubble"] < 1 for r in rows.values())
+
+
+def test_a_failing_rank_names_itself_and_leaves_nothing():
+    D.run_on_ranks(L.check_collectives, 2)  # the fork server is up before counting children
+    before = _children()
+    with pytest.raises(D.RankError) as info:
+        D.run_on_ranks(L.fail_on, 2, 1)
+    assert info.value.rank == 1 and "planted failure on rank 1" in info.value.remote_traceback
+    assert "Traceback" in info.value.remote_traceback
+    time.sleep(0.5)
+    assert _children() <= before
+
+
+def test_timeout_and_interrupt_leave_nothing():
+    D.run_on_ranks(L.check_collectives, 2)
+    before = _children()
+    with pytest.raises(TimeoutError):
+        D.run_on_ranks(L.sleep_forever, 2, timeout=1.5)
+    timer = threading.Timer(1.0, lambda: os.kill(os.getpid(), signal.SIGINT))
+    timer.start()
+    with pytest.raises(KeyboardInterrupt):
+        D.run_on_ranks(L.sleep_forever, 2, timeout=30)
+    timer.join()
+    time.sleep(0.5)
+    assert _children() <= before
+
+
+# ---------------------------------------------------------------- torchrun
+
+def _script_processes():
+    return [p for p in psutil.process_iter(["cmdline"]) if "ddp_torchrun.py" in " ".join(p.info["cmdline"] or [])]
+
+
+def test_torchrun_two_nodes_completes():
+    out = D.torchrun_two_nodes(ROOT / "scripts" / "ddp_torchrun.py", ["--steps", "2"])
+    assert [o["returncode"] for o in out] == [0, 0], out
+    assert "parameters identical on every rank: True" in "".join(o["output"] for o in out)
+
+
+def test_torchrun_failing_rank_fails_the_launch_and_leaves_nothing():
+    out = D.torchrun_two_nodes(ROOT / "scripts" / "ddp_torchrun.py", ["--steps", "2", "--fail-rank", "1"])
+    assert all(o["returncode"] != 0 for o in out)
+    text = "".join(o["output"] for o in out)
+    assert "planted failure on rank 1" in text and "rank      : 1" in text
+    time.sleep(0.5)
+    assert not _script_processes()
