@@ -181,8 +181,9 @@ def gptq_quantize(W: torch.Tensor, H: torch.Tensor, bits: int, group_size: int |
     diagonal; U = upper Cholesky factor of H⁻¹; then for each column j, q_j = RTN(w_j) and the error
     (w_j − q_j) / U_jj is subtracted from the later columns times U_j,j+1:. Updates to columns
     beyond the current lazy block of `block_size` columns are applied once per block (same result,
-    fewer memory passes). With `group_size`, a group's scale and zero point are fixed when its first
-    column is reached, from the weights as updated so far. `act_order` processes columns in order of
+    fewer memory passes). Without groups each row's grid comes from the whole row before the first
+    column; with `group_size`, a group's scale and zero point are fixed when its first column is
+    reached, from the weights as updated so far. `act_order` processes columns in order of
     decreasing H_jj (the groups are then runs of columns in that order, as in the reference's
     act-order without static groups). Returns float32 (out, in). Raises ValueError for bad options or
     a Hessian whose shape does not match."""
@@ -208,14 +209,14 @@ def gptq_quantize(W: torch.Tensor, H: torch.Tensor, bits: int, group_size: int |
     if g < in_f:  # keep each group inside one lazy block, so its grid sees the updated weights
         block_size = g * max(1, block_size // g)
     Q = torch.zeros_like(W)
-    scale = zero = None
+    scale, zero = _scale_zero(W, bits)  # one grid per row when there are no groups (as the reference does)
     for i1 in range(0, in_f, block_size):
         i2 = min(i1 + block_size, in_f)
         W1, U1 = W[:, i1:i2].clone(), U[i1:i2, i1:i2]
         Err1 = torch.zeros_like(W1)
         for i in range(i2 - i1):
             col = i1 + i
-            if col % g == 0:
+            if g < in_f and col % g == 0:
                 scale, zero = _scale_zero(W1[:, i:i + g], bits)
             w = W1[:, i:i + 1]
             q = _fake_quant(w, scale, zero, bits)

@@ -75,6 +75,36 @@ def test_gptq_with_uncorrelated_inputs_is_rtn():
         assert torch.allclose(gptq.gptq_quantize(W, H, 4, group), gptq.rtn_quantize(W, 4, group), atol=1e-6)
 
 
+def _obs_reference(W, H, bits, group, damp=0.01):
+    """GPTQ written the slow way (Frantar et al., 2023, eq. 2-3): an explicit inverse Hessian, updated
+    after every column by removing that column (Gaussian elimination), no Cholesky, no lazy blocks."""
+    W = W.double().clone()
+    H = H.double() + damp * torch.diag(H).double().mean() * torch.eye(H.shape[0], dtype=torch.float64)
+    Hinv, Q = torch.linalg.inv(H), torch.zeros_like(W)
+    g = group or W.shape[1]
+    for j in range(W.shape[1]):
+        if j % g == 0:
+            scale, zero = gptq._scale_zero(W[:, j:j + g], bits)
+        Q[:, j:j + 1] = gptq._fake_quant(W[:, j:j + 1], scale, zero, bits)
+        err = (W[:, j] - Q[:, j]) / Hinv[j, j]
+        W[:, j:] -= err[:, None] * Hinv[j, j:][None, :]
+        Hinv = Hinv - Hinv[:, j:j + 1] @ Hinv[j:j + 1, :] / Hinv[j, j]
+    return Q.float()
+
+
+@pytest.mark.parametrize("group", [None, 8])
+def test_gptq_equals_the_explicit_inverse_hessian_algorithm(group):
+    torch.manual_seed(5)
+    W = torch.randn(12, 32)
+    X = torch.randn(200, 32) @ torch.randn(32, 32)  # correlated inputs: error feedback matters
+    H = gptq.hessian(X)
+    ours, ref = gptq.gptq_quantize(W, H, 3, group, block_size=16), _obs_reference(W, H, 3, group)
+    # fp32 against fp64 arithmetic: equal values up to float rounding, and at most a rare flipped tie
+    assert (~torch.isclose(ours, ref, rtol=1e-5, atol=1e-5)).float().mean() < 0.01
+    assert gptq.output_error(W, ours, X) == pytest.approx(gptq.output_error(W, ref, X), rel=1e-3)
+    assert not torch.allclose(ours, gptq.rtn_quantize(W, 3, group))
+
+
 def test_gptq_lazy_blocks_do_not_change_the_result(inputs, tiny):
     W = tiny.blocks[0].mlp.up.weight.detach()
     H = gptq.hessian(inputs["blocks.0.mlp.up"])
