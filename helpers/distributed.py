@@ -220,15 +220,27 @@ def _median(xs: list[float]) -> float:
     return xs[m] if len(xs) % 2 else 0.5 * (xs[m - 1] + xs[m])
 
 
+def _device() -> str:
+    """Where this rank's buffers live: its GPU under NCCL, else the CPU."""
+    return f"cuda:{torch.cuda.current_device()}" if dist.get_backend() == "nccl" else "cpu"
+
+
+def _sync() -> None:
+    if dist.get_backend() == "nccl":
+        torch.cuda.synchronize()
+
+
 def time_collective(fn: Callable[[], Any], reps: int, warmup: int = 2) -> dict[str, float]:
-    """Median and quartiles (seconds) of `fn()` on this rank, each call between two barriers."""
+    """Median and quartiles (seconds) of `fn()` on this rank, each call between two barriers (and GPU syncs)."""
     for _ in range(warmup):
         fn()
     xs = []
     for _ in range(reps):
+        _sync()
         dist.barrier()
         t0 = time.perf_counter()
         fn()
+        _sync()
         xs.append(time.perf_counter() - t0)
     xs.sort()
     return {"median": _median(xs), "q25": xs[len(xs) // 4], "q75": xs[(3 * len(xs)) // 4]}
@@ -237,9 +249,10 @@ def time_collective(fn: Callable[[], Any], reps: int, warmup: int = 2) -> dict[s
 def ping_pong(nbytes: int, reps: int) -> float | None:
     """One-way time (s, median of `reps` round trips / 2) of `nbytes` between ranks 0 and 1; None elsewhere."""
     rank = dist.get_rank()
-    buf = torch.zeros(max(1, nbytes // 4), dtype=torch.float32)
+    buf = torch.zeros(max(1, nbytes // 4), dtype=torch.float32, device=_device())
     xs = []
     for i in range(reps + 2):
+        _sync()
         dist.barrier()
         t0 = time.perf_counter()
         if rank == 0:
@@ -248,6 +261,7 @@ def ping_pong(nbytes: int, reps: int) -> float | None:
         elif rank == 1:
             dist.recv(buf, 0)
             dist.send(buf, 0)
+        _sync()
         if i >= 2:
             xs.append((time.perf_counter() - t0) / 2)
     return _median(xs) if rank == 0 else None
@@ -291,7 +305,7 @@ def comm_sweep(rank: int, world_size: int, sizes: Sequence[int], reps: int) -> d
     """
     rows: dict[str, list] = {k: [] for k in ("ping", "ring", "torch", "ring_iqr", "torch_iqr")}
     for nbytes in sizes:
-        x = torch.ones(max(1, nbytes // 4))
+        x = torch.ones(max(1, nbytes // 4), device=_device())
         rows["ping"].append(ping_pong(nbytes, reps))
         for name, op in (("ring", ring_all_reduce), ("torch", dist.all_reduce)):
             t = time_collective(lambda: op(x), reps)
