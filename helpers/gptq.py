@@ -24,6 +24,7 @@ What notebook 08 calls:
 - `layer_error_rows(model, calib, bits=(4, 3), group_size)` and `layer_error_section(...)`: the
   output error ||WX − ŴX|| / ||WX|| of RTN, GPTQ and AWQ on every linear of the model, as rows and
   as a printed table with a sentence generated from the numbers;
+- `layer_error_figure(rows)`: those errors, RTN on x against GPTQ and AWQ on y;
 - `perplexity_section(model, calib, bits=(4, 3), group_size, val_tokens)`: held-out perplexity of
   RTN, GPTQ and AWQ at each bit width, printed and returned.
 
@@ -39,7 +40,7 @@ import math
 import torch
 import torch.nn as nn
 
-from . import data, tables
+from . import data, plots, tables
 
 METHODS = ("rtn", "gptq", "awq")
 
@@ -236,23 +237,32 @@ def awq_quantize(W: torch.Tensor, X: torch.Tensor, bits: int, group_size: int | 
                  grid: int = 20) -> tuple[torch.Tensor, float]:
     """AWQ's activation-aware scaling: (Ŵ, α) with Ŵ = RTN(W · s) / s per input channel.
 
-    s = mean|x|^α over the calibration inputs X (n, in), normalised by sqrt(max s · min s) as in the
-    authors' code; α runs over `grid` + 1 points of [0, 1] and the α with the smallest
-    `output_error` on X wins (ties: the smaller α). α = 0 is plain RTN. W (out, in) -> Ŵ float32.
-    Raises ValueError for bad bits, group size or grid."""
+    s = mean|x|^α over the calibration inputs X (n, in) (clamped at 1e-4), normalised by
+    sqrt(max s · min s) as in the authors' code; α runs over `grid` + 1 points of [0, 1] and the α with
+    the smallest `output_error` on X wins (ties: the smaller α). α = 0 is plain RTN. W (out, in) -> Ŵ
+    float32. Raises ValueError for bad bits, group size or grid.
+
+    Simplifications against the authors' code (llm-awq): the error is this linear's output, not the
+    output of the block around it, each linear gets its own s (a deployed model folds 1/s into the
+    previous operation, so q_proj and kv_proj, which share a LayerNorm, would share one s; before
+    mlp.down the GELU is in the way and 1/s would scale the activations at run time), and there is no
+    search for clipped ranges."""
     _check_bits(bits)
     if isinstance(grid, bool) or not isinstance(grid, int) or grid <= 0:
         raise ValueError(f"grid={grid!r} must be a positive int")
     W = W.detach().float()
     _check_group(group_size, W.shape[1])
-    x_mean = X.float().abs().mean(dim=0).clamp_min(1e-8)  # (in,)
+    X = X.float()
+    x_mean = X.abs().mean(dim=0)  # (in,)
+    G = X.T @ X  # (in, in): ||X Δᵀ||² = Σ (Δ G) ∘ Δ, cheaper than X Δᵀ when there are more rows than columns
     best = (math.inf, 0.0, None)
     for k in range(grid + 1):
         alpha = k / grid
-        s = x_mean ** alpha
+        s = (x_mean ** alpha).clamp_min(1e-4)
         s = s / torch.sqrt(s.max() * s.min())
         W_hat = rtn_quantize(W * s, bits, group_size) / s
-        err = output_error(W, W_hat, X)
+        D = W - W_hat
+        err = float(((D @ G) * D).sum())
         if err < best[0]:
             best = (err, alpha, W_hat)
     return best[2], best[1]
@@ -354,10 +364,34 @@ def layer_error_section(model: nn.Module, calib: torch.Tensor, bits=(4, 3), grou
         a_win = sum(r["awq"] < r["rtn"] for r in sel)
         g_ratio = _geomean(r["gptq"] / r["rtn"] for r in sel)
         a_ratio = _geomean(r["awq"] / r["rtn"] for r in sel)
+        zero = sum(r["alpha"] == 0 for r in sel)
         print(f"{b}-bit, {gs}: GPTQ's output error is below RTN's in {g_win} of {n} layers "
-              f"(geometric mean {g_ratio:.2f}× RTN's), AWQ's in {a_win} of {n} ({a_ratio:.2f}× RTN's; "
-              f"where α = 0 won, AWQ is RTN).")
+              f"(geometric mean {g_ratio:.2f}× RTN's), AWQ's in {a_win} of {n} ({a_ratio:.2f}× RTN's)"
+              + (f"; in {zero} layer{'s' if zero != 1 else ''} AWQ's search chose α = 0, which is RTN itself"
+                 if zero else "") + ".")
     return rows
+
+
+def layer_error_figure(rows: list[dict], ax=None):
+    """Output error of every linear, RTN against GPTQ and AWQ, on log axes: one marker per layer and bit
+    width (rows from `layer_error_rows`); points under the diagonal beat RTN."""
+    fig, ax = plots._axes(ax, "layer output error: RTN (x) against GPTQ and AWQ (y)")
+    markers = {b: m for b, m in zip(sorted({r["bits"] for r in rows}, reverse=True), "os^vD")}
+    for i, method in enumerate(("gptq", "awq")):
+        for b, mk in markers.items():
+            sel = [r for r in rows if r["bits"] == b]
+            ax.scatter([r["rtn"] for r in sel], [r[method] for r in sel], marker=mk, color=plots.COLORS[i],
+                       label=f"{method.upper()} {b}-bit", alpha=0.8)
+    lo = min(min(r["gptq"], r["awq"], r["rtn"]) for r in rows) * 0.8
+    hi = max(r["rtn"] for r in rows) * 1.2
+    ax.plot([lo, hi], [lo, hi], color="gray", ls="--", lw=1, label="equal to RTN")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("RTN relative output error")
+    ax.set_ylabel("method's relative output error")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
 
 
 def perplexity_section(model: nn.Module, calib: torch.Tensor, bits=(4, 3), group_size: int | None = 64,
@@ -386,7 +420,11 @@ def perplexity_section(model: nn.Module, calib: torch.Tensor, bits=(4, 3), group
         best = min(sel, key=sel.get)
         parts = ", ".join(f"{m.upper()} {sel[m]:.3f} ({100 * (sel[m] / base - 1):+.2f}%)" for m in METHODS)
         below = [m.upper() for m in METHODS if sel[m] < base]
-        tail = (f"; {' and '.join(below)} came out below fp32, a difference this small is the noise of "
-                f"rounding, not a gain" if below else "")
+        tail = ""
+        if below:
+            drop = 100 * (1 - min(sel.values()) / base)
+            tail = (f". {' and '.join(below)} came out below fp32 (by at most {drop:.2f}%): rounding noise moves "
+                    f"the loss either way, and a drop{' this small' if drop < 1 else ''} on {batches} batches of "
+                    f"windows is no evidence that quantising helps")
         print(f"{b}-bit: perplexity against fp32's {base:.3f}: {parts}; the lowest is {best.upper()}{tail}.")
     return rows

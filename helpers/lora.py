@@ -302,7 +302,12 @@ def finetune_section(trained, steps: int = 30, *, lr_full: float = 3e-4, lr_lora
     Returns {"losses": {kind: [loss per step]}, "before": float, "after": {kind: float},
     "seconds": {kind: float}, "trainable": {kind: int}, "merged": {label: (loss, perplexity)}}.
     Losses are nats/byte; held-out losses on `eval_batches` fixed windows of the second part."""
-    _positive_int("steps", steps)
+    for name, value in (("steps", steps), ("r", r), ("batch", batch), ("seq_len", seq_len),
+                        ("eval_batches", eval_batches)):
+        _positive_int(name, value)
+    for name, value in (("lr_full", lr_full), ("lr_lora", lr_lora)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+            raise ValueError(f"{name}={value!r} must be a positive number")
     model = getattr(trained, "model", trained)
     tune, held = finetune_split()
     res = {"losses": {}, "after": {}, "seconds": {}, "trainable": {}, "steps": steps}
