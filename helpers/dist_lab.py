@@ -100,8 +100,6 @@ def check_data_parallel(rank: int, world: int, steps: int = 3, seed: int = 0) ->
         out[name] = _max_diff(ddp.module.state_dict(), ref_sgd)
         if name == "ddp bucketed":
             out["buckets"] = len(ddp.buckets)
-    ours = {k: v.clone() for k, v in P.DDP(fresh()).module.state_dict().items()}
-    del ours
     torch_ddp = nn.parallel.DistributedDataParallel(fresh())
     _train(torch_ddp, None, batches, rank, world, torch.optim.SGD(torch_ddp.parameters(), lr=0.1), sync=lambda: None)
     out["torch ddp"] = _max_diff(torch_ddp.module.state_dict(), ref_sgd)
@@ -231,7 +229,7 @@ def measure_ddp(rank: int, world: int, width: int, depth: int, rows: list[int], 
         for n in names:
             times[n] = D._median(samples[n])
         res[r] = times
-    x = torch.randn(rows[-1], width)
+    x = torch.randn(rows[0] * micro, width)  # micro-batches of the smallest rows: where communication weighs most
     ddp = modes["bucketed"]
 
     def accumulate(every: bool):
@@ -327,3 +325,37 @@ def sleep_forever(rank: int, world: int) -> None:
     """Never returns: for the interrupt and timeout tests."""
     while True:
         time.sleep(1)
+
+
+def section_collectives(rank: int, world: int, sizes: list[int], reps: int) -> dict | None:
+    """Notebook 13's first section on one process group: the ring check, then the size sweep."""
+    check = check_collectives(rank, world)
+    sweep = D.comm_sweep(rank, world, sizes, reps)
+    return {"check": check, "sweep": sweep} if rank == 0 else None
+
+
+def plan(ranks: int, n_params: float, stage: int) -> dict[str, float]:
+    """Memory per rank (bytes, fp32 AdamW) and bytes each rank sends per step at a ZeRO stage, from formulas."""
+    mem = P.zero_formula(stage, n_params, ranks)
+    ring = (ranks - 1) / ranks  # a ring moves (n-1)/n of a buffer per reduce-scatter or all-gather
+    sent = {0: 2, 1: 2, 2: 2, 3: 3}[stage] * ring * 4 * n_params
+    return {**mem, "sent": sent}
+
+
+def plan_figure(ranks: int, n_params: float, stage: int, title: str = ""):
+    """Bars of memory per rank for stages 0-3 at `ranks` ranks, the chosen stage marked; returns the figure."""
+    from . import plots
+
+    fig, ax = plots.figure()
+    names = ["DDP", "ZeRO-1", "ZeRO-2", "ZeRO-3"]
+    bottom = [0.0] * 4
+    for part in ("params", "grads", "state"):
+        vals = [plan(ranks, n_params, s)[part] / 2 ** 30 for s in range(4)]
+        ax.bar(names, vals, bottom=bottom, label=part)
+        bottom = [b + v for b, v in zip(bottom, vals)]
+    ax.bar([names[stage]], [bottom[stage]], fill=False, edgecolor="black", linewidth=2)
+    ax.set_ylabel("GiB per rank (fp32 AdamW)")
+    ax.set_title(title)
+    ax.legend()
+    fig.tight_layout()
+    return fig
