@@ -16,8 +16,8 @@ counted from the tensors, and bitsandbytes' 8-bit AdamW beside torch's AdamW.
 What notebook 08 calls (each prints a table and sentences generated from this run's numbers and
 returns the numbers; together they take a few seconds on a CPU with the "tiny" preset):
 - `finetune_section(trained, steps=..., ...)`: full fine-tuning vs LoRA vs QLoRA of the trained GPT
-  on a held-out part of the corpus (loss curves on the same batches, held-out loss before and
-  after, seconds), then the QLoRA adapters merged four ways (unmerged; into the original 16-bit
+  on a held-out part of the corpus (loss curves on the same batches, drawn against the untuned
+  model's loss on each batch; held-out loss before and after; seconds), then the QLoRA adapters merged four ways (unmerged; into the original 16-bit
   weights; into the dequantised NF4 weights kept in 16 bits; into those weights re-quantised to NF4)
   with the held-out perplexity of each. `finetune_figure(result)` draws the loss curves.
 - `memory_section(model, r=...)`: bytes of weights, gradients and optimizer state of full
@@ -274,6 +274,20 @@ def finetune(model: nn.Module, steps: int, lr: float, tokens: torch.Tensor, *, b
     return losses
 
 
+@torch.no_grad()
+def batch_losses(model: nn.Module, steps: int, tokens: torch.Tensor, *, batch: int = 8, seq_len: int = 64,
+                 seed: int = 0) -> list[float]:
+    """The loss of `model`, untrained, on the batches `finetune(..., seed=seed)` would draw at each step:
+    the baseline that takes the batch-to-batch variation out of a fine-tuning curve."""
+    g = torch.Generator().manual_seed(seed)
+    device = next(model.parameters()).device
+    was = model.training
+    model.eval()
+    out = [float(model(*data.get_batch(tokens, batch, seq_len, device, generator=g))[1]) for _ in range(steps)]
+    model.train(was)
+    return out
+
+
 def _make_optimizer(name: str, params, lr: float):
     if name == "adamw":
         return torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
@@ -299,7 +313,8 @@ def finetune_section(trained, steps: int = 30, *, lr_full: float = 3e-4, lr_lora
     held-out loss and perplexity of each. LoRA's learning rate is higher than full fine-tuning's, as
     is usual for adapters (both are parameters).
 
-    Returns {"losses": {kind: [loss per step]}, "before": float, "after": {kind: float},
+    Returns {"losses": {kind: [loss per step]}, "untuned": [the untrained model's loss on each step's
+    batch], "before": float, "after": {kind: float},
     "seconds": {kind: float}, "trainable": {kind: int}, "merged": {label: (loss, perplexity)}}.
     Losses are nats/byte; held-out losses on `eval_batches` fixed windows of the second part."""
     for name, value in (("steps", steps), ("r", r), ("batch", batch), ("seq_len", seq_len),
@@ -313,6 +328,7 @@ def finetune_section(trained, steps: int = 30, *, lr_full: float = 3e-4, lr_lora
     res = {"losses": {}, "after": {}, "seconds": {}, "trainable": {}, "steps": steps}
     with cpu_threads(next(model.parameters()).device):
         res["before"] = _eval_loss(model, held, eval_batches)
+        res["untuned"] = batch_losses(model, steps, tune, batch=batch, seq_len=seq_len, seed=seed)
         tuned = {}
         for kind in KINDS:
             m = prepare(model, kind, r, alpha, seed)
@@ -329,12 +345,20 @@ def finetune_section(trained, steps: int = 30, *, lr_full: float = 3e-4, lr_lora
     return res
 
 
+def _gain(res: dict, kind: str, last: int) -> float:
+    """Mean over the last `last` steps of (training loss − the untuned model's loss on the same batch)."""
+    pairs = list(zip(res["losses"][kind], res["untuned"]))[-last:]
+    return sum(a - b for a, b in pairs) / len(pairs)
+
+
 def _print_finetune(res: dict) -> None:
     before = res["before"]
+    last = max(1, len(res["untuned"]) // 4)
     print(tables.table(
-        ["method", "trainable params", "first step loss", "last step loss", "held-out loss after", "seconds"],
-        [[k, res["trainable"][k], f"{res['losses'][k][0]:.4f}", f"{res['losses'][k][-1]:.4f}",
-          f"{res['after'][k]:.4f}", f"{res['seconds'][k]:.1f}"] for k in KINDS]))
+        ["method", "trainable params", f"training loss − untuned, last {last} steps", "held-out loss after",
+         "seconds"],
+        [[k, res["trainable"][k], f"{_gain(res, k, last):+.4f}", f"{res['after'][k]:.4f}", f"{res['seconds'][k]:.1f}"]
+         for k in KINDS]))
     parts = ", ".join(f"{k} {res['after'][k] - before:+.4f}" for k in KINDS)
     best = min(KINDS, key=lambda k: res["after"][k])
     print(f"Held-out loss before fine-tuning: {before:.4f} nats/byte; change after {res['steps']} steps: {parts}. "
@@ -354,14 +378,15 @@ def _print_finetune(res: dict) -> None:
 
 
 def finetune_figure(res: dict, ax=None):
-    """Training loss per step of each fine-tuning method (same batches), the held-out loss before as a line."""
-    fig, ax = plots._axes(ax, "fine-tuning on held-out files: training loss per step")
+    """Training loss of each fine-tuning method at each step minus the untuned model's loss on the same
+    batch (`finetune_section`'s result): below 0 the model has learned something about these files."""
+    fig, ax = plots._axes(ax, "fine-tuning: training loss minus the untuned model's")
     for i, k in enumerate(KINDS):
-        ax.plot(range(1, len(res["losses"][k]) + 1), res["losses"][k], color=plots.COLORS[i],
-                label=f"{k} ({res['trainable'][k]:,} trainable)")
-    ax.axhline(res["before"], color="gray", ls="--", lw=1, label="held-out loss before")
+        diff = [a - b for a, b in zip(res["losses"][k], res["untuned"])]
+        ax.plot(range(1, len(diff) + 1), diff, color=plots.COLORS[i], label=f"{k} ({res['trainable'][k]:,} trainable)")
+    ax.axhline(0, color="gray", ls="--", lw=1, label="untuned model")
     ax.set_xlabel("step")
-    ax.set_ylabel("loss (nats/byte)")
+    ax.set_ylabel("Δ loss (nats/byte)")
     ax.legend(fontsize=8)
     fig.tight_layout()
     return fig

@@ -278,6 +278,7 @@ def test_finetune_lowers_the_loss_for_every_kind(tiny):
 def test_finetune_section_returns_its_numbers(tiny, capsys):
     res = lora.finetune_section(tiny, steps=2, eval_batches=1)
     assert set(res["losses"]) == set(lora.KINDS) and all(len(v) == 2 for v in res["losses"].values())
+    assert len(res["untuned"]) == 2 and res["untuned"][0] == pytest.approx(res["losses"]["lora"][0], abs=1e-5)
     assert res["trainable"]["lora"] == res["trainable"]["qlora"] < res["trainable"]["full"]
     assert len(res["merged"]) == 4 and "Held-out loss before fine-tuning" in capsys.readouterr().out
     import matplotlib.pyplot as plt
