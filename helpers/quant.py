@@ -160,7 +160,8 @@ def unpack_int4(packed: torch.Tensor) -> torch.Tensor:
 
 def error(w: torch.Tensor, w_hat: torch.Tensor) -> float:
     """Relative quantisation error ||w - w_hat|| / ||w|| (Frobenius), a float."""
-    return float((w.float() - w_hat.float()).norm() / w.float().norm().clamp(min=1e-30))
+    w, w_hat = w.detach().float(), w_hat.detach().float()
+    return float((w - w_hat).norm() / w.norm().clamp(min=1e-30))
 
 
 # ---------------------------------------------------------------- NF4 and double quantisation

@@ -136,6 +136,40 @@ def weight_bits(model: nn.Module, method: str, bits: int = 4, group: "str | int"
     return total / n
 
 
+@torch.no_grad()
+def grid(model: nn.Module, specs, evaluate) -> dict[tuple, dict]:
+    """For each (method, bits, group) in `specs`: quantize every block linear's weight in place, measure the
+    mean relative weight error, the bits per parameter (as `weight_bits` counts them) and `evaluate(model)`
+    (e.g. a validation loss), then restore the weights. Returns {(method, bits, str(group)): {error, bits,
+    value}}. Each weight is quantized once per spec (no model copies)."""
+    lins = list(block_linears(model).values())
+    saved = [l.weight.detach().clone() for l in lins]
+    out = {}
+    try:
+        for method, bits, group in specs:
+            errs, total_bits, n = [], 0.0, 0
+            for lin, w in zip(lins, saved):
+                wf = w.float()
+                if method.startswith("nf4"):
+                    state = quant.nf4_quantize(wf.cpu(), group, double=method == "nf4-dq")
+                    w_hat, b = quant.nf4_dequantize(state), state.bits_per_param()
+                else:
+                    state = quant.quantize(wf.cpu(), bits, method, group)
+                    w_hat, b = quant.dequantize(state), state.packed_bits_per_param()
+                errs.append(quant.error(wf.cpu(), w_hat))
+                total_bits += b * w.numel()
+                n += w.numel()
+                lin.weight.copy_(w_hat.to(w.device, w.dtype))
+            out[(method, bits, str(group))] = {"error": sum(errs) / len(errs), "bits": total_bits / n,
+                                               "value": evaluate(model)}
+            for lin, w in zip(lins, saved):
+                lin.weight.copy_(w)
+    finally:
+        for lin, w in zip(lins, saved):
+            lin.weight.copy_(w)
+    return out
+
+
 def block_param_count(model: nn.Module) -> tuple[int, int]:
     """(parameters in block linears' weights, all parameters): the share a weight-only method quantises."""
     inner = sum(l.weight.numel() for l in block_linears(model).values())
