@@ -29,7 +29,8 @@ returns the numbers; together they take a few seconds on a CPU with the "tiny" p
   few steps of each on the same batches.
 
 Lower-level pieces: `LoRALinear`, `nf4_linear`, `apply_lora`, `lora_layers`, `merged_variants`,
-`finetune`, `finetune_split`, `tensor_bytes`, `optimizer_state_bytes`.
+`finetune`, `finetune_split`, `batch_losses`, `tensor_bytes`, `optimizer_state_bytes`,
+`threshold_probe`, `update_gap`.
 """
 from __future__ import annotations
 
@@ -529,6 +530,41 @@ def memory_section(model: nn.Module, r: int = 8, alpha: float | None = None) -> 
 
 # ---------------------------------------------------------------- 8-bit optimizer
 
+def threshold_probe(sizes=(MIN_8BIT_SIZE - 1, MIN_8BIT_SIZE), device: str = "cpu") -> dict[int, str]:
+    """The dtype of bitsandbytes AdamW8bit's first moment after one step on a 1-D tensor of each size:
+    {numel: "float32" or "uint8"}; finds where the 32-bit threshold (min_8bit_size) falls."""
+    import bitsandbytes as bnb
+
+    out = {}
+    for n in sizes:
+        p = nn.Parameter(torch.zeros(_positive_int("size", n), device=device))
+        opt = bnb.optim.AdamW8bit([p])
+        p.grad = torch.ones_like(p)
+        opt.step()
+        out[n] = str(opt.state[p]["state1"].dtype).replace("torch.", "")
+    return out
+
+
+def update_gap(steps: int = 5, shape=(64, 128), lr: float = 1e-3, seed: int = 0, device: str = "cpu") -> float:
+    """||Δp(AdamW8bit) − Δp(AdamW)|| / ||Δp(AdamW)|| after `steps` steps of both optimizers on one
+    tensor of `shape` with the same random gradients (no weight decay): how far 8-bit state moves the
+    update."""
+    import bitsandbytes as bnb
+
+    g = torch.Generator().manual_seed(seed)
+    p0 = torch.randn(shape, generator=g)
+    grads = [torch.randn(shape, generator=g) for _ in range(_positive_int("steps", steps))]
+    moved = {}
+    for name, cls in (("adamw", torch.optim.AdamW), ("adamw8bit", bnb.optim.AdamW8bit)):
+        p = nn.Parameter(p0.clone().to(device))
+        opt = cls([p], lr=lr, weight_decay=0.0)
+        for grad in grads:
+            p.grad = grad.to(device)
+            opt.step()
+        moved[name] = (p.detach() - p0.to(device)).float()
+    return float((moved["adamw8bit"] - moved["adamw"]).norm() / moved["adamw"].norm())
+
+
 def optimizer_section(model: nn.Module, steps: int = 5, *, lr: float = 1e-3, batch: int = 8, seq_len: int = 64,
                       seed: int = 0) -> dict:
     """Full fine-tuning of two copies of `model` on the same batches, one with torch.optim.AdamW and
@@ -536,7 +572,8 @@ def optimizer_section(model: nn.Module, steps: int = 5, *, lr: float = 1e-3, bat
     below bitsandbytes' min_8bit_size = 4096 elements keep fp32 state), and the training loss of
     each step. Prints a table per tensor size class and sentences from the numbers. Returns
     {"losses": {"adamw": [...], "adamw8bit": [...]}, "bytes_per_param": {name: float},
-    "tensors": [{"name", "numel", "adamw", "adamw8bit", "dtypes8"}], "state_bytes": {name: int}}."""
+    "tensors": [{"name", "numel", "adamw", "adamw8bit", "dtypes8"}], "state_bytes": {name: int},
+    "threshold": `threshold_probe()`, "update_gap": `update_gap()`}."""
     _positive_int("steps", steps)
     tune, _ = finetune_split()
     res = {"losses": {}, "state_bytes": {}, "bytes_per_param": {}}
@@ -563,6 +600,8 @@ def optimizer_section(model: nn.Module, steps: int = 5, *, lr: float = 1e-3, bat
             res["bytes_per_param"][name] = total / sum(p.numel() for p in params)
             names = {id(p): n for n, p in m.named_parameters()}
             per[name] = {names[id(p)]: v for p, v in per_tensor.items()}
+        res["threshold"] = threshold_probe(device=str(next(model.parameters()).device))
+        res["update_gap"] = update_gap(device=str(next(model.parameters()).device))
     res["tensors"] = [{"name": n, "numel": v["numel"], "adamw": v["bytes"] / v["numel"],
                        "adamw8bit": per["adamw8bit"][n]["bytes"] / v["numel"],
                        "dtypes8": "/".join(per["adamw8bit"][n]["dtypes"])} for n, v in per["adamw"].items()]
@@ -586,6 +625,9 @@ def _print_optimizer(res: dict) -> None:
           f"min_8bit_size of {MIN_8BIT_SIZE}." if smallest8 and largest32 and largest32 < MIN_8BIT_SIZE <= smallest8
           else f"{len(eight)} of {len(rows)} tensors got uint8 state; the threshold {MIN_8BIT_SIZE} is not "
                f"bracketed by this model's tensor sizes (smallest uint8: {smallest8}, largest fp32: {largest32}).")
+    probe = ", ".join(f"{n} elements → {d}" for n, d in res["threshold"].items())
+    print(f"Probing one-tensor optimizers directly: {probe}. The update after 5 steps on one 64×128 tensor with "
+          f"the same gradients differs from AdamW's by {res['update_gap'] * 100:.2f}% (relative norm).")
     bpp = res["bytes_per_param"]
     la, lb = res["losses"]["adamw"], res["losses"]["adamw8bit"]
     gap = max(abs(a - b) for a, b in zip(la, lb))

@@ -315,4 +315,12 @@ def test_adamw8bit_state_is_uint8_above_the_threshold_only(tiny, capsys):
     assert big["dtypes8"] == "float32/uint8" and big["adamw8bit"] == pytest.approx(2 + 2 * 4 / 256)
     assert small["dtypes8"] == "float32" and small["adamw8bit"] == 8.0
     assert res["losses"]["adamw"][0] == res["losses"]["adamw8bit"][0]  # same start, same batch
-    assert "consistent with bitsandbytes' min_8bit_size of 4096" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "consistent with bitsandbytes' min_8bit_size of 4096" in out and "4095 elements → float32" in out
+    assert 0 < res["update_gap"] < 0.05
+
+
+def test_adamw8bit_threshold_and_update_against_adamw():
+    assert lora.threshold_probe() == {4095: "float32", 4096: "uint8"}
+    gap = lora.update_gap(steps=5)
+    assert 0 < gap < 0.05  # 8-bit moments: the update moves, by about a percent, never by much
