@@ -228,6 +228,8 @@ def measure_ddp(rank: int, world: int, width: int, depth: int, rows: list[int], 
                 samples[n].append(time.perf_counter() - t0)
         for n in names:
             times[n] = D._median(samples[n])
+        q = {n: sorted(samples[n]) for n in names}
+        times["iqr"] = max((q[n][(3 * reps) // 4] - q[n][reps // 4]) / times[n] for n in names)
         res[r] = times
     x = torch.randn(rows[0] * micro, width)  # micro-batches of the smallest rows: where communication weighs most
     ddp = modes["bucketed"]
