@@ -14,12 +14,12 @@ counted from the tensors, and bitsandbytes' 8-bit AdamW beside torch's AdamW.
   state stays fp32 (bitsandbytes' Optimizer8bit.init_state: `if p.numel() < config["min_8bit_size"]`).
 
 What notebook 08 calls (each prints a table and sentences generated from this run's numbers and
-returns the numbers; together they take a few seconds on a CPU with the "tiny" preset):
+returns the numbers):
 - `finetune_section(trained, steps=..., ...)`: full fine-tuning vs LoRA vs QLoRA of the trained GPT
   on a held-out part of the corpus (loss curves on the same batches, drawn against the untuned
-  model's loss on each batch; held-out loss before and after; seconds), then the QLoRA adapters merged four ways (unmerged; into the original 16-bit
-  weights; into the dequantised NF4 weights kept in 16 bits; into those weights re-quantised to NF4)
-  with the held-out perplexity of each. `finetune_figure(result)` draws the loss curves.
+  model's loss on each batch; held-out loss before and after; seconds), then the QLoRA adapters
+  merged four ways (unmerged; into the original 16-bit weights; into the dequantised NF4 weights
+  kept in 16 bits; into those weights re-quantised to NF4) with the held-out perplexity of each. `finetune_figure(result)` draws the loss curves.
 - `memory_section(model, r=...)`: bytes of weights, gradients and optimizer state of full
   fine-tuning, LoRA and QLoRA, measured from the tensors after one AdamW step, beside
   `memory_formula`'s prediction. `memory_formula(n_linear, n_other, n_lora, method, ...)` also
@@ -30,8 +30,8 @@ returns the numbers; together they take a few seconds on a CPU with the "tiny" p
 
 Smoke cost on the "tiny" preset (measured on a 2-core CPU shared with other jobs, about 2-3× an idle
 one's): `finetune_section(tm, steps=16)` 11-20 s, `memory_section(model)` under 1 s,
-`optimizer_section(model, steps=4)` 1.5 s. Each training step and held-out evaluation costs the same
-on every method, so `steps` and `eval_batches` are the knobs.
+`optimizer_section(model, steps=4)` 1.5 s. In finetune_section, `steps` (three trainings) and
+`eval_batches` (eight held-out evaluations) set the cost.
 
 Lower-level pieces: `LoRALinear`, `nf4_linear`, `apply_lora`, `lora_layers`, `merged_variants`,
 `finetune`, `finetune_split`, `batch_losses`, `tensor_bytes`, `optimizer_state_bytes`,
@@ -45,7 +45,6 @@ import time
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from . import data, plots, tables
 from .gptq import block_linears, cpu_threads
