@@ -93,6 +93,17 @@ def test_zero_formulas_match_the_paper():
         P.zero_formula(4, 10, 2)
 
 
+def test_the_panel_plan_follows_the_formulas_and_draws_a_new_figure():
+    import matplotlib.pyplot as plt
+
+    p = L.plan(8, 1e9, 3)
+    assert p["total"] == pytest.approx(16e9 / 8) and p["sent"] == pytest.approx(3 * 7 / 8 * 4e9)
+    assert L.plan(8, 1e9, 0)["sent"] == pytest.approx(2 * 7 / 8 * 4e9)
+    a, b = L.plan_figure(4, 1e8, 1), L.plan_figure(4, 1e8, 2)
+    assert a is not b
+    plt.close("all")
+
+
 def test_run_on_ranks_validates():
     with pytest.raises(ValueError, match="world_size"):
         D.run_on_ranks(L.fail_on, 0, 0)
@@ -185,13 +196,13 @@ def _script_processes():
 
 
 def test_torchrun_two_nodes_completes():
-    out = D.torchrun_two_nodes(ROOT / "scripts" / "ddp_torchrun.py", ["--steps", "2"])
+    out = D.torchrun_two_nodes(ROOT / "scripts" / "ddp_torchrun.py", ["--steps", "2", "--backend", "gloo"])
     assert [o["returncode"] for o in out] == [0, 0], out
     assert "parameters identical on every rank: True" in "".join(o["output"] for o in out)
 
 
 def test_torchrun_failing_rank_fails_the_launch_and_leaves_nothing():
-    out = D.torchrun_two_nodes(ROOT / "scripts" / "ddp_torchrun.py", ["--steps", "2", "--fail-rank", "1"])
+    out = D.torchrun_two_nodes(ROOT / "scripts" / "ddp_torchrun.py", ["--steps", "2", "--fail-rank", "1", "--backend", "gloo"])
     assert all(o["returncode"] != 0 for o in out)
     text = "".join(o["output"] for o in out)
     assert "planted failure on rank 1" in text and "rank      : 1" in text
