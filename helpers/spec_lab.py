@@ -12,6 +12,7 @@
 """
 from __future__ import annotations
 
+import math
 import statistics
 import time
 
@@ -21,6 +22,22 @@ from . import bench
 from . import speculative as sp
 from .inference import KVCache, Sampler, generate, prefill
 from .model import GPT
+
+
+def check_temperatures(name: str, values) -> list[float]:
+    """Validate a parameter holding temperatures: a non-empty list of finite numbers >= 0 (0 = greedy); returns
+    them as sorted distinct floats. Raises ValueError naming the parameter."""
+    if not isinstance(values, (list, tuple)) or not values or any(
+            isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0 for t in values):
+        raise ValueError(f"{name}={values!r} must be a non-empty list of finite numbers >= 0 (0 = greedy)")
+    return sorted({float(t) for t in values})
+
+
+def check_fraction(name: str, value) -> float:
+    """Validate a number strictly between 0 and 1 (e.g. a p-value threshold); raises ValueError naming it."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1:
+        raise ValueError(f"{name}={value!r} must be a number strictly between 0 and 1")
+    return float(value)
 
 
 def prompts(tokens: torch.Tensor, count: int, length: int, seed: int = 0) -> list[torch.Tensor]:
@@ -117,51 +134,67 @@ def _sync(device: str) -> None:
 def speed_grid(target: GPT, drafts: dict, prompt_list: list[torch.Tensor], n: int, gammas: list[int],
                temperatures: list[float], costs: dict, *, device: str = "cpu", seed: int = 0,
                progress=None) -> list[dict]:
-    """Every (draft, γ, temperature) generating n tokens, timed beside plain decoding (helpers.inference.generate
-    with the same sampler), round-robin: round r uses prompt r. One dict per configuration: draft, gamma,
-    temperature, alpha (mean Σ min(p, q)), acceptance, tokens_per_pass, expected (the formula's tokens per pass),
-    speedup (median over rounds of plain time / speculative time) with its IQR, c, predicted (the formula), and
-    predicted_verify (the formula with the measured verification cost instead of one step); plus the raw
-    SpecResults under "runs" (window, position statistics). `costs` comes from decode_costs."""
+    """Every (draft, γ, temperature) generating n tokens, timed beside plain decoding of the target and of each GPT
+    draft alone (helpers.inference.generate with the same sampler), round-robin: round r uses prompt r.
+
+    One dict per configuration: draft, gamma, temperature, alpha (mean Σ min(p, q)), acceptance, proposal_rate
+    (draft tokens proposed / γ per target pass: 1 for a model, less for prompt lookup), tokens_per_pass, expected
+    (the formula's tokens per pass), speedup (median over rounds of plain time / speculative time) with its IQR,
+    c (a GPT draft's plain decoding time over the target's, median over every round and temperature; for prompt
+    lookup its lookup time per drafted token over a target step), predicted (the formula), predicted_verify (the
+    formula with the verification cost `costs["verify"]` from decode_costs instead of one step), plain and
+    speculative ms per token, model_ms_per_token (the passes it ran, priced at plain decoding's ms per token of
+    each model) and other_ms_per_token (the rest: the rule, rollbacks, extra Python); plus the SpecResults ("runs").
+    """
     configs = [(name, g, T) for T in temperatures for name in drafts for g in gammas]
+    models = [name for name in drafts if isinstance(drafts[name], GPT)]
     plain_s = {T: [] for T in temperatures}
+    alone_s = {(name, T): [] for name in models for T in temperatures}
     spec_s = {c: [] for c in configs}
     runs = {c: [] for c in configs}
+
+    def timed(fn):
+        _sync(device)
+        t0 = time.perf_counter()
+        out = fn()
+        _sync(device)
+        return time.perf_counter() - t0, out
+
     rounds = range(len(prompt_list)) if progress is None else progress(range(len(prompt_list)))
     for r in rounds:
-        prompt = prompt_list[r]
+        prompt = prompt_list[r].to(device)
         for T in temperatures:
-            _sync(device)
-            t0 = time.perf_counter()
-            generate(target, prompt.to(device), n, Sampler(temperature=T, seed=seed + r))
-            _sync(device)
-            plain_s[T].append(time.perf_counter() - t0)
-            for c in configs:
-                if c[2] != T:
-                    continue
-                t0 = time.perf_counter()
-                res = sp.speculative_generate(target, drafts[c[0]], prompt, n, gamma=c[1], temperature=T, seed=seed + r)
-                _sync(device)
-                spec_s[c].append(time.perf_counter() - t0)
+            plain_s[T].append(timed(lambda: generate(target, prompt, n, Sampler(temperature=T, seed=seed + r)))[0])
+            for name in models:
+                alone_s[(name, T)].append(timed(lambda: generate(drafts[name], prompt, n, Sampler(T, seed=seed + r)))[0])
+            for c in (c for c in configs if c[2] == T):
+                s, res = timed(lambda: sp.speculative_generate(target, drafts[c[0]], prompt.cpu(), n, gamma=c[1],
+                                                               temperature=T, seed=seed + r))
+                spec_s[c].append(s)
                 runs[c].append(res)
+    plain_ms = 1e3 * statistics.median(x for T in temperatures for x in plain_s[T]) / n
+    c_of = {name: statistics.median(a / p for T in temperatures for a, p in zip(alone_s[(name, T)], plain_s[T]))
+            for name in models}
     rows = []
     for (name, g, T) in configs:
         res = runs[(name, g, T)]
         betas = [b for x in res for b in x.betas]
-        a = sum(betas) / len(betas) if betas else 0.0
-        ratios = [p / s for p, s in zip(plain_s[T], spec_s[(name, g, T)])]
-        med, q25, q75 = bench.quartiles(ratios)
-        c = costs["c"] if isinstance(drafts[name], GPT) else _ngram_cost(prompt_list[0], n, g, costs["target_ms"])
+        a = min(sum(betas) / len(betas), 1.0) if betas else 0.0
+        med, q25, q75 = bench.quartiles([p / s for p, s in zip(plain_s[T], spec_s[(name, g, T)])])
+        c = c_of[name] if name in c_of else _ngram_cost(prompt_list[0], n, g, plain_ms)
         v = costs["verify"].get(g, 1.0)
-        proposed = sum(x.proposed for x in res)
+        proposed, passes = sum(x.proposed for x in res), sum(x.target_passes for x in res)
+        tokens = sum(len(x.tokens) for x in res)
+        spec_ms = 1e3 * statistics.median(spec_s[(name, g, T)]) / n
+        model_ms = (sum(x.draft_passes for x in res) * c * plain_ms * (name in c_of) + passes * plain_ms * v) / tokens
         rows.append({"draft": name, "gamma": g, "temperature": T, "alpha": a,
                      "acceptance": sum(x.accepted for x in res) / proposed if proposed else 0.0,
-                     "tokens_per_pass": sum(len(x.tokens) for x in res) / sum(x.target_passes for x in res),
-                     "expected": sp.expected_tokens(min(a, 1.0), g), "speedup": med, "speedup_q25": q25,
-                     "speedup_q75": q75, "c": c, "predicted": sp.predicted_speedup(min(a, 1.0), g, c),
-                     "predicted_verify": sp.expected_tokens(min(a, 1.0), g) / (g * c + v),
-                     "plain_ms_per_token": 1e3 * statistics.median(plain_s[T]) / n,
-                     "spec_ms_per_token": 1e3 * statistics.median(spec_s[(name, g, T)]) / n, "runs": res})
+                     "proposal_rate": proposed / (g * passes), "tokens_per_pass": tokens / passes,
+                     "expected": sp.expected_tokens(a, g), "speedup": med, "speedup_q25": q25, "speedup_q75": q75,
+                     "c": c, "predicted": sp.predicted_speedup(a, g, c),
+                     "predicted_verify": sp.expected_tokens(a, g) / (g * c + v),
+                     "plain_ms_per_token": 1e3 * statistics.median(plain_s[T]) / n, "spec_ms_per_token": spec_ms,
+                     "model_ms_per_token": model_ms, "other_ms_per_token": spec_ms - model_ms, "runs": res})
     return rows
 
 

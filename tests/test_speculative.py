@@ -153,3 +153,41 @@ def test_parameters_are_validated(models):
         sp.sample_rule(P, Q, 10, rule="p>q")
     with pytest.raises(ValueError):
         sp.sample_rule(P, Q * 2, 10)
+
+
+# ---------------------------------------------------------------- notebook 11's lab (helpers/spec_lab.py)
+
+
+def test_lab_validators_and_rule_check():
+    from helpers import spec_lab as L
+
+    assert L.check_temperatures("TEMPERATURES", [1, 0.0, 0.5, 1.0]) == [0.0, 0.5, 1.0]
+    for bad in ([], [-0.1], [float("nan")], [True], 0.5):
+        with pytest.raises(ValueError, match="TEMPERATURES"):
+            L.check_temperatures("TEMPERATURES", bad)
+    assert L.check_fraction("THRESHOLD", 0.01) == 0.01
+    for bad in (0, 1, 1.5, "0.1", True):
+        with pytest.raises(ValueError, match="THRESHOLD"):
+            L.check_fraction("THRESHOLD", bad)
+    checks = L.rule_check(P, Q, 50_000, seed=1)
+    assert checks["exact"]["test"].passes and not checks["p>=q"]["test"].passes
+    assert int(checks["exact"]["counts"].sum()) == 50_000
+
+
+def test_speed_grid_rows_are_consistent(models):
+    from helpers import spec_lab as L
+
+    target, draft = models
+    drafts = {"gpt": draft, "lookup": sp.NGramDraft(2)}
+    costs = L.decode_costs(target, draft, PROMPT, [2], reps=2)
+    rows = L.speed_grid(target, drafts, [PROMPT, PROMPT.flip(0)], 12, [2], [0.0, 1.0], costs)
+    assert len(rows) == 4 and {(r["draft"], r["temperature"]) for r in rows} == {
+        (d, t) for d in drafts for t in (0.0, 1.0)}
+    for r in rows:
+        assert 0 <= r["alpha"] <= 1 and r["speedup_q25"] <= r["speedup"] <= r["speedup_q75"]
+        assert 1 <= r["tokens_per_pass"] <= 3 and r["expected"] == pytest.approx(sp.expected_tokens(r["alpha"], 2))
+        assert r["predicted"] == pytest.approx(sp.predicted_speedup(r["alpha"], 2, r["c"]))
+        assert r["proposal_rate"] == (1.0 if r["draft"] == "gpt" else r["proposal_rate"]) and len(r["runs"]) == 2
+    by_i, by_pos = L.position_rows(rows[0]["runs"], 2, 12, bins=3)
+    assert [row[0] for row in by_i] == [0, 1][:len(by_i)] and sum(row[1] for row in by_pos) == sum(
+        len(x.betas) for x in rows[0]["runs"])
