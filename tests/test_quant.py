@@ -182,3 +182,38 @@ def test_nf4_odd_count_and_partial_block_round_trip():
     back = Q.nf4_dequantize(s)
     assert back.shape == w.shape and Q.error(w, back) < 0.15
     assert (back.abs().amax() == w.abs().amax())  # the absmax value is a level (±1) exactly
+
+
+# ---------------------------------------------------------------- notebook 08's measurements (helpers.quant_lab)
+
+def test_memory_formulas_reproduce_qlora_65b_numbers():
+    from helpers import quant_lab as L
+    full = L.finetune_gb(65, L.FINETUNE[0])
+    assert sum(full.values()) == pytest.approx(780.0)  # 12 bytes a parameter: QLoRA's ">780GB" baseline
+    q = L.finetune_gb(65, L.FINETUNE[2], rank=64)
+    assert q["weights"] == pytest.approx(65 * (4 + 8 / 64 + 32 / 64 / 256) / 8)
+    assert 40 < sum(q.values()) < 48
+    assert L.lora_params(8192, 22016, 80, 64) == 80 * 64 * (8 * 8192 + 3 * (8192 + 22016))
+    assert L.finetune_gb(7, L.FINETUNE[1], rank=16)["adapters"] < L.finetune_gb(7, L.FINETUNE[1], rank=64)["adapters"]
+    with pytest.raises(ValueError):
+        L.finetune_gb(7, "full")
+
+
+def test_grid_quantizes_in_place_then_restores_and_orders_bits():
+    from helpers import quant_lab as L
+    from helpers.model import GPT, GPTConfig
+    torch.manual_seed(0)
+    model = GPT(GPTConfig.preset("tiny", n_layer=1)).eval()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    x = torch.randint(0, model.config.vocab_size, (2, 16))
+    specs = [("absmax", 8, "channel"), ("zeropoint", 3, 32), ("nf4", 4, 64)]
+    with torch.no_grad():
+        ref = model(x)[0]
+        got = L.grid(model, specs, lambda m: Q.error(ref, m(x)[0]))
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    e8, e3, e4 = (got[(m, b, str(g))] for m, b, g in specs)
+    assert e8["value"] < e4["value"] < e3["value"] and e8["error"] < e4["error"] < e3["error"]
+    assert 8 + 32 / 512 <= e8["bits"] <= 8 + 32 / 128  # codes plus one fp32 scale per row of 128 or 512 inputs
+    assert e4["bits"] == 4.5 and e3["bits"] == 3 + 64 / 32
+    rows = L.weight_error_rows({"w": _w((16, 64))}, ["tensor", "channel", 32])
+    assert [r["method"] for r in rows][-2:] == ["nf4", "nf4-dq"]
