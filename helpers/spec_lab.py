@@ -237,7 +237,8 @@ def exactness_figure(p: torch.Tensor, checks: dict, labels: list[str]):
 
 def speedup_figure(rows: list[dict], draft: str, title: str | None = None, highlight: tuple | None = None):
     """Measured speedup (median, IQR bars) and the formula's prediction against γ, one colour per temperature,
-    for one draft; `highlight` = (γ, temperature) circles one point."""
+    for one draft (no formula for a draft that did not propose γ tokens every round, e.g. prompt lookup);
+    `highlight` = (γ, temperature) circles one point."""
     from . import plots
 
     fig, ax = plots.figure(figsize=(7, 3.6))
@@ -249,7 +250,9 @@ def speedup_figure(rows: list[dict], draft: str, title: str | None = None, highl
         ax.errorbar(gs, [r["speedup"] for r in sel], yerr=[[r["speedup"] - r["speedup_q25"] for r in sel],
                                                           [r["speedup_q75"] - r["speedup"] for r in sel]],
                     fmt="o-", color=colour, label=f"measured, T={T:g}", capsize=3)
-        ax.plot(gs, [r["predicted"] for r in sel], "--", color=colour, label=f"formula, T={T:g}")
+        if all(r["proposal_rate"] > 0.999 for r in sel):  # the formula assumes γ proposals every round
+            ax.plot(gs, [r["predicted"] for r in sel], "--", color=colour, label=f"formula, T={T:g}")
+        ax.set_xticks(gs)
         if highlight and highlight[1] == T:
             hit = [r for r in sel if r["gamma"] == highlight[0]]
             if hit:
