@@ -20,9 +20,19 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def _children() -> set[int]:
-    """Our live child processes, except the fork server (it lives as long as this process, by design)."""
-    return {c.pid for c in psutil.Process().children(recursive=True)
-            if c.is_running() and c.status() != psutil.STATUS_ZOMBIE and "forkserver" not in " ".join(c.cmdline())}
+    """Our live descendants, except the fork server itself (it lives as long as this process, by design);
+    ranks forked from it share its command line, so only our direct child is let off."""
+    out = set()
+    for c in psutil.Process().children(recursive=True):
+        try:
+            if c.status() == psutil.STATUS_ZOMBIE:
+                continue
+            if c.ppid() == os.getpid() and "forkserver" in " ".join(c.cmdline()):
+                continue
+        except psutil.NoSuchProcess:
+            continue
+        out.add(c.pid)
+    return out
 
 
 @pytest.fixture(scope="module")
