@@ -76,15 +76,25 @@ def rule_check(p: torch.Tensor, q: torch.Tensor, draws: int, seed: int = 0, thre
 
 
 def greedy_rows(target: GPT, drafts: dict, prompt: torch.Tensor, n: int, gammas: list[int]) -> list[list]:
-    """Rows [draft, γ, identical tokens, n, target passes] of greedy speculative decoding against the target's own
-    greedy tokens (helpers.inference.generate) for every draft and γ."""
+    """Rows [draft, γ, identical tokens, n, target passes, tie gap] of greedy speculative decoding against the
+    target's own greedy tokens (helpers.inference.generate) for every draft and γ. `tie gap` is None when all n
+    tokens agree; else the target's top-1 minus top-2 logit at the first differing position (a gap at fp32
+    rounding's size means the two paths met a tie, which a (γ+1)-token pass and a 1-token pass may break apart)."""
     dev = next(target.parameters()).device
     want = generate(target, prompt.to(dev), n)[0].cpu()
     rows = []
     for name, draft in drafts.items():
         for gamma in gammas:
             got = sp.speculative_generate(target, draft, prompt, n, gamma=gamma, temperature=0)
-            rows.append([name, gamma, int((got.tokens == want).sum()), n, got.target_passes])
+            same = got.tokens == want
+            gap = None
+            if not bool(same.all()):
+                i = int((~same).nonzero()[0])
+                with torch.no_grad():
+                    logits = target(torch.cat([prompt, want[:i]])[None].to(dev))[0][0, -1].float()
+                top = logits.topk(2).values
+                gap = float(top[0] - top[1])
+            rows.append([name, gamma, int(same.sum()), n, got.target_passes, gap])
     return rows
 
 

@@ -188,6 +188,8 @@ def test_speed_grid_rows_are_consistent(models):
         assert 1 <= r["tokens_per_pass"] <= 3 and r["expected"] == pytest.approx(sp.expected_tokens(r["alpha"], 2))
         assert r["predicted"] == pytest.approx(sp.predicted_speedup(r["alpha"], 2, r["c"]))
         assert r["proposal_rate"] == (1.0 if r["draft"] == "gpt" else r["proposal_rate"]) and len(r["runs"]) == 2
+    (row,) = L.greedy_rows(target, {"gpt": draft}, PROMPT, 12, [2])
+    assert row[:4] == ["gpt", 2, 12, 12] and row[5] is None  # identical, so no tie gap
     by_i, by_pos = L.position_rows(rows[0]["runs"], 2, 12, bins=3)
     assert [row[0] for row in by_i] == [0, 1][:len(by_i)] and sum(row[1] for row in by_pos) == sum(
         len(x.betas) for x in rows[0]["runs"])
