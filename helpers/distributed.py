@@ -80,13 +80,33 @@ def _worker(rank: int, world_size: int, port: int, backend: str, threads: int, f
         if backend == "nccl":
             torch.cuda.set_device(rank % torch.cuda.device_count())
         dist.init_process_group(backend, rank=rank, world_size=world_size)
-        try:
-            out = fn(rank, world_size, *args)
-        finally:
+        out = fn(rank, world_size, *args)
+    except BaseException:  # noqa: BLE001  every failure goes back to the parent with its traceback and time,
+        # reported before the process group closes: closing it makes the other ranks fail too, later
+        results.put((rank, False, (time.time(), traceback.format_exc())))
+        return
+    finally:
+        if dist.is_initialized():
             dist.destroy_process_group()
-        results.put((rank, True, out))
-    except BaseException:  # noqa: BLE001  every failure goes back to the parent with its traceback
-        results.put((rank, False, traceback.format_exc()))
+    results.put((rank, True, out))
+
+
+def _first_failure(results, rank: int, value: tuple, grace: float = 1.0) -> RankError:
+    """The failure that happened first among those reported within `grace` seconds: the root cause,
+    not a rank that failed because its peer had gone (gloo's "Connection closed by peer")."""
+    failures = {rank: value}
+    end = time.monotonic() + grace
+    while time.monotonic() < end:
+        try:
+            r, ok, v = results.get(timeout=max(0.01, end - time.monotonic()))
+        except queue.Empty:
+            break
+        if not ok:
+            failures[r] = v
+    first = min(failures, key=lambda r: failures[r][0])
+    others = sorted(r for r in failures if r != first)
+    note = f"\n(ranks {others} failed after it)" if others else ""
+    return RankError(first, failures[first][1] + note)
 
 
 def run_on_ranks(fn: Callable, world_size: int, *args: Any, backend: str = "gloo", timeout: float = 300.0,
@@ -129,7 +149,7 @@ def run_on_ranks(fn: Callable, world_size: int, *args: Any, backend: str = "gloo
                     raise TimeoutError(f"{world_size} ranks did not finish within {timeout:g} s") from None
                 continue
             if not ok:
-                raise RankError(rank, value)
+                raise _first_failure(results, rank, value)
             out[rank] = value
         for p in procs:
             p.join(timeout=10)
