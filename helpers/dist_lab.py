@@ -361,3 +361,19 @@ def plan_figure(ranks: int, n_params: float, stage: int, title: str = ""):
     ax.legend()
     fig.tight_layout()
     return fig
+
+
+def at_least_2(name: str, value) -> int:
+    """A world size: an int >= 2 (one rank has nobody to talk to). Raises ValueError naming the parameter."""
+    from .params import positive
+
+    if positive(name, value) < 2:
+        raise ValueError(f"{name}={value!r} must be an int >= 2")
+    return value
+
+
+def positive_number(name: str, value) -> float:
+    """A positive int or float, as a float. Raises ValueError naming the parameter."""
+    from .params import positive
+
+    return positive(name, float(value) if type(value) is int else value, float)
