@@ -2,7 +2,7 @@
 
 A notebook that needs a model which has *learned* something calls::
 
-    tm = pretrained("tiny")              # smoke: about 25 s on one CPU core, once per machine
+    tm = pretrained("tiny")              # smoke: shipped weights (see below), loaded in a second
     tm = pretrained("small10m")          # full: 1-2 minutes on a GPU
     tm.model, tm.val_loss, tm.perplexity  # an eval-mode GPT, nats per byte on held-out files, exp(val_loss)
 
@@ -14,6 +14,12 @@ name is a hash of everything the weights depend on: the config, the corpus split
 training schedule (steps, batch, sequence length, learning rate), the seed and `FORMAT`. Later calls load
 it with `torch.load(weights_only=True)`; a file that cannot be read or whose stored key differs (a torn
 write, an older format) is trained again, after one sentence saying why.
+
+The smoke models (the "tiny" preset, and notebook 11's one-layer draft: `SHIP`) would need minutes of
+CPU training to write recognisable Python, more than a smoke run may spend, so their weights are shipped
+in `helpers/weights/` (trained here by `python -m helpers.pretrained ship`). When the cache has no
+checkpoint, shipped weights of the same config, schedule and seed are loaded, their validation loss is
+measured on this machine's held-out files, and they are copied into the cache; other recipes are trained.
 
 Validation loss is the mean cross-entropy over `VAL_BATCHES` fixed windows of the held-out split (files
 no training batch comes from; see `helpers.data`), so it is comparable between runs and between models
@@ -40,8 +46,9 @@ VAL_BATCH = 16
 
 # training schedule per preset: steps, sequences per step, tokens per sequence, peak learning rate
 SCHEDULES: dict[str, dict] = {
-    # ~20 s on one idle CPU core (0.1 s a step): enough for indentation and common bytes, not yet for fluent code
-    "tiny": dict(steps=200, batch=16, seq_len=64, lr=3e-3),
+    # 1050 s on one core of a busy 2-core CPU (validation loss 1.35 nats/byte; 200 steps of 16x64 gave 2.76,
+    # noise): shipped with the course (SHIP), so a smoke run loads it instead of training it
+    "tiny": dict(steps=1500, batch=32, seq_len=128, lr=6e-3),
     # ~1 minute on an H100/H200 in bf16
     "small10m": dict(steps=2000, batch=64, seq_len=256, lr=1e-3),
 }
@@ -65,14 +72,17 @@ class Trained:
     schedule: dict
 
 
-def schedule_for(preset: str, steps: int | None = None) -> dict:
+def schedule_for(preset: str, steps: int | None = None, config: GPTConfig | None = None) -> dict:
     """The training schedule of `preset` (SCHEDULES; other presets get tiny's batch and lr, their seq_len),
-    with `steps` overriding the default. Raises ValueError for a non-positive steps."""
+    with `steps` overriding the default, and sequences no longer than `config.seq_len` when a config is
+    given. Raises ValueError for a non-positive steps."""
     if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps <= 0):
         raise ValueError(f"steps={steps!r} must be a positive int or None")
     sched = dict(SCHEDULES.get(preset, SCHEDULES["tiny"]))
     if steps is not None:
         sched["steps"] = steps
+    if config is not None:
+        sched["seq_len"] = min(sched["seq_len"], config.seq_len)
     return sched
 
 
@@ -181,9 +191,7 @@ def pretrained(preset: str = "tiny", steps: int | None = None, *, seed: int = 0,
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise ValueError(f"seed={seed!r} must be a non-negative int")
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    sched = schedule_for(preset, steps)
-    if sched["seq_len"] > config.seq_len:
-        sched["seq_len"] = config.seq_len
+    sched = schedule_for(preset, steps, config)
     key = checkpoint_key(config, sched, seed)
     path = checkpoint_path(key, cache_dir)
     if path.is_file():
@@ -197,25 +205,93 @@ def pretrained(preset: str = "tiny", steps: int | None = None, *, seed: int = 0,
                            payload.get("seconds", float("nan")), sched)
         if not quiet:
             print(f"pretrained {preset}: the cached checkpoint {path.name} {got}; training it again.")
-    elif not quiet:
+    shipped = shipped_path(key)
+    got = _load(shipped, _without_corpus(key), device) if shipped.is_file() else None
+    if got is not None and not isinstance(got, str):
+        model, payload = got
+        val = validation_loss(model)  # on this machine's held-out files, which the shipped run may not have had
+        _save(path, key, model, val, payload.get("seconds", float("nan")), preset, quiet)
+        if not quiet:
+            print(f"pretrained {preset}: weights shipped with the course ({sched['steps']} steps, trained once on "
+                  f"{payload.get('trained_on', 'a CPU')} in {payload.get('seconds', float('nan')):.0f} s); validation "
+                  f"loss on this machine's held-out files {val:.3f} nats/byte (perplexity {math.exp(val):.2f})")
+        return Trained(model, val, math.exp(val), path, False, payload.get("seconds", float("nan")), sched)
+    if not quiet:
         print(f"pretrained {preset}: no checkpoint in {path.parent} yet; training {sched['steps']} steps once "
               f"on {device} (later runs load it).")
     t0 = time.perf_counter()
     model = train(config, sched, seed=seed, device=device, progress=progress)
     seconds = time.perf_counter() - t0
     val = validation_loss(model)
-    buf = io.BytesIO()
-    state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
-    torch.save({"key": key, "config": asdict(config), "state_dict": state, "val_loss": val, "seconds": seconds}, buf)
-    try:
-        from .results import write_atomic
-
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(path, buf.getvalue(), fsync=True)
-    except OSError as err:  # a read-only cache is no reason to fail: the next run trains again
-        if not quiet:
-            print(f"pretrained {preset}: could not save the checkpoint ({err}); it will be trained again next time.")
+    _save(path, key, model, val, seconds, preset, quiet)
     if not quiet:
         print(f"pretrained {preset}: trained in {seconds:.1f} s; validation loss {val:.3f} nats/byte "
               f"(perplexity {math.exp(val):.2f})")
     return Trained(model, val, math.exp(val), path, True, seconds, sched)
+
+
+def _save(path: Path, key: dict, model: GPT, val: float, seconds: float, preset: str, quiet: bool, **extra) -> bool:
+    """Write {key, config, state_dict, val_loss, seconds, **extra} atomically; False (and one sentence)
+    when the folder cannot be written: a read-only cache is no reason to fail."""
+    from .results import write_atomic
+
+    buf = io.BytesIO()
+    state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+    torch.save({"key": key, "config": asdict(model.config), "state_dict": state, "val_loss": val,
+                "seconds": seconds, **extra}, buf)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(path, buf.getvalue(), fsync=True)
+        return True
+    except OSError as err:
+        if not quiet:
+            print(f"pretrained {preset}: could not save the checkpoint ({err}); it will be trained again next time.")
+        return False
+
+
+# -- weights shipped with the course ------------------------------------------------------------------
+# Training the smoke models to the point where they write recognisable Python takes minutes on a CPU, more
+# than a smoke run may spend, so the course ships those weights (trained here, with `python -m
+# helpers.pretrained ship`). They are keyed like a cached checkpoint but without the corpus, whose key
+# holds file sizes and dates that differ between machines; the validation loss is measured again on the
+# machine that loads them, and they are then copied into the cache under the local key.
+SHIPPED_DIR = Path(__file__).resolve().parent / "weights"
+# what `ship` trains: the smoke target of notebooks 08, 10 and 11, and notebook 11's smoke draft
+SHIP: list[tuple[str, dict]] = [("tiny", {}), ("tiny", dict(n_layer=1, d_model=64, n_head=2, d_ff=256))]
+
+
+def _without_corpus(key: dict) -> dict:
+    return json.loads(json.dumps({k: v for k, v in key.items() if k != "corpus"}))
+
+
+def shipped_path(key: dict) -> Path:
+    """Where the shipped weights for `key` would be (whatever its corpus)."""
+    bare = _without_corpus(key)
+    digest = hashlib.sha256(json.dumps(bare, sort_keys=True).encode()).hexdigest()[:16]
+    return SHIPPED_DIR / f"gpt-{bare['config']['n_layer']}L-{bare['config']['d_model']}d-" \
+        f"{bare['schedule']['steps']}steps-{digest}.pt"
+
+
+def ship(preset: str = "tiny", *, seed: int = 0, progress: bool = True, **overrides) -> Path:
+    """Train `preset` (with `overrides`) on this machine's CPU and write it to SHIPPED_DIR; returns the path."""
+    import platform
+
+    config = GPTConfig.preset(preset, **overrides)
+    sched = schedule_for(preset, None, config)
+    key = checkpoint_key(config, sched, seed)
+    t0 = time.perf_counter()
+    model = train(config, sched, seed=seed, device="cpu", progress=progress)
+    seconds = time.perf_counter() - t0
+    path = shipped_path(key)
+    where = f"a {platform.machine()} CPU, Python {platform.python_version()}'s standard library"
+    _save(path, _without_corpus(key), model, validation_loss(model), seconds, preset, False, trained_on=where)
+    return path
+
+
+if __name__ == "__main__":  # python -m helpers.pretrained ship: (re)make the shipped weights
+    import sys
+
+    if sys.argv[1:] != ["ship"]:
+        raise SystemExit("usage: python -m helpers.pretrained ship")
+    for name, extra in SHIP:
+        print(ship(name, **extra))

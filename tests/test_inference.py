@@ -138,6 +138,35 @@ def test_pretrained_caches_and_retrains(tmp_path, capsys):
         P.pretrained("nope", 3, **kw)
 
 
+def test_shipped_weights_load_on_any_corpus_and_are_copied_into_the_cache(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(P, "SHIPPED_DIR", tmp_path / "shipped")
+    monkeypatch.setitem(P.SCHEDULES, "tiny", dict(steps=3, batch=2, seq_len=16, lr=1e-3))
+    small = dict(n_layer=1, d_model=32, d_ff=64, n_head=2)
+    kw = dict(device="cpu", progress=False, **small)
+    path = P.ship("tiny", progress=False, **small)
+    shipped = torch.load(path, weights_only=True)
+    assert path.parent == tmp_path / "shipped" and "corpus" not in shipped["key"] and shipped["trained_on"]
+    capsys.readouterr()
+    got = P.pretrained("tiny", cache_dir=tmp_path / "cache", **kw)
+    assert not got.trained_now and "shipped with the course" in capsys.readouterr().out
+    assert got.path.is_file() and got.path.is_relative_to(tmp_path / "cache")
+    for name, value in shipped["state_dict"].items():
+        assert torch.equal(value, got.model.state_dict()[name])
+    assert not P.pretrained("tiny", cache_dir=tmp_path / "cache", **kw).trained_now  # now from the cache
+    assert "loaded" in capsys.readouterr().out
+    real = P.checkpoint_key  # another machine: the same recipe, another corpus key
+    monkeypatch.setattr(P, "checkpoint_key", lambda *a: {**real(*a), "corpus": "stdlib-train-elsewhere"})
+    assert not P.pretrained("tiny", cache_dir=tmp_path / "other", **kw).trained_now
+    assert P.pretrained("tiny", 4, cache_dir=tmp_path / "other", **kw).trained_now  # another recipe: not shipped
+
+
+def test_the_shipped_smoke_models_are_in_the_repository():
+    for preset, overrides in P.SHIP:
+        config = P.GPTConfig.preset(preset, **overrides)
+        sched = P.schedule_for(preset, None, config)
+        assert P.shipped_path(P.checkpoint_key(config, sched, 0)).is_file(), (preset, overrides)
+
+
 # ---------------------------------------------------------------- kv_lab (notebook 10's measurements)
 
 from helpers import kv_lab as K  # noqa: E402
