@@ -20,28 +20,20 @@
 """
 from __future__ import annotations
 
-import os
-import sys
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import quant
+from . import quant, triton_mode
 
 INTERPRETED = not torch.cuda.is_available()
-BROKEN: str | None = None
-if INTERPRETED:
-    if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
-        BROKEN = ("triton was imported before helpers.quant_linear switched its interpreter on; restart the "
-                  "kernel and import helpers.quant_linear first")
-    os.environ["TRITON_INTERPRET"] = "1"
+# why the int4 kernel cannot run in this process, if it cannot; set before anything imports triton
+BROKEN: str | None = triton_mode.use_interpreter_without_gpu(__name__, INTERPRETED)
 try:
-    import triton  # noqa: E402
+    import triton  # noqa: E402  (after the interpreter switch)
     import triton.language as tl  # noqa: E402
-except ImportError as err:  # pragma: no cover
+except ImportError:  # pragma: no cover - triton ships with torch's Linux wheels; BROKEN says so
     triton = tl = None
-    BROKEN = BROKEN or f"triton is not installed ({err})"
 
 
 # ---------------------------------------------------------------- LLM.int8

@@ -34,7 +34,7 @@ def test_on_a_gpu_nothing_is_switched(monkeypatch):
     assert "TRITON_INTERPRET" not in os.environ
 
 
-@pytest.mark.parametrize("module", ["helpers.triton_softmax", "helpers.flash_triton"])
+@pytest.mark.parametrize("module", ["helpers.triton_softmax", "helpers.flash_triton", "helpers.quant_linear"])
 def test_kernel_modules_switch_before_their_import_of_triton(module):
     out = _fresh(f"import importlib, os\nm = importlib.import_module({module!r})\n"
                  "print(m.BROKEN, m.INTERPRETED, os.environ.get('TRITON_INTERPRET'))")
