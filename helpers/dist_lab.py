@@ -198,41 +198,37 @@ def measure_ddp(rank: int, world: int, width: int, depth: int, rows: list[int], 
     with the compute-only time (no_sync) and the all-reduce-only time of the gradients, plus
     no_sync accumulation vs syncing every micro-step. Rank 0 returns medians (s) per row; others None.
     """
-    model = _tower(width, depth, seed)
-    modes = {"after backward": P.DDP(model, overlap=False), "overlapped": P.DDP(model),
-             "bucketed": P.DDP(model, bucket_mb=bucket_mb)}
-    grads_numel = sum(p.numel() for p in model.parameters())
+    names = ["compute only", "after backward", "overlapped", "bucketed"]
+    models = {n: _tower(width, depth, seed) for n in names}  # one model each: a wrapper's hooks fire for its own only
+    modes = {"compute only": models["compute only"], "after backward": P.DDP(models["after backward"], overlap=False),
+             "overlapped": P.DDP(models["overlapped"]), "bucketed": P.DDP(models["bucketed"], bucket_mb=bucket_mb)}
+    grads_numel = sum(p.numel() for p in models["compute only"].parameters())
     buf = torch.zeros(grads_numel)
     res = {"rows": rows, "params": grads_numel, "comm": D.time_collective(lambda: dist.all_reduce(buf), reps)["median"]}
     for r in rows:
         x = torch.randn(r, width)
 
-        def step(ddp, sync=True):
-            model.zero_grad(set_to_none=True)
-            ctx = _null() if sync else ddp.no_sync()
-            with ctx:
-                ddp(x).pow(2).mean().backward()
-            if sync:
-                ddp.finish_gradient_synchronization()
+        def step(n):
+            models[n].zero_grad(set_to_none=True)
+            modes[n](x).pow(2).mean().backward()
+            if n != "compute only":
+                modes[n].finish_gradient_synchronization()
 
-        times = {}
-        names = ["compute only", *modes]
         samples = {n: [] for n in names}
         for n in names:
-            step(modes["overlapped"], sync=False) if n == "compute only" else step(modes[n])
+            step(n)  # warm-up
         for _ in range(reps):
             for n in names:
                 dist.barrier()
                 t0 = time.perf_counter()
-                step(modes["overlapped"], sync=False) if n == "compute only" else step(modes[n])
+                step(n)
                 samples[n].append(time.perf_counter() - t0)
-        for n in names:
-            times[n] = D._median(samples[n])
+        times = {n: D._median(samples[n]) for n in names}
         q = {n: sorted(samples[n]) for n in names}
         times["iqr"] = max((q[n][(3 * reps) // 4] - q[n][reps // 4]) / times[n] for n in names)
         res[r] = times
     x = torch.randn(rows[0] * micro, width)  # micro-batches of the smallest rows: where communication weighs most
-    ddp = modes["bucketed"]
+    ddp, model = modes["bucketed"], models["bucketed"]
 
     def accumulate(every: bool):
         model.zero_grad(set_to_none=True)

@@ -51,6 +51,7 @@ class DDP(nn.Module):
     produces their gradients) into buckets of about that many MB; a bucket is flattened into one
     buffer and all-reduced once all its gradients are ready. overlap: False waits until
     `finish_gradient_synchronization()` to start any communication (the naive baseline).
+    Wrap a module once: the hooks stay on its parameters, so a second wrapper would reduce twice.
     Raises ValueError for a bad bucket_mb.
     """
 

@@ -42,7 +42,8 @@ def two_ranks():
             "data": D.run_on_ranks(L.check_data_parallel, 2, 3)[0],
             "tensor": D.run_on_ranks(L.check_tensor_parallel, 2)[0],
             "memory": D.run_on_ranks(L.measure_memory, 2, dict(n_layer=2, n_head=4, d_model=64, d_ff=256, seq_len=16)),
-            "pipeline": D.run_on_ranks(L.measure_pipeline, 2, [1, 4], 2.0)[0]}
+            "pipeline": D.run_on_ranks(L.measure_pipeline, 2, [1, 4], 2.0)[0],
+            "ddp timing": D.run_on_ranks(L.measure_ddp, 2, 64, 2, [4], 2, 0.01)[0]}
 
 
 # ---------------------------------------------------------------- pure functions
@@ -172,6 +173,13 @@ def test_pipeline_holds_what_the_schedule_says(two_ranks):
     assert rows[("gpipe", 4)]["peak_in_flight"] == [4, 4]
     assert rows[("1f1b", 4)]["peak_in_flight"] == [2, 1]
     assert all(0 <= r["bubble"] < 1 for r in rows.values())
+
+
+def test_syncing_every_micro_step_sends_the_gradients_every_time(two_ranks):
+    t = two_ranks["ddp timing"]
+    acc = t["accumulation"]
+    assert acc["bytes every"] == acc["micro"] * acc["bytes no_sync"] == acc["micro"] * 4 * t["params"]
+    assert set(t[4]) == {"compute only", "after backward", "overlapped", "bucketed", "iqr"}
 
 
 def test_a_failing_rank_names_itself_and_leaves_nothing():
