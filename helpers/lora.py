@@ -263,7 +263,11 @@ def finetune(model: nn.Module, steps: int, lr: float, tokens: torch.Tensor, *, b
     params = _trainable(model)
     if not params:
         raise ValueError("the model has no trainable parameters")
-    opt = _make_optimizer(optimizer, params, lr)
+    return _train(model, _make_optimizer(optimizer, params, lr), steps, tokens, batch, seq_len, seed)
+
+
+def _train(model: nn.Module, opt, steps: int, tokens: torch.Tensor, batch: int, seq_len: int, seed: int) -> list[float]:
+    """`steps` steps of `opt` on windows of `tokens` from a generator seeded with `seed`; the losses."""
     device = next(model.parameters()).device
     g = torch.Generator().manual_seed(seed)
     losses = []
@@ -587,18 +591,7 @@ def optimizer_section(model: nn.Module, steps: int = 5, *, lr: float = 1e-3, bat
             m = prepare(model, "full")
             params = _trainable(m)
             opt = _make_optimizer(name, params, lr)
-            device = next(m.parameters()).device
-            g = torch.Generator().manual_seed(seed)
-            losses = []
-            m.train()
-            for _ in range(steps):
-                x, y = data.get_batch(tune, batch, seq_len, device, generator=g)
-                loss = m(x, y)[1]
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                opt.step()
-                losses.append(float(loss.detach()))
-            res["losses"][name] = losses
+            res["losses"][name] = _train(m, opt, steps, tune, batch, seq_len, seed)
             total, per_tensor = optimizer_state_bytes(opt)
             res["state_bytes"][name] = total
             res["bytes_per_param"][name] = total / sum(p.numel() for p in params)
