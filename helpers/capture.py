@@ -69,6 +69,15 @@ ESTIMATES: dict[str, tuple[float, str]] = {
     "07": (120.0, "bf16 vs fp8 matmul sweeps up to 8192^3 (1.1e12 FLOPs each, ~2 ms in fp8), the linear "
                   "forward+backward per recipe, a short GPT training per recipe, and torch.compile of the GPT "
                   "step in bf16 and fp8 (cold compiles, ~30 s each on 16 cores): mostly compile time"),
+    "08": (340.0, "not yet measured; decode sweeps ~100 s (torch.compile of the int8 path, torchao quantizing a 1.3B "
+                  "model, the Triton int4 compile), GPTQ/AWQ copies and fine-tuning ~60 s, CPU-side error grids ~60 s, "
+                  "and ~90 s to train small10m when notebook 10 has not cached it yet"),
+    "11": (270.0, "not yet measured; the one-layer draft on small10m's schedule ~25 s, the timing grid (5 rounds x 3 "
+                  "temperatures x 14 generations of 128 tokens at ~2 ms a token) ~55 s, the rest ~15 s, plus up to "
+                  "~120 s to train small10m when notebook 10 has not cached it yet"),
+    "13": (150.0, "not yet measured; 8 gloo ranks on the host's 16 cores: collectives to 64 MiB ~20 s, the DDP "
+                  "sweep ~40 s, ZeRO memory of small10m at 2 and 4 ranks ~15 s, pipeline ~10 s, torchrun ~10 s, "
+                  "rank start-up"),
     "09": (280.0, "not yet measured; torch.compile of three Triton workloads and four softmax sizes (~40 s), the "
                   "GPT step (~60 s), default / reduce-overhead / max-autotune on a one-token forward (~100-130 s, "
                   "max-autotune the slowest), the rest ~40 s"),
