@@ -337,6 +337,7 @@ def finetune_section(trained, steps: int = 30, *, lr_full: float = 3e-4, lr_lora
     res = {"losses": {}, "after": {}, "seconds": {}, "trainable": {}, "steps": steps}
     with cpu_threads(next(model.parameters()).device):
         res["before"] = _eval_loss(model, held, eval_batches)
+        res["before_nf4"] = _eval_loss(prepare(model, "qlora", r, alpha, seed), held, eval_batches)  # B = 0: the NF4 base
         res["untuned"] = batch_losses(model, steps, tune, batch=batch, seq_len=seq_len, seed=seed)
         tuned = {}
         for kind in KINDS:
@@ -350,6 +351,8 @@ def finetune_section(trained, steps: int = 30, *, lr_full: float = 3e-4, lr_lora
             tuned[kind] = m
         res["merged"] = {label: (loss := _eval_loss(m, held, eval_batches), math.exp(loss))
                          for label, m in merged_variants(tuned["qlora"], model).items()}
+    res["eval_windows"] = (f" (on {eval_batches} batches of 8 windows of {min(128, model.config.seq_len)} bytes from the "
+                           "second part of the held-out split, which fine-tuning does not train on)")
     _print_finetune(res)
     return res
 
@@ -368,10 +371,17 @@ def _print_finetune(res: dict) -> None:
          "seconds"],
         [[k, res["trainable"][k], f"{_gain(res, k, last):+.4f}", f"{res['after'][k]:.4f}", f"{res['seconds'][k]:.1f}"]
          for k in KINDS]))
+    start = {k: res.get("before_nf4", before) if k == "qlora" else before for k in KINDS}
     parts = ", ".join(f"{k} {res['after'][k] - before:+.4f}" for k in KINDS)
-    best = min(KINDS, key=lambda k: res["after"][k])
-    print(f"Held-out loss before fine-tuning: {before:.4f} nats/byte; change after {res['steps']} steps: {parts}. "
-          f"Lowest after: {best}.")
+    best = min(KINDS, key=lambda k: res["after"][k] - start[k])
+    worse = [k for k in KINDS if res["after"][k] > start[k]]
+    windows = res.get("eval_windows", "")
+    nf4 = ""
+    if "before_nf4" in res:
+        nf4 = (f" QLoRA starts from its NF4 base, at {res['before_nf4']:.4f} before any step ({res['before_nf4'] - before:+.4f}"
+               f" against the 16-bit model): against that start its change is {res['after']['qlora'] - start['qlora']:+.4f}.")
+    print(f"Held-out loss before fine-tuning: {before:.4f} nats/byte{windows}; change after {res['steps']} steps: "
+          f"{parts}.{nf4} " + _verdict(worse, best, res["steps"], {k: _gain(res, k, last) for k in KINDS}))
     merged = res["merged"]
     print(tables.table(["QLoRA adapters shipped as", "held-out loss", "perplexity"],
                        [[k, f"{v[0]:.4f}", f"{v[1]:.4f}"] for k, v in merged.items()]))
@@ -380,10 +390,39 @@ def _print_finetune(res: dict) -> None:
     worst = max(diffs, key=lambda k: abs(diffs[k]))
     print("Against the adapters as trained (unmerged on the NF4 base): "
           + "; ".join(f"{k} {d:+.5f} nats/byte" for k, d in diffs.items())
-          + f". The largest change is '{worst}'" + (
-              ": the adapters were trained against the NF4 weights, so adding them to the original "
-              "weights changes the function they were fitted to." if worst == "merged into original 16-bit W"
-              else "."))
+          + f". The largest change is '{worst}'" + _merge_reason(worst, diffs[worst]))
+
+
+def _verdict(worse: list, best: str, steps: int, gains: dict) -> str:
+    """One sentence on the held-out change of the fine-tuning methods (each against its own start), from
+    which of them made it worse and whether their training loss on the tuning batches fell (`gains`:
+    training − untuned 16-bit model, per kind)."""
+    if not worse:
+        return f"All three lowered it from where they started; the largest drop: {best}."
+    head = (f"All three made the held-out loss worse (the least: {best})." if len(worse) == len(KINDS)
+            else f"The largest drop: {best}; {', '.join(worse)} made the held-out loss worse.")
+    text = head + f" At this size that can happen: {steps} steps on a tiny model move it little and noisily."
+    fell = [k for k in worse if gains[k] < 0]
+    flat = [k for k in worse if gains[k] >= 0 and k != "qlora"]  # QLoRA's gain includes its NF4 base's error
+    if fell:
+        text += (f" The training loss on the tuning batches fell for {', '.join(fell)}: the update fitted those "
+                 "files without carrying over to the evaluation files.")
+    if flat:
+        text += (f" For {', '.join(flat)} the training loss on the tuning batches did not fall either: too few "
+                 "steps, or too high a learning rate, to gain.")
+    return text
+
+
+def _merge_reason(worst: str, diff: float) -> str:
+    """Why the largest change among the merged variants went the way it did (sign-aware)."""
+    if worst != "merged into original 16-bit W":
+        return "."
+    if diff < 0:
+        return (": lower, because the adapters are the same and only the base differs: the NF4 rounding error of "
+                "the base is gone, and here that gain outweighs the mismatch with the NF4 base the adapters were "
+                "trained against.")
+    return (": higher, because the adapters were trained against the NF4 weights, and adding them to the original "
+            "weights changes the function they were fitted to.")
 
 
 def finetune_figure(res: dict, ax=None):

@@ -286,6 +286,20 @@ def test_finetune_section_returns_its_numbers(tiny, capsys):
     plt.close(lora.finetune_figure(res))
 
 
+def test_finetune_sentences_follow_the_signs():
+    kinds = list(lora.KINDS)
+    up = {k: 0.01 for k in kinds}
+    assert "All three lowered it" in lora._verdict([], "lora", 10, up)
+    text = lora._verdict(kinds, "lora", 10, up)
+    assert "All three made the held-out loss worse (the least: lora)" in text and "did not fall either" in text
+    text = lora._verdict(["full"], "lora", 10, {**up, "full": -0.01})
+    assert "The largest drop: lora; full made the held-out loss worse" in text and "fell for full" in text
+    assert "did not fall" not in text
+    assert lora._merge_reason("merged into original 16-bit W", -0.01).startswith(": lower")
+    assert lora._merge_reason("merged into original 16-bit W", 0.01).startswith(": higher")
+    assert lora._merge_reason("merged, re-quantised to NF4", 0.01) == "."
+
+
 def test_memory_measured_against_formula(tiny):
     rows = {r["method"]: r for r in lora.memory_rows(tiny, r=4)}
     for kind in ("full", "lora"):
