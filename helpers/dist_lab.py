@@ -197,6 +197,8 @@ def measure_ddp(rank: int, world: int, width: int, depth: int, rows: list[int], 
     """Step times of DDP after backward / overlapped / bucketed for each batch size in `rows`,
     with the compute-only time (no_sync) and the all-reduce-only time of the gradients, plus
     no_sync accumulation vs syncing every micro-step. Rank 0 returns medians (s) per row; others None.
+    Also returned: "tensors" (gradient tensors), "messages" (all-reduces per step for each DDP mode),
+    "largest tensor bytes" and "bucket_mb", which say how much bucketing could merge.
     """
     names = ["compute only", "after backward", "overlapped", "bucketed"]
     models = {n: _tower(width, depth, seed) for n in names}  # one model each: a wrapper's hooks fire for its own only
@@ -204,7 +206,10 @@ def measure_ddp(rank: int, world: int, width: int, depth: int, rows: list[int], 
              "overlapped": P.DDP(models["overlapped"]), "bucketed": P.DDP(models["bucketed"], bucket_mb=bucket_mb)}
     grads_numel = sum(p.numel() for p in models["compute only"].parameters())
     buf = torch.zeros(grads_numel)
-    res = {"rows": rows, "params": grads_numel, "comm": D.time_collective(lambda: dist.all_reduce(buf), reps)["median"]}
+    res = {"rows": rows, "params": grads_numel, "comm": D.time_collective(lambda: dist.all_reduce(buf), reps)["median"],
+           "bucket_mb": bucket_mb, "tensors": len(list(models["compute only"].parameters())),
+           "largest tensor bytes": max(p.numel() * p.element_size() for p in models["compute only"].parameters()),
+           "messages": {n: len(modes[n].buckets) for n in names[1:]}}  # all-reduces per step, per mode
     for r in rows:
         x = torch.randn(r, width)
 
@@ -255,6 +260,32 @@ def measure_ddp(rank: int, world: int, width: int, depth: int, rows: list[int], 
     res["accumulation"] = {"micro": micro, "no_sync": D._median(acc[False]), "every micro-step": D._median(acc[True]),
                            "bytes no_sync": sent_once, "bytes every": sent_every}
     return res if rank == 0 else None
+
+
+def bucketing_sentence(ddpm: dict, row: int, alpha_s: float) -> str:
+    """Why bucketing did or did not speed up `row`'s step, from measure_ddp's result and the ping-pong α (s).
+
+    Compares the bucketed step with the per-parameter overlapped one, and prices the messages it saved
+    at α each; says when every large tensor already fills a bucket on its own.
+    """
+    t, m = ddpm[row], ddpm["messages"]
+    saved = m["overlapped"] - m["bucketed"]
+    ratio = t["overlapped"] / t["bucketed"]
+    big = ddpm["largest tensor bytes"] >= ddpm["bucket_mb"] * 2 ** 20
+    why = (f"bucketing cut the all-reduces per step from {m['overlapped']} (one per tensor) to {m['bucketed']}"
+           + (f": each {ddpm['largest tensor bytes'] / 2 ** 20:.0f} MiB weight already fills a {ddpm['bucket_mb']:g} MB "
+              "bucket, so a bucket only pairs it with its bias" if big else "")
+           + f"; at α ≈ {1e6 * alpha_s:.0f} µs per message that saves about {1e3 * saved * alpha_s:.2f} ms, while "
+           "filling each bucket (a copy of its gradients in) and copying the sums back costs two passes over them.")
+    if ratio >= 1.05:
+        return (f"At {row} rows bucketed was {ratio:.2f}x the speed of per-parameter overlap: the saved messages "
+                f"outweighed the copies. {why[0].upper()}{why[1:]}")
+    if ratio <= 1 / 1.05:
+        return (f"At {row} rows bucketed was slower than per-parameter overlap ({ratio:.2f}x its speed): "
+                f"the copies cost more than the saved latency. {why[0].upper()}{why[1:]} Bucketing pays with "
+                "many small tensors (biases, LayerNorms), where it merges hundreds of messages into a few.")
+    return (f"At {row} rows bucketed and per-parameter overlap were within 5% ({ratio:.2f}x): too close to call "
+            f"on this machine. {why[0].upper()}{why[1:]}")
 
 
 def measure_memory(rank: int, world: int, cfg_kwargs: dict, seed: int = 0) -> list[dict]:

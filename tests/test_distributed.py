@@ -180,6 +180,18 @@ def test_syncing_every_micro_step_sends_the_gradients_every_time(two_ranks):
     acc = t["accumulation"]
     assert acc["bytes every"] == acc["micro"] * acc["bytes no_sync"] == acc["micro"] * 4 * t["params"]
     assert set(t[4]) == {"compute only", "after backward", "overlapped", "bucketed", "iqr"}
+    # 2 layers of a 64x64 weight (16 KiB, over the 0.01 MB bucket) and a bias: a bucket per layer
+    assert t["tensors"] == 4 and t["messages"] == {"after backward": 4, "overlapped": 4, "bucketed": 2}
+
+
+def test_bucketing_sentence_follows_the_numbers():
+    base = {"messages": {"after backward": 8, "overlapped": 8, "bucketed": 4}, "bucket_mb": 1.0,
+            "largest tensor bytes": 4 * 2 ** 20}
+    slow = L.bucketing_sentence({**base, 4: {"overlapped": 0.10, "bucketed": 0.15}}, 4, 2e-4)
+    assert "slower" in slow and "from 8 (one per tensor) to 4" in slow and "already fills" in slow
+    fast = L.bucketing_sentence({**base, "largest tensor bytes": 1000, 4: {"overlapped": 0.15, "bucketed": 0.10}}, 4, 2e-4)
+    assert "1.50x the speed" in fast and "already fills" not in fast
+    assert "within 5%" in L.bucketing_sentence({**base, 4: {"overlapped": 0.1, "bucketed": 0.101}}, 4, 2e-4)
 
 
 def test_a_failing_rank_names_itself_and_leaves_nothing():
@@ -226,3 +238,32 @@ def test_torchrun_failing_rank_fails_the_launch_and_leaves_nothing():
     assert "planted failure on rank 1" in text and "rank      : 1" in text
     time.sleep(0.5)
     assert not _script_processes()
+
+
+# ---------------------------------------------------------------- exercises refuse the course's own answer
+
+def test_exercises_refuse_the_course_functions(capsys):
+    """Passing the course's ring_schedule / zero_formula (or a lambda calling them) FAILs: write it yourself."""
+    from helpers import check
+
+    def own_ring(rank, world_size, step, phase):
+        n = world_size
+        if phase == "reduce-scatter":
+            return (rank - step) % n, (rank - step - 1) % n
+        return (rank + 1 - step) % n, (rank - step) % n
+
+    for answer in (D.ring_schedule, lambda r, n, s, p: D.ring_schedule(r, n, s, p)):
+        check.exercise("13.ring", answer)
+        out = capsys.readouterr().out
+        assert "FAIL" in out and "write it yourself" in out, out
+    check.exercise("13.ring", own_ring)
+    assert "PASS" in capsys.readouterr().out
+    for answer in (lambda s, n, w: P.zero_formula(s, n, w)["total"], lambda s, n, w: L.plan(w, n, s)["total"]):
+        check.exercise("13.zero", answer)
+        out = capsys.readouterr().out
+        assert "FAIL" in out and "write it yourself" in out, out
+    check.exercise("13.zero", lambda s, n, w: 4 * n / (w if s >= 3 else 1) + 4 * n / (w if s >= 2 else 1)
+                   + 8 * n / (w if s >= 1 else 1))
+    assert "PASS" in capsys.readouterr().out
+    check.exercise("13.bubble", 0.23)  # two digits are enough
+    assert "PASS" in capsys.readouterr().out
