@@ -138,7 +138,7 @@ def how_far(given: float, expected: float) -> str:
     if factor < 1.5:
         return f"{word} by 10% to 50%"
     if factor < 2.5:
-        return f"{word} by a factor of about 2"
+        return f"{word} by a factor of 1.5 to 2.5"
     if factor < 10:
         return f"{word} by a factor between 2.5 and 10"
     return f"{word} by a factor of about 10^{round(math.log10(factor))}: check the units and powers of ten"
