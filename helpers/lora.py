@@ -379,7 +379,8 @@ def _print_finetune(res: dict) -> None:
     nf4 = ""
     if "before_nf4" in res:
         nf4 = (f" QLoRA starts from its NF4 base, at {res['before_nf4']:.4f} before any step ({res['before_nf4'] - before:+.4f}"
-               f" against the 16-bit model): against that start its change is {res['after']['qlora'] - start['qlora']:+.4f}.")
+               f" against the 16-bit model): against that start its change is {res['after']['qlora'] - start['qlora']:+.4f}, "
+               "and its training-loss column, measured against the untuned 16-bit model, carries the same offset.")
     print(f"Held-out loss before fine-tuning: {before:.4f} nats/byte{windows}; change after {res['steps']} steps: "
           f"{parts}.{nf4} " + _verdict(worse, best, res["steps"], {k: _gain(res, k, last) for k in KINDS}))
     merged = res["merged"]

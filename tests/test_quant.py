@@ -217,3 +217,14 @@ def test_grid_quantizes_in_place_then_restores_and_orders_bits():
     assert e4["bits"] == 4.5 and e3["bits"] == 3 + 64 / 32
     rows = L.weight_error_rows({"w": _w((16, 64))}, ["tensor", "channel", 32])
     assert [r["method"] for r in rows][-2:] == ["nf4", "nf4-dq"]
+
+
+def test_notebook_08_sources_hold_no_control_characters():
+    """A LaTeX `\\rVert` written in a Python string without r"" once became a carriage return + "Vert"."""
+    import json
+    from pathlib import Path
+
+    nb = json.loads((Path(__file__).resolve().parents[1] / "notebooks" / "08_quantization.ipynb").read_text())
+    for i, cell in enumerate(nb["cells"]):
+        text = "".join(cell["source"])
+        assert not any(ch in text for ch in "\r\t\b\f\v"), f"cell {i} holds a control character"
