@@ -279,11 +279,12 @@ def bucketing_sentence(ddpm: dict, row: int, alpha_s: float) -> str:
            "filling each bucket (a copy of its gradients in) and copying the sums back costs two passes over them.")
     if ratio >= 1.05:
         return (f"At {row} rows bucketed was {ratio:.2f}x the speed of per-parameter overlap: the saved messages "
-                f"outweighed the copies. {why[0].upper()}{why[1:]}")
+                f"likely outweighed the copies. {why[0].upper()}{why[1:]}")
     if ratio <= 1 / 1.05:
         return (f"At {row} rows bucketed was slower than per-parameter overlap ({ratio:.2f}x its speed): "
-                f"the copies cost more than the saved latency. {why[0].upper()}{why[1:]} Bucketing pays with "
-                "many small tensors (biases, LayerNorms), where it merges hundreds of messages into a few.")
+                f"likely the copies, and each bucket waiting for all its gradients before it starts, cost more than "
+                f"the saved latency. {why[0].upper()}{why[1:]} Bucketing can pay with many small tensors "
+                "(biases, LayerNorms), where it merges many messages into a few.")
     return (f"At {row} rows bucketed and per-parameter overlap were within 5% ({ratio:.2f}x): too close to call "
             f"on this machine. {why[0].upper()}{why[1:]}")
 
@@ -371,19 +372,25 @@ def plan(ranks: int, n_params: float, stage: int) -> dict[str, float]:
     return {**mem, "sent": sent}
 
 
-def plan_figure(ranks: int, n_params: float, stage: int, title: str = ""):
-    """Bars of memory per rank for stages 0-3 at `ranks` ranks, the chosen stage marked; returns the figure."""
+def plan_figure(ranks: int, n_params: float, stage: int, title: str = "", unit: str = "GiB"):
+    """Bars of memory per rank for stages 0-3 at `ranks` ranks, the chosen stage marked; returns the figure.
+
+    `unit`: "GiB" or "MiB" for the y axis (match the table beside it). Raises ValueError for another unit.
+    """
     from . import plots
 
+    if unit not in ("GiB", "MiB"):
+        raise ValueError(f"unit={unit!r}; choose 'GiB' or 'MiB'")
+    scale = 2 ** 30 if unit == "GiB" else 2 ** 20
     fig, ax = plots.figure()
     names = ["DDP", "ZeRO-1", "ZeRO-2", "ZeRO-3"]
     bottom = [0.0] * 4
     for part in ("params", "grads", "state"):
-        vals = [plan(ranks, n_params, s)[part] / 2 ** 30 for s in range(4)]
+        vals = [plan(ranks, n_params, s)[part] / scale for s in range(4)]
         ax.bar(names, vals, bottom=bottom, label=part)
         bottom = [b + v for b, v in zip(bottom, vals)]
     ax.bar([names[stage]], [bottom[stage]], fill=False, edgecolor="black", linewidth=2)
-    ax.set_ylabel("GiB per rank (fp32 AdamW)")
+    ax.set_ylabel(f"{unit} per rank (fp32 AdamW)")
     ax.set_title(title)
     ax.legend()
     fig.tight_layout()
@@ -404,3 +411,59 @@ def positive_number(name: str, value) -> float:
     from .params import positive
 
     return positive(name, float(value) if type(value) is int else value, float)
+
+
+def positive_ints(name: str, value) -> list[int]:
+    """A non-empty list of positive ints; a string such as "[1, 2]" (what papermill's `-p` passes for a
+    list) is read as a Python literal first. Raises ValueError naming the parameter, and for a string
+    that is not a list literal, says that a string was received and to pass lists with `-y`."""
+    import ast
+
+    from .params import positives
+
+    if isinstance(value, str):
+        try:
+            parsed = ast.literal_eval(value.strip())
+        except (ValueError, SyntaxError):
+            parsed = None
+        if not isinstance(parsed, (list, tuple)):
+            raise ValueError(f"{name}={value!r} is a string, not a list: papermill's -p passes text; pass lists "
+                             f"with -y, e.g. -y '{name}: [1, 2]', or write a list literal such as \"[1, 2]\"")
+        value = parsed
+    return positives(name, value)
+
+
+def collectives_notes(sweep: dict, world: int, alpha: float, beta: float) -> list[str]:
+    """Sentences on the collectives sweep, generated from its numbers: the spread of the all-reduce
+    times, dist.all_reduce's fitted slope against the ring's prediction 2(n-1)/n·β, and our ring's
+    smallest-message time against the α-β model. Causes are given as likely, not as measured."""
+    n, notes = world, []
+    spread = max(sweep["torch_iqr"])
+    notes.append(f"spread (IQR/median) of the all-reduce times up to {spread:.0%}: "
+                 + ("noisy, rerun when the machine is idle before trusting small differences" if spread > 0.25
+                    else "steady enough to compare the columns"))
+    a_ar, b_ar = D.alpha_beta_fit(sweep["sizes"], sweep["torch"])
+    pred = 2 * (n - 1) / n * beta
+    slope = b_ar / pred if pred > 0 else float("inf")
+    head = (f"dist.all_reduce's fitted line: intercept {1e6 * a_ar:.0f} µs (the ring predicts 2(n-1)α = "
+            f"{2e6 * (n - 1) * alpha:.0f} µs), slope {1e9 * b_ar:.2f} ns/byte (the ring predicts 2(n-1)/n·β = "
+            f"{1e9 * pred:.2f} ns/byte), {slope:.1f}x the prediction")
+    if slope > 1.3:
+        notes.append(head + ": gloo likely runs its own algorithm rather than this ring and copies buffers in "
+                     "and out, and its ranks share cores with those copies, so each byte costs more than one "
+                     "ping-pong transfer does (a likely cause, not measured here)")
+    elif slope < 1 / 1.3:
+        notes.append(head + ": faster per byte than the ring; likely gloo overlaps its transfers, which a "
+                     "single ping-pong cannot (a likely cause, not measured here)")
+    else:
+        notes.append(head + ": within 30%, as the model says")
+    floor = sweep["ring"][0] / D.ring_model_time(sweep["sizes"][0], n, alpha, beta)
+    if floor > 2:
+        notes.append(f"our ring's smallest message took {floor:.1f}x the α-β model's time: each of its 2(n-1) = "
+                     f"{2 * (n - 1)} steps likely pays Python overhead (splitting the tensor, a send/recv pair, "
+                     "waiting for the slowest rank) beyond the ping-pong's α (a likely cause, not measured here)")
+    else:
+        notes.append(f"our ring's smallest message took {floor:.1f}x the α-β model's time: its floor is about "
+                     f"2(n-1) = {2 * (n - 1)} latencies, as the model says")
+    return notes
+

@@ -112,6 +112,10 @@ def test_the_panel_plan_follows_the_formulas_and_draws_a_new_figure():
     assert L.plan(8, 1e9, 0)["sent"] == pytest.approx(2 * 7 / 8 * 4e9)
     a, b = L.plan_figure(4, 1e8, 1), L.plan_figure(4, 1e8, 2)
     assert a is not b
+    mib = L.plan_figure(4, 1e8, 1, unit="MiB")
+    assert mib.axes[0].get_ylabel().startswith("MiB")
+    with pytest.raises(ValueError, match="unit"):
+        L.plan_figure(4, 1e8, 1, unit="GB")
     plt.close("all")
 
 
@@ -267,3 +271,23 @@ def test_exercises_refuse_the_course_functions(capsys):
     assert "PASS" in capsys.readouterr().out
     check.exercise("13.bubble", 0.23)  # two digits are enough
     assert "PASS" in capsys.readouterr().out
+
+
+def test_list_parameters_accept_papermill_strings():
+    assert L.positive_ints("MICROS", "[1, 2]") == [1, 2] and L.positive_ints("MICROS", (4,)) == [4]
+    with pytest.raises(ValueError, match="MICROS='1 2' is a string.*-y"):
+        L.positive_ints("MICROS", "1 2")
+    with pytest.raises(ValueError, match="MICROS"):
+        L.positive_ints("MICROS", "[0, 2]")
+    with pytest.raises(ValueError, match="MICROS"):
+        L.positive_ints("MICROS", [])
+
+
+def test_collectives_notes_follow_the_numbers():
+    sw = {"sizes": [1024, 2 ** 20], "ping": [1e-4, 1e-3], "ring": [4e-3, 8e-3], "torch": [7e-4, 4e-3],
+          "torch_iqr": [0.1, 1.84]}
+    notes = L.collectives_notes(sw, 2, 2e-4, 6e-10)
+    assert "184%: noisy" in notes[0] and "likely" in notes[1] and "x the prediction" in notes[1]
+    assert "likely pays Python overhead" in notes[2]
+    calm = L.collectives_notes({**sw, "torch_iqr": [0.1, 0.2], "ring": [4.1e-4, 8e-3]}, 2, 2e-4, 6e-10)
+    assert "steady enough" in calm[0] and "as the model says" in calm[2]
