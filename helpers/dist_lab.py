@@ -463,7 +463,7 @@ def collectives_notes(sweep: dict, world: int, alpha: float, beta: float) -> lis
                      f"{2 * (n - 1)} steps likely pays Python overhead (splitting the tensor, a send/recv pair, "
                      "waiting for the slowest rank) beyond the ping-pong's α (a likely cause, not measured here)")
     else:
-        notes.append(f"our ring's smallest message took {floor:.1f}x the α-β model's time: its floor is about "
-                     f"2(n-1) = {2 * (n - 1)} latencies, as the model says")
+        notes.append(f"our ring's smallest message took {floor:.1f}x the α-β model's time, within 2x of its floor "
+                     f"of 2(n-1) = {2 * (n - 1)} latencies")
     return notes
 

@@ -290,4 +290,4 @@ def test_collectives_notes_follow_the_numbers():
     assert "184%: noisy" in notes[0] and "likely" in notes[1] and "x the prediction" in notes[1]
     assert "likely pays Python overhead" in notes[2]
     calm = L.collectives_notes({**sw, "torch_iqr": [0.1, 0.2], "ring": [4.1e-4, 8e-3]}, 2, 2e-4, 6e-10)
-    assert "steady enough" in calm[0] and "as the model says" in calm[2]
+    assert "steady enough" in calm[0] and "within 2x of its floor" in calm[2]
