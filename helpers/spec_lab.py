@@ -24,9 +24,26 @@ from .inference import KVCache, Sampler, generate, prefill
 from .model import GPT
 
 
+def _not_a_string(name: str, values) -> None:
+    """Raise a ValueError saying that a list parameter arrived as a string (papermill's -p passes text)."""
+    if isinstance(values, (str, bytes)):
+        raise ValueError(f"{name}={values!r} arrived as a string, not a list: pass lists to papermill with -y "
+                         f"(e.g. -y \"{name}: [1, 2]\"), not -p")
+
+
+def check_gammas(name: str, values) -> list[int]:
+    """Validate γ values: a non-empty list of positive ints (params.positives), with a clear message when the list
+    arrived as a string (papermill -p). Raises ValueError naming the parameter."""
+    from . import params
+
+    _not_a_string(name, values)
+    return params.positives(name, values)
+
+
 def check_temperatures(name: str, values) -> list[float]:
     """Validate a parameter holding temperatures: a non-empty list of finite numbers >= 0 (0 = greedy); returns
-    them as sorted distinct floats. Raises ValueError naming the parameter."""
+    them as sorted distinct floats. Raises ValueError naming the parameter (saying so when a string arrived)."""
+    _not_a_string(name, values)
     if not isinstance(values, (list, tuple)) or not values or any(
             isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0 for t in values):
         raise ValueError(f"{name}={values!r} must be a non-empty list of finite numbers >= 0 (0 = greedy)")
@@ -155,10 +172,18 @@ def speed_grid(target: GPT, drafts: dict, prompt_list: list[torch.Tensor], n: in
     formula with the verification cost `costs["verify"]` from decode_costs instead of one step), plain and
     speculative ms per token, model_ms_per_token (the passes it ran, priced at plain decoding's ms per token of
     each model) and other_ms_per_token (the rest: the rule, rollbacks, extra Python); plus the SpecResults ("runs").
+
+    Plain decoding is timed twice per round and temperature, before and after that temperature's configurations,
+    and each round's baseline is their mean (baseline_drift: the median |before - after| / mean). ceiling: the
+    largest speedup the passes allow, tokens_per_pass (a round costs at least one target pass, and a pass over
+    γ + 1 tokens cannot cost less than plain decoding's one-token step; the measured verification cost is itself
+    noisy, so the bound does not use it); noise: True when the measured median exceeds it,
+    i.e. timing noise, not a result. truncated_per_pass: tokens per pass dropped because the last round overran n.
     """
     configs = [(name, g, T) for T in temperatures for name in drafts for g in gammas]
     models = [name for name in drafts if isinstance(drafts[name], GPT)]
     plain_s = {T: [] for T in temperatures}
+    drift_s = {T: [] for T in temperatures}
     alone_s = {(name, T): [] for name in models for T in temperatures}
     spec_s = {c: [] for c in configs}
     runs = {c: [] for c in configs}
@@ -174,7 +199,7 @@ def speed_grid(target: GPT, drafts: dict, prompt_list: list[torch.Tensor], n: in
     for r in rounds:
         prompt = prompt_list[r].to(device)
         for T in temperatures:
-            plain_s[T].append(timed(lambda: generate(target, prompt, n, Sampler(temperature=T, seed=seed + r)))[0])
+            before = timed(lambda: generate(target, prompt, n, Sampler(temperature=T, seed=seed + r)))[0]
             for name in models:
                 alone_s[(name, T)].append(timed(lambda: generate(drafts[name], prompt, n, Sampler(T, seed=seed + r)))[0])
             for c in (c for c in configs if c[2] == T):
@@ -182,6 +207,9 @@ def speed_grid(target: GPT, drafts: dict, prompt_list: list[torch.Tensor], n: in
                                                                temperature=T, seed=seed + r))
                 spec_s[c].append(s)
                 runs[c].append(res)
+            after = timed(lambda: generate(target, prompt, n, Sampler(temperature=T, seed=seed + r)))[0]
+            plain_s[T].append((before + after) / 2)  # one slow baseline moves this round's ratios half as much
+            drift_s[T].append(abs(before - after) / (before + after) * 2)
     plain_ms = 1e3 * statistics.median(x for T in temperatures for x in plain_s[T]) / n
     c_of = {name: statistics.median(a / p for T in temperatures for a, p in zip(alone_s[(name, T)], plain_s[T]))
             for name in models}
@@ -204,7 +232,10 @@ def speed_grid(target: GPT, drafts: dict, prompt_list: list[torch.Tensor], n: in
                      "c": c, "predicted": sp.predicted_speedup(a, g, c),
                      "predicted_verify": sp.expected_tokens(a, g) / (g * c + v),
                      "plain_ms_per_token": 1e3 * statistics.median(plain_s[T]) / n, "spec_ms_per_token": spec_ms,
-                     "model_ms_per_token": model_ms, "other_ms_per_token": spec_ms - model_ms, "runs": res})
+                     "model_ms_per_token": model_ms, "other_ms_per_token": spec_ms - model_ms,
+                     "baseline_drift": statistics.median(drift_s[T]), "ceiling": tokens / passes,
+                     "noise": med > tokens / passes,
+                     "truncated_per_pass": (sum(x.accepted for x in res) + passes - tokens) / passes, "runs": res})
     return rows
 
 
@@ -222,6 +253,80 @@ def position_rows(runs: list, gamma: int, n: int, bins: int = 4) -> tuple[list[l
         if sel:
             by_pos.append([f"{lo}-{hi - 1}", len(sel), sum(sel) / len(sel)])
     return by_i, by_pos
+
+
+def cost_warnings(timings: dict, verify: dict, max_spread: float = 0.15) -> list[str]:
+    """Sentences flagging timing noise in decode_costs' output: an IQR above `max_spread` (a fraction of the
+    median, e.g. 0.15) and a verification pass of γ + 1 tokens measured cheaper than one decode step (scoring γ + 1
+    tokens cannot cost less than scoring one). timings: {name: bench Timing}; verify: {γ: cost in decode steps}."""
+    out = []
+    noisy = [f"{k} ±{50 * t.spread:.0f}%" for k, t in timings.items() if t.spread / 2 > max_spread]
+    if noisy:
+        out.append(f"noisy timings (IQR above ±{100 * max_spread:.0f}% of the median): {', '.join(noisy)}")
+    cheap = [f"γ={g}: {v:.2f}" for g, v in verify.items() if v < 1]
+    if cheap:
+        out.append(f"verification measured cheaper than one decode step ({', '.join(cheap)}): that is timing noise, "
+                   "since scoring γ + 1 tokens cannot cost less than scoring one; read those costs as about 1")
+    return out
+
+
+def trend(values: list[float], flat: float = 0.1) -> str:
+    """'rises', 'falls' or 'roughly flat' for a sequence: flat when max - min < `flat`, else by the sign of
+    last - first ('varies' when the ends are equal but the middle is not)."""
+    if max(values) - min(values) < flat:
+        return "roughly flat"
+    return "rises" if values[-1] > values[0] else "falls" if values[-1] < values[0] else "varies"
+
+
+def gap_sentence(rows: list[dict], draft: str, gammas: list[int], temperatures: list[float]) -> str:
+    """Why measured tokens per pass differ from the formula, from the grid's numbers: at each γ whether every
+    temperature falls below the formula (systematic) and by how much; the part the last round's overrun explains
+    (truncated_per_pass); and, at the largest γ and highest temperature, the share kept given reached by window
+    index beside α, which the formula takes as the same at every index, independently."""
+    G, T = max(gammas), max(temperatures)
+    row = {(r["gamma"], r["temperature"]): r for r in rows if r["draft"] == draft}
+    gaps = [row[(G, t)]["tokens_per_pass"] / row[(G, t)]["expected"] - 1 for t in temperatures]
+    if not all(x < -0.05 for x in gaps):
+        worst = max(abs(r["tokens_per_pass"] / r["expected"] - 1) for r in row.values())
+        return (f"measured tokens per pass are within {worst:.0%} of the formula, with no sign shared by every "
+                f"temperature at γ={G}: at {sum(len(x.tokens) for x in row[(G, T)]['runs'])} tokens per configuration, "
+                "sampling luck of that size is expected")
+    cut = [row[(G, t)]["truncated_per_pass"] for t in temperatures]
+    by_i, _ = position_rows(row[(G, T)]["runs"], G, 10 ** 9, bins=1)
+    kept = ", ".join(f"{r[3]:.2f}" for r in by_i)
+    a = row[(G, T)]["alpha"]
+    first = (f"; the first index, which every round reaches, was kept less often than α, and the higher shares "
+             f"further on count only in rounds that got past it" if by_i and by_i[0][3] < a else "")
+    return (f"at γ={G} measured tokens per pass fall below the formula at every temperature (by "
+            f"{-max(gaps):.0%}-{-min(gaps):.0%}), so it is systematic, not luck. Part is the end of the text: the last "
+            f"round's tokens past NEW_TOKENS are dropped ({min(cut):.2f}-{max(cut):.2f} tokens per pass). The rest: the "
+            f"formula keeps every window index with the same α, independently, while here (T={T:g}) the share kept given "
+            f"reached went {kept} along the window against α = {a:.2f} (the window-index table below){first}.")
+
+
+def outside(row: dict) -> str:
+    """A grid row's ms per token outside the models' passes, as text; a negative estimate (the passes priced
+    above what the whole run took) is shown as 0 "(within noise)"."""
+    x = row["other_ms_per_token"]
+    return f"{x:.2f} ms" if x >= 0 else "0 ms (within noise)"
+
+
+def lookup_sentence(rows: list[dict]) -> str:
+    """The takeaway on prompt lookup: its fastest configuration among those whose speedup is not flagged as noise
+    (measured above what its passes allow), or a sentence that none is; plus how many rows were flagged."""
+    ng = [r for r in rows if r["draft"] == "prompt-lookup"]
+    ok = [r for r in ng if not r["noise"]]
+    flagged = len(ng) - len(ok)
+    note = (f"; {flagged} of its {len(ng)} rows measured faster than their passes allow (timing noise, not results)"
+            if flagged else "")
+    if not ok:
+        return f"- Prompt lookup needs no second model; it pays only where the text repeats{note}."
+    b = max(ok, key=lambda r: r["speedup"])
+    return (f"- Prompt lookup needs no second model; it pays only where the text repeats: its fastest row (γ={b['gamma']}, "
+            f"T={b['temperature']:g}) proposed {b['proposal_rate']:.0%} of its slots, for {b['tokens_per_pass']:.2f} tokens "
+            f"per pass (so at most {b['ceiling']:.2f}x) and {b['speedup']:.2f}x measured (IQR {b['speedup_q25']:.2f}-"
+            f"{b['speedup_q75']:.2f})" + (", at its ceiling, so part of it is likely timing noise"
+                                          if b["speedup"] >= 0.95 * b["ceiling"] else "") + f"{note}.")
 
 
 # ---------------------------------------------------------------- figures

@@ -193,3 +193,42 @@ def test_speed_grid_rows_are_consistent(models):
     by_i, by_pos = L.position_rows(rows[0]["runs"], 2, 12, bins=3)
     assert [row[0] for row in by_i] == [0, 1][:len(by_i)] and sum(row[1] for row in by_pos) == sum(
         len(x.betas) for x in rows[0]["runs"])
+    for r in rows:  # the ceiling: tokens per pass over at least one decode step; noise flags a speedup above it
+        assert r["ceiling"] == pytest.approx(r["tokens_per_pass"])
+        assert r["noise"] == (r["speedup"] > r["ceiling"]) and r["baseline_drift"] >= 0
+        overrun = sum(len(x.tokens) for x in r["runs"])  # 12 per run, after the last round's overrun is cut
+        assert r["truncated_per_pass"] * sum(x.target_passes for x in r["runs"]) == pytest.approx(
+            sum(x.accepted for x in r["runs"]) + sum(x.target_passes for x in r["runs"]) - overrun)
+    assert "γ=2" in L.gap_sentence(rows, "gpt", [2], [0.0, 1.0]) or "within" in L.gap_sentence(rows, "gpt", [2], [0.0, 1.0])
+
+
+def _row(draft, speedup, noise, gamma=1, other=0.0):
+    return {"draft": draft, "gamma": gamma, "temperature": 1.0, "speedup": speedup, "noise": noise,
+            "proposal_rate": 0.1, "tokens_per_pass": 1.1, "ceiling": 1.1, "speedup_q25": speedup,
+            "speedup_q75": speedup, "other_ms_per_token": other}
+
+
+def test_lab_sentences_follow_the_numbers():
+    from helpers import bench
+    from helpers import spec_lab as L
+
+    with pytest.raises(ValueError, match="GAMMAS=.*string.*-y"):
+        L.check_gammas("GAMMAS", "[1, 2]")
+    with pytest.raises(ValueError, match="TEMPERATURES=.*string"):
+        L.check_temperatures("TEMPERATURES", "[0.0]")
+    assert L.check_gammas("GAMMAS", (1, 2)) == [1, 2]
+    with pytest.raises(ValueError, match="GAMMAS"):
+        L.check_gammas("GAMMAS", [0])
+    assert L.trend([0.71, 0.75, 0.80, 0.77]) == "roughly flat"
+    assert L.trend([0.68, 0.68, 0.82, 0.93]) == "rises" and L.trend([0.9, 0.7]) == "falls"
+    quiet, loud = bench.Timing(1.0, 0.95, 1.05, []), bench.Timing(1.0, 0.8, 1.4, [])
+    assert L.cost_warnings({"a": quiet}, {1: 1.2}) == []
+    warn = L.cost_warnings({"a": quiet, "b": loud}, {1: 0.8, 2: 1.1})
+    assert len(warn) == 2 and "b ±" in warn[0] and "a ±" not in warn[0] and "γ=1: 0.80" in warn[1] and "γ=2" not in warn[1]
+    assert L.outside(_row("x", 1, False, other=-0.12)) == "0 ms (within noise)"
+    assert L.outside(_row("x", 1, False, other=0.5)) == "0.50 ms"
+    # the fastest prompt-lookup row not flagged as noise; the flagged one is counted, never reported as a result
+    rows = [_row("prompt-lookup", 1.9, True, 1), _row("prompt-lookup", 1.05, False, 2), _row("prompt-lookup", 0.8, False, 4)]
+    text = L.lookup_sentence(rows)
+    assert "γ=2" in text and "1.05x" in text and "1.9" not in text and "1 of its 3 rows" in text
+    assert "fastest" not in L.lookup_sentence([_row("prompt-lookup", 1.9, True)])
