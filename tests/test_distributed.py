@@ -1,6 +1,7 @@
 """Notebook 13's machinery on real gloo ranks: the launcher, the ring all-reduce, DDP, ZeRO, FSDP,
 tensor and pipeline parallelism, and a two-"node" torchrun launch. Ranks are started once per check
 group (a fork server makes every launch after the first cost a fraction of a second)."""
+import _thread
 import os
 import signal
 import threading
@@ -214,11 +215,19 @@ def test_timeout_and_interrupt_leave_nothing():
     before = _children()
     with pytest.raises(TimeoutError):
         D.run_on_ranks(L.sleep_forever, 2, timeout=1.5)
-    timer = threading.Timer(1.0, lambda: os.kill(os.getpid(), signal.SIGINT))
-    timer.start()
-    with pytest.raises(KeyboardInterrupt):
-        D.run_on_ranks(L.sleep_forever, 2, timeout=30)
-    timer.join()
+    # A learner's Ctrl-C reaches run_on_ranks through Python's default SIGINT handler. Earlier tests in
+    # the same pytest session (an asyncio runner's handler, say) may have left another one in place,
+    # which swallowed the signal in one CI run: install the default for this test, and deliver the
+    # interrupt to the main thread (interrupt_main), as a terminal's Ctrl-C would be.
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    timer = threading.Timer(1.0, _thread.interrupt_main)
+    try:
+        timer.start()
+        with pytest.raises(KeyboardInterrupt):
+            D.run_on_ranks(L.sleep_forever, 2, timeout=60)
+    finally:
+        timer.join()
+        signal.signal(signal.SIGINT, old)
     time.sleep(0.5)
     assert _children() <= before
 
