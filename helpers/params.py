@@ -116,4 +116,7 @@ def setup(profile: str = "auto", seed: int = 0, interactive: bool = True,
     except ImportError:  # numpy is a dependency, but seeding must never be the thing that fails
         pass
     folder = results.configure(results_dir=results_dir, profile=resolved)
+    from . import widgets
+
+    widgets.set_interactive(interactive)
     return Setup(profile=resolved, device=device, seed=seed, interactive=interactive, results_dir=folder)

@@ -55,8 +55,23 @@ def int_slider(lo: int, hi: int, value: int | None = None, step: int = 1, descri
                        style={"description_width": "initial"})
 
 
+# Whether panels are shown to someone: the notebook's INTERACTIVE, set by `helpers.params.setup`.
+_INTERACTIVE = {"on": True}
+
+
+def set_interactive(on: bool) -> None:
+    """Tell `panel` whether the notebook shows its panels (params.setup passes INTERACTIVE here)."""
+    _INTERACTIVE["on"] = bool(on)
+
+
 def panel(update: Callable[..., Any], controls: dict[str, Any], title: str = ""):
-    """Controls on top, the output of `update(**values)` below; redrawn whenever a control changes."""
+    """Controls on top, the output of `update(**values)` below; redrawn whenever a control changes.
+
+    Drawn once on creation when the notebook is interactive. Headless (INTERACTIVE=False: papermill,
+    the runner) nobody can see it or move a control and the notebook has drawn its static figure
+    already, so it is drawn only if a control changes: the drawing on creation, into an Output widget
+    nobody displays, hung nbclient now and then (2 of 3 parallel runs of notebook 11, 2026-12-01).
+    """
     import ipywidgets as w
     import matplotlib.pyplot as plt
 
@@ -68,7 +83,18 @@ def panel(update: Callable[..., Any], controls: dict[str, Any], title: str = "")
     for control in controls.values():
         if hasattr(control, "continuous_update"):
             control.continuous_update = False
-    out = w.interactive_output(draw, controls)
+    if _INTERACTIVE["on"]:
+        out = w.interactive_output(draw, controls)
+    else:
+        out = w.Output()
+
+        def redraw(_change: Any) -> None:
+            with out:
+                out.clear_output(wait=True)
+                draw(**{name: control.value for name, control in controls.items()})
+
+        for control in controls.values():
+            control.observe(redraw, names="value")
     header = [w.HTML(f"<b>{title}</b>")] if title else []
     box = w.VBox(header + [w.HBox(list(controls.values()), layout=w.Layout(flex_flow="row wrap")), out])
     box.add_class("course-panel")

@@ -47,6 +47,21 @@ def test_panel_calls_update_when_a_control_changes():
     assert not size.continuous_update and "course-panel" in box._dom_classes
 
 
+def test_a_headless_panel_draws_only_when_a_control_changes(monkeypatch, tmp_path):
+    from helpers import params, results
+
+    monkeypatch.setitem(widgets._INTERACTIVE, "on", True)
+    monkeypatch.setattr(results, "configure", lambda **kw: tmp_path)  # no results folder changed for others
+    params.setup("smoke", 0, False)
+    assert widgets._INTERACTIVE["on"] is False
+    calls = []
+    size = widgets.choice_slider([1, 2, 4], 2, "n")
+    box = widgets.panel(lambda n: calls.append(n), {"n": size})
+    assert calls == [] and "course-panel" in box._dom_classes  # not drawn into an Output nobody shows
+    size.value = 4
+    assert calls == [4]
+
+
 def test_progress_is_silent_when_headless(monkeypatch):
     monkeypatch.setenv(widgets.HEADLESS_ENV, "1")
     assert list(widgets.progress(range(3))) == [0, 1, 2]
