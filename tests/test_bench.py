@@ -72,7 +72,10 @@ def test_peak_cuda_memory_is_none_without_cuda():
 
 # ---------------------------------------------------------------- timings that cannot be measurements (issue 12)
 
-def test_a_function_that_does_nothing_warns_and_gives_no_tflops():
+def test_a_function_that_does_nothing_warns_and_gives_no_tflops(monkeypatch):
+    # the timer's overhead is measured once per process: measure it now, in this test's conditions (in one
+    # CI run a value cached earlier in the session was below what empty calls took by the time of this test)
+    monkeypatch.setattr(bench, "_OVERHEAD", {})
     with pytest.warns(bench.ImplausibleTiming, match="measures the timer"):
         t = bench.benchmark(lambda: None, warmup=1, reps=21, device="cpu")
     assert t.below_resolution and "not a measurement" in str(t)

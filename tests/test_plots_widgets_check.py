@@ -34,7 +34,8 @@ def test_bars_and_roofline():
     plt.close(fig)
 
 
-def test_panel_calls_update_when_a_control_changes():
+def test_panel_calls_update_when_a_control_changes(monkeypatch):
+    monkeypatch.setitem(widgets._INTERACTIVE, "on", True)  # an earlier test's params.setup may have set it off
     calls = []
     size = widgets.choice_slider([1, 2, 4], 2, "n")
     kind = widgets.dropdown(["a", "b"], "a", "kind")
