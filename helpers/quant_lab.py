@@ -15,14 +15,9 @@ from torch import nn
 
 from . import quant
 from . import quant_linear as ql
+from .gptq import block_linears  # noqa: F401  (notebook 08 calls quant_lab.block_linears)
 
 GB = 1e9
-
-
-def block_linears(model: nn.Module) -> dict[str, nn.Linear]:
-    """{'blocks.0.attn.q_proj': module, ...}: every nn.Linear inside model.blocks, in order."""
-    return {f"blocks.{i}.{n}": m for i, b in enumerate(model.blocks) for n, m in b.named_modules()
-            if isinstance(m, nn.Linear)}
 
 
 @torch.no_grad()
