@@ -3,7 +3,9 @@ with the Triton kernel, the course GPT's training step and one-token forward com
 
 The compiler machinery and the workloads themselves are `helpers.compiler`; the Triton softmax is
 `helpers.triton_softmax`. Compiled functions are kept in `COMPILED`, one per workload, so a notebook
-(or a test) compiles each workload once and every later call reuses it.
+(or a test) compiles each workload once and every later call reuses it. The workloads are compiled with
+`compiler.compile_counted` (their C++ kernels visible to the profiler, so they can be counted); the GPT's
+training step and one-token forward with plain torch.compile.
 """
 from __future__ import annotations
 
@@ -44,10 +46,11 @@ def check_for_device(device: str, *, MODES: list[str], DTYPE: str) -> None:
 
 
 def compiled(name: str) -> Callable:
-    """torch.compile(workload `name`'s function), made once per process and reused."""
+    """torch.compile(workload `name`'s function), made once per process and reused; compiled with
+    `compiler.compile_counted`, so that `compiler.kernel_launches` and torch.profiler see its C++ kernels."""
     if name not in COMPILED:
         compiler.make_inputs(name, 2, 2)  # validates the name
-        COMPILED[name] = torch.compile(compiler.WORKLOADS[name].fn)
+        COMPILED[name] = compiler.compile_counted(compiler.WORKLOADS[name].fn)
     return COMPILED[name]
 
 
@@ -220,13 +223,15 @@ def softmax_sweep(cols_list: list[int], rows: int, *, dtype: torch.dtype = torch
 
     {"cols": [...], "eager": [...], "compiled": [...], "library": [...], "triton": [...]}; "triton" holds
     None on a CPU, where the kernel runs only in Triton's (untimed) interpreter. Each row length gets a
-    graph of its own (dynamic=False), as a benchmark should: a shape-generic kernel would be slower.
+    graph of its own (dynamic=False), as a benchmark should: a shape-generic kernel would be slower. Compiled
+    like the workloads (`compiler.compile_counted`), so that its ratio at the workloads' size compares like
+    with like.
     """
     out: dict[str, list] = {"cols": list(cols_list), "eager": [], "compiled": [], "library": [], "triton": []}
     for cols in cols_list:
         key = f"softmax, static {cols}"
         if key not in COMPILED:
-            COMPILED[key] = torch.compile(compiler.fresh_copy(compiler.softmax_ops), dynamic=False)
+            COMPILED[key] = compiler.compile_counted(compiler.fresh_copy(compiler.softmax_ops), dynamic=False)
         r = measure_workload("softmax", rows, cols, dtype=dtype, device=device, reps=reps, kernels=False,
                              comp=COMPILED[key])
         for impl in ("eager", "compiled", "library", "triton"):

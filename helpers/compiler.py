@@ -14,9 +14,10 @@ outputs written once, counted by a TorchDispatchMode as the ops run); `fused_byt
 fused kernel: the function's inputs read once and its outputs written once.
 
 On a CPU Inductor writes C++ with OpenMP; on a GPU, Triton. Importing this module switches Triton's
-interpreter on where there is no GPU (via `helpers.triton_softmax`, before anything imports triton) and
-sets `torch._inductor.config.cpp.enable_kernel_profile`, so that Inductor's C++ kernels appear by name in
-`torch.profiler` (they are otherwise invisible there, and could not be counted).
+interpreter on where there is no GPU (via `helpers.triton_softmax`, before anything imports triton). It
+changes no global Inductor setting: `compile_counted` compiles one function with Inductor's
+`cpp.enable_kernel_profile` option, so that its C++ kernels appear by name in `torch.profiler` (they are
+otherwise invisible there, and could not be counted); every other compile in the process is left as is.
 """
 from __future__ import annotations
 
@@ -33,11 +34,8 @@ from typing import Any, Callable
 from . import triton_softmax  # noqa: F401  (first: switches Triton's interpreter on before Inductor imports triton)
 
 import torch  # noqa: E402
-import torch._inductor.config as inductor_config  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
-
-inductor_config.cpp.enable_kernel_profile = True  # C++ kernels show in torch.profiler as graph_N_cpp_fused_...
 
 # ------------------------------------------------------------------------------------------ workloads
 
@@ -199,12 +197,32 @@ def _under_aten(event) -> bool:
     return False
 
 
+# Inductor's option that wraps each C++ kernel it writes in a profiler record (named graph_N_cpp_fused_...).
+# It is read when a graph is compiled, and it is part of Inductor's cache key, so it is passed to one
+# torch.compile at a time (see compile_counted) rather than set for the whole process.
+KERNEL_PROFILE = {"cpp.enable_kernel_profile": True}
+
+
+def compile_counted(fn: Callable, **kwargs) -> Callable:
+    """torch.compile(fn, **kwargs) whose C++ kernels `kernel_launches` and torch.profiler can see by name.
+
+    The option applies to this compiled function only, at its first compile and at every recompile; the
+    process's Inductor configuration is not changed. On a GPU it changes nothing (Triton kernels are
+    visible anyway). `mode` cannot be combined with it (torch.compile refuses mode and options together):
+    a mode's function is compiled with plain torch.compile.
+    """
+    options = {**KERNEL_PROFILE, **(kwargs.pop("options", None) or {})}
+    return torch.compile(fn, options=options, **kwargs)
+
+
 def kernel_launches(fn: Callable, *args, steps: int = 1) -> tuple[int, dict[str, int]]:
     """(kernels per call, {kernel name: launches per call}) of `fn(*args)` seen by torch.profiler.
 
     On CUDA: device kernels (and memcpy/memset). On a CPU, where a "kernel" is one pass of C++ code: the
     aten ops the code itself called (not those an aten op called inside it), leaving out views and
-    allocations, and Inductor's C++ kernels (named graph_N_cpp_..., visible through `enable_kernel_profile`). Call `fn` once beforehand: the first call may compile.
+    allocations, and Inductor's C++ kernels (named graph_N_cpp_...). A C++ kernel is visible only when its
+    function was compiled with `compile_counted`; one from a plain torch.compile is not counted. Call `fn`
+    once beforehand: the first call may compile.
     """
     from torch.profiler import ProfilerActivity, profile
 

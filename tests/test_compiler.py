@@ -30,6 +30,22 @@ def test_compiled_equals_eager_and_fuses_into_one_kernel(measured, name):
     assert r["bytes_eager"] > 2 * r["bytes_fused"] and all(g > 0 for g in r["gbps"].values())
 
 
+def test_importing_leaves_inductor_config_alone_and_counting_still_sees_the_cpp_kernel(measured):
+    """compile_counted's option stays on its own compiled function: the process's setting keeps its default
+    (changing it would change Inductor's cache keys and code for every compile of every notebook)."""
+    import os
+
+    import torch._inductor.config as inductor_config
+
+    default = os.environ.get("TORCHINDUCTOR_CPP_ENABLE_KERNEL_PROFILE", "0") == "1"
+    assert inductor_config.cpp.enable_kernel_profile is default  # after importing both modules and compiling
+    args = compiler.make_inputs("pointwise", ROWS, COLS)
+    n, names = compiler.kernel_launches(compile_lab.compiled("pointwise"), *args)
+    if DEV == "cpu":
+        assert n == 1 and len(names) == 1 and "cpp_fused" in next(iter(names))  # the C++ kernel, by name
+    assert inductor_config.cpp.enable_kernel_profile is default
+
+
 @pytest.mark.parametrize("name", ["layernorm", "softmax"])
 def test_the_hand_written_ops_equal_the_library(name):
     args = compiler.make_inputs(name, 5, 33)
