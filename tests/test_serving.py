@@ -1,4 +1,5 @@
-"""The paged KV cache (helpers.paged) and the batching schedulers (helpers.serving)."""
+"""The paged KV cache (helpers.paged), attention through its block tables (helpers.paged_attention), the
+batching schedulers (helpers.serving) and notebook 10's serving sections (helpers.serving_lab)."""
 from __future__ import annotations
 
 import itertools
@@ -6,7 +7,7 @@ import itertools
 import pytest
 import torch
 
-from helpers import paged, serving
+from helpers import paged, paged_attention, serving, serving_lab
 from helpers.model import GPT, GPTConfig
 
 
@@ -83,7 +84,7 @@ def test_waste_counts_allocated_minus_used_slots():
 
 # ------------------------------------------------------------------ decode attention through the table
 
-IMPLS = ["torch"] + (["triton"] if paged.TRITON_MISSING is None else [])
+IMPLS = ["torch"] + (["triton"] if paged_attention.TRITON_MISSING is None else [])
 
 
 @pytest.mark.parametrize("impl", IMPLS)
@@ -94,11 +95,12 @@ def test_paged_decode_equals_contiguous(impl, block_size, H, H_kv):
     q = torch.randn(len(lengths), H, 12, generator=torch.Generator().manual_seed(1))
     lens = torch.tensor(lengths)
     if impl == "triton":  # 3 pieces of 4-token tiles: tiles across blocks, and empty pieces for the 1-token row
-        got = paged.paged_decode_triton(q, kp, vp, tables, lens, splits=3, tile=4)
-        torch.testing.assert_close(paged.paged_decode_triton(q, kp, vp, tables, lens), got, atol=1e-5, rtol=1e-5)
+        got = paged_attention.paged_decode_triton(q, kp, vp, tables, lens, splits=3, tile=4)
+        auto = paged_attention.paged_decode_triton(q, kp, vp, tables, lens)  # splits and tile chosen for this device
+        torch.testing.assert_close(auto, got, atol=1e-5, rtol=1e-5)
     else:
-        got = paged.paged_decode_torch(q, kp, vp, tables, lens)
-    want = paged.dense_decode(q, *_dense(kp, vp, rows, lengths, block_size), lens)
+        got = paged_attention.paged_decode_torch(q, kp, vp, tables, lens)
+    want = paged_attention.dense_decode(q, *_dense(kp, vp, rows, lengths, block_size), lens)
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
     # and against PyTorch's SDPA on each sequence alone (GQA by repeating kv heads)
     k, v = _dense(kp, vp, rows, lengths, block_size)
@@ -231,7 +233,7 @@ def test_serve_validates_its_arguments(mix):
         serving.serve(model, reqs, max_batch=0)
 
 
-@pytest.mark.skipif(paged.TRITON_MISSING is not None, reason="triton is not installed")
+@pytest.mark.skipif(paged_attention.TRITON_MISSING is not None, reason="triton is not installed")
 def test_serving_with_the_triton_decode_gives_the_same_tokens():
     model = _tiny(2)
     reqs = serving.make_requests(3, seed=5, max_len=48, prompt_median=5, output_median=4, max_new_tokens=6)
@@ -242,7 +244,7 @@ def test_serving_with_the_triton_decode_gives_the_same_tokens():
 
 def test_notebook_sections_print_their_tables_and_return_consistent_rows(capsys):
     model = _tiny(2)
-    out = serving.paged_section(model, block_sizes=[4, 7], n_requests=6, batch=2, context=20, reps=1, show=False)
+    out = serving_lab.paged_section(model, block_sizes=[4, 7], n_requests=6, batch=2, context=20, reps=1, show=False)
     waste = {(r["scheme"], r["block size"]): r for r in out["waste"]}
     assert waste[("paged", 4)]["fraction"] < waste[("preallocate prompt + cap", None)]["fraction"] \
         < waste[("preallocate seq_len", None)]["fraction"]
@@ -250,7 +252,7 @@ def test_notebook_sections_print_their_tables_and_return_consistent_rows(capsys)
     assert all(r["max |err| torch"] < 1e-4 for r in out["speed"])
     text = capsys.readouterr().out
     assert "waste %" in text and out["sentence"] in text
-    run = serving.batching_section(model, n_requests=5, max_batch=4, block_size=4, max_new_tokens=8, repeats=2,
+    run = serving_lab.batching_section(model, n_requests=5, max_batch=4, block_size=4, max_new_tokens=8, repeats=2,
                                    show=False)
     assert [r["policy"] for r in run["rows"][:2]] == list(serving.POLICIES)
     tight = run["runs"]["continuous, tight"]
@@ -259,25 +261,25 @@ def test_notebook_sections_print_their_tables_and_return_consistent_rows(capsys)
     assert run["speedup"] == pytest.approx(run["runs"]["continuous"].tokens_per_s / run["runs"]["static"].tokens_per_s)
     assert run["record"]["n_requests"] == 5 and 0 <= run["same_tokens"] <= 5 and "2 interleaved runs" in run["noise"]
     with pytest.raises(ValueError, match="block_sizes"):
-        serving.paged_section(model, block_sizes=[0])
+        serving_lab.paged_section(model, block_sizes=[0])
     with pytest.raises(ValueError, match="max_batch"):
-        serving.batching_section(model, max_batch=0)
+        serving_lab.batching_section(model, max_batch=0)
     with pytest.raises(ValueError, match="repeats"):
-        serving.batching_section(model, repeats=0)
+        serving_lab.batching_section(model, repeats=0)
 
 
 def test_flexattention_paged_helper_agrees_with_our_block_tables():
     lengths, block_size = [7, 1, 13, 5], 4
     kp, vp, tables, _ = _pool_and_tables(lengths, block_size, H_kv=2, hd=16)
     q = torch.randn(len(lengths), 4, 16, generator=torch.Generator().manual_seed(3))
-    flex = paged.flex_paged_decode(q, kp, vp, tables, torch.tensor(lengths))
+    flex = paged_attention.flex_paged_decode(q, kp, vp, tables, torch.tensor(lengths))
     if flex is None:
         pytest.skip("this torch has no FlexAttention paged helper")
-    torch.testing.assert_close(flex, paged.paged_decode_torch(q, kp, vp, tables, torch.tensor(lengths)),
+    torch.testing.assert_close(flex, paged_attention.paged_decode_torch(q, kp, vp, tables, torch.tensor(lengths)),
                                atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.skipif(paged.TRITON_MISSING is not None, reason="triton is not installed")
+@pytest.mark.skipif(paged_attention.TRITON_MISSING is not None, reason="triton is not installed")
 def test_the_triton_decode_kernel_compiles_for_an_h100_without_a_gpu():
     """The interpreter accepts code the compiler rejects: compile for sm_90 in a process with it off."""
     pytest.importorskip("triton.backends.compiler", reason="this triton has no ahead-of-time compile API")
@@ -286,11 +288,12 @@ def test_the_triton_decode_kernel_compiles_for_an_h100_without_a_gpu():
     import sys
     from pathlib import Path
 
-    code = ("from helpers import paged, triton_aot\n"
+    code = ("from helpers import paged_attention, triton_aot\n"
             "for bs, hd, group in ((12, 48, 3), (16, 128, 1)):\n"
-            "    r = triton_aot.resources(paged.compile_decode_kernel('bf16', block_size=bs, head_dim=hd, group=group))\n"
+            "    kernel = paged_attention.compile_decode_kernel('bf16', block_size=bs, head_dim=hd, group=group)\n"
+            "    r = triton_aot.resources(kernel)\n"
             "    print('compiled', bs, hd, 'spills', r['spill_stores'] + r['spill_loads'])\n"
-            "print('combine', paged.compile_decode_kernel(head_dim=128, combine=True).metadata.shared)")
+            "print('combine', paged_attention.compile_decode_kernel(head_dim=128, combine=True).metadata.shared)")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"} | {"COURSE_TRITON_AOT": "1"}
     done = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[1], env=env,
                           capture_output=True, text=True, timeout=600)
@@ -300,7 +303,7 @@ def test_the_triton_decode_kernel_compiles_for_an_h100_without_a_gpu():
 
 def test_memory_panel_counts_bytes_and_requests_that_fit(capsys):
     cfg = GPTConfig.preset("tiny")  # 2 layers, 4 heads of 32, seq_len 128
-    out = serving.memory_panel(2, 16, 0.8, config=cfg, n_requests=50, budget_gb=1e-3, dtype_bytes=2, show=False)
+    out = serving_lab.memory_panel(2, 16, 0.8, config=cfg, n_requests=50, budget_gb=1e-3, dtype_bytes=2, show=False)
     per_token = 2 * 2 * 2 * 32 * 2
     paged_row, pre = out["paged, block 16"], out["preallocate seq_len"]
     assert pre["gb"] == pytest.approx(50 * 128 * per_token / 1e9)
@@ -309,7 +312,7 @@ def test_memory_panel_counts_bytes_and_requests_that_fit(capsys):
     assert paged_row["fit"] > pre["fit"]
     assert f"{per_token} bytes of KV per token" in capsys.readouterr().out
     with pytest.raises(ValueError, match="kv_heads"):
-        serving.memory_panel(3, 16, 0.8, config=cfg)
+        serving_lab.memory_panel(3, 16, 0.8, config=cfg)
 
 
 @pytest.mark.parametrize("block_size", [5, 16])
