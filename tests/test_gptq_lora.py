@@ -338,3 +338,50 @@ def test_adamw8bit_threshold_and_update_against_adamw():
     assert lora.threshold_probe() == {4095: "float32", 4096: "uint8"}
     gap = lora.update_gap(steps=5)
     assert 0 < gap < 0.05  # 8-bit moments: the update moves, by about a percent, never by much
+
+
+# ---------------------------------------------------------------- LoRA against peft (skipped without peft)
+
+from helpers import lora_lab  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def need_peft():
+    why = lora_lab.peft_missing()
+    if why:
+        pytest.skip(why)
+
+
+@pytest.mark.parametrize("base,cls", [("fp32", "Linear"), ("nf4", "Linear4bit")])
+def test_lora_and_qlora_equal_peft_bitwise(tiny, need_peft, base, cls):
+    p = lora_lab.peft_parity(tiny, r=4, alpha=8, base=base)
+    assert p["layers"] == len(gptq.block_linears(tiny)) and p["peft_class"] == cls
+    assert p["bitwise"], p  # the same ops in the same order on a CPU in fp32
+
+
+def test_peft_parity_catches_a_wrong_merge(tiny, need_peft, monkeypatch):
+    delta = lora.LoRALinear.delta
+    monkeypatch.setattr(lora.LoRALinear, "delta", lambda self: 1.01 * delta(self))  # a planted 1% error
+    p = lora_lab.peft_parity(tiny, r=4, alpha=8)
+    assert p["logits"] == 0 and p["grad_A"] == 0  # the forward does not use delta()
+    assert p["merged"] > 0 and not p["bitwise"]
+
+
+def test_peft_initialises_like_ours(tiny, need_peft):
+    got = lora_lab.peft_init(tiny, r=4)
+    for who in ("ours", "peft"):
+        assert got[who]["B_zero"]
+        assert 0.9 < got[who]["A_max_over_bound"] <= 1.0  # uniform on ±1/√in: Kaiming-uniform with a = √5
+        assert 0.9 < got[who]["A_std_over_uniform"] < 1.1
+
+
+def test_parity_section_says_one_sentence_without_peft(tiny, monkeypatch, capsys):
+    def missing():
+        raise ImportError("No module named 'peft'")
+
+    monkeypatch.setattr(lora_lab, "_import_peft", missing)
+    assert lora_lab.parity_section(tiny, r=4) is None
+    out = capsys.readouterr().out.strip()
+    assert out.startswith("peft is not installed") and len(out.splitlines()) == 1
+    with pytest.raises(ValueError, match="base"):
+        lora_lab.peft_parity(tiny, base="int4")
