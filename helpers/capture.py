@@ -45,7 +45,7 @@ from .results import REPO_ROOT, device_slug, slug, write_atomic
 
 NOTEBOOKS_DIR = REPO_ROOT / "notebooks"
 PACK_LIMIT = 12 * 2**20   # bytes per pack; the device tool returns files of up to 16 MiB
-MAX_PACKS = 6             # with capture.log and gpu.txt: the tool's 8 files
+MAX_PACKS = 5             # with gpu.txt, capture.log and goals.json (helpers.goals): the tool's 8 files
 MARGIN_S = 25.0           # kept back for packing and the tool's transfer
 
 # Full-profile seconds on one H200. First estimated before any GPU run from each notebook's FLOP and
@@ -338,6 +338,21 @@ def import_packs(packs: list[Path], into: Path = REPO_ROOT / "results") -> Path:
     return target
 
 
+def import_goals(path: Path, into: Path = REPO_ROOT / "results", device: str | None = None) -> Path:
+    """Copy a `goals.json` (helpers.goals) to `into/<device>/goals.json`; returns that path. The device is
+    `device`, else the GPU its run names. Raises ValueError when the file is not a goals.json."""
+    try:
+        doc = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as err:
+        raise ValueError(f"{path}: not readable as JSON ({err})") from err
+    if not isinstance(doc, dict) or not isinstance(doc.get("goals"), list):
+        raise ValueError(f"{path}: not a goals.json (no list of goals)")
+    device = device or doc.get("machine", {}).get("gpu") or "none (CPU)"
+    target = Path(into) / _slug("CPU" if device.startswith("none") else device)
+    target.mkdir(parents=True, exist_ok=True)
+    return write_atomic(target / "goals.json", json.dumps(doc, indent=1) + "\n")
+
+
 def _readme(device: str, facts: dict, manifest: dict, index: dict) -> str:
     from .tables import table
 
@@ -370,7 +385,8 @@ def main(argv: list[str] | None = None) -> int:
             p.add_argument("--out", type=Path, required=True, help="folder for the packs (the device tool's $OUT)")
             p.add_argument("--profile", default="full", choices=("smoke", "full"))
     p = sub.add_parser("import")
-    p.add_argument("packs", nargs="+", type=Path)
+    p.add_argument("packs", nargs="+", type=Path, help="capture-*.tgz; a goals.json beside them (or named here) "
+                   "is copied to results/<gpu>/goals.json")
     p.add_argument("--into", type=Path, default=REPO_ROOT / "results")
     args = parser.parse_args(argv)
     if args.command == "import":
@@ -378,13 +394,24 @@ def main(argv: list[str] | None = None) -> int:
             if not pack.is_file():
                 print(f"no such pack: {pack}")
                 return 2
+        goals = [p for p in args.packs if p.name == "goals.json"]
+        packs = [p for p in args.packs if p.name != "goals.json"]
+        goals = goals or [p.parent / "goals.json" for p in packs[:1] if (p.parent / "goals.json").is_file()]
+        target, status = None, 0
         try:
-            target = import_packs(args.packs, args.into)
-        except ValueError as err:
+            if packs:
+                target = import_packs(packs, args.into)
+                print(f"imported into {target}")
+        except ValueError as err:  # no notebook finished: the goals may still have
             print(f"import failed: {err}")
-            return 1
-        print(f"imported into {target}")
-        return 0
+            status = 1
+        try:
+            for g in goals:
+                print(f"goals imported into {import_goals(g, args.into, None if target is None else target.name)}")
+        except ValueError as err:
+            print(f"goals import failed: {err}")
+            status = 1
+        return status
     known = available_notebooks()
     bad = [nb for nb in args.notebooks if nb not in known]
     if bad:
