@@ -492,28 +492,38 @@ def optimizer_state_bytes(opt: torch.optim.Optimizer) -> tuple[int, dict]:
 
 
 def memory_formula(n_linear: float, n_other: float, n_lora: float, method: str, *, weight_bytes: float = 4,
-                   grad_bytes: float | None = None, optimizer_bytes: float = 8, double_quant: bool = True,
-                   blocksize: int = NF4_BLOCK, dq_block: int = 256) -> dict[str, float]:
-    """Predicted bytes {"weights", "gradients", "optimizer"} of fine-tuning with `method`.
+                   grad_bytes: float | None = None, optimizer_bytes: float = 8, adapter_bytes: float = 4,
+                   adapter_grad_bytes: float | None = None, double_quant: bool = True, blocksize: int = NF4_BLOCK,
+                   dq_block: int = 256, split_adapters: bool = False) -> dict[str, float]:
+    """Predicted bytes {"weights", "gradients", "optimizer"} of fine-tuning with `method`: the course's one
+    formula for fine-tuning memory (activations not counted). `quant_lab.finetune_gb` calls it for
+    Llama-size models in bf16; `memory_rows` for the course GPT in fp32.
 
     n_linear: parameters in the weights that QLoRA quantises (the block linears' weight matrices);
     n_other: every other frozen-or-trained parameter (embeddings, norms, biases); n_lora: adapter
     parameters (Σ r·(in + out)). weight_bytes: bytes per unquantised parameter (4 fp32, 2 bf16);
     grad_bytes: per gradient (default weight_bytes); optimizer_bytes: per trained parameter (8 for
-    AdamW's two fp32 moments). NF4 costs 4 bits per weight plus its block constants: 32 bits per
+    AdamW's two fp32 moments); adapter_bytes / adapter_grad_bytes: per adapter weight / gradient
+    (default 4 / adapter_bytes). NF4 costs 4 bits per weight plus its block constants: 32 bits per
     `blocksize` weights, or with `double_quant` 8 bits per block plus 32 bits per `dq_block` blocks
     (QLoRA's 4 + 0.127 bits at 64/256). full: (weights, grads, optimizer) all over n_linear + n_other;
-    lora: adapters in fp32 besides the frozen model; qlora: as lora with n_linear in NF4."""
+    lora: adapters besides the frozen model; qlora: as lora with n_linear in NF4. With
+    `split_adapters`, the adapter weights leave "weights" for a fourth key "adapters" (0 for full).
+    Raises ValueError for an unknown method."""
     if method not in KINDS:
         raise ValueError(f"method={method!r}; choose one of {', '.join(map(repr, KINDS))}")
     grad_bytes = weight_bytes if grad_bytes is None else grad_bytes
+    adapter_grad_bytes = adapter_bytes if adapter_grad_bytes is None else adapter_grad_bytes
     n_all = n_linear + n_other
     if method == "full":
-        return {"weights": weight_bytes * n_all, "gradients": grad_bytes * n_all, "optimizer": optimizer_bytes * n_all}
+        out = {"weights": weight_bytes * n_all, "gradients": grad_bytes * n_all, "optimizer": optimizer_bytes * n_all}
+        return {**out, "adapters": 0.0} if split_adapters else out
     nf4_bits = 4 + (8 / blocksize + 32 / (blocksize * dq_block) if double_quant else 32 / blocksize)
     base = n_linear * (nf4_bits / 8 if method == "qlora" else weight_bytes)
-    return {"weights": base + weight_bytes * n_other + 4 * n_lora, "gradients": 4 * n_lora,
-            "optimizer": optimizer_bytes * n_lora}
+    frozen, adapters = base + weight_bytes * n_other, adapter_bytes * n_lora
+    out = {"weights": frozen if split_adapters else frozen + adapters, "gradients": adapter_grad_bytes * n_lora,
+           "optimizer": optimizer_bytes * n_lora}
+    return {**out, "adapters": adapters} if split_adapters else out
 
 
 def _one_step(model: nn.Module, optimizer: str = "adamw", seed: int = 0) -> torch.optim.Optimizer:

@@ -1,5 +1,6 @@
 """Notebook 08's measurements: quantisation error on a trained GPT's real tensors, perplexity per method,
-the memory formulas (QLoRA's "65B on one 48 GB GPU"), and decode speed of weight-only linears on a GPU.
+fine-tuning memory of Llama-size models (QLoRA's "65B on one 48 GB GPU") from `lora.memory_formula`, and
+decode speed of weight-only linears on a GPU.
 
 The quantisers are `helpers.quant` and `helpers.quant_linear`; this module applies them to the course GPT.
 Every linear inside the blocks (attention q/kv/out, MLP up/down) is quantised; the embeddings and the
@@ -16,6 +17,7 @@ from torch import nn
 from . import quant
 from . import quant_linear as ql
 from .gptq import block_linears  # noqa: F401  (notebook 08 calls quant_lab.block_linears)
+from .lora import memory_formula
 
 GB = 1e9
 
@@ -173,9 +175,6 @@ def block_param_count(model: nn.Module) -> tuple[int, int]:
 
 # ---------------------------------------------------------------- memory formulas
 
-# bytes per parameter of the frozen weights under each storage format (NF4: QLoRA's 4-bit + block-64 fp32
-# absmax = 4.5 bits; with double quantisation 4 + 8/64 + 32/(64*256) bits)
-WEIGHT_BYTES = {"bf16": 2.0, "int8": 1.0 + 4 / 4096, "nf4": 4.5 / 8, "nf4-dq": (4 + 8 / 64 + 32 / (64 * 256)) / 8}
 FINETUNE = ("full (bf16, Adam)", "LoRA (bf16 base)", "QLoRA (NF4+DQ base)")
 
 
@@ -197,20 +196,23 @@ def finetune_gb(params_b: float, method: str, rank: int = 64, shape: tuple | Non
     full: bf16 weights and gradients (2 + 2 bytes) and Adam's two fp32 moments (8 bytes): 12 bytes a
     parameter. LoRA / QLoRA: the frozen base in bf16 / NF4 with double quantisation, plus adapters of
     `rank` (from `shape` = (d_model, d_ff, n_layer), else the nearest LLAMA_SHAPES entry) with bf16 weights
-    and gradients and fp32 Adam moments (12 bytes an adapter parameter). Raises ValueError for an unknown method.
+    and gradients and fp32 Adam moments (12 bytes an adapter parameter). Every parameter counts as a
+    quantisable weight. Computed by `lora.memory_formula` (the one formula; bytes / 1e9), adapters split out.
+    Raises ValueError for an unknown method.
     """
     if method not in FINETUNE:
         raise ValueError(f"method must be one of {FINETUNE}, not {method!r}")
     n = params_b * 1e9
     if method.startswith("full"):
-        return {"weights": 2 * n / GB, "gradients": 2 * n / GB, "optimizer": 8 * n / GB, "adapters": 0.0}
-    if shape is None:
+        a = 0
+    elif shape is None:
         nearest = min(LLAMA_SHAPES, key=lambda k: abs(k - params_b))
         a = lora_params(*LLAMA_SHAPES[nearest], rank) * params_b / nearest  # scaled to this size
     else:
         a = lora_params(*shape, rank)
-    base = WEIGHT_BYTES["bf16" if method.startswith("LoRA") else "nf4-dq"]
-    return {"weights": base * n / GB, "gradients": 2 * a / GB, "optimizer": 8 * a / GB, "adapters": 2 * a / GB}
+    kind = {"full": "full", "LoRA": "lora", "QLoRA": "qlora"}[method.split()[0]]
+    parts = memory_formula(n, 0, a, kind, weight_bytes=2, optimizer_bytes=8, adapter_bytes=2, split_adapters=True)
+    return {k: parts[k] / GB for k in ("weights", "gradients", "optimizer", "adapters")}
 
 
 # ---------------------------------------------------------------- decode speed (GPU)

@@ -228,3 +228,20 @@ def test_notebook_08_sources_hold_no_control_characters():
     for i, cell in enumerate(nb["cells"]):
         text = "".join(cell["source"])
         assert not any(ch in text for ch in "\r\t\b\f\v"), f"cell {i} holds a control character"
+
+
+def test_finetune_gb_is_lora_memory_formula_in_bf16():
+    """One formula: quant_lab.finetune_gb (GB, bf16, Llama shapes) is lora.memory_formula with bf16 weights and
+    adapters, every parameter quantisable, divided by 1e9."""
+    from helpers import lora, quant_lab as L
+
+    n, a = 13e9, L.lora_params(*L.LLAMA_SHAPES[13], 16)
+    for method, kind in zip(L.FINETUNE, lora.KINDS):
+        got = L.finetune_gb(13, method, rank=16)
+        want = lora.memory_formula(n, 0, 0 if kind == "full" else a, kind, weight_bytes=2, adapter_bytes=2)
+        assert sum(got.values()) == pytest.approx(sum(want.values()) / 1e9, rel=1e-12)
+        assert got["adapters"] == (0 if kind == "full" else pytest.approx(2 * a / 1e9))
+    q = L.finetune_gb(13, L.FINETUNE[2], rank=16)
+    assert q["weights"] == pytest.approx(n * (4 + 8 / 64 + 32 / (64 * 256)) / 8 / 1e9)
+    # the course GPT's call (fp32) is the same formula: its adapters in fp32, 4 bytes each
+    assert lora.memory_formula(100, 10, 7, "lora") == {"weights": 4 * 110 + 4 * 7, "gradients": 28, "optimizer": 56}
