@@ -328,12 +328,13 @@ def g16_paged_decode(ctx: Ctx) -> dict:
 
 def g16_continuous_batching(ctx: Ctx) -> dict:
     """Continuous against static batching, same request mix and KV memory (serving_lab.batching_section on
-    the trained model notebook 10 serves; one run per policy instead of the notebook's three)."""
+    the trained model notebook 10 serves; 128 requests instead of its 200, one run per policy instead of
+    its three, and without its tight-pool and served-alone checks, which do not enter the ratio)."""
     from . import data, serving_lab
 
     tm = _trained(ctx, ctx.pick(smoke="tiny", full="small10m"))
     model = tm.model.float().eval()
-    n_req, max_batch = ctx.pick(smoke=6, full=200), ctx.pick(smoke=4, full=32)
+    n_req, max_batch = ctx.pick(smoke=6, full=128), ctx.pick(smoke=4, full=32)
     b = serving_lab.batching_section(model, n_requests=n_req, max_batch=max_batch,
                                      max_new_tokens=ctx.pick(smoke=8, full=None), repeats=1,
                                      corpus=data.load_corpus("val"), seed=0, tight_pool=False, check_solo=False,
@@ -416,15 +417,16 @@ def g18_speculative(ctx: Ctx) -> dict:
 # ---------------------------------------------------------------- issue 19: data loading (notebook 12)
 
 def _documents(ctx: Ctx):
-    """Notebook 12's document store and model config for this profile."""
+    """Notebook 12's document store and model config for this profile (smoke: one layer of tiny)."""
     from . import data, loading
-    from .model import GPTConfig
+    from .model import PRESETS, GPTConfig
 
     row_len = ctx.pick(smoke=64, full=256)
     lengths = loading.document_lengths(ctx.pick(smoke=3000, full=40000), median=ctx.pick(smoke=24, full=80),
                                        sigma=1.0, min_len=8, max_len=row_len, seed=0)
     store = loading.DocumentStore(data.load_corpus("train"), lengths, "numpy")
-    cfg = GPTConfig.preset(ctx.pick(smoke="tiny", full="small10m"), seq_len=row_len)
+    preset = ctx.pick(smoke="tiny", full="small10m")
+    cfg = GPTConfig.preset(preset, seq_len=row_len, n_layer=ctx.pick(smoke=1, full=PRESETS[preset]["n_layer"]))
     return store, cfg, row_len
 
 
@@ -453,11 +455,13 @@ def g19_data_wait(ctx: Ctx) -> dict:
     rounds = ctx.pick(smoke=1, full=2)
     sweep = loading.sweep_rounds(_maker(cfg, ctx.device), ds, configs, steps=steps, rounds=rounds, device=ctx.device,
                                  batch_size=batch, row_len=row_len, seed=0, kind="pad", pin_memory=ctx.device == "cuda")
-    best = max(sweep, key=lambda r: r["tokens_per_s"])
-    return result([check("data wait / step time, fastest loader", best["idle"], "<=", 0.02)],
-                  {"rows": [{k: r[k] for k in ("num_workers", "wait_ms", "copy_ms", "compute_ms", "idle", "tokens_per_s")
+    best = max(sweep, key=lambda r: r["tokens_per_s"])  # the tuned loader, as notebook 12 picks it
+    return result([check("data wait / step time, fastest loader", best["wait_ms"] / best["step_ms"], "<=", 0.02)],
+                  {"rows": [{k: r[k] for k in ("num_workers", "wait_ms", "copy_ms", "compute_ms", "step_ms", "idle",
+                                               "tokens_per_s")
                              if k in r} | {"prefetch_factor": r.get("prefetch_factor", 2)} for r in sweep],
-                   "best": {k: best.get(k) for k in ("num_workers", "prefetch_factor", "idle", "tokens_per_s")}},
+                   "best": {k: best.get(k) for k in ("num_workers", "prefetch_factor", "wait_ms", "step_ms", "idle",
+                                                      "tokens_per_s")}},
                   {"preset": ctx.pick(smoke="tiny", full="small10m"), "row_len": row_len, "batch": batch,
                    "steps": steps, "rounds": rounds, "workers": [0, workers], "device": ctx.device})
 
@@ -596,8 +600,8 @@ GOALS: list[Goal] = [
     _g(16, "paged_decode", "paged decode attention within 10% of contiguous at 4k context", g16_paged_decode, 12,
        "the Triton paged kernel's compile per block size (3 x ~1 s), 32 x 4096 tokens x 20 calls"),
     _g(16, "continuous_batching", "continuous batching >= 2x static tokens/s, same mix and memory",
-       g16_continuous_batching, 45, "training small10m (2000 steps, ~25 s, shared with issue 18), then 200 requests "
-       "served once per policy (~10 s each, Python-bound iterations)"),
+       g16_continuous_batching, 40, "training small10m (2000 steps, ~25 s, shared with issue 18), then 128 requests "
+       "served once per policy (~6 s each, Python-bound iterations)"),
     _g(17, "quantized_decode", "int8 >= 1.4x and int4 >= 1.8x bf16 decode tok/s, each >= 60% copy BW",
        g17_quantized_decode, 40, "1.3B init, the int8 path's compile (~20 s), the Triton int4 kernels' compile "
        "(~10 s), 3 variants x 25 decode steps"),
@@ -619,12 +623,12 @@ GOALS: list[Goal] = [
 ]
 BY_KEY = {g.key: g for g in GOALS}
 
-# cheap and most informative first: the single-ratio GPU checks, the CPU-side goals, then the compiles,
-# the training last (16's batching trains small10m, which 18 then loads)
+# cheap and most informative first: the single-ratio GPU checks, the CPU-side goals, then the compiles and
+# the training (16's batching trains small10m, which 18 then loads), the 1.3B decode compile last
 ORDER = ["14.scaled_mm", "19.pinned", "19.packing", "15.fused_bandwidth", "16.paged_decode", "19.data_wait",
          "20.ring", "20.zero_memory", "20.bucketed_ddp", "14.float8_linear", "15.triton_softmax",
-         "15.reduce_overhead", "15.train_step", "17.quantized_decode", "16.decode_bandwidth",
-         "16.continuous_batching", "18.speculative"]
+         "15.reduce_overhead", "15.train_step", "17.quantized_decode", "16.continuous_batching",
+         "18.speculative", "16.decode_bandwidth"]
 assert sorted(ORDER) == sorted(BY_KEY), "ORDER must name every goal once"
 
 
