@@ -1,4 +1,5 @@
-"""GPTQ, AWQ and RTN (helpers.gptq); LoRA, QLoRA and 8-bit optimizer state (helpers.lora).
+"""GPTQ, AWQ and RTN (helpers.gptq); LoRA and QLoRA (helpers.lora), fine-tuning, memory and the check
+against peft (helpers.lora_lab); 8-bit optimizer state (helpers.quant_lab).
 
 The GPTQ/AWQ-vs-RTN tests run on fixed layers of the cached "tiny" course GPT with calibration
 windows from the training split, as notebook 08 does.
@@ -205,7 +206,7 @@ def test_sections_print_and_return_rows(tiny, calib, capsys):
 
 # ---------------------------------------------------------------- LoRA and QLoRA
 
-from helpers import lora  # noqa: E402
+from helpers import lora, lora_lab, quant_lab  # noqa: E402
 
 
 def test_lora_starts_as_the_base_and_merged_equals_unmerged():
@@ -268,40 +269,40 @@ def test_merged_variants_dequantised_merge_matches_unmerged(tiny):
 
 
 def test_finetune_lowers_the_loss_for_every_kind(tiny):
-    tokens = lora.finetune_split()[0][:33]  # one window of 32: every step sees the same batch
+    tokens = lora_lab.finetune_split()[0][:33]  # one window of 32: every step sees the same batch
     for kind in lora.KINDS:
-        m = lora.prepare(tiny, kind, r=4)
-        losses = lora.finetune(m, 10, 1e-3 if kind == "full" else 1e-2, tokens, batch=2, seq_len=32)
+        m = lora_lab.prepare(tiny, kind, r=4)
+        losses = lora_lab.finetune(m, 10, 1e-3 if kind == "full" else 1e-2, tokens, batch=2, seq_len=32)
         assert losses[-1] < losses[0] - 0.1, (kind, losses)
 
 
 def test_finetune_section_returns_its_numbers(tiny, capsys):
-    res = lora.finetune_section(tiny, steps=2, eval_batches=1)
+    res = lora_lab.finetune_section(tiny, steps=2, eval_batches=1)
     assert set(res["losses"]) == set(lora.KINDS) and all(len(v) == 2 for v in res["losses"].values())
     assert len(res["untuned"]) == 2 and res["untuned"][0] == pytest.approx(res["losses"]["lora"][0], abs=1e-5)
     assert res["trainable"]["lora"] == res["trainable"]["qlora"] < res["trainable"]["full"]
     assert len(res["merged"]) == 4 and "Held-out loss before fine-tuning" in capsys.readouterr().out
     import matplotlib.pyplot as plt
 
-    plt.close(lora.finetune_figure(res))
+    plt.close(lora_lab.finetune_figure(res))
 
 
 def test_finetune_sentences_follow_the_signs():
     kinds = list(lora.KINDS)
     up = {k: 0.01 for k in kinds}
-    assert "All three lowered it" in lora._verdict([], "lora", 10, up)
-    text = lora._verdict(kinds, "lora", 10, up)
+    assert "All three lowered it" in lora_lab._verdict([], "lora", 10, up)
+    text = lora_lab._verdict(kinds, "lora", 10, up)
     assert "All three made the held-out loss worse (the least: lora)" in text and "did not fall either" in text
-    text = lora._verdict(["full"], "lora", 10, {**up, "full": -0.01})
+    text = lora_lab._verdict(["full"], "lora", 10, {**up, "full": -0.01})
     assert "The largest drop: lora; full made the held-out loss worse" in text and "fell for full" in text
     assert "did not fall" not in text
-    assert lora._merge_reason("merged into original 16-bit W", -0.01).startswith(": lower")
-    assert lora._merge_reason("merged into original 16-bit W", 0.01).startswith(": higher")
-    assert lora._merge_reason("merged, re-quantised to NF4", 0.01) == "."
+    assert lora_lab._merge_reason("merged into original 16-bit W", -0.01).startswith(": lower")
+    assert lora_lab._merge_reason("merged into original 16-bit W", 0.01).startswith(": higher")
+    assert lora_lab._merge_reason("merged, re-quantised to NF4", 0.01) == "."
 
 
 def test_memory_measured_against_formula(tiny):
-    rows = {r["method"]: r for r in lora.memory_rows(tiny, r=4)}
+    rows = {r["method"]: r for r in lora_lab.memory_rows(tiny, r=4)}
     for kind in ("full", "lora"):
         assert rows[kind]["measured"] == rows[kind]["formula"]
     q = rows["qlora"]
@@ -322,7 +323,7 @@ def test_memory_formula_bits_per_nf4_weight():
 
 
 def test_adamw8bit_state_is_uint8_above_the_threshold_only(tiny, capsys):
-    res = lora.optimizer_section(tiny, steps=2)
+    res = quant_lab.optimizer_section(tiny, steps=2)
     by = {t["name"]: t for t in res["tensors"]}
     big, small = by["blocks.0.mlp.up.weight"], by["blocks.0.mlp.up.bias"]
     assert big["adamw"] == small["adamw"] == 8.0
@@ -335,14 +336,12 @@ def test_adamw8bit_state_is_uint8_above_the_threshold_only(tiny, capsys):
 
 
 def test_adamw8bit_threshold_and_update_against_adamw():
-    assert lora.threshold_probe() == {4095: "float32", 4096: "uint8"}
-    gap = lora.update_gap(steps=5)
+    assert quant_lab.threshold_probe() == {4095: "float32", 4096: "uint8"}
+    gap = quant_lab.update_gap(steps=5)
     assert 0 < gap < 0.05  # 8-bit moments: the update moves, by about a percent, never by much
 
 
 # ---------------------------------------------------------------- LoRA against peft (skipped without peft)
-
-from helpers import lora_lab  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -367,8 +366,11 @@ def test_peft_parity_catches_a_wrong_merge(tiny, need_peft, monkeypatch):
     assert p["merged"] > 0 and not p["bitwise"]
 
 
-def test_peft_initialises_like_ours(tiny, need_peft):
-    got = lora_lab.peft_init(tiny, r=4)
+def test_peft_initialises_like_ours(tiny, need_peft, capsys):
+    res = lora_lab.parity_section(tiny, r=4)
+    out = capsys.readouterr().out
+    assert out.count("bitwise equal") == 2 and "Kaiming-uniform with a = √5" in out
+    got = res["init"]
     for who in ("ours", "peft"):
         assert got[who]["B_zero"]
         assert 0.9 < got[who]["A_max_over_bound"] <= 1.0  # uniform on ±1/√in: Kaiming-uniform with a = √5
