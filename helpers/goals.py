@@ -778,10 +778,15 @@ def table(doc: dict) -> str:
         if r["status"] == "measured":
             val = "-" if r.get("ratio") is None else f"{r['ratio']:.3g}"
             measured = f"{val} ({r.get('headline', '')})"
+            missing = [c for c in r.get("checks", []) if c["met"] is None]
+            if missing:
+                measured += f"; {len(missing)} of {len(r['checks'])} parts not measured: {missing[0].get('reason', '')}"
+            if r.get("note"):
+                measured += f"; {r['note']}"
         else:
             measured = f"{r['status']}: {r.get('reason') or r.get('error', '')}"
         met = {True: "yes", False: "no", None: "-"}[r.get("met")]
-        rows.append([r["issue"], r["goal"], measured[:110], r.get("target", "-") if r["status"] == "measured" else "-",
+        rows.append([r["issue"], r["goal"], measured[:160], r.get("target", "-") if r["status"] == "measured" else "-",
                      met, f"{r.get('seconds', 0):.1f}"])
     return _table(["issue", "goal", "measured", "target", "met", "seconds"], rows)
 

@@ -43,6 +43,8 @@ def test_checks_and_results():
     r = G.result([G.check("a", 2.0, ">=", 1.0), missing], {}, {})
     assert r["met"] is None and r["headline"] == "a"
     assert G.result([G.check("a", 2.0, ">=", 1.0)], {}, {})["met"] is True
+    rec = {"issue": 14, "goal": "14.x", "status": "measured", "seconds": 1.0, **r}
+    assert "1 of 2 parts not measured: torchao unusable" in G.table({"goals": [rec]})
 
 
 def _boom(ctx):
