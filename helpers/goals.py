@@ -30,8 +30,8 @@ datasheet), which make the timed work itself small (an 8192^3 bf16 matmul is ~1.
 ~0.4 ms); what dominates is fixed cost: ~3 s per goal process (CUDA context, imports), ~8-15 s per
 torch.compile of a small graph and ~30-45 s for a whole GPT forward+backward or a 24-layer decode
 step (the cold compiles seen in notebook 06's capture on the same host: Triton compilation of forward
-and backward took 1-2 minutes for several kernels), about 25 s to train small10m's 2000 steps
-(launch-bound steps of ~10 ms) and ~10 s for its one-layer draft, and ~1 s per gloo process group
+and backward took 1-2 minutes for several kernels), about 15 s to train small10m's 2000 steps
+(launch-bound steps of ~5-7 ms) and ~8 s for its one-layer draft, and ~1 s per gloo process group
 or DataLoader worker start on the 16-core host. Sizes are the issues' own; where an issue leaves a
 size free, repeats were cut (and said so in `sizes`) to keep the full run near 360 s.
 """
@@ -600,14 +600,14 @@ GOALS: list[Goal] = [
     _g(16, "paged_decode", "paged decode attention within 10% of contiguous at 4k context", g16_paged_decode, 12,
        "the Triton paged kernel's compile per block size (3 x ~1 s), 32 x 4096 tokens x 20 calls"),
     _g(16, "continuous_batching", "continuous batching >= 2x static tokens/s, same mix and memory",
-       g16_continuous_batching, 40, "training small10m (2000 steps, ~25 s, shared with issue 18), then 128 requests "
-       "served once per policy (~6 s each, Python-bound iterations)"),
+       g16_continuous_batching, 30, "training small10m (2000 launch-bound steps of ~5-7 ms, ~15 s, shared with issue "
+       "18), then 128 requests served once per policy (~3 s each, Python-bound iterations)"),
     _g(17, "quantized_decode", "int8 >= 1.4x and int4 >= 1.8x bf16 decode tok/s, each >= 60% copy BW",
        g17_quantized_decode, 40, "1.3B init, the int8 path's compile (~20 s), the Triton int4 kernels' compile "
        "(~10 s), 3 variants x 25 decode steps"),
     _g(18, "speculative", "speedup within 15% of formula for γ 1..8 at T=0; best γ >= 1.5x, draft >= 10x cheaper",
-       g18_speculative, 35, "the one-layer draft's training (~10 s; small10m comes from issue 16's run or ~25 s "
-       "more), 3 rounds x (2 plain + 1 draft + 8 speculative) generations of 128 tokens at ~2 ms a token"),
+       g18_speculative, 25, "the one-layer draft's training (~8 s; small10m comes from issue 16's run, or ~15 s "
+       "more), 3 rounds x (2 plain + 1 draft + 8 speculative) generations of 128 tokens at ~1.5 ms a token"),
     _g(19, "data_wait", "data wait <= 2% of step time after tuning", g19_data_wait, 15,
        "3 loader settings x 2 rounds x 31 small10m steps (~25 ms each), ~1 s per worker start-up"),
     _g(19, "pinned", "pinned >= 2x pageable host-to-device for >= 64 MB", g19_pinned, 5,
