@@ -536,8 +536,8 @@ def g20_bucketed_ddp(ctx: Ctx) -> dict:
     from . import distributed as D
 
     world, cores, note = _world(ctx)
-    rows, reps = ctx.pick(smoke=[4, 32], full=[16, 64, 256]), ctx.pick(smoke=2, full=10)
-    depth = ctx.pick(smoke=4, full=8)
+    rows, reps = ctx.pick(smoke=[8], full=[16, 64, 256]), ctx.pick(smoke=2, full=10)
+    depth = ctx.pick(smoke=2, full=8)
     m = D.run_on_ranks(dist_lab.measure_ddp, world, 1024, depth, rows, reps, 1.0)[0]
     near = min(rows, key=lambda r: abs(math.log(m[r]["compute only"] / m["comm"])))
     t = m[near]
