@@ -30,8 +30,8 @@ peft is not among the course's dependencies (with transformers it adds about 190
 the peft functions raise ImportError without it, and notebook 08 and the tests say so and skip.
 
 Smoke cost on the "tiny" preset (measured on a 2-core CPU shared with other jobs, about 2-3× an idle
-one's): `finetune_section(tm, steps=10)` 7-20 s, `memory_section(model)` under 1 s,
-`parity_section(model)` about 2 s plus peft's import (3-15 s: it imports transformers).
+one's): `finetune_section(tm, steps=10)` 7-8 s, `memory_section(model)` under 1 s,
+`parity_section(model)` about 2 s plus peft's first import (7 s after torch: it imports transformers).
 In finetune_section, `steps` (three trainings) and `eval_batches` (eight held-out evaluations) set the cost.
 
 Lower-level pieces: `finetune_split`, `prepare`, `finetune`, `train_steps`, `make_optimizer`,
@@ -404,12 +404,16 @@ def _import_peft():
 
 
 def peft_missing() -> str | None:
-    """None when peft can be imported; otherwise one sentence saying the check is skipped and why."""
+    """None when peft can be imported; otherwise one sentence saying the check is skipped and why (peft
+    absent, or its import failing, e.g. on a transformers or torchao built for another torch)."""
     try:
         _import_peft()
     except ImportError as err:
         return (f"peft is not installed ({err}), so our LoRA is not compared with the library here "
                 "(`pip install peft` adds it; the GPU image has it).")
+    except Exception as err:  # noqa: BLE001 - a broken dependency: say so instead of a traceback
+        return (f"peft is installed but its import failed ({type(err).__name__}: {str(err)[:150]}), so our LoRA "
+                "is not compared with the library here.")
     return None
 
 
@@ -504,8 +508,9 @@ def peft_init(model: nn.Module, r: int = 8, seed: int = 0) -> dict:
     uniform(−1/√in, 1/√in) draw stays ≤ 1 and comes close to it) and "A_std_over_uniform" (mean over layers
     of std(A) / (bound/√3), about 1 for a uniform draw on ±bound). Raises ImportError without peft."""
     ours = lora.lora_layers(lora.apply_lora(model, r, seed=seed))
-    torch.manual_seed(seed)  # peft draws its A from the global generator
-    theirs = _peft_layers(_peft_copy(model, r, 2 * r, "fp32"))
+    with torch.random.fork_rng(devices=[]):  # peft draws its A from the global generator: seed it, then restore it
+        torch.manual_seed(seed)
+        theirs = _peft_layers(_peft_copy(model, r, 2 * r, "fp32"))
 
     def kind(pairs):
         pairs = list(pairs)  # [(A (r, in), B (out, r))]

@@ -387,3 +387,9 @@ def test_parity_section_says_one_sentence_without_peft(tiny, monkeypatch, capsys
     assert out.startswith("peft is not installed") and len(out.splitlines()) == 1
     with pytest.raises(ValueError, match="base"):
         lora_lab.peft_parity(tiny, base="int4")
+
+    def broken():
+        raise RuntimeError("torchao built for another torch")
+
+    monkeypatch.setattr(lora_lab, "_import_peft", broken)
+    assert lora_lab.peft_missing().startswith("peft is installed but its import failed (RuntimeError")
