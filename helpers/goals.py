@@ -233,8 +233,8 @@ def g15_triton_softmax(ctx: Ctx) -> dict:
     checks = []
     for i, cols in enumerate(sw["cols"]):
         t, c, e = sw["triton"][i], sw["compiled"][i], sw["eager"][i]
-        checks.append(check(f"Triton / compiled GB/s, rows of {cols}", t / c if t and c else None, ">=", 0.9))
-        checks.append(check(f"Triton / eager GB/s, rows of {cols}", t / e if t and e else None, ">=", 1.5))
+        checks.append(check(f"Triton / compiled GB/s, row length {cols}", t / c if t and c else None, ">=", 0.9))
+        checks.append(check(f"Triton / eager GB/s, row length {cols}", t / e if t and e else None, ">=", 1.5))
     return result(checks, {k: sw[k] for k in ("cols", "eager", "compiled", "library", "triton")},
                   {"rows": rows, "row_lengths": cols_list, "dtype": "bf16", "reps": reps})
 
@@ -731,7 +731,8 @@ def run(goals: list[Goal], out: Path, *, profile: str, budget_s: float = DEFAULT
     cache = Path(cache_dir) if cache_dir is not None else out / "cache"
     cache.mkdir(parents=True, exist_ok=True)
     doc = {"started": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), "profile": profile,
-           "budget_s": budget_s, "machine": _facts(), "goals": [], "finished": False}
+           "budget_s": budget_s, "machine": _facts(), "planned": [g.key for g in goals], "goals": [], "finished": False}
+    write_atomic(out / "goals.json", json.dumps(doc, indent=1, default=_jsonable) + "\n")  # there even if cut at once
     for goal in goals:
         est = goal.estimate(profile)
         left = budget_s - MARGIN_S - (clock() - start)

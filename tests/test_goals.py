@@ -105,7 +105,7 @@ def test_cuda_only_goals_are_not_measurable_on_a_cpu_in_one_sentence(tmp_path):
 def test_a_smoke_run_of_a_cheap_subset_writes_goals_json(tmp_path, capsys):
     assert G.main(["run", "--out", str(tmp_path), "--profile", "smoke", "--budget-s", "200", "18.speculative"]) == 0
     doc = json.loads((tmp_path / "goals.json").read_text())
-    assert {"started", "profile", "budget_s", "machine", "goals", "finished", "seconds"} <= set(doc)
+    assert {"started", "profile", "budget_s", "machine", "planned", "goals", "finished", "seconds"} <= set(doc)
     (g,) = doc["goals"]
     assert g["status"] == "measured", g
     assert {"issue", "goal", "title", "measured", "ratio", "target", "met", "checks", "sizes", "seconds",
