@@ -22,7 +22,11 @@ Trained models (goals 16 and 18) are trained once per run, at the notebooks' ful
 (`helpers.pretrained`), into `DIR/cache/` and shared between goals.
 
 `--profile smoke` (the default without CUDA) uses tiny sizes, so the plumbing runs on a 2-core CPU in
-well under a minute; the CUDA-only goals then say "not measurable". `full` uses the issues' sizes.
+about a minute; the CUDA-only goals then say "not measurable". `full` uses the issues' sizes.
+
+`scripts/gpu_capture.sh` runs this first on a lent GPU (`GOALS_BUDGET_S`, default 360 s), with the model
+cache outside `$OUT` so that only `goals.json` comes back, then the notebooks with what is left of its budget;
+`python -m helpers.capture import` copies `goals.json` to `results/<gpu>/goals.json`.
 
 **How the H200 estimates were made** (`Goal.estimate_s`, seconds, none measured yet): from each
 goal's sizes against the H200's datasheet rates (989 TFLOP/s dense bf16, 4.8 TB/s: NVIDIA H200
