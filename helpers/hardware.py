@@ -159,6 +159,11 @@ def library_versions() -> dict[str, str]:
             out[pkg] = metadata.version(pkg)
         except metadata.PackageNotFoundError:
             out[pkg] = "not installed"
+    try:  # the build as torch names it ("2.11.0+cu130"): the package metadata drops the CUDA tag
+        import torch
+        out["torch"] = torch.__version__
+    except ImportError:  # pragma: no cover - the course needs torch
+        pass
     return out
 
 

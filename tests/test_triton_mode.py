@@ -18,8 +18,8 @@ def _fresh(code: str) -> str:
 def test_switch_before_triton_is_imported_sets_the_interpreter_and_reports_nothing():
     out = _fresh("import os, sys\nfrom helpers import triton_mode\n"
                  "print(triton_mode.use_interpreter_without_gpu('m', True), os.environ.get('TRITON_INTERPRET'),"
-                 " 'triton' in sys.modules)")
-    assert out == "None 1 False"
+                 " triton_mode._PROBE)")
+    assert out == "None 1 [None]"  # the probe kernel ran in the interpreter
 
 
 def test_triton_imported_first_in_compiled_mode_is_named_with_the_module():
@@ -39,3 +39,16 @@ def test_kernel_modules_switch_before_their_import_of_triton(module):
     out = _fresh(f"import importlib, os\nm = importlib.import_module({module!r})\n"
                  "print(m.BROKEN, m.INTERPRETED, os.environ.get('TRITON_INTERPRET'))")
     assert out == "None True 1"
+
+
+def test_a_failing_interpreter_probe_is_reported_once_with_versions(monkeypatch):
+    monkeypatch.setattr(triton_mode, "_PROBE", [])
+    import triton
+
+    def broken_jit(fn):
+        raise TypeError("only 0-dimensional arrays can be converted to Python scalars")
+
+    monkeypatch.setattr(triton, "jit", broken_jit)
+    msg = triton_mode.interpreter_problem()
+    assert msg.startswith(f"Triton {triton.__version__} with NumPy") and "0-dimensional" in msg
+    assert triton_mode.interpreter_problem() is msg  # cached: the probe runs once per process
