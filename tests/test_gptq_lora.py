@@ -265,7 +265,9 @@ def test_merged_variants_dequantised_merge_matches_unmerged(tiny):
     deq = variants["merged into dequantised NF4, 16-bit"](x)[0]
     orig = variants["merged into original 16-bit W"](x)[0]
     err_deq, err_orig = (deq - ref).abs().max(), (orig - ref).abs().max()
-    assert err_deq < 0.05 and err_orig > err_deq  # bf16 rounding only vs the NF4 error as well
+    # bf16 rounding of the merged weights only (~2^-9 relative: 0.04-0.05 on logits of ~23 under torch 2.11
+    # and 2.13) against the NF4 error as well (~2, some 50x more)
+    assert err_deq < 0.01 * ref.abs().max() and err_orig > 5 * err_deq
 
 
 def test_finetune_lowers_the_loss_for_every_kind(tiny):
