@@ -18,11 +18,12 @@ reused by the others as in an ordinary run.
 
 `import` unpacks what came back into `results/<device>/`: the records, `capture.json` (per notebook:
 date, measured seconds, estimate, status) and a README.md naming the GPU, driver, CUDA, torch and
-Triton versions and the date. Commands::
+Triton versions and the date; a `goals.json` beside the packs (`helpers.goals`, which
+`scripts/gpu_capture.sh` runs first) is copied to `results/<device>/goals.json`. Commands::
 
     python -m helpers.capture plan  [--budget-s 540]          # the order and estimates, runs nothing
     python -m helpers.capture run   --out DIR [--budget-s 540] [--profile full] [NOTEBOOK ...]
-    python -m helpers.capture import PACK.tgz [...] [--into results]
+    python -m helpers.capture import PACK.tgz [...] [goals.json] [--into results]
 """
 from __future__ import annotations
 
