@@ -270,6 +270,23 @@ def emulated():
         _EMULATE.pop()
 
 
+def _first_sentence(err: BaseException) -> str:
+    """An exception's message cut to what a learner needs: an internal assert's own text is dropped."""
+    msg = str(err).splitlines()[0] if str(err) else type(err).__name__
+    if "please report a bug to PyTorch." in msg:  # INTERNAL ASSERT FAILED at "...": the reason follows
+        msg = msg.split("please report a bug to PyTorch.", 1)[1].strip() or msg
+    msg = msg[:160].rstrip()
+    return msg if msg.endswith(".") else msg + "."
+
+
+def scaled_mm_refusal(device: str | torch.device, rowwise: bool = True) -> str | None:
+    """Why torch._scaled_mm refused per-row (rowwise=True) or per-tensor scales on `device` in this
+    process, so that `scaled_mm` emulated those products in fp32; None if it has not refused them (or
+    was not tried yet). torch 2.11 on a CPU, for one, accepts only per-tensor scales."""
+    dev = torch.device(device).type
+    return next((why for (d, rw, *_), why in _SCALED_MM_REFUSED.items() if d == dev and rw == rowwise), None)
+
+
 def _emulated_mm(a, b, inv_a, inv_b, out_dtype):
     return ((a.float() * inv_a) @ (b.float() * inv_b)).to(out_dtype)
 
@@ -289,7 +306,7 @@ def scaled_mm(a: torch.Tensor, b: torch.Tensor, inv_a: torch.Tensor, inv_b: torc
                                    use_fast_accum=fast_accum)
             return out[0] if isinstance(out, tuple) else out  # torch 2.4 returned (out, amax)
         except (RuntimeError, NotImplementedError) as err:
-            _SCALED_MM_REFUSED[key] = str(err).splitlines()[0][:200]
+            _SCALED_MM_REFUSED[key] = _first_sentence(err)
     return _emulated_mm(a, b, inv_a, inv_b, out_dtype)
 
 
@@ -502,6 +519,41 @@ def import_torchao():
         return None, f"torchao could not be imported ({type(err).__name__}: {str(err).splitlines()[0][:120]})"
     finally:
         logging.disable(previous)
+
+
+TORCHAO_RECIPES = ("tensorwise", "rowwise")  # the torchao recipes this course compares against
+_TORCHAO_PROBLEMS: dict[tuple[str, str], str | None] = {}
+
+
+def torchao_problem(recipe: str, device: str | torch.device = "cpu") -> str | None:
+    """None when torchao's float8 training with `recipe` runs here; else one sentence saying why not.
+
+    The probe: a tiny fp32 linear (32 -> 32, bias, 16 tokens) converted by torchao with `recipe`, one
+    forward and backward on `device`; its outcome is cached per (recipe, device type). Catches, for
+    example, torch 2.11 on a CPU, whose torch._scaled_mm accepts only per-tensor scales, so that
+    torchao's rowwise recipe raises there while its tensorwise recipe runs.
+    Raises ValueError for a recipe outside TORCHAO_RECIPES.
+    """
+    if recipe not in TORCHAO_RECIPES:
+        raise ValueError(f"recipe={recipe!r}; choose one of {', '.join(map(repr, TORCHAO_RECIPES))}")
+    dev = torch.device(device)
+    key = (recipe, dev.type)
+    if key not in _TORCHAO_PROBLEMS:
+        ao, why = import_torchao()
+        if ao is None:
+            _TORCHAO_PROBLEMS[key] = why.rstrip(".") + "."
+        else:
+            try:
+                with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []):
+                    torch.manual_seed(0)
+                    lin = torchao_convert(nn.Sequential(nn.Linear(32, 32, device=dev)), recipe)
+                    x = torch.randn(16, 32, device=dev, requires_grad=True)
+                    lin(x).sum().backward()
+                _TORCHAO_PROBLEMS[key] = None
+            except Exception as err:  # noqa: BLE001: any failure means "cannot compare here", said once
+                _TORCHAO_PROBLEMS[key] = (f"torchao's {recipe} recipe does not run on {dev.type} with torch "
+                                          f"{torch.__version__}, which raises {type(err).__name__}: {_first_sentence(err)}")
+    return _TORCHAO_PROBLEMS[key]
 
 
 def torchao_convert(model: nn.Module, recipe: str, skip: tuple[str, ...] = ("lm_head",)) -> nn.Module:

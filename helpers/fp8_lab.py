@@ -349,14 +349,29 @@ MATMUL_KINDS = ("bf16", "tensorwise", "rowwise")
 LINEAR_VARIANTS = ("bf16", "ours tensorwise", "ours rowwise", "torchao tensorwise", "torchao rowwise")
 
 
+def _torchao_skips(variants, with_torchao: bool, device: str) -> dict[str, str]:
+    """{variant: why} for the "torchao <recipe>" variants that are not run: all of them without torchao,
+    else those whose recipe `fp8.torchao_problem` finds unable to run on `device`."""
+    skips = {}
+    for v in variants:
+        if v.startswith("torchao"):
+            why = fp8.torchao_problem(v.split()[1], device) if with_torchao else "torchao is not used"
+            if why:
+                skips[v] = why
+    return skips
+
+
 def speed_sweep(sizes, reps: int, with_torchao: bool, compile: bool) -> dict:
     """On a CUDA GPU with FP8 tensor cores: matmul and linear fwd+bwd TFLOP/s for every size.
 
-    Returns {"matmul": {kind: [tflops or None]}, "linear": {variant: [...]}, "failed": [messages]}; a
-    point that raises is recorded as None with its message (kernels this course did not write may
-    refuse a shape), never a traceback."""
+    Returns {"matmul": {kind: [tflops or None]}, "linear": {variant: [...]}, "failed": [messages],
+    "skipped": {variant: one sentence}}; a point that raises is recorded as None with its message
+    (kernels this course did not write may refuse a shape), never a traceback. A torchao recipe that
+    `fp8.torchao_problem` finds unable to run on this GPU is left out of "linear" and named in "skipped"."""
+    skipped = _torchao_skips(LINEAR_VARIANTS, with_torchao, "cuda")
     out = {"matmul": {k: [] for k in MATMUL_KINDS}, "failed": [],
-           "linear": {v: [] for v in LINEAR_VARIANTS if with_torchao or not v.startswith("torchao")}}
+           "skipped": {v: why for v, why in skipped.items() if with_torchao},
+           "linear": {v: [] for v in LINEAR_VARIANTS if v not in skipped}}
     for n in sizes:
         for group, fn in (("matmul", lambda k: matmul_tflops(n, k, reps)),
                           ("linear", lambda v: linear_tflops(n, v, reps, compile))):
@@ -378,11 +393,14 @@ def gpt_steps(base: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, reps: int
     """Milliseconds per training step (forward, backward, AdamW) of the course GPT in bf16 weights, with
     its block linears in bf16 or FP8 rowwise (ours, torchao's); optionally under torch.compile.
 
-    Returns {variant: ms or None, "failed": [messages]}: a variant that raises (a compiler or kernel
-    refusing it) is recorded as None with its message."""
-    out: dict = {"failed": []}
+    Returns {variant: ms or None, "failed": [messages], "skipped": {variant: one sentence}}: a variant
+    that raises (a compiler or kernel refusing it) is recorded as None with its message; a torchao recipe
+    that `fp8.torchao_problem` finds unable to run on x's device is not run and is named in "skipped"
+    (without torchao, its variants are simply left out)."""
+    skipped = _torchao_skips(GPT_VARIANTS, with_torchao, x.device.type)
+    out: dict = {"failed": [], "skipped": {v: why for v, why in skipped.items() if with_torchao}}
     for variant in GPT_VARIANTS:
-        if variant.startswith("torchao") and not with_torchao:
+        if variant in skipped:
             continue
         try:
             model = copy.deepcopy(base).to(torch.bfloat16)
@@ -403,14 +421,35 @@ def gpt_steps(base: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, reps: int
     return out
 
 
-def linear_profile(n: int, recipe: str, device: str, trace_dir=None):
+def linear_profile(n: int, recipe: str, device: str, trace_dir=None, top: int = 10):
     """torch.profiler evidence for where an FP8 linear's time goes: our Float8Linear (bf16, n→n, n tokens)
-    forward + backward with `recipe`; a `helpers.profiling.Profile` (top ops by self time, trace saved)."""
+    forward + backward with `recipe`; a `helpers.profiling.Profile` (the `top` ops by self time, trace saved).
+    Where torch._scaled_mm refuses the recipe's scales on `device` (see `fp8.scaled_mm_refusal`), the
+    profiled products are the fp32 emulation's: aten::mm, not aten::_scaled_mm."""
     lin, x, g = _bf16_linear(n, f"ours {recipe}", device)
-    return profiling.profile(lambda: lin(x).backward(g), steps=3, name=f"fp8-linear-{recipe}-{n}", trace_dir=trace_dir)
+    return profiling.profile(lambda: lin(x).backward(g), steps=3, top=top, name=f"fp8-linear-{recipe}-{n}",
+                             trace_dir=trace_dir)
 
 
 def cast_share(prof) -> float:
-    """Share of the profiled self time spent outside the fp8 matmul kernels (casts, amax, scaling)."""
-    mm = sum(share for op, _, _, share in prof.rows if "scaled_mm" in op or "gemm" in op.lower() or "cutlass" in op.lower())
+    """Share of the profiled self time spent outside the matmuls (casts, amax, scaling): the matmuls being
+    scaled_mm ops, GEMM kernels and leaf aten GEMMs (`profiling.is_matmul`; where the fp8 product is
+    emulated, or torch's CPU _scaled_mm computes it, that is an aten::mm)."""
+    mm = sum(share for op, _, _, share in prof.rows
+             if "scaled_mm" in op or profiling.is_matmul(op))
     return 1.0 - mm
+
+
+def profile_sentences(prof, n: int, recipe: str = "rowwise") -> list[str]:
+    """What the profile of `linear_profile(n, recipe, ...)` shows, in sentences true to its rows: the share
+    outside the matmuls, and, where torch._scaled_mm refused the recipe's scales on the profiled device,
+    that the fp8 matmul was emulated (dequantised to fp32, then an ordinary matmul)."""
+    refused = fp8.scaled_mm_refusal(prof.device, rowwise=recipe == "rowwise")
+    out = [f"At n={n}, {cast_share(prof):.0%} of the profiled {'kernel' if prof.device == 'cuda' else 'CPU'} time "
+           f"was spent outside the {'matmuls' if refused else 'fp8 matmuls'} (amax reductions, scaling, casts, "
+           "transposes): memory-bound work that FP8 does not speed up."]
+    if refused:
+        out.append(f"The {recipe} fp8 matmul itself was emulated here, not run in fp8: torch._scaled_mm refused "
+                   f"its scales on {prof.device} ({refused.rstrip('.')}), so the operands were dequantised to fp32 "
+                   "and multiplied by an ordinary matmul (aten::mm in the table).")
+    return out

@@ -148,10 +148,39 @@ def _pair(recipe, in_f=64, out_f=48, seed=0):
     return fp8.Float8Linear.from_linear(copy.deepcopy(lin), recipe), ref
 
 
+def _skip_unless_torchao_runs(recipe, device="cpu"):
+    why = fp8.torchao_problem(recipe, device)
+    if why:
+        pytest.skip(why)
+
+
+def test_torchao_problem_probes_each_recipe_once_and_says_why_in_one_sentence(monkeypatch):
+    with pytest.raises(ValueError, match="recipe"):
+        fp8.torchao_problem("delayed")
+    if fp8.import_torchao()[0] is None:
+        assert fp8.torchao_problem("tensorwise") == fp8.import_torchao()[1].rstrip(".") + "."
+        return
+    for recipe in fp8.TORCHAO_RECIPES:  # whatever this torch says, it is None or one sentence, and cached
+        why = fp8.torchao_problem(recipe, "cpu")
+        assert why is None or (why.startswith(f"torchao's {recipe} recipe") and why.endswith(".")), why
+        assert fp8.torchao_problem(recipe, torch.device("cpu")) is why
+    calls = []
+
+    def refuse(model, recipe, skip=("lm_head",)):  # as torch 2.11's CPU _scaled_mm refuses rowwise scales
+        calls.append(recipe)
+        raise RuntimeError('(scale_a.numel() == 1) INTERNAL ASSERT FAILED at "Blas.cpp":249, please report a bug '
+                           "to PyTorch. Now _scaled_mm only supports per-tensor scaling for CPU backend\nmore")
+    monkeypatch.setattr(fp8, "_TORCHAO_PROBLEMS", {})
+    monkeypatch.setattr(fp8, "torchao_convert", refuse)
+    why = fp8.torchao_problem("rowwise", "cpu")
+    assert why == (f"torchao's rowwise recipe does not run on cpu with torch {torch.__version__}, which raises "
+                   "RuntimeError: Now _scaled_mm only supports per-tensor scaling for CPU backend.")
+    assert fp8.torchao_problem("rowwise", "cpu") == why and calls == ["rowwise"]  # probed once
+
+
 @pytest.mark.parametrize("recipe", ["tensorwise", "rowwise"])
 def test_float8_linear_matches_torchao(recipe):
-    if fp8.import_torchao()[0] is None:
-        pytest.skip(fp8.import_torchao()[1])
+    _skip_unless_torchao_runs(recipe)
     ours, ref = _pair(recipe)
     x = torch.randn(2, 24, 64) * 3
     x1, x2 = x.clone().requires_grad_(), x.clone().requires_grad_()
@@ -190,21 +219,20 @@ def test_convert_skips_lm_head_and_odd_shapes():
         fp8.convert_to_float8(model, "fp4")
 
 
-def test_gpt_loss_and_grads_close_to_torchao():
-    if fp8.import_torchao()[0] is None:
-        pytest.skip(fp8.import_torchao()[1])
+@pytest.mark.parametrize("recipe", ["tensorwise", "rowwise"])
+def test_gpt_loss_and_grads_close_to_torchao(recipe):
+    _skip_unless_torchao_runs(recipe)
     torch.manual_seed(0)
     base = GPT(GPTConfig.preset("tiny"))
     idx = torch.randint(0, 256, (2, 32))
-    for recipe in ("tensorwise", "rowwise"):
-        ours, ref = copy.deepcopy(base), copy.deepcopy(base)
-        fp8.convert_to_float8(ours, recipe)
-        fp8.torchao_convert(ref, recipe)
-        l1, l2 = ours(idx, idx)[1], ref(idx, idx)[1]
-        l1.backward(), l2.backward()
-        assert abs(l1.item() - l2.item()) < 1e-5
-        for (n, p1), p2 in zip(ours.named_parameters(), ref.parameters()):
-            torch.testing.assert_close(p1.grad, p2.grad, rtol=1e-4, atol=1e-6, msg=n)
+    ours, ref = copy.deepcopy(base), copy.deepcopy(base)
+    fp8.convert_to_float8(ours, recipe)
+    fp8.torchao_convert(ref, recipe)
+    l1, l2 = ours(idx, idx)[1], ref(idx, idx)[1]
+    l1.backward(), l2.backward()
+    assert abs(l1.item() - l2.item()) < 1e-5
+    for (n, p1), p2 in zip(ours.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(p1.grad, p2.grad, rtol=1e-4, atol=1e-6, msg=n)
 
 
 # ---------------------------------------------------------------- notebook 07's measurements (helpers.fp8_lab)
@@ -306,13 +334,33 @@ def test_gpt_steps_times_every_variant_or_says_why():
     base = GPT(GPTConfig(n_layer=1, n_head=2, d_model=32, d_ff=64, seq_len=16))
     x = torch.randint(0, 256, (2, 16))
     out = fp8_lab.gpt_steps(base, x, x, reps=1, compile=False, with_torchao=False)
-    assert out["failed"] == [] and set(out) == {"failed", "bf16", "ours rowwise"}
+    assert out["failed"] == [] and out["skipped"] == {} and set(out) == {"failed", "skipped", "bf16", "ours rowwise"}
     assert all(out[v] > 0 for v in ("bf16", "ours rowwise"))
     assert next(base.parameters()).dtype == torch.float32  # the base model is left as it was
 
 
+def test_gpt_steps_skips_just_the_torchao_recipe_that_cannot_run(monkeypatch):
+    if fp8.import_torchao()[0] is None:
+        pytest.skip(fp8.import_torchao()[1])
+    why = "torchao's rowwise recipe does not run on cpu here."
+    monkeypatch.setattr(fp8, "_TORCHAO_PROBLEMS", {("rowwise", "cpu"): why})
+    torch.manual_seed(0)
+    base = GPT(GPTConfig(n_layer=1, n_head=2, d_model=32, d_ff=64, seq_len=16))
+    x = torch.randint(0, 256, (2, 16))
+    out = fp8_lab.gpt_steps(base, x, x, reps=1, compile=False, with_torchao=True)
+    assert out["skipped"] == {"torchao rowwise": why} and "torchao rowwise" not in out
+    assert out["bf16"] > 0 and out["ours rowwise"] > 0
+
+
 def test_linear_profile_attributes_time_to_ops(tmp_path):
-    prof = fp8_lab.linear_profile(64, "rowwise", "cpu", trace_dir=tmp_path)
+    prof = fp8_lab.linear_profile(64, "rowwise", "cpu", trace_dir=tmp_path, top=30)
     ops = [row[0] for row in prof.rows]
-    assert any("scaled_mm" in op for op in ops) and prof.trace_path.exists()
+    refused = fp8.scaled_mm_refusal("cpu")  # torch 2.11's CPU _scaled_mm takes per-tensor scales only
+    sentences = fp8_lab.profile_sentences(prof, 64)
+    if refused:  # the forward's rowwise product is the fp32 emulation: an aten::mm, said so in a sentence
+        assert "aten::mm" in ops and len(sentences) == 2 and "emulated" in sentences[1] and refused.rstrip(".") in sentences[1]
+    else:
+        assert any("scaled_mm" in op for op in ops) and len(sentences) == 1 and "fp8 matmuls" in sentences[0]
+    assert prof.trace_path.exists()
     assert 0.0 <= fp8_lab.cast_share(prof) < 1.0
+    assert f"{fp8_lab.cast_share(prof):.0%} of the profiled CPU time" in sentences[0]
