@@ -364,3 +364,16 @@ def test_linear_profile_attributes_time_to_ops(tmp_path):
     assert prof.trace_path.exists()
     assert 0.0 <= fp8_lab.cast_share(prof) < 1.0
     assert f"{fp8_lab.cast_share(prof):.0%} of the profiled CPU time" in sentences[0]
+
+
+def test_speed_sweep_leaves_out_just_the_torchao_recipe_that_cannot_run(monkeypatch):
+    why = "torchao's rowwise recipe does not run on cuda here."
+    monkeypatch.setattr(fp8, "_TORCHAO_PROBLEMS", {("rowwise", "cuda"): why, ("tensorwise", "cuda"): None})
+    monkeypatch.setattr(fp8_lab, "matmul_tflops", lambda n, kind, reps: float(n))  # no GPU needed: the bookkeeping only
+    monkeypatch.setattr(fp8_lab, "linear_tflops", lambda n, variant, reps, compile: n / 2)
+    out = fp8_lab.speed_sweep([64, 128], 1, True, False)
+    assert out["skipped"] == {"torchao rowwise": why} and out["failed"] == []
+    assert list(out["linear"]) == ["bf16", "ours tensorwise", "ours rowwise", "torchao tensorwise"]
+    assert out["linear"]["torchao tensorwise"] == [32.0, 64.0] and out["matmul"]["rowwise"] == [64.0, 128.0]
+    without = fp8_lab.speed_sweep([64], 1, False, False)
+    assert without["skipped"] == {} and not any(v.startswith("torchao") for v in without["linear"])
