@@ -146,3 +146,9 @@ def test_the_capture_brings_goals_json_back_and_imports_it(tmp_path):
     assert (tmp_path / "r2" / "nvidia-h200" / "goals.json").is_file()
     (only / "goals.json").write_text("{}")
     assert C.main(["import", str(only / "goals.json"), "--into", str(tmp_path / "r3")]) == 1
+
+
+def test_a_capture_that_skips_notebooks_for_its_budget_exits_0():
+    out = lambda *st: [C.Outcome(f"0{i}", x) for i, x in enumerate(st)]  # noqa: E731
+    assert C.exit_status(out("ok", "skipped")) == 0  # the goals took part of the budget: later calls take the rest
+    assert C.exit_status(out("ok", "failed")) == 1 and C.exit_status(out("stopped", "ok")) == 1
