@@ -144,6 +144,19 @@ def sweep_agreement(sweep: dict, results: list[dict], cols: int, tol: float = 0.
             + ("they agree." if same else "they disagree: two timing runs of the same input, so at least one was "
                "distorted (by other work on the CPU, or by a different compiled kernel); read either ratio with care."))
 
+def triton_note(device: str) -> str:
+    """One sentence on the Triton softmax in this process, for the cells after its check: timed beside the
+    others (CUDA), run in Triton's interpreter for correctness only (a CPU), or not run at all when
+    `triton_softmax.BROKEN` says it cannot run here (then the sentence refers back to the check, which printed
+    that reason once). device: "cuda" or "cpu". Raises nothing."""
+    if triton_softmax.BROKEN:
+        return ("The Triton softmax did not run in this process (the reason is printed once, where it is checked), "
+                "so it is absent here.")
+    if device == "cuda":
+        return "The Triton softmax is compiled for this GPU and timed beside the others."
+    return "The Triton kernel is not timed on a CPU: the interpreter runs it in numpy, for correctness only."
+
+
 def measure_workload(name: str, rows: int, cols: int, *, dtype: torch.dtype = torch.float32, device: str = "cpu",
                      reps: int = 10, seed: int = 0, kernels: bool = True, comp: Callable | None = None) -> dict[str, Any]:
     """Workload `name` on a (rows, cols) input: compiled checked against eager (`verify_output`), then eager,

@@ -187,6 +187,23 @@ def test_triton_softmax_refuses_what_it_cannot_do():
     assert math.isclose(ts.softmax(torch.zeros(1, 4, device=DEV))[0, 0].item(), 0.25)
 
 
+def test_where_triton_cannot_run_only_the_triton_softmax_is_left_out(monkeypatch):
+    """The degraded path (e.g. Triton 3.6's interpreter under NumPy 2.5): the kernel refuses with the one
+    sentence, the sweep still measures the others, and no note claims the kernel ran or was timed."""
+    reason = "Triton 3.6.0 with NumPy 2.5.5 cannot run the course's kernels in the interpreter (a planted probe failure)"
+    monkeypatch.setattr(ts, "BROKEN", reason)
+    with pytest.raises(RuntimeError, match="planted probe failure"):
+        ts.softmax(torch.zeros(2, 4, device=DEV))
+    for device in ("cpu", "cuda"):
+        note = compile_lab.triton_note(device)
+        assert "did not run" in note and "timed" not in note and "interpreter runs" not in note
+    monkeypatch.setitem(compile_lab.COMPILED, "softmax, static 64", compiler.softmax_ops)  # eager: no compile cost
+    sweep = compile_lab.softmax_sweep([64], 8, device=DEV, reps=2)
+    assert sweep["triton"] == [None] and all(sweep[k][0] > 0 for k in ("eager", "compiled", "library"))
+    monkeypatch.setattr(ts, "BROKEN", None)
+    assert "did not run" not in compile_lab.triton_note("cpu") and "timed" in compile_lab.triton_note("cuda")
+
+
 def test_parameter_checks_name_the_parameter():
     assert compile_lab.check_modes("MODES", []) == [] and compile_lab.check_modes("MODES", ("default",)) == ["default"]
     with pytest.raises(ValueError, match="MODES"):
