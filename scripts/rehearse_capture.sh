@@ -4,14 +4,24 @@
 # import into a throw-away results folder. Exits non-zero if any step fails.
 #   scripts/rehearse_capture.sh            # every notebook
 #   scripts/rehearse_capture.sh 00 05      # a few
+#   STACK=image PYTHON=python3.12 scripts/rehearse_capture.sh
+#       on the image's own versions (Python 3.12, torch 2.11.0, Triton 3.6.0, the newest NumPy: device
+#       KINDS.md, read 2026-11): torch from PyPI is then a CUDA build, about 3 GB to download and unpack.
+#       The default (STACK=local) takes this machine's torch 2.13.0 from local disk in seconds.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 WORK="$(mktemp -d /tmp/rehearse-capture.XXXX)"
 trap 'rm -rf "$WORK"' EXIT
-PYVER="$(python3 -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')"
-python3 -m venv "$WORK/venv"
+PYTHON="${PYTHON:-python3}"
+case "${STACK:-local}" in
+    local) TORCH_PKGS="torch==2.13.0 triton" ;;
+    image) TORCH_PKGS="torch==2.11.0 triton==3.6.0" ;;
+    *) echo "STACK must be local or image, not '${STACK}'" >&2; exit 2 ;;
+esac
+PYVER="$("$PYTHON" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')"
+"$PYTHON" -m venv "$WORK/venv"
 # what the H200 image holds (device KINDS.md): torch, triton, numpy, matplotlib and a few common packages
-"$WORK/venv/bin/pip" install -q torch==2.13.0 triton numpy matplotlib attrs certifi charset-normalizer click idna \
+"$WORK/venv/bin/pip" install -q $TORCH_PKGS numpy matplotlib attrs certifi charset-normalizer click idna \
     packaging psutil pygments python-dateutil pyyaml requests tqdm typing-extensions urllib3
 PYVER="$PYVER" PY=.venv/bin/python scripts/gpu_wheels.sh
 # the device tool's copy: tracked files plus the carried wheels, nothing installed
