@@ -152,3 +152,22 @@ def test_a_capture_that_skips_notebooks_for_its_budget_exits_0():
     out = lambda *st: [C.Outcome(f"0{i}", x) for i, x in enumerate(st)]  # noqa: E731
     assert C.exit_status(out("ok", "skipped")) == 0  # the goals took part of the budget: later calls take the rest
     assert C.exit_status(out("ok", "failed")) == 1 and C.exit_status(out("stopped", "ok")) == 1
+
+
+def test_float8_linear_says_when_our_rowwise_ran_emulated(monkeypatch, tmp_path):
+    """Where torch._scaled_mm refuses rowwise scales, fp8.scaled_mm falls back to fp32 emulation: the goal
+    must not report that emulation's speed as the FP8 linear's (no CUDA needed: the callees are replaced)."""
+    from helpers import fp8, fp8_lab
+
+    monkeypatch.setattr(G, "_need_fp8", lambda: None)
+    monkeypatch.setattr(fp8_lab, "linear_tflops", lambda n, variant, reps, compile=False, device="cuda":
+                        {"bf16": 400.0, "ours rowwise": 100.0, "torchao rowwise": 500.0}[variant])
+    monkeypatch.setattr(fp8, "torchao_problem", lambda recipe, device="cpu": None)
+    ctx = G.Ctx("full", tmp_path, "cuda")
+    monkeypatch.setattr(fp8, "scaled_mm_refusal", lambda device, rowwise=True: None)
+    r = G.g14_float8_linear(ctx)
+    assert r["met"] is False and r["ratio"] == 0.25 and r["checks"][1]["value"] == 0.2
+    monkeypatch.setattr(fp8, "scaled_mm_refusal", lambda device, rowwise=True: "rowwise scales unsupported")
+    r = G.g14_float8_linear(ctx)
+    assert r["met"] is None and all(c["met"] is None and "emulation" in c["reason"] for c in r["checks"])
+    assert r["measured"]["ours_rowwise_emulated"] == "rowwise scales unsupported"
