@@ -271,7 +271,8 @@ def g15_reduce_overhead(ctx: Ctx) -> dict:
     return result([check("default / reduce-overhead time per one-token forward", ms["default"] / ms["reduce-overhead"],
                          ">=", 2.0)],
                   {"ms": ms, "compile_s": {k: v["compile_s"] for k, v in d.items()}},
-                  {"preset": preset, "n_layer": cfg.n_layer, "batch": 1, "tokens": 1, "reps": reps})
+                  {"preset": preset, "n_layer": cfg.n_layer, "batch": 1, "tokens": 1, "reps": reps,
+                   "dtype": "fp32 (one_token_forward builds the model in fp32; the issue says bf16)"})
 
 
 def g15_train_step(ctx: Ctx) -> dict:
@@ -288,7 +289,8 @@ def g15_train_step(ctx: Ctx) -> dict:
     return result([check("eager / compiled step time (median per round)", med, ">=", 1.3)],
                   {"eager_ms": g["timings"]["eager"].median * 1e3, "compiled_ms": g["timings"]["compiled"].median * 1e3,
                    "ratio_iqr": [lo, hi], "first_step_s": g["first_step_s"]},
-                  {"preset": preset, "n_layer": cfg.n_layer, "batch": batch, "seq_len": cfg.seq_len, "reps": reps})
+                  {"preset": preset, "n_layer": cfg.n_layer, "batch": batch, "seq_len": cfg.seq_len, "reps": reps,
+                   "dtype": "bf16 autocast"})
 
 
 # ---------------------------------------------------------------- issue 16: KV cache and serving (notebook 10)
