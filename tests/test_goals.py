@@ -14,7 +14,7 @@ from helpers import goals as G
 
 ROOT = Path(__file__).resolve().parents[1]
 CUDA_ONLY = ["14.scaled_mm", "14.float8_linear", "15.fused_bandwidth", "15.triton_softmax", "15.reduce_overhead",
-             "15.train_step", "16.decode_bandwidth", "16.paged_decode", "17.quantized_decode", "19.pinned"]
+             "15.train_step", "16.decode_bandwidth", "16.paged_decode", "17.quantized_decode", "17.compiled_decode", "19.pinned"]
 
 
 def test_every_goal_of_issues_14_to_20_is_registered_once_with_an_estimate():
@@ -24,7 +24,10 @@ def test_every_goal_of_issues_14_to_20_is_registered_once_with_an_estimate():
     assert sorted(G.ORDER) == sorted(keys) and len(G.ORDER) == len(keys)
     assert {g.issue for g in G.GOALS} == set(range(14, 21))
     assert all(g.estimate_s > 0 and g.basis and g.title for g in G.GOALS)
-    assert sum(g.estimate_s for g in G.GOALS) <= 420  # near the 360 s the capture gives the goals
+    # near the 360 s the capture gives the goals by default, apart from the last (17.compiled_decode),
+    # which runs where a call gives the goals the whole 540 s (GOALS_BUDGET_S=540)
+    assert sum(g.estimate_s for g in G.GOALS if g.key != G.ORDER[-1]) <= 420
+    assert sum(g.estimate_s for g in G.GOALS) <= 540
     assert [g.key for g in G.select(["20"])] == ["20.ring", "20.zero_memory", "20.bucketed_ddp"]
     assert [g.key for g in G.select(["18.speculative", "14"])] == ["14.scaled_mm", "14.float8_linear", "18.speculative"]
     with pytest.raises(ValueError, match="no goal matches"):
