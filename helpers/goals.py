@@ -401,7 +401,7 @@ def g17_compiled_decode(ctx: Ctx) -> dict:
 
     import torch
 
-    from . import kv_lab
+    from . import kv_lab, quant_lab
     from . import quant_linear as ql
     from .model import GPT, GPTConfig
 
@@ -413,23 +413,18 @@ def g17_compiled_decode(ctx: Ctx) -> dict:
     rows, why = {}, {}
     for name, bits, backends in (("bf16", None, (None,)), ("int8", 8, ("torch",)), ("int4", 4, ("triton", "torch"))):
         for backend in backends:
-            model = _copy.deepcopy(base)
+            model = None
             try:
-                qbytes = 0
-                if bits:
-                    ql.swap_linears(model, lambda lin: ql.WeightOnlyLinear.from_linear(lin, bits, 64))
-                    layers = [m for m in model.modules() if isinstance(m, ql.WeightOnlyLinear)]
-                    for m in layers:
-                        m.backend = backend
-                    qbytes = sum(m.weight_bytes() for m in layers)  # buffers, which kv_lab.weight_bytes leaves out
+                model = quant_lab.weight_only_copy(base, bits, backend, 64) if bits else _copy.deepcopy(base)
+                # the int codes and scales are buffers, which kv_lab.weight_bytes leaves out
+                qbytes = sum(m.weight_bytes() for m in model.modules() if isinstance(m, ql.WeightOnlyLinear))
                 c = kv_lab.compiled_decode(model, context, reps)
                 rows[name] = {"backend": backend, "ms": 1e3 * c["compiled_s"], "tokens_per_s": 1 / c["compiled_s"],
                               "gbps": (c["bytes"] + qbytes) / c["compiled_s"] / 1e9, "eager_gbps": c["eager_gbps"]}
                 why.pop(name, None)
                 break
             except Exception as err:  # noqa: BLE001 - a variant that cannot be compiled: its reason, the others go on
-                why[name] = f"{backend or 'bf16'}: {type(err).__name__}: {str(err).splitlines()[0][:120]}" \
-                    if str(err) else f"{backend or 'bf16'}: {type(err).__name__}"
+                why[name] = f"{backend or 'bf16'}: {_err(err)}"
             finally:
                 del model
                 torch.cuda.empty_cache()

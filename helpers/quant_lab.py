@@ -243,6 +243,17 @@ def _decode_step(model, batch: int, prompt: int, device: str):
     return step
 
 
+def weight_only_copy(base: torch.nn.Module, bits: int, backend: str, group_size: int = 64) -> torch.nn.Module:
+    """A deep copy of `base` whose block linears are our weight-only int8 / int4 linears (bits 8 or 4) running
+    `backend` ("torch", "compile" for int8, "triton" for int4: see quant_linear.WeightOnlyLinear)."""
+    model = copy.deepcopy(base)
+    ql.swap_linears(model, lambda lin: ql.WeightOnlyLinear.from_linear(lin, bits, group_size))
+    for m in model.modules():
+        if isinstance(m, ql.WeightOnlyLinear):
+            m.backend = backend
+    return model
+
+
 def decode_speed(preset: str = "1.3b", batches=(1, 32), prompt: int = 64, reps: int = 20,
                  variants=("bf16", "int8", "int4-triton", "torchao-int8", "torchao-int4"), group_size: int = 64) -> list[dict]:
     """Tokens/s of one decode step of a randomly initialised `preset` GPT in bf16 on CUDA, its block
@@ -258,16 +269,16 @@ def decode_speed(preset: str = "1.3b", batches=(1, 32), prompt: int = 64, reps: 
         base = GPT(GPTConfig.preset(preset)).to(torch.bfloat16).eval()
     rows, stored = [], {}
     for name in variants:
-        model = copy.deepcopy(base)
+        model = None
         why = None
         try:
-            if name in ("int8", "int4-triton"):
-                bits = 8 if name == "int8" else 4
-                ql.swap_linears(model, lambda l: ql.WeightOnlyLinear.from_linear(l, bits, group_size))
-                for m in model.modules():
-                    if isinstance(m, ql.WeightOnlyLinear):
-                        m.backend = "triton" if bits == 4 else "compile"
-            elif name.startswith("torchao"):
+            if name == "int8":
+                model = weight_only_copy(base, 8, "compile", group_size)
+            elif name == "int4-triton":
+                model = weight_only_copy(base, 4, "triton", group_size)
+            else:
+                model = copy.deepcopy(base)
+            if name.startswith("torchao"):
                 from torchao.quantization import Int4WeightOnlyConfig, Int8WeightOnlyConfig, quantize_
                 cfg = Int8WeightOnlyConfig() if name.endswith("int8") else Int4WeightOnlyConfig(group_size=group_size)
                 for blk in model.blocks:

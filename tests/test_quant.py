@@ -245,3 +245,19 @@ def test_finetune_gb_is_lora_memory_formula_in_bf16():
     assert q["weights"] == pytest.approx(n * (4 + 8 / 64 + 32 / (64 * 256)) / 8 / 1e9)
     # the course GPT's call (fp32) is the same formula: its adapters in fp32, 4 bytes each
     assert lora.memory_formula(100, 10, 7, "lora") == {"weights": 4 * 110 + 4 * 7, "gradients": 28, "optimizer": 56}
+
+
+def test_weight_only_copy_swaps_the_block_linears_of_a_copy_and_leaves_the_base():
+    from helpers import quant_lab
+    from helpers.model import GPT, GPTConfig
+
+    torch.manual_seed(0)
+    base = GPT(GPTConfig.preset("tiny")).eval()
+    n_linear = sum(isinstance(m, torch.nn.Linear) for b in base.blocks for m in b.modules())
+    q = quant_lab.weight_only_copy(base, 4, "torch", 32)
+    swapped = [m for m in q.modules() if isinstance(m, QL.WeightOnlyLinear)]
+    assert len(swapped) == n_linear and {(m.bits, m.backend) for m in swapped} == {(4, "torch")}
+    assert not any(isinstance(m, QL.WeightOnlyLinear) for m in base.modules())  # the base is untouched
+    x = torch.randint(0, 256, (1, 16))
+    with torch.no_grad():
+        assert (q(x)[0] - base(x)[0]).abs().max() < 1.0  # int4 rounding only, on the same weights
