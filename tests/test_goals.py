@@ -11,6 +11,7 @@ import torch
 
 from helpers import capture as C
 from helpers import goals as G
+from helpers import goals_train
 
 ROOT = Path(__file__).resolve().parents[1]
 CUDA_ONLY = ["14.scaled_mm", "14.float8_linear", "15.fused_bandwidth", "15.triton_softmax", "15.reduce_overhead",
@@ -162,15 +163,15 @@ def test_float8_linear_says_when_our_rowwise_ran_emulated(monkeypatch, tmp_path)
     must not report that emulation's speed as the FP8 linear's (no CUDA needed: the callees are replaced)."""
     from helpers import fp8, fp8_lab
 
-    monkeypatch.setattr(G, "_need_fp8", lambda: None)
+    monkeypatch.setattr(goals_train, "need_fp8", lambda: None)
     monkeypatch.setattr(fp8_lab, "linear_tflops", lambda n, variant, reps, compile=False, device="cuda":
                         {"bf16": 400.0, "ours rowwise": 100.0, "torchao rowwise": 500.0}[variant])
     monkeypatch.setattr(fp8, "torchao_problem", lambda recipe, device="cpu": None)
     ctx = G.Ctx("full", tmp_path, "cuda")
     monkeypatch.setattr(fp8, "scaled_mm_refusal", lambda device, rowwise=True: None)
-    r = G.g14_float8_linear(ctx)
+    r = goals_train.g14_float8_linear(ctx)
     assert r["met"] is False and r["ratio"] == 0.25 and r["checks"][1]["value"] == 0.2
     monkeypatch.setattr(fp8, "scaled_mm_refusal", lambda device, rowwise=True: "rowwise scales unsupported")
-    r = G.g14_float8_linear(ctx)
+    r = goals_train.g14_float8_linear(ctx)
     assert r["met"] is None and all(c["met"] is None and "emulation" in c["reason"] for c in r["checks"])
     assert r["measured"]["ours_rowwise_emulated"] == "rowwise scales unsupported"
