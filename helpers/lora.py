@@ -14,8 +14,9 @@ base) and `lora_layers`; `merged_variants` (the four ways to ship QLoRA adapters
 course's one formula for the bytes of weights, gradients and optimizer state of full fine-tuning, LoRA
 and QLoRA (`quant_lab.finetune_gb` calls it for Llama-size models).
 
-Notebook 08's measurements with these pieces (fine-tuning three ways, memory measured from the tensors,
-the check against peft) are in `helpers.lora_lab`; the 8-bit optimizer's in `helpers.quant_lab`.
+Notebook 08's measurements with these pieces (fine-tuning three ways, memory measured from the tensors)
+are in `helpers.lora_lab`, the check against peft in `helpers.lora_peft`, the 8-bit optimizer's in
+`helpers.quant_lab`.
 """
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """GPTQ, AWQ and RTN (helpers.gptq); LoRA and QLoRA (helpers.lora), fine-tuning, memory and the check
-against peft (helpers.lora_lab); 8-bit optimizer state (helpers.quant_lab).
+against peft (helpers.lora_peft); 8-bit optimizer state (helpers.quant_lab).
 
 The GPTQ/AWQ-vs-RTN tests run on fixed layers of the cached "tiny" course GPT with calibration
 windows from the training split, as notebook 08 does.
@@ -206,7 +206,7 @@ def test_sections_print_and_return_rows(tiny, calib, capsys):
 
 # ---------------------------------------------------------------- LoRA and QLoRA
 
-from helpers import lora, lora_lab, quant_lab  # noqa: E402
+from helpers import lora, lora_lab, lora_peft, quant_lab  # noqa: E402
 
 
 def test_lora_starts_as_the_base_and_merged_equals_unmerged():
@@ -348,14 +348,14 @@ def test_adamw8bit_threshold_and_update_against_adamw():
 
 @pytest.fixture(scope="module")
 def need_peft():
-    why = lora_lab.peft_missing()
+    why = lora_peft.peft_missing()
     if why:
         pytest.skip(why)
 
 
 @pytest.mark.parametrize("base,cls", [("fp32", "Linear"), ("nf4", "Linear4bit")])
 def test_lora_and_qlora_equal_peft_bitwise(tiny, need_peft, base, cls):
-    p = lora_lab.peft_parity(tiny, r=4, alpha=8, base=base)
+    p = lora_peft.peft_parity(tiny, r=4, alpha=8, base=base)
     assert p["layers"] == len(gptq.block_linears(tiny)) and p["peft_class"] == cls
     assert p["bitwise"], p  # the same ops in the same order on a CPU in fp32
 
@@ -363,13 +363,13 @@ def test_lora_and_qlora_equal_peft_bitwise(tiny, need_peft, base, cls):
 def test_peft_parity_catches_a_wrong_merge(tiny, need_peft, monkeypatch):
     delta = lora.LoRALinear.delta
     monkeypatch.setattr(lora.LoRALinear, "delta", lambda self: 1.01 * delta(self))  # a planted 1% error
-    p = lora_lab.peft_parity(tiny, r=4, alpha=8)
+    p = lora_peft.peft_parity(tiny, r=4, alpha=8)
     assert p["logits"] == 0 and p["grad_A"] == 0  # the forward does not use delta()
     assert p["merged"] > 0 and not p["bitwise"]
 
 
 def test_peft_initialises_like_ours(tiny, need_peft, capsys):
-    res = lora_lab.parity_section(tiny, r=4)
+    res = lora_peft.parity_section(tiny, r=4)
     out = capsys.readouterr().out
     assert out.count("bitwise equal") == 2 and "Kaiming-uniform with a = √5" in out
     got = res["init"]
@@ -383,15 +383,15 @@ def test_parity_section_says_one_sentence_without_peft(tiny, monkeypatch, capsys
     def missing():
         raise ImportError("No module named 'peft'")
 
-    monkeypatch.setattr(lora_lab, "_import_peft", missing)
-    assert lora_lab.parity_section(tiny, r=4) is None
+    monkeypatch.setattr(lora_peft, "_import_peft", missing)
+    assert lora_peft.parity_section(tiny, r=4) is None
     out = capsys.readouterr().out.strip()
     assert out.startswith("peft is not installed") and len(out.splitlines()) == 1
     with pytest.raises(ValueError, match="base"):
-        lora_lab.peft_parity(tiny, base="int4")
+        lora_peft.peft_parity(tiny, base="int4")
 
     def broken():
         raise RuntimeError("torchao built for another torch")
 
-    monkeypatch.setattr(lora_lab, "_import_peft", broken)
-    assert lora_lab.peft_missing().startswith("peft is installed but its import failed (RuntimeError")
+    monkeypatch.setattr(lora_peft, "_import_peft", broken)
+    assert lora_peft.peft_missing().startswith("peft is installed but its import failed (RuntimeError")
