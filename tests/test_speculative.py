@@ -232,3 +232,28 @@ def test_lab_sentences_follow_the_numbers():
     text = L.lookup_sentence(rows)
     assert "γ=2" in text and "1.05x" in text and "1.9" not in text and "1 of its 3 rows" in text
     assert "fastest" not in L.lookup_sentence([_row("prompt-lookup", 1.9, True)])
+
+
+def _gap_rows(ratios, gamma=4):
+    """Grid rows of one draft at one γ whose tokens per pass are `ratios` × the formula's, one per temperature."""
+    run = sp.SpecResult(tokens=torch.zeros(10, dtype=torch.long))
+    return [{"draft": "gpt", "gamma": gamma, "temperature": float(t), "tokens_per_pass": 2.0 * r, "expected": 2.0,
+             "runs": [run], "truncated_per_pass": 0.0, "alpha": 0.5} for t, r in enumerate(ratios)]
+
+
+def test_gap_sentence_states_the_sign_the_gaps_have():
+    """Below the formula at every temperature, but not all by more than 5%, must not read 'no sign shared'."""
+    from helpers import spec_lab as L
+
+    small_below = L.gap_sentence(_gap_rows([0.97, 0.96]), "gpt", [4], [0.0, 1.0])
+    assert "no sign shared" not in small_below and "below it at every temperature, by 3%-4%" in small_below
+    uneven = L.gap_sentence(_gap_rows([0.90, 0.98]), "gpt", [4], [0.0, 1.0])
+    assert "below it at every temperature, by 2%-10%" in uneven and "systematic" in uneven
+    above = L.gap_sentence(_gap_rows([1.08, 1.12]), "gpt", [4], [0.0, 1.0])
+    assert "exceed the formula at every temperature (by 8%-12%)" in above and "within" not in above
+    mixed = L.gap_sentence(_gap_rows([0.97, 1.02]), "gpt", [4], [0.0, 1.0])
+    assert "no sign shared" in mixed and "within 3%" in mixed
+    assert "equal to it" in L.gap_sentence(_gap_rows([1.0, 1.0]), "gpt", [4], [0.0, 1.0])
+    assert "at or below" in L.gap_sentence(_gap_rows([1.0, 0.98]), "gpt", [4], [0.0, 1.0])
+    below = L.gap_sentence(_gap_rows([0.90, 0.85]), "gpt", [4], [0.0, 1.0])
+    assert "fall below the formula at every temperature (by 10%-15%)" in below
