@@ -2,7 +2,8 @@
 
 Speculative sampling (Leviathan et al., 2023, "Fast Inference from Transformers via Speculative
 Decoding"; Chen et al., 2023, "Accelerating Large Language Model Decoding with Speculative Sampling"):
-a cheap draft proposes γ tokens x_i ~ q_i, the target scores all of them in one forward pass (p_i), and
+a cheap draft proposes γ tokens x_i ~ q_i (i = 0 .. γ−1), the target scores all of them in one forward pass
+(p_0 .. p_γ, p_γ being its distribution after the last proposal), and
 
 * x_i is accepted with probability min(1, p_i(x_i) / q_i(x_i)), in order;
 * the first rejected position is resampled from the residual norm(max(0, p_i − q_i));
