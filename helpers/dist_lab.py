@@ -273,7 +273,7 @@ def bucketing_sentence(ddpm: dict, row: int, alpha_s: float) -> str:
     ratio = t["overlapped"] / t["bucketed"]
     big = ddpm["largest tensor bytes"] >= ddpm["bucket_mb"] * 2 ** 20
     why = (f"bucketing cut the all-reduces per step from {m['overlapped']} (one per tensor) to {m['bucketed']}"
-           + (f": each {ddpm['largest tensor bytes'] / 2 ** 20:.0f} MiB weight already fills a {ddpm['bucket_mb']:g} MB "
+           + (f": each {ddpm['largest tensor bytes'] / 2 ** 20:.0f} MiB weight already fills a {ddpm['bucket_mb']:g} MiB "
               "bucket, so a bucket only pairs it with its bias" if big else "")
            + f"; at α ≈ {1e6 * alpha_s:.0f} µs per message that saves about {1e3 * saved * alpha_s:.2f} ms, while "
            "filling each bucket (a copy of its gradients in) and copying the sums back costs two passes over them.")

@@ -4,7 +4,7 @@ Every class here runs inside a process group (see `helpers.distributed.run_on_ra
 
 * `DDP(module, bucket_mb=None, overlap=True)`: parameters broadcast from rank 0 at construction;
   during backward each parameter's gradient is all-reduced as soon as it is accumulated (one hook
-  per parameter), or, with `bucket_mb`, once every gradient of a ~bucket_mb MB bucket is ready;
+  per parameter), or, with `bucket_mb`, once every gradient of a ~bucket_mb MiB bucket is ready;
   `overlap=False` all-reduces everything after backward instead. `finish_gradient_synchronization()`
   waits for the last all-reduce before the optimizer step; `no_sync()` skips communication for
   gradient accumulation. Tied weights are one parameter and are reduced once.
@@ -47,10 +47,11 @@ class DDP(nn.Module):
     """Data-parallel wrapper: forward is the module's; gradients are averaged over the ranks.
 
     bucket_mb: None (one all-reduce per parameter, launched from its own hook) or a positive size
-    in MB: parameters are grouped in reverse registration order (roughly the order backward
-    produces their gradients) into buckets of about that many MB; a bucket is flattened into one
-    buffer and all-reduced once all its gradients are ready. overlap: False waits until
-    `finish_gradient_synchronization()` to start any communication (the naive baseline).
+    in MiB (2^20 bytes, as torch DDP's bucket_cap_mb counts its "MB"): parameters are grouped in reverse
+    registration order (roughly the order backward produces their gradients) into buckets of about
+    that many MiB; a bucket is flattened into one buffer and all-reduced once all its gradients are
+    ready. overlap: False waits until `finish_gradient_synchronization()` to start any communication
+    (the naive baseline).
     Wrap a module once: the hooks stay on its parameters, so a second wrapper would reduce twice.
     Raises ValueError for a bad bucket_mb.
     """
@@ -58,7 +59,7 @@ class DDP(nn.Module):
     def __init__(self, module: nn.Module, bucket_mb: float | None = None, overlap: bool = True):
         super().__init__()
         if bucket_mb is not None and (isinstance(bucket_mb, bool) or not bucket_mb > 0):
-            raise ValueError(f"bucket_mb={bucket_mb!r} must be None or a positive number of MB")
+            raise ValueError(f"bucket_mb={bucket_mb!r} must be None or a positive number of MiB")
         self.module, self.overlap, self.world = module, overlap, dist.get_world_size()
         self.params = unique_params(module)
         with torch.no_grad():
@@ -355,11 +356,14 @@ def zero_formula(stage: int, n_params: int, world_size: int, bytes_param: int = 
 
 
 def zero_extra_comm(stage: int, n_params: int, bytes_param: int = 4) -> float:
-    """Bytes each rank sends per step, relative to DDP's all-reduce 2Ψ (ZeRO paper, section 7).
+    """Bytes each rank sends per step at ZeRO `stage` (0 = DDP), counted as in the ZeRO paper, section 7.
 
     Stages 1 and 2: reduce-scatter + all-gather = the same 2Ψ elements as an all-reduce (1.0x);
     stage 3: parameters all-gathered in forward and again in backward plus the gradient
-    reduce-scatter = 3Ψ (1.5x). Returns bytes per rank for a ring on many ranks.
+    reduce-scatter = 3Ψ (1.5x). Returns bytes per rank for a ring on many ranks. Raises ValueError for a
+    stage other than 0-3.
     """
+    if stage not in (0, 1, 2, 3):
+        raise ValueError(f"stage={stage!r}; choose 0, 1, 2 or 3")
     factor = {0: 2.0, 1: 2.0, 2: 2.0, 3: 3.0}[stage]
     return factor * n_params * bytes_param

@@ -103,6 +103,9 @@ def test_zero_formulas_match_the_paper():
     assert gb == pytest.approx([120, 31.4, 16.6, 1.875], rel=0.01)
     with pytest.raises(ValueError):
         P.zero_formula(4, 10, 2)
+    assert [P.zero_extra_comm(s, 10) for s in range(4)] == [80, 80, 80, 120]  # 2Ψ, 2Ψ, 2Ψ, 3Ψ fp32 bytes
+    with pytest.raises(ValueError, match="stage=4"):  # a ValueError naming the stage, not a bare KeyError
+        P.zero_extra_comm(4, 10)
 
 
 def test_the_panel_plan_follows_the_formulas_and_draws_a_new_figure():
@@ -185,7 +188,7 @@ def test_syncing_every_micro_step_sends_the_gradients_every_time(two_ranks):
     acc = t["accumulation"]
     assert acc["bytes every"] == acc["micro"] * acc["bytes no_sync"] == acc["micro"] * 4 * t["params"]
     assert set(t[4]) == {"compute only", "after backward", "overlapped", "bucketed", "iqr"}
-    # 2 layers of a 64x64 weight (16 KiB, over the 0.01 MB bucket) and a bias: a bucket per layer
+    # 2 layers of a 64x64 weight (16 KiB, over the 0.01 MiB bucket) and a bias: a bucket per layer
     assert t["tensors"] == 4 and t["messages"] == {"after backward": 4, "overlapped": 4, "bucketed": 2}
 
 
@@ -194,6 +197,7 @@ def test_bucketing_sentence_follows_the_numbers():
             "largest tensor bytes": 4 * 2 ** 20}
     slow = L.bucketing_sentence({**base, 4: {"overlapped": 0.10, "bucketed": 0.15}}, 4, 2e-4)
     assert "slower" in slow and "from 8 (one per tensor) to 4" in slow and "already fills" in slow
+    assert "4 MiB weight already fills a 1 MiB bucket" in slow  # DDP's bucket_mb counts 2^20 bytes: MiB, not MB
     fast = L.bucketing_sentence({**base, "largest tensor bytes": 1000, 4: {"overlapped": 0.15, "bucketed": 0.10}}, 4, 2e-4)
     assert "1.50x the speed" in fast and "already fills" not in fast
     assert "within 5%" in L.bucketing_sentence({**base, 4: {"overlapped": 0.1, "bucketed": 0.101}}, 4, 2e-4)
