@@ -11,7 +11,7 @@ Every quantiser here rounds to nearest (RTN), the baseline GPTQ and AWQ improve 
 * **int4 storage.** `pack_int4` stores two 4-bit codes per byte (element 2i in the low nibble, 2i+1 in
   the high one); `unpack_int4` inverts it.
 * **NF4** (Dettmers et al., 2023, "QLoRA: Efficient Finetuning of Quantized LLMs"): 16 levels at quantiles
-  of N(0, 1) with an exact zero, 8 negative and 7 positive non-zero levels scaled to [-1, 1]. Each block of
+  of N(0, 1) with an exact zero, 7 negative and 8 positive non-zero levels scaled to [-1, 1]. Each block of
   `blocksize` consecutive values (row-major flattening) is divided by its absmax and each value snaps to
   the nearest level. `nf4_codebook()` follows bitsandbytes' `create_normal_map(offset=0.9677083)` recipe
   and equals its table bit for bit; `nf4_quantize` / `nf4_dequantize` equal bitsandbytes'
@@ -43,8 +43,8 @@ NF4_OFFSET = 0.9677083  # QLoRA's outermost quantile, as in bitsandbytes' create
 
 @dataclass
 class Quantized:
-    """b-bit integer codes with their scales: `q` (same shape as the source, int8 or int16 codes; uint8
-    packed pairs when `packed`), `scale` and `zero` (float32, one per block; zero is None for absmax),
+    """b-bit integer codes with their scales: `q` (same shape as the source: int8 codes for absmax, uint8
+    for zero-point; uint8 packed pairs, last dimension halved, when `packed`), `scale` and `zero` (float32, one per block; zero is None for absmax),
     `block` (values per scale), the source `shape`, `bits` and `scheme`."""
 
     q: torch.Tensor

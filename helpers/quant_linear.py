@@ -5,10 +5,13 @@
   is an outlier feature; those columns are multiplied in floating point, the rest "vector-wise" in int8:
   each row of X and each row of W gets its own absmax scale, the int8 products are summed exactly
   (int32 in bitsandbytes; float64 here, which is exact at these sizes), and the sum is multiplied by
-  both scales. bitsandbytes' `Linear8bitLt` in eval mode does the same with one difference, which
-  `llm_int8_matmul(..., outlier_weight="int8")` reproduces: it keeps W only in int8, so its outlier
-  columns use the dequantised int8 weight (facts read from bitsandbytes 0.50's source:
-  `int8_vectorwise_quant` zeroes |x| >= threshold before taking row absmax; `int8_mixed_scaled_mm`).
+  both scales. bitsandbytes' `Linear8bitLt` in eval mode differs in three ways. (1) It keeps W only in
+  int8, so its outlier columns use the dequantised int8 weight: `llm_int8_matmul(..., outlier_weight="int8")`
+  reproduces that. (2) Its row scale of X is taken after zeroing only the values with |x| >= threshold,
+  so the smaller values of an outlier column still count in their row's absmax (those columns' int8
+  codes are zeroed afterwards); here the whole outlier columns are left out of the row absmax, as in the
+  paper. (3) It casts X to fp16 first. So the two agree to a tolerance, not bit for bit (facts read from
+  bitsandbytes 0.50's source: the default backend's `int8_vectorwise_quant`; `int8_mixed_scaled_mm`).
 * **Weight-only linears** for decode: the weight is stored in int8 (one scale per output row) or int4
   (zero-point, one scale and zero per `group_size` inputs, packed two per byte) and dequantised inside the
   matmul; activations stay in 16/32-bit. At batch 1 decode reads every weight once per token, so fewer
