@@ -44,8 +44,9 @@ NF4_OFFSET = 0.9677083  # QLoRA's outermost quantile, as in bitsandbytes' create
 @dataclass
 class Quantized:
     """b-bit integer codes with their scales: `q` (same shape as the source: int8 codes for absmax, uint8
-    for zero-point; uint8 packed pairs, last dimension halved, when `packed`), `scale` and `zero` (float32, one per block; zero is None for absmax),
-    `block` (values per scale), the source `shape`, `bits` and `scheme`."""
+    for zero-point; uint8 packed pairs, last dimension halved, when `packed`), `scale` and `zero` (float32,
+    one per block; zero is None for absmax), `block` (values per scale), the source `shape`, `bits` and
+    `scheme`."""
 
     q: torch.Tensor
     scale: torch.Tensor
