@@ -396,11 +396,25 @@ def worker_memory(store: DocumentStore) -> dict[str, int]:
 
 # ---------------------------------------------------------------- CUDA: pinned memory and overlap
 
+def host_buffer(nbytes: int) -> torch.Tensor:
+    """A pageable uint8 CPU tensor of `nbytes` bytes, every byte written (set to 1).
+
+    A fresh `torch.empty` of many megabytes is memory the kernel has not handed out yet: until a page is
+    written, reading it returns the one shared zero page, which stays in the CPU's cache, so a copy from
+    it would time the cache, not host memory. Writing every page first gives each its own memory, as a
+    real batch has. Raises ValueError for nbytes < 1.
+    """
+    if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 1:
+        raise ValueError(f"nbytes={nbytes!r} must be a positive int")
+    return torch.empty(nbytes, dtype=torch.uint8).fill_(1)
+
+
 def h2d_bandwidth(sizes: Sequence[int], *, reps: int = 10) -> list[dict[str, float]]:
     """Host-to-device GB/s per size in bytes: pageable `.to()`, pinned `.to(non_blocking=True)`, and
     pin-on-the-fly (`.pin_memory()` then the non-blocking copy, every time). CUDA only (RuntimeError otherwise).
 
     Each number is bytes / median time of `reps` copies, each synchronised (CUDA events via helpers.bench).
+    The source buffers come from `host_buffer`: written memory, not the zero page of a fresh allocation.
     """
     from . import bench
 
@@ -408,8 +422,8 @@ def h2d_bandwidth(sizes: Sequence[int], *, reps: int = 10) -> list[dict[str, flo
         raise RuntimeError("host-to-device bandwidth needs a CUDA device")
     rows = []
     for n in sizes:
-        pageable = torch.empty(n, dtype=torch.uint8)
-        pinned = torch.empty(n, dtype=torch.uint8).pin_memory()
+        pageable = host_buffer(n)
+        pinned = host_buffer(n).pin_memory()
         dst = torch.empty(n, dtype=torch.uint8, device="cuda")
         fns = {"pageable": lambda: dst.copy_(pageable),
                "pinned": lambda: dst.copy_(pinned, non_blocking=True),

@@ -166,6 +166,17 @@ def test_parameter_checks_and_cuda_only_paths_fail_clearly():
             loading.copy_overlap(1024, 64)
 
 
+def test_host_buffer_is_written_pageable_memory():
+    # h2d_bandwidth copies from it: a fresh torch.empty would be the zero page (cached), not host memory
+    n = 3 * 4096 + 5
+    buf = loading.host_buffer(n)
+    assert buf.dtype == torch.uint8 and buf.numel() == n and buf.device.type == "cpu"
+    assert bool((buf == 1).all()) and not buf.is_pinned()
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="nbytes"):
+            loading.host_buffer(bad)
+
+
 def test_sweep_rounds_interleaves_and_keeps_each_configs_fastest_round(monkeypatch):
     calls = []
     speed = {(0, 1): 10.0, (0, 2): 30.0, (1, 1): 20.0, (1, 2): 5.0}
