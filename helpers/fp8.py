@@ -279,12 +279,24 @@ def _first_sentence(err: BaseException) -> str:
     return msg if msg.endswith(".") else msg + "."
 
 
-def scaled_mm_refusal(device: str | torch.device, rowwise: bool = True) -> str | None:
+def scaled_mm_refusal(device: str | torch.device, rowwise: bool = True, aligned: bool = True) -> str | None:
     """Why torch._scaled_mm refused per-row (rowwise=True) or per-tensor scales on `device` in this
     process, so that `scaled_mm` emulated those products in fp32; None if it has not refused them (or
-    was not tried yet). torch 2.11 on a CPU, for one, accepts only per-tensor scales."""
+    was not tried yet). torch 2.11 on a CPU, for one, accepts only per-tensor scales.
+
+    aligned=True asks about products whose K and N are multiples of 16 (what every fp8 GEMM of a
+    converted layer has when its tokens are too); aligned=False about the others, which CUDA's kernels
+    refuse whatever the scales. A refusal of one kind never sends products of the other to the emulation."""
     dev = torch.device(device).type
-    return next((why for (d, rw, *_), why in _SCALED_MM_REFUSED.items() if d == dev and rw == rowwise), None)
+    return next((why for (d, rw, _, _, al), why in _SCALED_MM_REFUSED.items()
+                 if d == dev and rw == rowwise and al == aligned), None)
+
+
+def mm_aligned(a_shape: tuple[int, ...], b_shape: tuple[int, ...]) -> bool:
+    """Whether a (M, K) @ b (K, N) has K and N multiples of 16, as torch._scaled_mm requires on CUDA
+    (torch's own shape check: mat1.size(1) and both sizes of mat2 divisible by 16; M is free). The
+    weight gradient dW = dYᵀ X contracts over the tokens, so there K is the number of tokens."""
+    return a_shape[1] % 16 == 0 and b_shape[1] % 16 == 0
 
 
 def _emulated_mm(a, b, inv_a, inv_b, out_dtype):
@@ -296,8 +308,9 @@ def scaled_mm(a: torch.Tensor, b: torch.Tensor, inv_a: torch.Tensor, inv_b: torc
     """(a / scale_a) @ (b / scale_b) for fp8 a (M, K) and b (K, N); inv_* are 1/scale: scalars, or
     (M, 1) and (1, N) for rowwise. Through torch._scaled_mm (b made column-major, as it requires)
     unless `emulate` or the device refused it once (then fp32 emulation; the reason is kept in
-    `_SCALED_MM_REFUSED`)."""
-    key = (a.device.type, inv_a.numel() > 1, a.dtype, b.dtype)
+    `_SCALED_MM_REFUSED`, per device, scale kind, dtypes and `mm_aligned`: a refused product with, say, a
+    token count that is not a multiple of 16 sends only such products to the emulation, not every later one)."""
+    key = (a.device.type, inv_a.numel() > 1, a.dtype, b.dtype, mm_aligned(a.shape, b.shape))
     inv_a, inv_b = inv_a.to(a.device), inv_b.to(a.device)
     if not (emulate or _EMULATE[-1]) and key not in _SCALED_MM_REFUSED and hasattr(torch, "_scaled_mm"):
         a_rm, b_cm = a.contiguous(), b.t().contiguous().t()  # row-major a, column-major b

@@ -114,6 +114,34 @@ def test_scaled_mm_and_emulation_agree():
     torch.testing.assert_close(real, emu, rtol=1e-5, atol=1e-5)  # fp32 accumulation order only
 
 
+def test_a_refused_unaligned_product_does_not_send_aligned_ones_to_the_emulation(monkeypatch):
+    # CUDA's _scaled_mm refuses K or N not a multiple of 16 (a batch of 200 tokens makes dW's K = 200): that
+    # refusal must stay with such shapes, not turn every later fp8 product of the process into the emulation
+    real, native, tried = torch._scaled_mm, [], []
+
+    def like_cuda(a, b, **kw):
+        tried.append(tuple(a.shape))
+        if not fp8.mm_aligned(a.shape, b.shape):
+            raise RuntimeError("Expected self.size(1) to be divisible by 16, but got self.size(1)=40")
+        native.append(tuple(a.shape))
+        return real(a, b, **kw)
+
+    monkeypatch.setattr(torch, "_scaled_mm", like_cuda)
+    monkeypatch.setattr(fp8, "_SCALED_MM_REFUSED", {})
+    g = torch.Generator().manual_seed(0)
+    assert fp8.mm_aligned((200, 64), (64, 32)) and not fp8.mm_aligned((32, 200), (200, 64))
+    assert not fp8.mm_aligned((16, 64), (64, 40))
+    for k in (40, 64, 40, 48):  # unaligned, aligned, unaligned again, aligned
+        (qa, sa), (qb, sb) = fp8.tensorwise(torch.randn(16, k, generator=g)), fp8.tensorwise(torch.randn(k, 32, generator=g))
+        got = fp8.scaled_mm(qa, qb, sa.reciprocal(), sb.reciprocal())
+        torch.testing.assert_close(got, fp8.scaled_mm(qa, qb, sa.reciprocal(), sb.reciprocal(), emulate=True),
+                                   rtol=1e-5, atol=1e-5)
+    assert native == [(16, 64), (16, 48)]  # both aligned products ran natively
+    assert tried == [(16, 40), (16, 64), (16, 48)]  # the unaligned shape was tried once, then emulated
+    assert fp8.scaled_mm_refusal("cpu", rowwise=False) is None
+    assert "divisible by 16" in fp8.scaled_mm_refusal("cpu", rowwise=False, aligned=False)
+
+
 def test_blockwise_mm_equals_float64_reference_of_the_same_operands():
     g = torch.Generator().manual_seed(1)
     a, w = torch.randn(40, 300, generator=g), torch.randn(150, 300, generator=g)
