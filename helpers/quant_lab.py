@@ -74,15 +74,19 @@ def weight_error_rows(weights: dict[str, torch.Tensor], groups, bits=(8, 4)) -> 
     return rows
 
 
-def outlier_profile(acts: dict[str, torch.Tensor]) -> list[dict]:
-    """Per layer input: largest |x|, median |x|, their ratio, the share of input columns holding any
-    |x| >= 6 (LLM.int8's default threshold), and the column whose absmax is largest."""
+def outlier_profile(acts: dict[str, torch.Tensor], threshold: float = 6.0) -> list[dict]:
+    """Per layer input (acts: {name: (tokens, in)}): largest |x|, median |x|, their ratio, "cols_over" (the
+    share of input columns holding any |x| >= `threshold`; 6 is LLM.int8's default), "threshold", and the
+    column whose absmax is largest. Raises ValueError for a threshold that is not a positive number."""
+    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not threshold > 0:
+        raise ValueError(f"threshold={threshold!r} must be a positive number")
     rows = []
     for name, x in acts.items():
         col = x.abs().amax(0)
         rows.append({"layer": name, "max_abs": float(col.max()), "median_abs": float(x.abs().median()),
                      "ratio": float(col.max() / x.abs().median().clamp(min=1e-12)),
-                     "cols_over_6": float((col >= 6).float().mean()), "top_column": int(col.argmax())})
+                     "cols_over": float((col >= threshold).float().mean()), "threshold": float(threshold),
+                     "top_column": int(col.argmax())})
     return rows
 
 
@@ -291,7 +295,8 @@ def decode_speed(preset: str = "1.3b", batches=(1, 32), prompt: int = 64, reps: 
             for b in batches:
                 step = _decode_step(model, b, prompt, "cuda")
                 t = benchmark(step, warmup=5, reps=reps, device="cuda")
-                kv = 2 * model.config.n_layer * b * (prompt + 1) * model.config.d_model * 2
+                mc = model.config  # K and V of every layer, bf16, n_kv_head heads (d_model wide without GQA)
+                kv = 2 * mc.n_layer * b * (prompt + 1) * mc.n_kv_head * mc.head_dim * 2
                 rows.append({"variant": name, "batch": b, "ms": 1e3 * t.median, "iqr_ms": 1e3 * (t.q75 - t.q25),
                              "tokens_per_s": b / t.median,
                              "gbps": None if wbytes is None else (wbytes + kv) / t.median / GB})

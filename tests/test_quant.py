@@ -261,3 +261,20 @@ def test_weight_only_copy_swaps_the_block_linears_of_a_copy_and_leaves_the_base(
     x = torch.randint(0, 256, (1, 16))
     with torch.no_grad():
         assert (q(x)[0] - base(x)[0]).abs().max() < 1.0  # int4 rounding only, on the same weights
+
+
+def test_outlier_profile_counts_columns_at_the_threshold_it_is_given():
+    """The notebook's column header names its THRESHOLD parameter, so the share must be counted at that threshold,
+    not at a fixed 6."""
+    from helpers import quant_lab
+
+    x = torch.zeros(4, 10)
+    x[0, 0], x[1, 1], x[2, 2] = 7.0, -4.5, 3.0  # column maxima 7, 4.5, 3 and zeros elsewhere
+    (at6,) = quant_lab.outlier_profile({"l": x})
+    (at4,) = quant_lab.outlier_profile({"l": x}, threshold=4.0)
+    (at3,) = quant_lab.outlier_profile({"l": x}, threshold=3.0)  # |x| >= threshold: 3 itself counts
+    assert (at6["cols_over"], at4["cols_over"], at3["cols_over"]) == pytest.approx((0.1, 0.2, 0.3))
+    assert at4["threshold"] == 4.0 and at6["top_column"] == 0
+    for bad in (0, -1.0, True, "6"):
+        with pytest.raises(ValueError, match="threshold"):
+            quant_lab.outlier_profile({"l": x}, threshold=bad)
