@@ -159,14 +159,22 @@ def _int8_linear(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> torch
 
 
 _COMPILED = None
+# Inductor's option under which a matmul with one row (batch-1 decode) becomes a multiply-and-sum that Inductor
+# writes itself, so the int8 -> bf16 conversion is fused into that kernel's loads and each weight is read once
+# as one byte. Without it the matmul stays cuBLAS's and the conversion is a kernel of its own that writes a bf16
+# copy of the weight for cuBLAS to read (1 + 2 + 2 bytes moved per weight, against bf16's 2). gpt-fast sets it
+# process-wide (torch._inductor.config.coordinate_descent_tuning = True); in torch 2.11 and later the rewrite is
+# in torch/_inductor/decomposition.py's `mm`, for GPUs only, so a CPU compiles as before.
+FUSED_MATVEC = {"coordinate_descent_tuning": True}
 
 
 def _compiled_int8():
-    """`_int8_linear` under torch.compile (on a GPU Inductor fuses the int8 -> bf16 conversion into the
-    matmul's load instead of writing a bf16 copy of the weight first: gpt-fast's recipe)."""
+    """`_int8_linear` under torch.compile with FUSED_MATVEC: at batch 1 on a GPU, Inductor fuses the
+    int8 -> bf16 conversion into the matrix-vector product's loads instead of writing a bf16 copy of the
+    weight first (gpt-fast's recipe)."""
     global _COMPILED
     if _COMPILED is None:
-        _COMPILED = torch.compile(_int8_linear, dynamic=True)
+        _COMPILED = torch.compile(_int8_linear, dynamic=True, options=FUSED_MATVEC)
     return _COMPILED
 
 

@@ -149,6 +149,21 @@ def test_weight_only_linear_equals_dequantise_then_matmul(bits):
 
 
 @pytest.mark.skipif(QL.BROKEN is not None, reason=str(QL.BROKEN))
+def test_compiled_int8_asks_inductor_to_fuse_the_conversion_into_the_matvec(monkeypatch):
+    # without coordinate_descent_tuning Inductor keeps a batch-1 matmul as cuBLAS's mm and converts the int8
+    # weight to bf16 in a kernel of its own (5 bytes moved per weight); gpt-fast's recipe sets it
+    seen = {}
+
+    def fake_compile(fn, **kw):
+        seen.update(kw)
+        return fn
+
+    monkeypatch.setattr(QL, "_COMPILED", None)
+    monkeypatch.setattr(torch, "compile", fake_compile)
+    assert QL._compiled_int8() is QL._int8_linear
+    assert seen == {"dynamic": True, "options": {"coordinate_descent_tuning": True}}
+
+
 def test_triton_int4_kernel_equals_pytorch_dequantise_then_matmul():
     lin = torch.nn.Linear(96, 40)  # odd tile edges: N=40 over BLOCK_N=32, K=96 over BLOCK_K=64
     m = QL.WeightOnlyLinear.from_linear(lin, 4, 32)
