@@ -13,6 +13,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from . import bench
+from .quant_linear import FUSED_MATVEC
 from .inference import KVCache, LatentKVCache, decode_one, factorise_kv, kv_bytes_per_token
 from .model import GPT, GPTConfig
 
@@ -288,16 +289,30 @@ def static_step(model: GPT, token: torch.Tensor, cache: StaticKVCache) -> torch.
     return model.lm_head(model.ln_f(x))[:, -1]
 
 
+def decode_compile_options(mode: str = "reduce-overhead") -> dict:
+    """Inductor options for the compiled decode step: `mode`'s own ("reduce-overhead" is Inductor's
+    {"triton.cudagraphs": True}, "default" none) plus FUSED_MATVEC (coordinate_descent_tuning), under which
+    a one-row matmul becomes a multiply-and-sum that Inductor writes itself, so an int8 or int4 weight is
+    converted inside the kernel that reads it (gpt-fast sets the same option for every variant it times,
+    bf16 included). torch.compile takes a mode or options, not both, hence the dict. Raises ValueError for
+    another mode."""
+    if mode not in ("default", "reduce-overhead"):
+        raise ValueError(f"mode={mode!r}; choose 'default' or 'reduce-overhead'")
+    return {**({"triton.cudagraphs": True} if mode == "reduce-overhead" else {}), **FUSED_MATVEC}
+
+
 def compiled_decode(model: GPT, context: int, reps: int, mode: str = "reduce-overhead") -> dict:
     """CUDA only: batch-1 decode at `context` tokens, eager KVCache vs torch.compile(static_step) with a
-    StaticKVCache (`mode` "reduce-overhead" adds CUDA graphs). Returns seconds and bytes read per token."""
+    StaticKVCache (`mode` "reduce-overhead" adds CUDA graphs; `decode_compile_options` says what else is
+    set). Returns seconds and bytes read per token."""
+    options = decode_compile_options(mode)
     p = _param(model)
     cfg = model.config
     static = StaticKVCache(cfg, 1, context + 1, dtype=p.dtype, device=p.device)
     with torch.no_grad():
         model(_tokens(1, context, p.device), cache=static)  # prefill through the same buffers
     tok = _tokens(1, 1, p.device, 1)
-    step = torch.compile(static_step, mode=mode, fullgraph=True)
+    step = torch.compile(static_step, fullgraph=True, options=options)
 
     def run():
         static.pos.fill_(context)

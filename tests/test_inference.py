@@ -259,3 +259,17 @@ def test_per_position_reports_spreads():
     sp = {}
     out = K.per_position(_model(2), [4, 8], 2, warmup=1, spreads=sp)
     assert set(sp) == set(out) and all(len(v) == 2 for v in sp.values())
+
+
+def test_compiled_decode_options_fuse_the_matvec_under_cuda_graphs():
+    from helpers.quant_linear import FUSED_MATVEC
+
+    assert K.decode_compile_options() == {"triton.cudagraphs": True, **FUSED_MATVEC}
+    assert K.decode_compile_options("default") == FUSED_MATVEC
+    assert FUSED_MATVEC == {"coordinate_descent_tuning": True}
+    # the mode's own options are Inductor's: what torch.compile(mode="reduce-overhead") would set
+    from torch._inductor import list_mode_options
+
+    assert list_mode_options("reduce-overhead").items() <= K.decode_compile_options().items()
+    with pytest.raises(ValueError, match="mode"):
+        K.decode_compile_options("max-autotune")
