@@ -15,6 +15,7 @@ The measurements themselves live in `helpers.goals_train` (issues 14, 15, 19, 20
 """
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +32,7 @@ class Ctx:
     profile: str            # "smoke" | "full"
     cache_dir: Path         # shared by the goals of one run (trained models)
     device: str = "cpu"
+    partial_path: str | None = None  # set by the runner: where `partial` keeps what is measured so far
 
     @property
     def full(self) -> bool:
@@ -38,6 +40,22 @@ class Ctx:
 
     def pick(self, *, smoke, full):
         return full if self.full else smoke
+
+    def partial(self, **measured) -> None:
+        """Keep numbers measured so far (merged with earlier calls; JSON-able values), so that a goal stopped
+        at its time limit, or killed, still reports them: the runner attaches them to its record as
+        "partial". A goal with several slow parts (a compile per variant) calls this after each part."""
+        if self.partial_path is None:
+            return
+        path = Path(self.partial_path)
+        try:
+            kept = json.loads(path.read_text())
+        except (OSError, ValueError):
+            kept = {}
+        kept.update(measured)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(kept, default=str))
+        tmp.replace(path)
 
 
 # ---------------------------------------------------------------- building a goal's result

@@ -21,7 +21,8 @@ that goal, and rewrites `DIR/goals.json` atomically after every goal. A goal rec
 was measured (`measured`), the headline `ratio`, the issue's `target`, `met` (True, False, or None
 when a part could not be measured), the `checks` behind it and the `sizes` used; or status "not
 measurable" with a one-sentence reason (no CUDA, no FP8 tensor cores, torchao unusable), "failed"
-with the error's first line, "stopped" (over its time limit) or "skipped" (budget). Trained models
+with the error's first line, "stopped" (over its time limit) or "skipped" (budget); a failed or stopped
+goal also records as "partial" what it measured before it ended (`Ctx.partial`). Trained models
 are cached in `DIR/cache/` (or `--cache-dir`) and shared between the goals of one run.
 
 `--profile smoke` (the default without CUDA) uses tiny sizes, so the plumbing runs on a 2-core CPU in
@@ -173,6 +174,7 @@ def _child(fn: Callable[[Ctx], dict], ctx: Ctx, path: str) -> None:
         import torch
 
         ctx.device = "cuda" if torch.cuda.is_available() else "cpu"
+        ctx.partial_path = path + ".partial"
         out = {"status": "measured", "device": torch.cuda.get_device_name(0) if ctx.device == "cuda" else "cpu",
                **fn(ctx)}
     except NotMeasurable as err:
@@ -216,18 +218,27 @@ def _stop(proc) -> None:
 def run_one(goal: Goal, ctx: Ctx, limit_s: float, work: Path) -> dict:
     """Run one goal in its own process, stopped after `limit_s`; its record (without timing fields)."""
     path = Path(work) / f"{goal.key}.json"
+    partial = Path(str(path) + ".partial")  # Ctx.partial's file: what the goal measured before it ended
     path.unlink(missing_ok=True)
+    partial.unlink(missing_ok=True)
     proc = _context().Process(target=_child, args=(goal.fn, ctx, str(path)), daemon=False)
     proc.start()
     proc.join(timeout=max(1.0, limit_s))
     if proc.is_alive():
         _stop(proc)
-        return {"status": "stopped", "reason": f"stopped after its time limit of {limit_s:.0f} s"}
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {"status": "failed", "error": f"the goal's process ended with exit code {proc.exitcode} and no result "
-                                             "(killed: out of memory, or a crash in native code)"}
+        rec = {"status": "stopped", "reason": f"stopped after its time limit of {limit_s:.0f} s"}
+    else:
+        try:
+            rec = json.loads(path.read_text())
+        except (OSError, ValueError):
+            rec = {"status": "failed", "error": f"the goal's process ended with exit code {proc.exitcode} and no "
+                                                "result (killed: out of memory, or a crash in native code)"}
+    if rec["status"] != "measured":
+        try:
+            rec["partial"] = json.loads(partial.read_text())
+        except (OSError, ValueError):
+            pass
+    return rec
 
 
 def _limit(goal: Goal, profile: str) -> float:
@@ -303,6 +314,9 @@ def table(doc: dict) -> str:
                 measured += f"; {r['note']}"
         else:
             measured = f"{r['status']}: {r.get('reason') or r.get('error', '')}"
+            if r.get("partial"):
+                measured += "; measured before that: " + ", ".join(
+                    f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}" for k, v in r["partial"].items())
         met = {True: "yes", False: "no", None: "-"}[r.get("met")]
         rows.append([r["issue"], r["goal"], measured[:160], r.get("target", "-") if r["status"] == "measured" else "-",
                      met, f"{r.get('seconds', 0):.1f}"])

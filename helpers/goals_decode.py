@@ -147,6 +147,8 @@ def g17_compiled_decode(ctx: Ctx) -> dict:
                 c = kv_lab.compiled_decode(model, context, reps)
                 rows[name] = {"backend": backend, "ms": 1e3 * c["compiled_s"], "tokens_per_s": 1 / c["compiled_s"],
                               "gbps": (c["bytes"] + qbytes) / c["compiled_s"] / 1e9, "eager_gbps": c["eager_gbps"]}
+                ctx.partial(copy_gbps=copy, **{f"{name}_tokens_per_s": rows[name]["tokens_per_s"],
+                                               f"{name}_gbps": rows[name]["gbps"]})  # kept if the limit stops us
                 why.pop(name, None)
                 break
             except Exception as err:  # noqa: BLE001 - a variant that cannot be compiled: its reason, the others go on

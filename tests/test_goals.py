@@ -65,6 +65,12 @@ def _hang(ctx):
     time.sleep(600)
 
 
+def _hang_after_partial(ctx):
+    ctx.partial(first_tflops=1.5)
+    ctx.partial(second_tflops=2.5, first_tflops=1.25)  # later calls merge, and a repeated name takes the new value
+    time.sleep(600)
+
+
 def _goal(fn, key):
     return G.Goal(99, key, key, fn, 1.0, "test", 1.0)
 
@@ -175,3 +181,13 @@ def test_float8_linear_says_when_our_rowwise_ran_emulated(monkeypatch, tmp_path)
     r = goals_train.g14_float8_linear(ctx)
     assert r["met"] is None and all(c["met"] is None and "emulation" in c["reason"] for c in r["checks"])
     assert r["measured"]["ours_rowwise_emulated"] == "rowwise scales unsupported"
+
+
+def test_a_stopped_goal_keeps_what_it_measured_before_its_limit(tmp_path):
+    doc = G.run([_goal(_hang_after_partial, "99.partial"), _goal(_quick, "99.quick")], tmp_path, profile="smoke",
+                budget_s=120, limit=lambda goal, profile: 8.0, log=lambda s: None)
+    stopped, quick = doc["goals"]
+    assert stopped["status"] == "stopped" and stopped["partial"] == {"first_tflops": 1.25, "second_tflops": 2.5}
+    assert "partial" not in quick  # a goal that finished reports its result, not its partial numbers
+    assert "measured before that: first_tflops 1.25, second_tflops 2.5" in G.table(doc)
+    assert G.Ctx("smoke", tmp_path).partial(x=1) is None  # outside the runner: nothing kept, nothing raised
