@@ -46,11 +46,11 @@ lab: $(STAMP)
 	$(VENV)/bin/jupyter lab --notebook-dir=notebooks $(LAB_ROOT_FLAG)
 
 run: $(STAMP)
-	$(PY) -m helpers.run $(if $(filter-out auto,$(PROFILE)),--profile $(PROFILE)) $(ARGS)
+	$(PY) -m helpers.course.run $(if $(filter-out auto,$(PROFILE)),--profile $(PROFILE)) $(ARGS)
 
 # before committing a notebook: outputs, execution counts and widget state out
 strip: $(STAMP)
-	$(PY) -m helpers.strip notebooks/*.ipynb
+	$(PY) -m helpers.course.strip notebooks/*.ipynb
 
 clean-venv:
 	rm -rf $(VENV)

@@ -5,11 +5,11 @@
 #   bash scripts/gpu_capture.sh                 # goals (360 s), then every notebook, 540 s in all
 #   BUDGET_S=300 bash scripts/gpu_capture.sh 06 # a shorter window, or a chosen notebook
 #   GOALS_BUDGET_S=0 bash scripts/gpu_capture.sh  # notebooks only
-# helpers.goals runs first (GOALS_BUDGET_S, default 360; 0 skips it) and writes $OUT/goals.json.
-# helpers.capture orders the notebooks (no reference first, then the oldest), starts one only if its
+# helpers.course.goals runs first (GOALS_BUDGET_S, default 360; 0 skips it) and writes $OUT/goals.json.
+# helpers.course.capture orders the notebooks (no reference first, then the oldest), starts one only if its
 # estimate fits what is left, stops one that overruns, and packs each as it finishes, so what
 # finished comes back even if the call is cut. $OUT gets: gpu.txt, capture.log, goals.json, capture-<k>.tgz.
-# Back here: python -m helpers.capture import <files_at>/capture-*.tgz  (see results/README.md).
+# Back here: python -m helpers.course.capture import <files_at>/capture-*.tgz  (see results/README.md).
 set -uo pipefail
 OUT="${OUT:-runs/gpu_capture}"
 PROFILE="${PROFILE:-full}"
@@ -31,7 +31,7 @@ export PYTHONPATH="$PWD:${PYTHONPATH:-}"  # helpers/ without an install
 cat "$OUT/gpu.txt"
 status=0
 if [ "${GOALS_BUDGET_S%.*}" -gt 0 ]; then  # the goals first: one goals.json, rewritten after each goal
-    python3 -m helpers.goals run --out "$OUT" --cache-dir "${TMPDIR:-/tmp}/goals-cache" --budget-s "$GOALS_BUDGET_S" \
+    python3 -m helpers.course.goals run --out "$OUT" --cache-dir "${TMPDIR:-/tmp}/goals-cache" --budget-s "$GOALS_BUDGET_S" \
         --profile "$PROFILE" 2>&1 | tee "$OUT/capture.log"
     status=${PIPESTATUS[0]}
 fi
@@ -40,7 +40,7 @@ if ! python3 -c "import papermill, ipykernel" 2>/dev/null; then
     echo "no papermill/ipykernel here: carry .whl (scripts/gpu_wheels.sh); notebooks not captured" | tee -a "$OUT/capture.log"
     status=1
 elif [ "$LEFT_S" -gt 30 ]; then  # the notebooks with what is left (capture keeps 25 s of it for packing)
-    python3 -m helpers.capture run --out "$OUT" --budget-s "$LEFT_S" --profile "$PROFILE" "$@" 2>&1 | tee -a "$OUT/capture.log"
+    python3 -m helpers.course.capture run --out "$OUT" --budget-s "$LEFT_S" --profile "$PROFILE" "$@" 2>&1 | tee -a "$OUT/capture.log"
     nb_status=${PIPESTATUS[0]}
     [ "$nb_status" -ne 0 ] && status=$nb_status
 else

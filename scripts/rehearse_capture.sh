@@ -30,6 +30,6 @@ mkdir "$WORK/tree" && git ls-files -z | xargs -0 cp --parents -t "$WORK/tree" &&
     bash scripts/gpu_capture.sh "$@")
 ls "$WORK/out"
 test "$(ls "$WORK/out" | wc -l)" -le 8
-.venv/bin/python -m helpers.capture import "$WORK"/out/capture-*.tgz --into "$WORK/results"
+.venv/bin/python -m helpers.course.capture import "$WORK"/out/capture-*.tgz --into "$WORK/results"
 cat "$WORK"/results/*/README.md
 echo "rehearsal passed"

@@ -12,8 +12,8 @@ matplotlib.use("Agg")  # tests draw off-screen; notebook kernels choose their ow
 
 @pytest.fixture
 def results_tmp(tmp_path):
-    """Point helpers.results at a fresh folder for the test, and restore the default after."""
-    from helpers import results
+    """Point helpers.measure.results at a fresh folder for the test, and restore the default after."""
+    from helpers.measure import results
 
     folder = results.configure(tmp_path / "results", profile="smoke")
     yield folder

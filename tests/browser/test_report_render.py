@@ -15,7 +15,7 @@ import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
 
-from helpers import report, run
+from helpers.course import report, run
 
 ROOT = Path(__file__).resolve().parents[2]
 SHOTS = ROOT / "runs" / "browser" / "report"   # git-ignored

@@ -1,0 +1,297 @@
+"""Notebook 06's longer cells, moved here so each notebook cell stays one idea (see helpers.attention.kernels).
+
+* `resolve_parameters`: every parameter of the notebook validated at once, None meaning "the profile's
+  default" (MEMORY_BUDGET_GB keeps its own documented values, see there).
+* `correctness`: every implementation x precision x causal flag against fp32 naive attention, by
+  flash-attn's rule, and the combinations that could *not* be checked here, each with its reason.
+* `memory_wall_figure`, `speed_figures`: the figures, drawn so that what the run did not measure is
+  not drawn as if it had (a wall where naive stopped, error bars from the IQR, no curve through two points).
+* `traffic_verdict`: the sentence about the tile-size crossover, generated from the run's numbers.
+* `gpt_kernels`: one training step of the course GPT per attention kernel (loss, time, bytes kept).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import matplotlib.pyplot as plt
+import torch
+
+from helpers.attention import kernels as A
+from helpers.measure import bench, hardware, params
+from helpers.show import plots
+from helpers.attention.gpu_check import compare
+from helpers.show.tables import table
+
+DTYPE_NAMES = ("fp32", "fp16", "bf16")
+
+
+@dataclass(frozen=True)
+class Parameters:
+    """The notebook's parameters after validation, with the profile's defaults filled in."""
+
+    dtype: str
+    torch_dtype: torch.dtype
+    bf16_ok: bool
+    seq_lens: list
+    head_dims: list
+    tokens: int
+    d_model: int
+    memory_seq_lens: list
+    memory_budget_gb: float | None
+    block_sizes: list
+    pytorch_max_n: int
+    gpt_preset: str
+    gpt_batch: int
+    reps: int
+    warmup: int
+
+
+def _head_dims(name: str, values: Any) -> list:
+    values = params.positives(name, values)
+    for d in values:
+        if not 16 <= d <= 128:
+            raise ValueError(f"{name}={values!r}: entry {d!r} is not allowed; the kernels take ints from 16 to 128")
+    return values
+
+
+def _budget(value: Any, device: str) -> float | None:
+    """MEMORY_BUDGET_GB: "auto" -> 0.05 GiB on a CPU (never fill the machine's RAM), None on CUDA (run to
+    the out-of-memory error); None -> no budget anywhere; a positive number -> that many GiB."""
+    if value == "auto":
+        return 0.05 if device == "cpu" else None
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ValueError(f"MEMORY_BUDGET_GB={value!r} must be 'auto', None (no budget) or a positive number of GiB")
+    return float(value)
+
+
+def resolve_parameters(S: params.Setup, *, DTYPE, SEQ_LENS, HEAD_DIMS, TOKENS, D_MODEL, MEMORY_SEQ_LENS,
+                       MEMORY_BUDGET_GB, BLOCK_SIZES, PYTORCH_MAX_N, GPT_PRESET, GPT_BATCH, REPS) -> Parameters:
+    """Validate every parameter of notebook 06 (ValueError naming the first bad one) and fill in defaults.
+
+    DTYPE "auto" is bf16 on CUDA (fp16 on a GPU without bf16 units), fp32 on a CPU; bf16 asked for on a
+    GPU without bf16 units becomes fp16, with a printed sentence.
+    """
+    from helpers.gpt.model import PRESETS
+
+    params.choose("DTYPE", DTYPE, ("auto", *DTYPE_NAMES))
+    bf16_ok = hardware.capabilities()["bf16"]
+    cuda = S.device == "cuda"
+    dtype = {"auto": ("bf16" if bf16_ok else "fp16") if cuda else "fp32"}.get(DTYPE, DTYPE)
+    if dtype == "bf16" and cuda and not bf16_ok:
+        print("this GPU has no bf16 units (a T4?), so the sweeps run in fp16 instead of the requested bf16")
+        dtype = "fp16"
+    gib = torch.cuda.get_device_properties(0).total_memory / 2**30 if cuda else None
+    R = S.resolve
+    return Parameters(
+        dtype=dtype, torch_dtype=hardware.torch_dtype(dtype), bf16_ok=bf16_ok,
+        seq_lens=R("SEQ_LENS", SEQ_LENS, smoke=[64, 128, 256], full=[512, 1024, 2048, 4096, 8192, 16384],
+                   check=params.positives),
+        # full: d=128 only (issue 5's goal setting), so the whole course fits one lent-GPU window;
+        # HEAD_DIMS=[64, 128] adds the paper's other head dim at about twice the compile time
+        head_dims=R("HEAD_DIMS", HEAD_DIMS, smoke=[64], full=[128], check=_head_dims),
+        tokens=R("TOKENS", TOKENS, smoke=512, full=16384, check=params.positive),
+        d_model=R("D_MODEL", D_MODEL, smoke=256, full=2048, check=params.positive),
+        memory_seq_lens=R("MEMORY_SEQ_LENS", MEMORY_SEQ_LENS, smoke=[256, 512, 1024, 2048],
+                          full=[4096, 8192, 16384, 32768, 65536, 131072], check=params.positives),
+        memory_budget_gb=_budget(MEMORY_BUDGET_GB, S.device),
+        block_sizes=R("BLOCK_SIZES", BLOCK_SIZES, smoke=[16, 32, 64, 128, 256], full=[16, 32, 64, 128],
+                      check=params.positives),
+        pytorch_max_n=R("PYTORCH_MAX_N", PYTORCH_MAX_N, smoke=256, full=2048, check=params.positive),
+        gpt_preset=R("GPT_PRESET", GPT_PRESET, smoke="tiny", full="gpt2",
+                     check=lambda name, v: params.choose(name, v, PRESETS)),
+        gpt_batch=R("GPT_BATCH", GPT_BATCH, smoke=2, full=8 if gib is None or gib >= 24 else 2,  # 2 on a T4
+                    check=params.positive),
+        reps=R("REPS", REPS, smoke=3, full=10, check=params.positive),
+        warmup=S.pick(smoke=1, full=3),
+    )
+
+
+# ---------------------------------------------------------------- correctness
+
+OURS = ("naive", "flash_pytorch", "flash_triton")  # the course's own code: a failure stops the notebook
+
+
+def correctness(device: str, shape: tuple, bf16_ok: bool, seed: int = 2) -> tuple[list, dict, list]:
+    """compare() every implementation that runs here, per precision and causal flag, on `shape` (B, H, N, d).
+
+    Returns (table rows, {(impl, dtype, causal): max error} of those that passed, and
+    [(impl, dtype, reason)] for every implementation x precision that could not be checked here).
+    Raises AssertionError when one of the course's own implementations breaks the rule.
+    """
+    rows, checked, not_checked = [], {}, []
+    for dname in DTYPE_NAMES:
+        dt = hardware.torch_dtype(dname)
+        if dname == "bf16" and not bf16_ok:
+            not_checked += [(impl, dname, "this GPU has no bf16 units") for impl in A.IMPLEMENTATIONS]
+            continue
+        not_checked += [(impl, dname, why) for impl, why in A.availability(device, dt).items() if why]
+        q, k, v = A.make_qkv(*shape, dt, device, seed=seed)
+        do = torch.randn(q.shape, device=device).to(dt)
+        for causal in (False, True):
+            for impl in A.available(device, dt):
+                try:
+                    r = compare(impl, q, k, v, do, causal)
+                except RuntimeError as err:  # a library kernel that refuses this case: reported, not fatal
+                    status = bench.recoverable_failure(err)
+                    if impl in OURS or not status:
+                        raise
+                    rows.append([impl, dname, causal, None, None, None, None, status[:60]])
+                    continue
+                assert r["passed"] or impl not in OURS, f"{impl} {dname} causal={causal}: {r['errors']}, naive's {r['naive']}"
+                if r["passed"]:
+                    checked[(impl, dname, causal)] = max(r["errors"])
+                naive = r["naive"] or [None] * 4
+                rows.append([impl, dname, causal, r["errors"][0], naive[0], max(r["errors"][1:]),
+                             naive[1] and max(naive[1:]), "pass" if r["passed"] else "FAIL"])
+    return rows, checked, not_checked
+
+
+def correctness_table(rows: list) -> str:
+    """The rows of `correctness` as a table."""
+    return table(["impl", "dtype", "causal", "|O err|", "naive |O err|", "max |grad err|", "naive's", "verdict"], rows)
+
+
+def not_checked_sentence(not_checked: list, only: tuple = ("flash_pytorch", "flash_triton", "sdpa_flash")) -> str:
+    """One line per implementation of `only` with the precisions not checked in this run and why."""
+    lines = []
+    for impl in only:
+        missed = [(d, why) for i, d, why in not_checked if i == impl]
+        if missed:
+            lines.append(f"{impl}: not checked in {', '.join(d for d, _ in missed)} ({missed[0][1]})")
+    return "; ".join(lines) if lines else "every course kernel and SDPA's flash kernel was checked in fp32, fp16 and bf16"
+
+
+# ---------------------------------------------------------------- figures
+
+STYLES = [dict(ls="-", marker="o"), dict(ls="--", marker="s"), dict(ls=":", marker="^"), dict(ls="-.", marker="D")]
+
+
+def memory_wall_figure(wall: list, impls: list, seq_lens: list, *, heads: int, head_dim: int, itemsize: int,
+                       budget_gb: float | None, device: str, title: str):
+    """Saved-for-backward MiB per implementation against N, with the wall drawn: naive's predicted need
+    (three N x N buffers) against the budget or the GPU's memory, and a vertical line where naive stopped.
+    Identical lines get different dashes and markers, and a printed note says which lie on top of which."""
+    fig, ax = plots.figure(1, figsize=(8, 4.5))
+    mib = 2**20
+    series = {impl: [r["saved_bytes"] and r["saved_bytes"] / mib for r in wall if r["impl"] == impl] for impl in impls}
+    for (impl, ys), style in zip(series.items(), STYLES):
+        pts = [(n, y) for n, y in zip(seq_lens, ys) if y]
+        if pts:
+            ax.plot(*zip(*pts), label=f"{impl}: kept for backward", **style)
+    need = [3 * heads * n * n * itemsize / mib for n in seq_lens]
+    ax.plot(seq_lens, need, color="#444444", lw=1, ls=(0, (1, 2)), label="naive: 3 N x N buffers (predicted need)")
+    limit = budget_gb * 2**30 / mib if budget_gb else None
+    if device == "cuda":
+        limit = torch.cuda.get_device_properties(0).total_memory / mib
+    if limit:
+        ax.axhline(limit, color="#d1495b", lw=1.5, label="budget" if device == "cpu" else "GPU memory")
+    stop = next((r for r in wall if r["impl"] == "naive" and r["status"] != "ok"), None)
+    if stop:
+        ax.axvline(stop["n"], color="#d1495b", ls="--", lw=1.5, label=f"naive stops: {stop['status'].split('(')[0].strip()}")
+    ax.set(xscale="log", yscale="log", xlabel="sequence length N", ylabel="MiB", title=title)
+    ax.set_xscale("log", base=2)
+    ax.legend(fontsize=8, loc="upper left")
+    fig.tight_layout()
+    notes = [f"{b}'s line lies exactly on {a}'s (the same bytes at every N); it is drawn dashed on top"
+             for i, a in enumerate(series) for b in list(series)[i + 1:] if series[a] == series[b] and any(series[a])]
+    return fig, notes
+
+
+def speed_figures(speed: list, impls: list, seq_lens: list, head_dims: list, dtype: str, min_points: int = 3):
+    """TFLOP/s against N, one panel per (head dim, causal) and one figure per pass, with IQR error bars.
+
+    With fewer than `min_points` sequence lengths a line would invent a trend between two points, so
+    the numbers are printed as a table instead and no figure is drawn (returns [])."""
+    index = {}
+    for r in speed:  # the first row of each (impl, head dim, causal, N, pass), looked up in one step
+        index.setdefault((r["impl"], r["head_dim"], r["causal"], r["n"], r["pass"]), r)
+    pick = lambda impl, d, c, p: [index.get((impl, d, c, n, p)) for n in seq_lens]  # noqa: E731
+    if len(seq_lens) < min_points:
+        print(f"only {len(seq_lens)} sequence lengths: a table, not a curve (TFLOP/s, median, IQR in brackets)")
+        rows = [[p, d, c, impl] + [f"{r['tflops']:.3g} [{r['tflops_lo']:.3g}-{r['tflops_hi']:.3g}]" if r and r["tflops"]
+                                   else "-" for r in pick(impl, d, c, p)]
+                for p in ("fwd", "fwd+bwd") for d in head_dims for c in (False, True) for impl in impls]
+        print(table(["pass", "d", "causal", "impl", *[f"N={n}" for n in seq_lens]], rows))
+        return []
+    figs = []
+    for p in ("fwd", "fwd+bwd"):
+        fig, axes = plt.subplots(len(head_dims), 2, figsize=(12, 3.6 * len(head_dims)), squeeze=False)
+        for i, d in enumerate(head_dims):
+            for j, c in enumerate((False, True)):
+                ax = axes[i][j]
+                for impl, style in zip(impls, STYLES * 3):
+                    pts = [(n, r) for n, r in zip(seq_lens, pick(impl, d, c, p)) if r and r["tflops"]]
+                    if pts:
+                        ns, rs = zip(*pts)
+                        ys = [r["tflops"] for r in rs]
+                        err = [[max(0.0, y - r["tflops_lo"]) for y, r in zip(ys, rs)], [max(0.0, r["tflops_hi"] - y) for y, r in zip(ys, rs)]]
+                        ax.errorbar(ns, ys, yerr=err, capsize=3, label=impl, **style)
+                ax.set_xscale("log", base=2)
+                ax.set(xlabel="sequence length N", ylabel="TFLOP/s (median, IQR bars)", ylim=(0, None),
+                       title=f"{p}, d={d}, {'causal' if c else 'not causal'}, {dtype}")
+                ax.legend(fontsize=7)
+        fig.tight_layout()
+        figs.append(fig)
+    return figs
+
+
+# ---------------------------------------------------------------- traffic
+
+def traffic_verdict(traffic: list, naive_bytes: int, d: int) -> str:
+    """Which query tiles moved more bytes than naive in this run's model, and why (2d/B_r against 4)."""
+    more = [r["block"] for r in traffic if r["bytes"] > naive_bytes]
+    less = [r["block"] for r in traffic if r["bytes"] <= naive_bytes]
+    cross = A.traffic_crossover(d)
+    text = (f"the tiled forward's quadratic term is 2d/B_r N² elements (K and V re-read once per query tile), naive's "
+            f"is 4N²; at d={d} they are equal at B_r = d/2 = {cross:g}. ")
+    if more:
+        text += (f"In this run B_r = {', '.join(map(str, more))} moved MORE predicted bytes than naive: with so few "
+                 f"query rows per tile, K and V are re-read so often that the re-reads outweigh the N x N matrices "
+                 f"naive writes and reads. ")
+    if less:
+        text += f"B_r = {', '.join(map(str, less))} moved fewer."
+    return text
+
+
+# ---------------------------------------------------------------- the course GPT
+
+def gpt_kernels(gpt, idx, tgt, impls: list, *, device: str, reps: int, autocast, interpreted: set) -> dict:
+    """One training step of `gpt` per attention kernel: loss, step time, bytes kept for backward, peak CUDA.
+
+    Kernels in `interpreted` (Triton in its interpreter) are run but not timed: their time would be
+    Python's. An out-of-memory error or a library kernel's refusal skips that kernel with a sentence.
+    """
+    def step():
+        gpt.zero_grad(set_to_none=True)
+        with autocast():
+            loss = gpt(idx, tgt)[1]
+        loss.backward()
+        return loss
+
+    def forward_keeping_loss(out):
+        with autocast():
+            out.append(gpt(idx, tgt)[1])
+
+    rows = {}
+    for impl in impls:
+        gpt.attn_impl = impl
+        gpt.zero_grad(set_to_none=True)
+        out = []
+        try:
+            kept = bench.saved_tensors(lambda: forward_keeping_loss(out), ignore=gpt.parameters())  # one step, counted
+            out[0].backward()
+            t = None if impl in interpreted else bench.benchmark(step, warmup=1, reps=reps, device=device)
+            rows[impl] = {"loss": out[0].item(), "step_ms": t and t.ms, "spread": t and t.spread,
+                          "saved_bytes": kept.nbytes, "peak_bytes": bench.peak_cuda_memory(step),
+                          "interpreted": impl in interpreted}
+        except RuntimeError as err:  # out of memory on a small GPU, or a library kernel's refusal
+            status = bench.recoverable_failure(err)
+            if not status:
+                raise
+            print(f"{impl}: not measured ({status})")
+        out = kept = None
+        bench.release_memory()
+    return rows

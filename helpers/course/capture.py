@@ -1,0 +1,446 @@
+"""Capture reference results on a briefly lent GPU, then import them into `results/<gpu>/`.
+
+The course is measured on a GPU that is lent now and then for minutes (one H200, 15 minutes in all,
+at most 10 minutes a command, at most 8 files back: see results/README.md). `run` makes the most
+of one such window:
+
+* **priority order**: notebooks with no reference yet first (course order), then the one whose
+  reference is oldest (`capture.json` in the reference folder says when each was captured);
+* **a time budget**: a notebook starts only if its estimated full-profile time fits in what is
+  left, and is stopped (SIGTERM to its runner's process group, which stops its kernel) when the
+  budget runs out, so the command ends before the device tool's limit and what finished comes back;
+* **nothing lost**: after each notebook, its records, executed copy and log are packed into
+  `capture-<k>.tgz` under the output folder, rewritten atomically, a new pack being started before
+  one would pass `PACK_LIMIT` bytes, so at most a handful of files come back whatever happens next.
+
+All notebooks of one capture share one results folder, so notebook 00's ceilings, when it ran, are
+reused by the others as in an ordinary run.
+
+`import` unpacks what came back into `results/<device>/`: the records, `capture.json` (per notebook:
+date, measured seconds, estimate, status) and a README.md naming the GPU, driver, CUDA, torch and
+Triton versions and the date; a `goals.json` beside the packs (`helpers.course.goals`, which
+`scripts/gpu_capture.sh` runs first) is copied to `results/<device>/goals.json`. Commands::
+
+    python -m helpers.course.capture plan  [--budget-s 540]          # the order and estimates, runs nothing
+    python -m helpers.course.capture run   --out DIR [--budget-s 540] [--profile full] [NOTEBOOK ...]
+    python -m helpers.course.capture import PACK.tgz [...] [goals.json] [--into results]
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable
+
+from helpers.measure.results import REPO_ROOT, device_slug, slug, write_atomic
+
+NOTEBOOKS_DIR = REPO_ROOT / "notebooks"
+PACK_LIMIT = 12 * 2**20   # bytes per pack; the device tool returns files of up to 16 MiB
+MAX_PACKS = 5             # with gpu.txt, capture.log and goals.json (helpers.course.goals): the tool's 8 files
+MARGIN_S = 25.0           # kept back for packing and the tool's transfer
+
+# Full-profile seconds on one H200. First estimated before any GPU run from each notebook's FLOP and
+# byte counts against the H200's published rates (dense bf16 ~990 TFLOP/s, fp32 ~67 TFLOP/s, 4.8 TB/s:
+# NVIDIA H200 datasheet) plus start-up and compile time; where a capture has since measured a
+# notebook (first capture: 2026-11-30, torch 2.11, Triton 3.6), the figure is that time plus ~15%.
+# The whole course does not fit one 540 s call: the capture takes the notebooks without a reference
+# first, so successive calls (and sessions) complete it. `python -m helpers.course.capture plan` prints them.
+ESTIMATES: dict[str, tuple[float, str]] = {
+    "00": (25.0, "measured 20.1 s (2026-11-30); matmul sweep 512..16384 in 4 formats x 20 reps: 2n^3 FLOPs each, ~0.4 s of GPU work at "
+                 "the datasheet rates; copies up to 4 GiB x reps at 4.8 TB/s ~ 1 s; the rest is start-up, "
+                 "warm-up and the timing-mistakes demos"),
+    "01": (20.0, "measured 17.2 s (2026-11-30); ops at n=8192: each a few hundred MB of traffic or 1e12 FLOPs, milliseconds each; "
+                 "start-up and FlopCounterMode checks dominate"),
+    "02": (95.0, "measured 83.6 s (2026-11-30); training steps of small10m/gpt2/gpt2-medium at T=1024, B up to 32: ~6*355e6*32k FLOPs "
+                 "~ 7e13 per gpt2-medium step, ~0.1 s at 70% of bf16 peak, x reps; meta-device FLOP checks"),
+    "03": (115.0, "measured 100.2 s (2026-11-30); gpt2 for 200 steps in 7 precision variants at 16x512 tokens: 6*124e6*8192 ~ 6e12 FLOPs "
+                 "a step, ~10 ms, ~15 s of steps in all plus fp32 variants at ~1/15 the rate"),
+    "04": (75.0, "measured 65.0 s (2026-11-30); checkpointing strategies on a gpt2-size model: a few dozen steps each, memory probes"),
+    "05": (40.0, "micro-batch sweep of a small model: seconds of GPU work; start-up dominates"),
+    "07": (120.0, "bf16 vs fp8 matmul sweeps up to 8192^3 (1.1e12 FLOPs each, ~2 ms in fp8), the linear "
+                  "forward+backward per recipe, a short GPT training per recipe, and torch.compile of the GPT "
+                  "step in bf16 and fp8 (cold compiles, ~30 s each on 16 cores): mostly compile time"),
+    "08": (340.0, "not yet measured; decode sweeps ~100 s (torch.compile of the int8 path, torchao quantizing a 1.3B "
+                  "model, the Triton int4 compile), GPTQ/AWQ copies and fine-tuning ~60 s, CPU-side error grids ~60 s, "
+                  "and ~90 s to train small10m when notebook 10 has not cached it yet"),
+    "11": (270.0, "not yet measured; the one-layer draft on small10m's schedule ~25 s, the timing grid (5 rounds x 3 "
+                  "temperatures x 14 generations of 128 tokens at ~2 ms a token) ~55 s, the rest ~15 s, plus up to "
+                  "~120 s to train small10m when notebook 10 has not cached it yet"),
+    "13": (150.0, "not yet measured; 8 gloo ranks on the host's 16 cores: collectives to 64 MiB ~20 s, the DDP "
+                  "sweep ~40 s, ZeRO memory of small10m at 2 and 4 ranks ~15 s, pipeline ~10 s, torchrun ~10 s, "
+                  "rank start-up"),
+    "09": (280.0, "not yet measured; torch.compile of three Triton workloads and four softmax sizes (~40 s), the "
+                  "GPT step (~60 s), default / reduce-overhead / max-autotune on a one-token forward (~100-130 s, "
+                  "max-autotune the slowest), the rest ~40 s"),
+    "10": (240.0, "not yet measured; training small10m once (~60 s; ~150 s in all once its checkpoint is cached), "
+                  "compiling the 1.3B decode step (~60 s), the decode sweeps and the paged and batching sections"),
+    "12": (125.0, "not yet measured; ~25 ms per small10m step at 64x256, nine loader settings of 31 steps swept "
+                  "twice (interleaved rounds), ~1 s per worker start-up, ~5 s of host-to-device bandwidth sizes"),
+    "06": (400.0, "stopped at 231 s in the speed sweep (2026-11-30): the cells before it took ~170 s, the memory wall 50 s and the correctness table 62 s of them; Triton autotuning and compilation of forward and backward at d=128 (~1-2 min cold on 16 "
+                  "cores); speed sweep N=512..16384 at 16k tokens: 3.5 x 4BHN^2d ~ 8e12 FLOPs at N=16384, "
+                  "~20 ms per fwd+bwd at 400 TFLOP/s, x 6 implementations x 13 calls; memory wall to 131k "
+                  "(stops at the out-of-memory error); the estimate is mostly compile time"),
+}
+
+
+@dataclass
+class Outcome:
+    """What one notebook of a capture did."""
+
+    notebook: str
+    status: str                      # ok | failed | stopped (budget) | skipped (budget)
+    seconds: float = 0.0
+    estimate_s: float | None = None
+    records: list[str] = field(default_factory=list)
+    note: str = ""
+
+
+# ---------------------------------------------------------------- which notebooks, in which order
+
+def available_notebooks(folder: Path = NOTEBOOKS_DIR) -> list[str]:
+    """Two-digit numbers of the notebooks that exist, in course order."""
+    return sorted({p.name[:2] for p in Path(folder).glob("[0-9][0-9]_*.ipynb")})
+
+
+def load_index(reference_dir: Path) -> dict[str, dict]:
+    """`capture.json` of a reference folder ({notebook: {"date": ..., ...}}); {} when absent or unreadable."""
+    path = Path(reference_dir) / "capture.json"
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return {str(k): v for k, v in data.get("notebooks", {}).items() if isinstance(v, dict)} \
+        if isinstance(data, dict) else {}
+
+
+def priority(notebooks: Iterable[str], index: dict[str, dict]) -> list[str]:
+    """Notebooks without a reference first (course order), then oldest reference first."""
+    notebooks = sorted(set(notebooks))
+    missing = [nb for nb in notebooks if not index.get(nb, {}).get("date")]
+    dated = sorted((nb for nb in notebooks if nb not in missing), key=lambda nb: (str(index[nb]["date"]), nb))
+    return missing + dated
+
+
+# ---------------------------------------------------------------- packing what finished
+
+class Packer:
+    """Keeps `capture-<k>.tgz` files in `out` up to date: each rewrite is atomic (temp file, rename)."""
+
+    def __init__(self, out: Path, work: Path, limit: int = PACK_LIMIT, max_packs: int = MAX_PACKS):
+        self.out, self.work, self.limit, self.max_packs = Path(out), Path(work), limit, max_packs
+        self.packs: list[list[tuple[Path, str]]] = [[]]  # per pack: (file, name inside the archive)
+
+    def _write(self, k: int) -> Path:
+        buf = io.BytesIO()  # a pack is at most about `limit` bytes, so it is built in memory
+        with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+            for path, arcname in self.packs[k]:
+                tar.add(path, arcname=arcname)
+        return write_atomic(self.out / f"capture-{k + 1}.tgz", buf.getvalue(), mode=0o644)  # readable by all
+
+    def add(self, files: list[tuple[Path, str]], manifest: dict) -> Path:
+        """Add one notebook's files (and the updated manifest) to the current pack, or start a new one."""
+        size = sum(p.stat().st_size for p, _ in files)
+        current = self.packs[-1]
+        current_size = sum(p.stat().st_size for p, name in current if name != "manifest.json")
+        if current and current_size + size > self.limit and len(self.packs) < self.max_packs:
+            self.packs.append([])
+        manifest_path = self.work / "manifest.json"
+        manifest_path.write_text(json.dumps(manifest, indent=2))
+        pack = [item for item in self.packs[-1] if item[1] != "manifest.json"] + files
+        self.packs[-1] = pack + [(manifest_path, "manifest.json")]
+        return self._write(len(self.packs) - 1)
+
+
+# ---------------------------------------------------------------- running one notebook
+
+def _records(work: Path) -> list[Path]:
+    """The records a runner wrote under `work` (its run folder's results/)."""
+    return sorted(p for p in Path(work).rglob("results/*.json") if p.is_file())
+
+
+def run_notebook(nb: str, work: Path, profile: str, limit_s: float, log: Callable[[str], None] = print,
+                 notebooks_dir: Path = NOTEBOOKS_DIR) -> tuple[str, str]:
+    """Run one notebook through the course runner (`--out work`) in its own process group, stopped
+    after `limit_s` seconds.
+
+    Returns (status, note): "ok", "failed" (the runner's exit status) or "stopped" (over the limit).
+    """
+    cmd = [sys.executable, "-m", "helpers.course.run", nb, "--profile", profile, "--out", str(work),
+           "--notebooks-dir", str(notebooks_dir)]
+    with open(work / "run.log", "w") as fh:
+        proc = subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            rc = proc.wait(timeout=max(1.0, limit_s))
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGTERM)  # the runner stops its kernels on SIGTERM
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                pass
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)  # whatever of the group is left, kernels included
+            except ProcessLookupError:
+                pass
+            proc.wait()
+            return "stopped", f"stopped after {limit_s:.0f} s: the budget ran out"
+    return ("ok", "") if rc == 0 else ("failed", f"runner exit status {rc}; see run.log")
+
+
+def capture(notebooks: list[str], out: Path, budget_s: float, *, profile: str = "full",
+            estimates: dict[str, tuple[float, str]] = ESTIMATES,
+            runner: Callable[..., tuple[str, str]] = run_notebook,
+            clock: Callable[[], float] = time.monotonic, log: Callable[[str], None] = print,
+            margin_s: float = MARGIN_S, work: Path | None = None) -> list[Outcome]:
+    """Run `notebooks` in the given order within `budget_s`, packing each as it finishes into `out`.
+
+    `work` (default: a new temporary folder) holds the runs themselves; only packs go into `out`,
+    so the device tool's file limit is never passed by the run folders. Each notebook runs in its
+    own run folder and so measures its own ceilings, under the conditions of its own run.
+    """
+    start = clock()
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    work = Path(work) if work is not None else Path(tempfile.mkdtemp(prefix="capture-"))
+    work.mkdir(parents=True, exist_ok=True)
+    packer = Packer(out, work)
+    outcomes: list[Outcome] = []
+    manifest = {"started": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+                "profile": profile, "budget_s": budget_s, "gpu": gpu_facts(), "notebooks": {}}
+    for nb in notebooks:
+        estimate = estimates.get(nb, (None, ""))[0]
+        left = budget_s - margin_s - (clock() - start)
+        if left <= 0 or (estimate is not None and estimate > left):
+            note = f"estimated {estimate:.0f} s > {max(left, 0):.0f} s left" if estimate is not None else "no time left"
+            o = Outcome(nb, "skipped", 0.0, estimate, note=note)
+            log(f"{nb}: skipped, {note}")
+            outcomes.append(o)
+            manifest["notebooks"][nb] = asdict(o)
+            continue
+        nb_work = work / nb
+        nb_work.mkdir(parents=True, exist_ok=True)
+        log(f"{nb}: running (estimate {'?' if estimate is None else f'{estimate:.0f}'} s, {left:.0f} s left)")
+        t0 = clock()
+        status, note = runner(nb, nb_work, profile, left, log=log)
+        seconds = clock() - t0
+        records = _records(nb_work)
+        o = Outcome(nb, status, round(seconds, 1), estimate, [p.stem for p in records], note)
+        outcomes.append(o)
+        manifest["notebooks"][nb] = asdict(o)
+        files = [(p, f"{nb}/results/{p.name}") for p in records]
+        files += [(p, f"{nb}/{p.relative_to(nb_work)}") for p in sorted(nb_work.rglob("*"))
+                  if p.is_file() and p.suffix in (".ipynb", ".log", ".md") and ".ipynb_checkpoints" not in p.parts]
+        pack = packer.add(files, manifest)
+        est = f"{estimate:.0f} s estimated" if estimate is not None else "no estimate"
+        log(f"{nb}: {status} in {seconds:.1f} s ({est}); {len(records)} record(s) -> {pack.name}"
+            + (f"; {note}" if note else ""))
+    log(summary(outcomes))
+    return outcomes
+
+
+def summary(outcomes: list[Outcome]) -> str:
+    """A table of a capture: notebook, status, measured and estimated seconds, records."""
+    from helpers.show.tables import table
+
+    return table(["notebook", "status", "measured s", "estimated s", "records", "note"],
+                 [[o.notebook, o.status, f"{o.seconds:.1f}", "-" if o.estimate_s is None else f"{o.estimate_s:.0f}",
+                   len(o.records), o.note] for o in outcomes])
+
+
+def gpu_facts() -> dict[str, str]:
+    """GPU name, driver, CUDA, torch, Triton and Python versions of this machine (what is knowable)."""
+    facts = {"python": sys.version.split()[0]}
+    try:
+        import torch
+
+        facts["torch"] = torch.__version__
+        facts["cuda"] = torch.version.cuda or "none"
+        facts["gpu"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none (CPU)"
+    except ImportError:
+        pass
+    try:
+        import triton
+
+        facts["triton"] = triton.__version__
+    except ImportError:
+        facts["triton"] = "not installed"
+    try:
+        smi = subprocess.run(["nvidia-smi", "--query-gpu=driver_version,memory.total", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=20)
+        if smi.returncode == 0 and smi.stdout.strip():
+            driver, memory = (s.strip() for s in smi.stdout.splitlines()[0].split(",", 1))
+            facts["driver"], facts["memory"] = driver, memory
+    except (OSError, subprocess.SubprocessError, ValueError):
+        pass
+    return facts
+
+
+# ---------------------------------------------------------------- importing what came back
+
+def _slug(device: str) -> str:
+    """'NVIDIA H200' -> 'nvidia-h200', any CPU -> 'cpu' (as results.device_slug names this machine's folder)."""
+    return "cpu" if device.startswith("CPU") else slug(device)
+
+
+def import_packs(packs: list[Path], into: Path = REPO_ROOT / "results") -> Path:
+    """Unpack capture packs into `into/<device>/`: records, capture.json and README.md. Returns that folder.
+
+    A notebook's older records are replaced by the new ones as a unit; notebooks that did not
+    finish ok keep their previous reference. Raises ValueError when the packs hold no manifest or
+    no records, or records from more than one device.
+    """
+    manifest, members = None, {}
+    for pack in packs:
+        with tarfile.open(pack, "r:gz") as tar:
+            for m in tar.getmembers():
+                if not m.isfile() or m.name.startswith("/") or ".." in Path(m.name).parts:
+                    continue
+                data = tar.extractfile(m).read()
+                if m.name == "manifest.json":
+                    candidate = json.loads(data)
+                    if manifest is None or len(candidate.get("notebooks", {})) >= len(manifest.get("notebooks", {})):
+                        manifest = candidate
+                else:
+                    members[m.name] = data
+    if manifest is None:
+        raise ValueError(f"no manifest.json in {', '.join(map(str, packs))}: not a capture pack")
+    records = {name: json.loads(data) for name, data in members.items() if "/results/" in name}
+    devices = {r.get("device") for r in records.values() if isinstance(r, dict)}
+    if not records:
+        raise ValueError("the packs hold no records: nothing finished")
+    if len(devices) != 1:
+        raise ValueError(f"records from {len(devices)} devices ({devices}); import one device at a time")
+    device = devices.pop()
+    target = Path(into) / _slug(device)
+    target.mkdir(parents=True, exist_ok=True)
+    index = load_index(target)
+    for nb, info in manifest["notebooks"].items():
+        if info.get("status") != "ok":
+            continue
+        for old in index.get(nb, {}).get("records", []):
+            (target / f"{old}.json").unlink(missing_ok=True)
+        for name, rec in records.items():
+            if name.startswith(f"{nb}/results/"):
+                write_atomic(target / Path(name).name, json.dumps(rec, indent=2) + "\n")
+        index[nb] = {"date": manifest["started"], **{k: info[k] for k in ("seconds", "estimate_s", "records")}}
+    facts = manifest.get("gpu", {})
+    write_atomic(target / "capture.json", json.dumps({"device": device, "gpu": facts, "notebooks": index},
+                                                     indent=2, sort_keys=True) + "\n")
+    write_atomic(target / "README.md", _readme(device, facts, manifest, index))
+    return target
+
+
+def import_goals(path: Path, into: Path = REPO_ROOT / "results", device: str | None = None) -> Path:
+    """Copy a `goals.json` (helpers.course.goals) to `into/<device>/goals.json`; returns that path. The device is
+    `device`, else the GPU its run names. Raises ValueError when the file is not a goals.json."""
+    try:
+        doc = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as err:
+        raise ValueError(f"{path}: not readable as JSON ({err})") from err
+    if not isinstance(doc, dict) or not isinstance(doc.get("goals"), list):
+        raise ValueError(f"{path}: not a goals.json (no list of goals)")
+    device = device or doc.get("machine", {}).get("gpu") or "none (CPU)"
+    target = Path(into) / _slug("CPU" if device.startswith("none") else device)
+    target.mkdir(parents=True, exist_ok=True)
+    return write_atomic(target / "goals.json", json.dumps(doc, indent=1) + "\n")
+
+
+def _readme(device: str, facts: dict, manifest: dict, index: dict) -> str:
+    from helpers.show.tables import table
+
+    rows = [[nb, info["date"], f"{info.get('seconds', 0):.0f}",
+             "-" if info.get("estimate_s") is None else f"{info['estimate_s']:.0f}", len(info.get("records", []))]
+            for nb, info in sorted(index.items())]
+    return (f"# Reference: {device}\n\n"
+            f"Records of the course notebooks in the `{manifest.get('profile', 'full')}` profile, captured with "
+            f"`python -m helpers.course.capture` and imported with `python -m helpers.course.capture import`.\n\n"
+            f"- GPU: {facts.get('gpu', device)}, {facts.get('memory', 'memory not read')}\n"
+            f"- driver {facts.get('driver', 'not read')}, CUDA {facts.get('cuda', '?')}, torch {facts.get('torch', '?')}, "
+            f"Triton {facts.get('triton', '?')}, Python {facts.get('python', '?')}\n"
+            f"- last capture started {manifest.get('started')}\n\n"
+            "Per notebook: when it was captured, its measured seconds and the estimate made before any GPU run.\n\n"
+            "```\n" + table(["notebook", "captured", "seconds", "estimated s", "records"], rows) + "\n```\n")
+
+
+# ---------------------------------------------------------------- command line
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m helpers.course.capture", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name in ("plan", "run"):
+        p = sub.add_parser(name)
+        p.add_argument("notebooks", nargs="*", help="two-digit numbers (default: every notebook)")
+        p.add_argument("--budget-s", type=float, default=540.0, help="wall-clock budget in seconds (default 540)")
+        p.add_argument("--references", type=Path, default=None,
+                       help="reference folder whose capture.json sets the order (default: results/<this device>)")
+        if name == "run":
+            p.add_argument("--out", type=Path, required=True, help="folder for the packs (the device tool's $OUT)")
+            p.add_argument("--profile", default="full", choices=("smoke", "full"))
+    p = sub.add_parser("import")
+    p.add_argument("packs", nargs="+", type=Path, help="capture-*.tgz; a goals.json beside them (or named here) "
+                   "is copied to results/<gpu>/goals.json")
+    p.add_argument("--into", type=Path, default=REPO_ROOT / "results")
+    args = parser.parse_args(argv)
+    if args.command == "import":
+        for pack in args.packs:
+            if not pack.is_file():
+                print(f"no such pack: {pack}")
+                return 2
+        goals = [p for p in args.packs if p.name == "goals.json"]
+        packs = [p for p in args.packs if p.name != "goals.json"]
+        goals = goals or [p.parent / "goals.json" for p in packs[:1] if (p.parent / "goals.json").is_file()]
+        target, status = None, 0
+        try:
+            if packs:
+                target = import_packs(packs, args.into)
+                print(f"imported into {target}")
+        except ValueError as err:  # no notebook finished: the goals may still have
+            print(f"import failed: {err}")
+            status = 1
+        try:
+            for g in goals:
+                print(f"goals imported into {import_goals(g, args.into, None if target is None else target.name)}")
+        except ValueError as err:
+            print(f"goals import failed: {err}")
+            status = 1
+        return status
+    known = available_notebooks()
+    bad = [nb for nb in args.notebooks if nb not in known]
+    if bad:
+        print(f"unknown notebook(s) {bad}; these exist: {' '.join(known)}")
+        return 2
+    if args.budget_s <= MARGIN_S:
+        print(f"--budget-s must exceed the {MARGIN_S:.0f} s kept for packing")
+        return 2
+    if args.references is None:
+        args.references = REPO_ROOT / "results" / device_slug()
+    order = priority(args.notebooks or known, load_index(args.references))
+    if args.command == "plan":
+        total = 0.0
+        for nb in order:
+            est, basis = ESTIMATES.get(nb, (None, "no estimate"))
+            total += est or 0
+            print(f"{nb}: {'?' if est is None else f'{est:.0f}'} s  ({basis})")
+        print(f"total {total:.0f} s of {args.budget_s:.0f} s budget ({MARGIN_S:.0f} s kept for packing)")
+        return 0
+    outcomes = capture(order, args.out, args.budget_s, profile=args.profile)
+    return exit_status(outcomes)
+
+
+def exit_status(outcomes: list[Outcome]) -> int:
+    """0 when every notebook finished ok or was skipped for the budget (by design: a later call takes it),
+    1 when one failed or was stopped."""
+    return 0 if all(o.status in ("ok", "skipped") for o in outcomes) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

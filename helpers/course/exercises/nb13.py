@@ -1,0 +1,150 @@
+"""Notebook 13's exercises: the ring all-reduce's index arithmetic, ZeRO memory per rank, the pipeline bubble.
+
+The ring exercise runs the learner's schedule through `distributed.simulate_ring` (every rank's
+chunks, step by step, messages taken before any is applied), so a schedule passes only if every
+rank ends with the full sum: the same schedule `ring_all_reduce` runs on real ranks.
+
+Both code exercises refuse the course's own answer: a function that is, or calls, `ring_schedule`
+(exercise 1) or `zero_formula` / `dist_lab.plan` (exercise 2) FAILs with "write it yourself".
+The references below are written out here for the same reason.
+"""
+from __future__ import annotations
+
+import torch
+
+from helpers.parallel import distributed as D
+from helpers.parallel import data_parallel as P
+from helpers.course.check import Case, register
+
+
+def _ring_cases() -> list[Case]:
+    g = torch.Generator().manual_seed(13)
+    cases = []
+    for n, size, label in ((2, 6, "2 ranks"), (3, 9, "3 ranks"), (4, 10, "4 ranks, 10 elements: unequal chunks"),
+                           (5, 5, "5 ranks, one element each"), (1, 3, "1 rank: nothing to send")):
+        cases.append(Case(label, ([torch.randint(-9, 10, (size,), generator=g) for _ in range(n)],)))
+    return cases
+
+
+def _names(code) -> set[str]:
+    """Global and attribute names a code object (and the functions nested in it) uses."""
+    out = set(code.co_names)
+    for const in code.co_consts:
+        if hasattr(const, "co_names"):
+            out |= _names(const)
+    return out
+
+
+def _refuse_course_answer(fn, course_fns, what: str) -> None:
+    """Raise ValueError("write it yourself: ...") when `fn` is, or calls, one of the course's own functions."""
+    fn = getattr(fn, "fn", fn)  # check.py hands runners the learner's function in a thin wrapper
+    fn = getattr(fn, "func", fn)  # functools.partial
+    code = getattr(fn, "__code__", None)
+    if any(fn is c for c in course_fns) or (code is not None and _names(code) & {c.__name__ for c in course_fns}):
+        raise ValueError(f"write it yourself: your function is or calls the course's {what}; "
+                         "the exercise is to write that arithmetic")
+
+
+def _ring_reference(rank, world_size, step, phase):
+    """The reference schedule (the same arithmetic as distributed.ring_schedule)."""
+    n = world_size
+    if phase == "reduce-scatter":
+        return (rank - step) % n, (rank - step - 1) % n
+    return (rank + 1 - step) % n, (rank - step) % n
+
+
+def _run_ring(schedule, case):
+    """Every rank's result of a ring all-reduce of the case's inputs under `schedule`."""
+    _refuse_course_answer(schedule, (D.ring_schedule,), "distributed.ring_schedule")
+    probe = schedule(0, 2, 0, "reduce-scatter")
+    if probe is None:
+        return None
+    return D.simulate_ring(case.args[0], schedule)
+
+
+def _wrong_direction(rank, world_size, step, phase):
+    """Planted wrong: chunks travel the other way round the ring."""
+    n = world_size
+    return ((rank + step) % n, (rank + step + 1) % n) if phase == "reduce-scatter" else ((rank + step) % n,
+                                                                                          (rank + step + 1) % n)
+
+
+def _same_both_phases(rank, world_size, step, phase):
+    """Planted wrong: the all-gather reuses the reduce-scatter's indices (it starts one chunk too early)."""
+    return _ring_reference(rank, world_size, step, "reduce-scatter")
+
+
+register(
+    "13.ring", "code",
+    prompt="write ring_schedule(rank, world_size, step, phase) -> (chunk sent to rank+1, chunk received from "
+           "rank-1) for phase 'reduce-scatter' and 'all-gather'",
+    hint="in the reduce-scatter a rank first sends its own chunk, then each step passes on the chunk it has just "
+         "added into; after n-1 steps rank r holds the finished sum of one chunk, which the all-gather sends "
+         "first; indices are taken modulo world_size",
+    solution=_ring_reference,
+    wrong=(_wrong_direction, _same_both_phases),
+    cases=_ring_cases, run=_run_ring,
+    rtol=0.0, atol=0.0,
+    tolerance="exact: integer tensors, every rank's result",
+)
+
+
+def _zero_cases() -> list[Case]:
+    return [Case(f"stage {s}, {psi} parameters, {n} ranks", (s, psi, n))
+            for s, psi, n in ((0, 1000, 4), (1, 1000, 4), (2, 1000, 4), (3, 1000, 4), (2, 7_000_000, 8),
+                              (3, 12, 1), (1, 10_000, 64))]
+
+
+def _zero_total(stage, n_params, world_size, b_param=4, b_grad=4, b_state=8):
+    n = world_size
+    return (b_param * n_params / (n if stage >= 3 else 1) + b_grad * n_params / (n if stage >= 2 else 1)
+            + b_state * n_params / (n if stage >= 1 else 1))
+
+
+def _zero_reference(stage, n_params, world_size):
+    """The reference (the same formula as parallel.zero_formula(...)["total"])."""
+    return _zero_total(stage, n_params, world_size)
+
+
+def _zero_no_grad_shard(stage, n_params, world_size):
+    """Planted wrong: stage 2 forgets that gradients are sharded too."""
+    return _zero_total(1 if stage == 2 else stage, n_params, world_size)
+
+
+def _zero_paper_bytes(stage, n_params, world_size):
+    """Planted wrong: the paper's mixed-precision bytes (2, 2, 12) instead of fp32 Adam's."""
+    return _zero_total(stage, n_params, world_size, 2, 2, 12)
+
+
+def _run_zero(fn, case):
+    """The learner's bytes for the case, after refusing the course's own formula."""
+    from helpers.parallel import dist_lab
+
+    _refuse_course_answer(fn, (P.zero_formula, dist_lab.plan), "parallel.zero_formula or dist_lab.plan")
+    return fn(*case.args, **case.kwargs)
+
+
+register(
+    "13.zero", "code",
+    prompt="write zero_bytes(stage, n_params, world_size): bytes per rank of parameters + gradients + AdamW state "
+           "for fp32 training at ZeRO stage 0 (plain DDP), 1, 2 or 3",
+    hint="fp32 parameters and gradients take 4 bytes each, AdamW keeps two fp32 moments; stage 1 divides the "
+         "optimizer state by the number of ranks, stage 2 also the gradients, stage 3 also the parameters",
+    solution=_zero_reference,
+    wrong=(_zero_no_grad_shard, _zero_paper_bytes),
+    cases=_zero_cases, run=_run_zero,
+    rtol=1e-9,
+    tolerance="relative 1e-9",
+)
+
+register(
+    "13.bubble", "value",
+    prompt="a GPipe schedule over 8 stages with 24 micro-batches per step: what fraction of the step is a "
+           "stage idle (a number between 0 and 1, as a fraction a/b or to two digits)?",
+    hint="the first stage starts its backward only after the last micro-batch has gone through every stage; "
+         "count the idle slots against all slots",
+    solution=lambda: (8 - 1) / (24 + 8 - 1),
+    wrong=(7 / 24, 8 / 24, 1 / 8, 0.22),
+    rtol=0.02,
+    tolerance="relative 2%: two digits are enough",
+)

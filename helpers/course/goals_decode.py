@@ -1,0 +1,214 @@
+"""The inference-side performance goals: issues 16 (KV cache and serving), 17 (quantized decode) and 18
+(speculative decoding).
+
+Each function measures one goal of its issue's "## Performance" section through the same helpers its
+notebook calls in the full profile, never a second implementation:
+
+- issue 16, notebook 10: `helpers.decode.kv_lab` (`random_model`, `compiled_decode`) and `helpers.decode.serving_lab`
+  (`paged_section`, `batching_section`);
+- issue 17, notebook 08: `helpers.lowbit.quant_lab` (`decode_speed`, `weight_only_copy`) and `kv_lab.compiled_decode`
+  for the decode step compiled whole;
+- issue 18, notebook 11: `helpers.decode.spec_lab` (`prompts`, `decode_costs`, `speed_grid`).
+
+16.continuous_batching and 18.speculative share the trained small10m of one run (`goal_base.trained`).
+Every function takes a `goal_base.Ctx` and returns `goal_base.result(...)` or raises `NotMeasurable`;
+`helpers.course.goals` registers them with their targets and H200 estimates and runs each in its own process.
+"""
+from __future__ import annotations
+
+from helpers.course.goal_base import Ctx, check, copy_gbps, error_line, need_cuda, result, trained
+
+
+# ---------------------------------------------------------------- issue 16: KV cache and serving (notebook 10)
+
+def g16_decode_bandwidth(ctx: Ctx) -> dict:
+    """Batch-1 bf16 decode of the largest preset, static cache, compiled: bandwidth against copy
+    (kv_lab.compiled_decode on kv_lab.random_model, as notebook 10)."""
+    need_cuda("compiled decode with CUDA graphs needs CUDA")
+    import torch
+
+    from helpers.decode import kv_lab
+
+    preset, reps = ctx.pick(smoke="small10m", full="1.3b"), ctx.pick(smoke=5, full=20)
+    copy = copy_gbps(ctx)
+    model = kv_lab.random_model(preset, torch.bfloat16, "cuda")
+    context = min(ctx.pick(smoke=64, full=512), model.config.seq_len - 2)
+    c = kv_lab.compiled_decode(model, context, reps)
+    return result([check("compiled decode GB/s / copy GB/s", c["compiled_gbps"] / copy, ">=", 0.7)],
+                  {"copy_gbps": copy, "compiled_gbps": c["compiled_gbps"], "eager_gbps": c["eager_gbps"],
+                   "compiled_ms": 1e3 * c["compiled_s"], "eager_ms": 1e3 * c["eager_s"]},
+                  {"preset": preset, "context": context, "batch": 1, "dtype": "bf16", "reps": reps})
+
+
+def g16_paged_decode(ctx: Ctx) -> dict:
+    """Paged decode attention (the Triton kernel, best block size) against contiguous SDPA at 4k tokens
+    (serving_lab.paged_section, as notebook 10; its timing depends on the model's shape, not its weights)."""
+    need_cuda("the Triton paged kernel is only checked, not timed, without one")
+    from helpers.gpt import data
+    from helpers.decode import serving_lab
+    from helpers.gpt.model import GPT, GPTConfig
+
+    import torch
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig.preset(ctx.pick(smoke="tiny", full="small10m"))).to("cuda").float().eval()
+    context, batch = ctx.pick(smoke=256, full=4096), ctx.pick(smoke=8, full=32)
+    blocks, reps = ctx.pick(smoke=[16], full=[16, 64, 128]), ctx.pick(smoke=5, full=20)
+    p = serving_lab.paged_section(model, block_sizes=blocks, n_requests=ctx.pick(smoke=24, full=200),
+                                  context=context, batch=batch, reps=reps, corpus=data.load_corpus("val"), seed=0,
+                                  show=False)
+    rows = [r for r in p["speed"] if r.get("paged triton us")]
+    best = min(rows, key=lambda r: r["paged triton us"] / r["contiguous us"]) if rows else None
+    ratio = best["paged triton us"] / best["contiguous us"] if best else None
+    return result([check("paged Triton / contiguous decode attention time (best block size)", ratio, "<=", 1.10,
+                         "the Triton paged kernel did not run")],
+                  {"rows": p["speed"], "best_block_size": best and best["block size"]},
+                  {"context": context, "batch": batch, "block_sizes": blocks, "reps": reps, "dtype": "fp32"})
+
+
+def g16_continuous_batching(ctx: Ctx) -> dict:
+    """Continuous against static batching, same request mix and KV memory (serving_lab.batching_section on
+    the trained model notebook 10 serves; 128 requests instead of its 200, one run per policy instead of
+    its three, and without its tight-pool and served-alone checks, which do not enter the ratio)."""
+    from helpers.gpt import data
+    from helpers.decode import serving_lab
+
+    tm = trained(ctx, ctx.pick(smoke="tiny", full="small10m"))
+    model = tm.model.float().eval()
+    n_req, max_batch = ctx.pick(smoke=6, full=128), ctx.pick(smoke=4, full=32)
+    b = serving_lab.batching_section(model, n_requests=n_req, max_batch=max_batch,
+                                     max_new_tokens=ctx.pick(smoke=8, full=None), repeats=1,
+                                     corpus=data.load_corpus("val"), seed=0, tight_pool=False, check_solo=False,
+                                     show=False)
+    rec = b["record"]
+    return result([check("continuous / static tokens/s", b["speedup"], ">=", 2.0)],
+                  {"static_tokens_per_s": rec["static_tokens_per_s"],
+                   "continuous_tokens_per_s": rec["continuous_tokens_per_s"], "same_tokens": rec["same_tokens"]},
+                  {"preset": ctx.pick(smoke="tiny", full="small10m"), "n_requests": n_req,
+                   "max_batch": max_batch, "num_blocks": rec["num_blocks"], "block_size": rec["block_size"],
+                   "repeats": 1, "device": ctx.device})
+
+
+# ---------------------------------------------------------------- issue 17: quantized decode (notebook 08)
+
+def g17_quantized_decode(ctx: Ctx) -> dict:
+    """Batch-1 decode tokens/s of int8 and int4 weight-only against bf16, and each one's bandwidth against
+    copy (quant_lab.decode_speed, as notebook 08)."""
+    need_cuda("decode speed is measured on a GPU only")
+    from helpers.lowbit import quant_lab
+
+    preset, reps = ctx.pick(smoke="tiny", full="1.3b"), ctx.pick(smoke=5, full=20)
+    copy = copy_gbps(ctx)
+    rows = quant_lab.decode_speed(preset, batches=(1,), reps=reps, variants=("bf16", "int8", "int4-triton"),
+                                  group_size=64)
+    by = {r["variant"]: r for r in rows}
+    tps = {k: by[k]["tokens_per_s"] if k in by else None for k in ("bf16", "int8", "int4-triton")}
+    why = {k: by[k].get("why", "") for k in by}
+
+    def ratio(k):
+        return tps[k] / tps["bf16"] if tps[k] and tps["bf16"] else None
+
+    def bw(k):
+        return by[k]["gbps"] / copy if k in by and by[k].get("gbps") else None
+    return result([check("int8 / bf16 tokens/s", ratio("int8"), ">=", 1.4, why.get("int8", "")),
+                   check("int4 / bf16 tokens/s", ratio("int4-triton"), ">=", 1.8, why.get("int4-triton", "")),
+                   check("int8 GB/s / copy GB/s", bw("int8"), ">=", 0.6, why.get("int8", "")),
+                   check("int4 GB/s / copy GB/s", bw("int4-triton"), ">=", 0.6, why.get("int4-triton", ""))],
+                  {"copy_gbps": copy, "rows": rows}, {"preset": preset, "batch": 1, "prompt": 64, "reps": reps,
+                                                      "group_size": 64})
+
+
+def g17_compiled_decode(ctx: Ctx) -> dict:
+    """The same comparison with the whole decode step compiled (kv_lab.compiled_decode: static cache and CUDA
+    graphs, as gpt-fast measures its 104.9 -> 155.6 -> 196.8 tok/s): `17.quantized_decode` times eager steps,
+    where Python's kernel launches are paid by every variant alike and can hide what the weights' bytes save.
+    int4 runs the course's Triton kernel inside the compiled step, or, if that cannot be compiled, the
+    unpack-and-matmul that Inductor fuses (the backend used is recorded)."""
+    need_cuda("CUDA graphs need CUDA")
+    import copy as _copy
+
+    import torch
+
+    from helpers.decode import kv_lab
+    from helpers.lowbit import quant_lab
+    from helpers.lowbit import quant_linear as ql
+    from helpers.gpt.model import GPT, GPTConfig
+
+    preset, reps, context = ctx.pick(smoke="tiny", full="1.3b"), ctx.pick(smoke=5, full=20), 64
+    copy = copy_gbps(ctx)
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        base = GPT(GPTConfig.preset(preset)).to(torch.bfloat16).eval()
+    rows, why = {}, {}
+    for name, bits, backends in (("bf16", None, (None,)), ("int8", 8, ("torch",)), ("int4", 4, ("triton", "torch"))):
+        for backend in backends:
+            model = None
+            try:
+                model = quant_lab.weight_only_copy(base, bits, backend, 64) if bits else _copy.deepcopy(base)
+                # the int codes and scales are buffers, which kv_lab.weight_bytes leaves out
+                qbytes = sum(m.weight_bytes() for m in model.modules() if isinstance(m, ql.WeightOnlyLinear))
+                c = kv_lab.compiled_decode(model, context, reps)
+                rows[name] = {"backend": backend, "ms": 1e3 * c["compiled_s"], "tokens_per_s": 1 / c["compiled_s"],
+                              "gbps": (c["bytes"] + qbytes) / c["compiled_s"] / 1e9, "eager_gbps": c["eager_gbps"]}
+                ctx.partial(copy_gbps=copy, **{f"{name}_tokens_per_s": rows[name]["tokens_per_s"],
+                                               f"{name}_gbps": rows[name]["gbps"]})  # kept if the limit stops us
+                why.pop(name, None)
+                break
+            except Exception as err:  # noqa: BLE001 - a variant that cannot be compiled: its reason, the others go on
+                why[name] = f"{backend or 'bf16'}: {error_line(err)}"
+            finally:
+                del model
+                torch.cuda.empty_cache()
+
+    def ratio(k):
+        return rows[k]["tokens_per_s"] / rows["bf16"]["tokens_per_s"] if k in rows and "bf16" in rows else None
+
+    def bw(k):
+        return rows[k]["gbps"] / copy if k in rows else None
+    return result([check("compiled int8 / bf16 tokens/s", ratio("int8"), ">=", 1.4, why.get("int8", why.get("bf16", ""))),
+                   check("compiled int4 / bf16 tokens/s", ratio("int4"), ">=", 1.8, why.get("int4", why.get("bf16", ""))),
+                   check("compiled int8 GB/s / copy GB/s", bw("int8"), ">=", 0.6, why.get("int8", "")),
+                   check("compiled int4 GB/s / copy GB/s", bw("int4"), ">=", 0.6, why.get("int4", ""))],
+                  {"copy_gbps": copy, "rows": rows, "why": why},
+                  {"preset": preset, "batch": 1, "context": context, "reps": reps, "group_size": 64,
+                   "mode": "reduce-overhead"})
+
+
+# ---------------------------------------------------------------- issue 18: speculative decoding (notebook 11)
+
+def g18_speculative(ctx: Ctx) -> dict:
+    """Measured speedup against the formula for each γ at temperature 0, and the best γ's speedup with the
+    draft's cost (spec_lab.decode_costs and speed_grid on the trained target and draft of notebook 11)."""
+    import torch
+
+    from helpers.gpt import data
+    from helpers.decode import spec_lab
+
+    if ctx.device == "cpu":
+        torch.set_num_threads(1)  # as notebook 11: the small models' ops only contend across threads
+    preset, width = ctx.pick(smoke="tiny", full="small10m"), ctx.pick(smoke=64, full=128)
+    target = trained(ctx, preset).model.float().eval()
+    draft = trained(ctx, preset, n_layer=1, d_model=width, n_head=2, d_ff=4 * width).model.float().eval()
+    gammas = ctx.pick(smoke=[1, 2], full=list(range(1, 9)))
+    rounds, n = ctx.pick(smoke=1, full=3), ctx.pick(smoke=16, full=128)
+    prompt_len, reps = ctx.pick(smoke=32, full=64), ctx.pick(smoke=5, full=30)
+    prompts = spec_lab.prompts(data.load_corpus("val"), rounds, prompt_len, seed=0)
+    costs = spec_lab.decode_costs(target, draft, prompts[0], gammas, reps=reps, device=ctx.device)
+    name = f"gpt-1L{width}d"
+    grid = spec_lab.speed_grid(target, {name: draft}, prompts, n, gammas, [0.0], costs, device=ctx.device, seed=0)
+    checks = [check(f"measured / formula speedup, γ={r['gamma']} (within 15%: >= 0.85)", r["speedup"] / r["predicted"],
+                    ">=", 0.85) for r in grid]
+    checks += [check(f"measured / formula speedup, γ={r['gamma']} (within 15%: <= 1.15)", r["speedup"] / r["predicted"],
+                     "<=", 1.15) for r in grid]
+    best = max(grid, key=lambda r: r["speedup"])
+    checks.append(check(f"best speedup over plain decoding (γ={best['gamma']})", best["speedup"], ">=", 1.5))
+    checks.append(check("draft cost c (draft / target decoding time; 10x cheaper: <= 0.1)", best["c"], "<=", 0.1))
+    keep = ("gamma", "alpha", "tokens_per_pass", "expected", "speedup", "speedup_q25", "speedup_q75", "c", "predicted",
+            "predicted_verify", "noise")
+    return result(checks, {"rows": [{k: r[k] for k in keep} for r in grid], "target_ms": costs["target_ms"],
+                           "draft_ms": costs["draft_ms"]},
+                  {"target": preset, "draft": name, "gammas": gammas, "temperature": 0.0, "rounds": rounds,
+                   "new_tokens": n, "prompt_len": prompt_len, "reps": reps, "device": ctx.device},
+                  headline=len(checks) - 2)
+
+

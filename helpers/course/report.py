@@ -1,0 +1,471 @@
+"""The course-wide report of a run: summary, recorded results beside reference GPUs, and the plots."""
+from __future__ import annotations
+
+import base64
+import html
+from pathlib import Path
+from typing import Any, Iterable
+
+from helpers.course.worker import SUMMARY_HEADER, status_word, summary_rows
+from helpers.measure.results import SUMMARY_PREFIX, device_name, read_records, records_by_name, write_atomic
+
+Block = tuple  # ("h1"|"h2"|"h3"|"p", text) | ("table", header, rows) | ("img", relative path)
+#               | ("fig", relative path, caption) | ("details", summary line) ... ("/details",)
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, bool) or value is None:
+        return str(value)
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    if isinstance(value, list):
+        if len(value) <= 8 and all(not isinstance(v, (list, dict)) for v in value):
+            return "[" + ", ".join(_fmt(v) for v in value) + "]"
+        return f"[{len(value)} values]"
+    return str(value)
+
+
+def flatten(metrics: dict, prefix: str = "") -> dict[str, str]:
+    """Nested metrics -> {'a.b': formatted value}."""
+    out: dict[str, str] = {}
+    for key, value in metrics.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(flatten(value, name + "."))
+        else:
+            out[name] = _fmt(value)
+    return out
+
+
+def extract_figures(notebook: Path, figures_dir: Path, problems: list | None = None) -> list[Path]:
+    """Save every PNG output of an executed notebook atomically; return the files in order.
+
+    A notebook that cannot be read, an image that is not valid base64 PNG, or a figure that cannot
+    be written is appended to `problems` as (path, reason) when a list is given, else raised.
+    """
+    nb = _read_executed(notebook, problems)
+    return [] if nb is None else [path for _, path in _save_figures(nb, notebook, figures_dir, problems)]
+
+
+def _problem(problems: list | None, path: Path, reason: str, err: Exception) -> None:
+    """Append (path, reason) to `problems`, or raise `err` when no list is given."""
+    if problems is None:
+        raise err
+    problems.append((path, reason))
+
+
+def _read_executed(notebook: Path, problems: list | None):
+    """The executed notebook, or None (named in `problems`, see extract_figures) when it cannot be read."""
+    import nbformat
+
+    try:
+        nb = nbformat.read(notebook, as_version=4)
+        nb.cells = list(nb.cells)
+        return nb
+    except Exception as err:  # torn JSON, not a notebook, unreadable: the report goes on without it
+        _problem(problems, notebook, f"unreadable executed notebook ({type(err).__name__}: {str(err)[:200]})", err)
+        return None
+
+
+def _save_figures(nb, notebook: Path, figures_dir: Path, problems: list | None) -> list[tuple[int, Path]]:
+    """(cell index, saved file) for every PNG output of the read notebook `nb` (see extract_figures)."""
+    saved = []
+    for i, cell in enumerate(nb.cells):
+        for k, out in enumerate(cell.get("outputs", []) if isinstance(cell, dict) else []):
+            data = out.get("data", {}).get("image/png") if isinstance(out, dict) else None
+            if not data:
+                continue
+            path = figures_dir / f"{notebook.stem}-cell{i:02d}-{k}.png"
+            try:
+                png = base64.b64decode(data if isinstance(data, str) else "".join(data), validate=False)
+                if not png.startswith(b"\x89PNG"):
+                    raise ValueError("not a PNG image")
+                figures_dir.mkdir(parents=True, exist_ok=True)
+                saved.append((i, write_atomic(path, png, fsync=False)))
+            except (ValueError, TypeError, OSError) as err:
+                why = f"{err.strerror}" if isinstance(err, OSError) and err.strerror else str(err)
+                _problem(problems, path if isinstance(err, OSError) else notebook,
+                         f"figure of cell {i}, output {k} not saved: {why}", err)
+    return saved
+
+
+def reference_sets(references: Path, problems: list | None = None) -> dict[str, dict[str, dict]]:
+    """{gpu folder name: {record name: record}} for every sub-folder of `references` with records.
+
+    Unreadable files are appended to `problems` as (path, reason); two files with the same record
+    name both stay, the second keyed 'name [file.json]'.
+    """
+    if not references.is_dir():
+        return {}
+    sets = {}
+    for folder in sorted(d for d in references.iterdir() if d.is_dir()):
+        good, bad = read_records(folder, skip=("capture.json",))  # the capture's index, not a record
+        if problems is not None:
+            problems += bad
+        if good:
+            sets[folder.name] = _by_name(good)
+    return sets
+
+
+def _by_name(good: list[tuple[Path, dict]]) -> dict[str, dict]:
+    """{name: record} (see results.records_by_name); each record also knows its file, as '_file'."""
+    return records_by_name([(path, {**data, "_file": path}) for path, data in good])
+
+
+def _text(value: Any, width: int | None = None) -> str:
+    text = "?" if value is None or value == "" else str(value)
+    return text[:width] if width else text
+
+
+def _origin(rec: dict) -> str:
+    """'device, profile P, torch V, date' for one record."""
+    versions = rec.get("versions") if isinstance(rec.get("versions"), dict) else {}
+    return (f"{_text(rec.get('device'))}, profile {_text(rec.get('profile'))}, torch {_text(versions.get('torch'))}, "
+            f"{_text(rec.get('date'), 10)}")
+
+
+def _record_blocks(name: str, rec: dict, refs: dict, run_device: str, run_profile: str) -> list[Block]:
+    """The heading, origin line and table of one record, beside the same record on each reference GPU."""
+    ref_cols = [(gpu, recs[name]) for gpu, recs in refs.items() if name in recs]
+    versions = rec.get("versions") if isinstance(rec.get("versions"), dict) else {}
+    origin = (f"Recorded on {_text(rec.get('device'))}, profile {_text(rec.get('profile'))}, "
+              f"{_text(rec.get('date'))}; versions: " + (", ".join(f"{k} {v}" for k, v in versions.items()) or "?")
+              + f" (file results/{rec['_file'].name}).")
+    if rec.get("device") != run_device or rec.get("profile") != run_profile:
+        origin += f" Not this run's device and profile ({run_device}, {run_profile})."
+    header = ["metric", _origin(rec)]
+    header += [f"{gpu} ({_origin(r)})" for gpu, r in ref_cols]
+    mine_flat = flatten(rec["metrics"])
+    ref_flats = [flatten(r["metrics"]) for _, r in ref_cols]
+    keys = list(dict.fromkeys(list(mine_flat) + [k for f in ref_flats for k in f]))
+    rows = [[k, mine_flat.get(k, "")] + [f.get(k, "") for f in ref_flats] for k in keys]
+    title = name + (f" (dtype {rec['dtype']})" if rec.get("dtype") else "")
+    return [("h3", title), ("p", origin), ("table", header, rows)]
+
+
+def _verdict_text(row: dict) -> str:
+    return str(row.get("verdict", "?")) + (f" ({row['reason']})" if row.get("reason") else "")
+
+
+def _ledger_blocks(mine: dict, refs: dict, problems: list) -> tuple[list[Block], set[str]]:
+    """The claims ledger (helpers.measure.claims): every claim recorded in this run or on a reference GPU, its
+    source, this run's measurement, verdict and device, and each reference GPU's measurement and verdict.
+
+    Returns the blocks and the record names shown there; a claim record without the ledger's fields
+    goes to `problems`.
+    """
+    from helpers.measure import claims
+
+    rows = {r["id"]: r for r in claims.from_records(mine)}
+    shown = {claims.PREFIX + str(i) for i in rows}
+    for name, rec in mine.items():
+        if name.startswith(claims.PREFIX) and name not in shown:
+            problems.append((rec["_file"], "a claim record without id, notebook, claim and verdict"))
+    ref_rows = {gpu: {r["id"]: r for r in claims.from_records(recs)} for gpu, recs in refs.items()}
+    ref_rows = {gpu: r for gpu, r in ref_rows.items() if r}
+    for gpu_rows in ref_rows.values():  # a claim only a reference tested still gets its row
+        for cid, r in gpu_rows.items():
+            rows.setdefault(cid, {**r, "verdict": None, "measured": None, "device": None})
+    blocks: list[Block] = [("h2", "Claims ledger")]
+    if not rows:
+        return blocks + [("p", "No notebook recorded a verdict on a claim in this run (helpers.measure.claims.verdict), "
+                               "and no reference GPU holds one.")], shown
+    header = ["notebook", "claim", "source", "measured here", "verdict here", "device here"]
+    header += [f"verdict on {gpu}; measured there" for gpu in ref_rows]
+    table = []
+    for r in sorted(rows.values(), key=lambda r: (str(r["notebook"]), str(r["id"]))):
+        here = ([r["measured"], _verdict_text(r), _text(r.get("device"))] if r["verdict"] is not None
+                else ["not run here", "", ""])
+        table.append([r["notebook"], r["claim"], r.get("source", "") or "?"] + here
+                     + [f"{_verdict_text(g[r['id']])}; measured {g[r['id']].get('measured', '?')}" if r["id"] in g
+                        else "not recorded there" for g in ref_rows.values()])
+    refs_note = (" Beside it, the same claim's measurement and verdict on each reference GPU in results/<gpu>/."
+                 if ref_rows else " No reference GPU in results/<gpu>/ has recorded a verdict yet.")
+    return blocks + [("p", "Every claim a notebook tested (from the source texts and papers), with this run's "
+                           "measurement and verdict: supported, contradicted, or not testable on this device "
+                           "with the reason." + refs_note), ("table", header, table)], shown
+
+
+def _stem_of(number: str, stems: Iterable[str]) -> str | None:
+    return next((s for s in sorted(stems) if s.startswith(number)), None)
+
+
+def _summaries(mine: dict, problems: list) -> dict[str, dict]:
+    """{notebook number: summary metrics} of this run's summary-NN records (results.summary)."""
+    out = {}
+    for name, rec in mine.items():
+        if not name.startswith(SUMMARY_PREFIX):
+            continue
+        m = rec["metrics"]
+        if isinstance(m.get("notebook"), str) and isinstance(m.get("headline"), dict) and all(
+                isinstance(v, dict) and "value" in v for v in m["headline"].values()):
+            if m["notebook"] in out:  # a second file for the same notebook: named, not silently dropped
+                problems.append((rec["_file"], f"a second summary of notebook {m['notebook']}; the report shows "
+                                               f"{out[m['notebook']]['_record']}"))
+                continue
+            out[m["notebook"]] = {**m, "_record": name}
+        else:
+            problems.append((rec["_file"], "a summary record without notebook, sentence and headline {label: value, unit}"))
+    return out
+
+
+def _value(v: dict) -> str:
+    return f"{_fmt(v.get('value'))} {v.get('unit') or ''}".strip()
+
+
+def _ratio(mine: dict, ref: dict) -> str:
+    a, b = mine.get("value"), ref.get("value")
+    numeric = all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in (a, b))
+    if not numeric or (mine.get("unit") or "") != (ref.get("unit") or ""):
+        return "-"
+    return f"{a / b:.3g}x" if b else "-"
+
+
+def _versus_blocks(summaries: dict, refs: dict) -> list[Block]:
+    """Your device vs reference: each headline number beside the same record's on each reference GPU."""
+    blocks: list[Block] = [("h2", "Your device vs reference")]
+    how = ("To make one, run scripts/gpu_capture.sh on the GPU and import what comes back with "
+           "`python -m helpers.course.capture import` (results/README.md says how), or run "
+           "`python -m helpers.course.run --profile full --save-reference` on a GPU box.")
+    if not summaries:
+        return blocks + [("p", "No notebook recorded its headline numbers in this run (helpers.measure.results.summary), "
+                               "so there is nothing to compare.")]
+    ref_sums = {gpu: {n: r["metrics"] for n, r in recs.items() if n.startswith(SUMMARY_PREFIX)
+                      and isinstance(r["metrics"].get("headline"), dict)} for gpu, recs in refs.items()}
+    ref_sums = {gpu: s for gpu, s in ref_sums.items() if s}
+    if not ref_sums:
+        blocks.append(("p", "There is no reference GPU run in results/<gpu>/ yet, so this run's numbers stand "
+                            "alone. " + how))
+    header = ["notebook", "headline number", "this run"]
+    for gpu in ref_sums:
+        header += [gpu, "this run / " + gpu]
+    rows, missing = [], []
+    for nb, s in sorted(summaries.items()):
+        for gpu, sums in ref_sums.items():
+            if s["_record"] not in sums:
+                missing.append(f"{s['_record']} on {gpu}")
+        for label, v in s["headline"].items():
+            row = [nb, label, _value(v)]
+            for gpu, sums in ref_sums.items():
+                ref = sums.get(s["_record"], {}).get("headline", {}).get(label)
+                if isinstance(ref, dict):
+                    row += [_value(ref), _ratio(v, ref)]
+                else:
+                    row += ["no reference" if s["_record"] not in sums else "not in the reference", "-"]
+            rows.append(row)
+    if ref_sums:
+        blocks.append(("p", "Each headline number of this run beside the record of the same name on each reference "
+                            "GPU (results/<gpu>/), and their ratio; a ratio below 1 means this run measured less."
+                       + (f" Missing on the reference: {', '.join(missing)}. " + how if missing else "")))
+    return blocks + [("table", header, rows)]
+
+
+def _title(nb, stem: str) -> str:
+    """The read notebook's first markdown heading ('02 · FLOPs and MFU'), else `stem`."""
+    try:
+        for cell in nb.cells:
+            if cell.cell_type == "markdown" and cell.source.lstrip().startswith("# "):
+                return cell.source.lstrip()[2:].splitlines()[0].strip()
+    except Exception:  # a malformed cell: the file name will do
+        pass
+    return stem
+
+
+SKIP_SECTIONS = ("Play with it", "Exercises")   # figures there are the learner's, not the measurement's
+
+
+def _captions(nb) -> dict[int, str]:
+    """{cell index: caption} of the read notebook `nb`, from the section heading each code cell sits under,
+    and its code cell number as JupyterLab labels it (papermill's injected-parameters cell not counted)."""
+    out, heading, code_no = {}, "", 0
+    for i, cell in enumerate(nb.cells):
+        if cell.cell_type == "markdown":
+            for line in cell.source.splitlines():
+                if line.startswith("## ") or line.startswith("### "):
+                    heading = line.lstrip("#").strip()
+        elif cell.cell_type == "code":
+            if "injected-parameters" in cell.get("metadata", {}).get("tags", []):
+                continue  # papermill's cell: not in the notebook a learner opens
+            code_no += 1
+            out[i] = f"{heading} (code cell {code_no})" if heading else f"code cell {code_no}"
+    return out
+
+
+def _notebook_blocks(stem: str, executed: Path | None, outcome, summary: dict | None, run_dir: Path,
+                     problems: list) -> list[Block]:
+    """One notebook's section: its status, what it measured, its headline numbers and key figures."""
+
+    nb = _read_executed(executed, problems) if executed is not None else None
+    blocks: list[Block] = [("h2", _title(nb, stem) if nb is not None else stem)]
+    status = (f"Status: {status_word(outcome)} in {outcome.seconds:.1f} s." if outcome is not None else "")
+    if summary:
+        blocks.append(("p", f"{summary.get('sentence') or '?'} {status}".strip()))
+        blocks.append(("table", ["headline number", "this run"],
+                       [[label, _value(v)] for label, v in summary["headline"].items()]))
+        if summary.get("noise"):
+            blocks.append(("p", f"Noise: {summary['noise']}."))
+    else:
+        blocks.append(("p", f"{status} This notebook recorded no summary in this run (a results.summary call in its "
+                            "takeaways cell records one), so it has no headline numbers here.".strip()))
+    if nb is not None:
+        captions = _captions(nb)
+        for cell, f in _save_figures(nb, executed, run_dir / "figures", problems):
+            caption = captions.get(cell, "")
+            if not any(caption.startswith(s) for s in SKIP_SECTIONS):
+                blocks.append(("fig", str(f.relative_to(run_dir)), f"{stem}: {caption}"))
+    return blocks
+
+
+def build_blocks(run_dir: Path, outcomes: Iterable, references: Path, profile: str,
+                 conditions: str | None = None, asked: str | None = None) -> list[Block]:
+    """Everything the report says, as blocks that both renderers understand.
+
+    In order: the run's device and conditions with a noise note, the claims ledger, this run beside
+    the reference GPUs, the notebooks' statuses, one section per notebook in course order (summary,
+    headline numbers, figures), the raw records in a collapsed appendix, and every file that could
+    not be read (a torn record, a reference file that is not a record, a malformed executed notebook
+    or figure), by path with the reason.
+    """
+    from helpers.measure.hardware import library_versions
+
+    outcomes, problems = list(outcomes), []
+    good, bad = read_records(run_dir / "results")
+    problems += bad
+    mine = _by_name(good)
+    refs = reference_sets(references, problems)
+    device = device_name()
+    summaries = _summaries(mine, problems)
+    blocks: list[Block] = [
+        ("h1", f"Course run report: {run_dir.name}"),
+        ("p", f"Device: {device}. Profile: {profile}" + (f" (asked for: {asked})" if asked and asked != profile else "")
+              + ". Versions: " + ", ".join(f"{k} {v}" for k, v in library_versions().items()) + "."),
+        ("h2", "Measurement conditions"),
+        ("p", f"Run conditions: {conditions}." if conditions else
+              "Run conditions: not given (the notebooks were not run through helpers.course.run)."),
+    ]
+    noise = [f"{nb}: {s['noise']}" for nb, s in sorted(summaries.items()) if s.get("noise")]
+    blocks.append(("p", "Noise (the timing spread each notebook printed): " + "; ".join(noise) + "." if noise else
+                        "Noise: no notebook recorded its timing spread in this run, so differences of a few "
+                        "percent between runs are not evidence of anything."))
+    ledger, in_ledger = _ledger_blocks(mine, refs, problems)
+    blocks += ledger + _versus_blocks(summaries, refs)
+    blocks += [
+        ("h2", "Notebooks"),
+        ("p", "Cell numbers count the notebook's code cells from 1, as JupyterLab numbers them after "
+              "'Restart Kernel and Run All Cells'."),
+        ("table", SUMMARY_HEADER, summary_rows(outcomes)),
+    ]
+    executed = {p.stem: p for p in sorted((run_dir / "notebooks").glob("*.ipynb"))}
+    by_outcome = {o.notebook: o for o in outcomes}
+    stems = set(executed) | set(by_outcome)
+    stems |= {nb for nb in summaries if _stem_of(nb, stems) is None}
+    for stem in sorted(stems):
+        number = stem[:2]
+        blocks += _notebook_blocks(stem, executed.get(stem), by_outcome.get(stem),
+                                   summaries.get(number) if number.isdigit() else None, run_dir, problems)
+    raw = [(n, r) for n, r in mine.items() if n not in in_ledger and not n.startswith(SUMMARY_PREFIX)]
+    blocks += [("details", f"Appendix: raw metrics of every record ({len(raw)} record{'' if len(raw) == 1 else 's'})")]
+    if not raw:
+        blocks.append(("p", "No notebook recorded a result in this run."))
+    if refs:
+        blocks.append(("p", "Reference columns come from results/<gpu>/ in the repository: " + ", ".join(refs) + "."))
+    for name, rec in raw:
+        blocks += _record_blocks(name, rec, refs, device, profile)
+    blocks.append(("/details",))
+    if problems:
+        blocks += [("h2", "Files the report could not read"),
+                   ("table", ["file", "reason"], [[str(p), r] for p, r in problems])]
+    return blocks
+
+
+def to_markdown(blocks: list[Block]) -> str:
+    """Render blocks as GitHub-flavoured Markdown."""
+    lines: list[str] = []
+    for b in blocks:
+        kind = b[0]
+        if kind in ("h1", "h2", "h3"):
+            lines += ["#" * int(kind[1]) + " " + b[1], ""]
+        elif kind == "p":
+            lines += [b[1], ""]
+        elif kind == "table":
+            header, rows = b[1], b[2]
+            cell = lambda s: str(s).replace("|", "\\|").replace("\n", " ")  # noqa: E731
+            lines.append("| " + " | ".join(map(cell, header)) + " |")
+            lines.append("|" + "---|" * len(header))
+            lines += ["| " + " | ".join(map(cell, r)) + " |" for r in rows]
+            lines.append("")
+        elif kind == "img":
+            lines += [f"![{Path(b[1]).stem}]({b[1]})", ""]
+        elif kind == "fig":
+            lines += [f"![{b[2]}]({b[1]})", "", f"*Figure: {b[2]}*", ""]
+        elif kind == "details":  # GitHub renders the Markdown inside when blank lines surround it
+            lines += [f"<details><summary>{html.escape(b[1])}</summary>", ""]
+        elif kind == "/details":
+            lines += ["</details>", ""]
+    return "\n".join(lines)
+
+
+VERDICT_CLASS = {"supported": "ok", "contradicted": "bad", "not testable": "na"}
+CSS = ("body{font-family:system-ui,sans-serif;max-width:1150px;margin:2em auto;padding:0 1em;color:#222;"
+       "line-height:1.45}h1{font-size:1.6em}h2{margin-top:1.8em;border-bottom:1px solid #ddd;padding-bottom:.2em}"
+       ".scroll{overflow-x:auto}table{border-collapse:collapse;margin:.5em 0 1.5em}"
+       "td,th{border:1px solid #ccc;padding:3px 8px;text-align:left;vertical-align:top;font-size:13px}"
+       "th{background:#f3f3f3}td.ok{background:#e3f4e3}td.bad{background:#fbe3e3}td.na{background:#f1f1f1}"
+       "figure{margin:1em 0}figure img{max-width:100%;border:1px solid #eee}figcaption{font-size:13px;color:#555}"
+       "img{max-width:100%}details{margin:1.5em 0}summary{cursor:pointer;font-weight:600;font-size:1.1em}")
+
+
+def _td(cell: Any) -> str:
+    text = str(cell)
+    kind = next((c for v, c in VERDICT_CLASS.items() if text.startswith(v)), None)
+    return (f"<td class='{kind}'>" if kind else "<td>") + html.escape(text) + "</td>"
+
+
+def _png(run_dir: Path, rel: str) -> str | None:
+    try:
+        return base64.b64encode((run_dir / rel).read_bytes()).decode()
+    except OSError:
+        return None
+
+
+def to_html(blocks: list[Block], run_dir: Path) -> str:
+    """Render blocks as one self-contained HTML page (figures inlined, no external resource)."""
+    parts = ["<!doctype html><html lang='en'><head><meta charset='utf-8'><title>Course run report</title>"
+             f"<style>{CSS}</style></head><body>"]
+    esc = html.escape
+    for b in blocks:
+        kind = b[0]
+        if kind in ("h1", "h2", "h3", "p"):
+            parts.append(f"<{kind}>{esc(b[1])}</{kind}>")
+        elif kind == "table":
+            head = "".join(f"<th>{esc(str(h))}</th>" for h in b[1])
+            body = "".join("<tr>" + "".join(_td(c) for c in r) + "</tr>" for r in b[2])
+            parts.append(f"<div class='scroll'><table><tr>{head}</tr>{body}</table></div>")
+        elif kind in ("img", "fig"):
+            data = _png(run_dir, b[1])
+            caption = b[2] if kind == "fig" else Path(b[1]).stem
+            if data is None:
+                parts.append(f"<p>figure {esc(b[1])} could not be read</p>")
+            else:
+                parts.append(f"<figure><img alt='{esc(caption)}' src='data:image/png;base64,{data}'>"
+                             + (f"<figcaption>Figure: {esc(caption)}</figcaption>" if kind == "fig" else "")
+                             + "</figure>")
+        elif kind == "details":
+            parts.append(f"<details><summary>{esc(b[1])}</summary>")
+        elif kind == "/details":
+            parts.append("</details>")
+    parts.append("</body></html>")
+    return "\n".join(parts)
+
+
+def write_report(run_dir: Path, outcomes: Iterable, references: Path, profile: str = "auto",
+                 conditions: str | None = None, asked: str | None = None) -> tuple[Path, Path]:
+    """Write report.md and report.html into `run_dir` (each atomically); return their paths.
+
+    Raises OSError (with the file name) when one cannot be written; a file written before stays intact.
+    """
+    run_dir = Path(run_dir)
+    blocks = build_blocks(run_dir, outcomes, Path(references), profile, conditions, asked)
+    md = write_atomic(run_dir / "report.md", to_markdown(blocks), fsync=False)
+    page = write_atomic(run_dir / "report.html", to_html(blocks, run_dir), fsync=False)
+    return md, page

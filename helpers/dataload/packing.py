@@ -1,0 +1,209 @@
+"""Sequence packing: whole documents in fixed-length rows, a block-diagonal causal mask, positions per document.
+
+Padding (the baseline) gives every document its own row and fills the rest with a pad token that no
+loss is taken on. Packing puts several whole documents into one row of `row_len` tokens (first-fit
+decreasing, so no document is ever split) and builds, per row:
+
+* `doc` (R, T) int64: which document each slot holds (0, 1, ... within the batch), -1 for padding;
+* `pos` (R, T) int64: the position ids, restarting at 0 at each document's first token;
+* `block_causal_mask(doc)` (R, T, T) bool: query i may attend to key j when both hold the same
+  document and j <= i (padding slots form one block of their own, so no row of the mask is empty);
+* `y` (R, T) int64: the next token of the *same* document, -1 (ignored) at each document's last token
+  and on padding, so no target crosses a document boundary.
+
+With that mask and those positions, every document's loss is exactly the loss it has alone
+(`forward_packed` runs the course GPT so); without the mask, tokens attend to the documents before
+them in the row (cross-contamination). Packing documents this way is what e.g. Krell et al., 2021,
+*Efficient Sequence Packing without Cross-contamination*, describe for BERT.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+
+PAD = 0  # the token id written into padding slots (never a target: targets there are -1)
+
+
+def _lengths(lengths: Sequence[int], row_len: int) -> list[int]:
+    if isinstance(row_len, bool) or not isinstance(row_len, int) or row_len < 2:
+        raise ValueError(f"row_len={row_len!r} must be an int >= 2")
+    out = [int(n) for n in lengths]
+    bad = [n for n in out if not 2 <= n <= row_len]
+    if bad:
+        raise ValueError(f"document lengths must be in [2, row_len={row_len}] (a document needs a token and its "
+                         f"target, and is never split); got {bad[:5]}")
+    return out
+
+
+def padding_fraction(lengths: Sequence[int], row_len: int, rows: int | None = None) -> float:
+    """Share of the slots in `rows` rows of `row_len` tokens that hold no document token (exact).
+
+    rows=None: one row per document (padding). Raises ValueError when the tokens do not fit.
+    """
+    n = _lengths(lengths, row_len)
+    rows = len(n) if rows is None else rows
+    if rows * row_len < sum(n) or rows < 1:
+        raise ValueError(f"{sum(n)} tokens do not fit in {rows} rows of {row_len}")
+    return 1.0 - sum(n) / (rows * row_len)
+
+
+def first_fit_decreasing(lengths: Sequence[int], row_len: int) -> list[list[int]]:
+    """Assign documents to rows: longest first, each into the first row with room (never split).
+
+    Returns a list of rows, each a list of document indices in placement order. Ties keep input
+    order, so the result is deterministic.
+    """
+    n = _lengths(lengths, row_len)
+    rows: list[list[int]] = []
+    free: list[int] = []
+    for i in sorted(range(len(n)), key=lambda i: (-n[i], i)):
+        for r, room in enumerate(free):
+            if n[i] <= room:
+                rows[r].append(i)
+                free[r] -= n[i]
+                break
+        else:
+            rows.append([i])
+            free.append(row_len - n[i])
+    return rows
+
+
+@dataclass
+class Batch:
+    """A batch of rows: x, y, pos, doc are (R, T) int64 (see the module docstring); tokens = real tokens."""
+
+    x: torch.Tensor
+    y: torch.Tensor
+    pos: torch.Tensor
+    doc: torch.Tensor
+    tokens: int
+
+    @property
+    def padding(self) -> float:
+        """Share of slots that are padding."""
+        return 1.0 - self.tokens / self.x.numel()
+
+    def to(self, device, non_blocking: bool = False) -> "Batch":
+        """The same batch on `device`."""
+        move = lambda t: t.to(device, non_blocking=non_blocking)  # noqa: E731
+        return Batch(move(self.x), move(self.y), move(self.pos), move(self.doc), self.tokens)
+
+    def pin_memory(self) -> "Batch":
+        """The same batch in page-locked host memory (DataLoader calls this with pin_memory=True)."""
+        return Batch(self.x.pin_memory(), self.y.pin_memory(), self.pos.pin_memory(), self.doc.pin_memory(),
+                     self.tokens)
+
+
+def _fill(docs: Sequence[torch.Tensor], rows: list[list[int]], row_len: int) -> Batch:
+    R = len(rows)
+    x = torch.full((R, row_len), PAD, dtype=torch.long)
+    y = torch.full((R, row_len), -1, dtype=torch.long)
+    pos = torch.zeros((R, row_len), dtype=torch.long)
+    doc = torch.full((R, row_len), -1, dtype=torch.long)
+    for r, members in enumerate(rows):
+        at = 0
+        for i in members:
+            d = docs[i].long()
+            n = len(d)
+            x[r, at:at + n] = d
+            y[r, at:at + n - 1] = d[1:]  # the document's last token has no target in this document
+            pos[r, at:at + n] = torch.arange(n)
+            doc[r, at:at + n] = i
+            at += n
+    return Batch(x, y, pos, doc, sum(len(docs[i]) for row in rows for i in row))
+
+
+def pad_batch(docs: Sequence[torch.Tensor], row_len: int | None = None) -> Batch:
+    """One document per row, padded to `row_len` (None: the longest document of the batch)."""
+    row_len = max(len(d) for d in docs) if row_len is None else row_len
+    _lengths([len(d) for d in docs], row_len)
+    return _fill(docs, [[i] for i in range(len(docs))], row_len)
+
+
+def pack_batch(docs: Sequence[torch.Tensor], row_len: int) -> Batch:
+    """Whole documents packed into rows of `row_len` by first-fit decreasing (see the module docstring)."""
+    return _fill(docs, first_fit_decreasing([len(d) for d in docs], row_len), row_len)
+
+
+def block_causal_mask(doc: torch.Tensor) -> torch.Tensor:
+    """(R, T) document ids -> (R, T, T) bool mask: True where query i may attend to key j.
+
+    mask[r, i, j] = doc[r, i] == doc[r, j] and j <= i. Padding (-1) is one block of its own, so every
+    query keeps at least itself and no softmax row is empty.
+    """
+    T = doc.size(-1)
+    causal = torch.ones(T, T, dtype=torch.bool, device=doc.device).tril()  # (T, T)
+    return (doc[..., :, None] == doc[..., None, :]) & causal  # (R, T, T)
+
+
+def positions_from_doc(doc: torch.Tensor) -> torch.Tensor:
+    """(R, T) document ids -> (R, T) int64 position ids restarting at 0 where a new document starts (0 on padding).
+
+    A document starts at slot 0 and wherever the id differs from the slot before (packing never puts
+    one document in two runs of a row).
+    """
+    T = doc.size(-1)
+    idx = torch.arange(T, device=doc.device).expand_as(doc)  # (R, T)
+    start = torch.ones_like(doc, dtype=torch.bool)
+    start[..., 1:] = doc[..., 1:] != doc[..., :-1]
+    first = torch.where(start, idx, torch.zeros_like(idx)).cummax(dim=-1).values  # (R, T) start of each run
+    return torch.where(doc >= 0, idx - first, torch.zeros_like(idx))
+
+
+def forward_packed(model, x: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor | None,
+                   targets: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The course GPT on rows with given position ids and an attention mask; (logits, mean loss or None).
+
+    x, pos, targets (R, T) int64; mask (R, T, T) bool (True = attend) or None for plain causal
+    attention over the whole row (what packing without a mask does). Runs the model's own modules
+    (embeddings, blocks, final norm, head) with its attention kernel swapped for a masked SDPA for
+    the duration of the call; helpers/gpt/model.py is unchanged. Raises ValueError for a position past
+    the model's seq_len.
+    """
+    if int(pos.max()) >= model.config.seq_len:
+        raise ValueError(f"position {int(pos.max())} is past seq_len={model.config.seq_len}")
+    previous = model.attn_impl
+    if mask is not None:
+        bias = mask[:, None]  # (R, 1, T, T), broadcast over heads
+
+        def masked(q, k, v, is_causal):
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=bias)  # (R, H, T, hd)
+
+        model.attn_impl = masked
+    try:
+        h = model.drop(model.wte(x) + model.wpe(pos))  # (R, T, d_model)
+        for block in model.blocks:
+            h = block(h)  # (R, T, d_model)
+        logits = model.lm_head(model.ln_f(h))  # (R, T, vocab)
+    finally:
+        model.attn_impl = previous
+    loss = None
+    if targets is not None:
+        loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-1)
+    return logits, loss
+
+
+def per_document_loss(logits: torch.Tensor, targets: torch.Tensor, doc: torch.Tensor, n_docs: int) -> torch.Tensor:
+    """Mean next-token loss of each document: (n_docs,) fp32, from logits (R, T, V), targets and doc (R, T).
+
+    Slots with target -1 are left out; a document with no target gets NaN.
+    """
+    ce = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten().clamp(min=0), reduction="none")  # (R*T,)
+    keep = (targets.flatten() >= 0) & (doc.flatten() >= 0)
+    ids = doc.flatten()[keep]
+    total = torch.zeros(n_docs, dtype=torch.float32, device=logits.device).index_add_(0, ids, ce[keep])
+    count = torch.zeros(n_docs, dtype=torch.float32, device=logits.device).index_add_(
+        0, ids, torch.ones_like(ce[keep]))
+    return total / count
+
+
+def unpacked_losses(model, docs: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Each document run alone through the ordinary `model.forward` (positions 0..n-1): (n_docs,) mean losses."""
+    out = []
+    for d in docs:
+        d = d.long()[None]  # (1, n)
+        out.append(model(d[:, :-1], d[:, 1:])[1].float())
+    return torch.stack(out)

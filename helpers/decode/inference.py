@@ -1,0 +1,152 @@
+"""Key/value caches beyond the course GPT's contiguous one (`helpers.gpt.generation.KVCache`): their
+size per token, published models' caches, and an MLA-style latent cache.
+
+* `kv_bytes_per_token` (2 · layers · kv_heads · head_dim · bytes) and `REAL_MODELS`, published
+  configurations with their sources.
+* `LatentKVCache` and `factorise_kv`: an MLA-style cache (DeepSeek-AI, 2024, DeepSeek-V2) on the course
+  GPT: the k/v projection is factorised by a truncated SVD, W ≈ U (Σ Vᵀ), only the rank-r latent
+  c = Σ Vᵀ x is cached, and the up-projection U is absorbed into the query and the output at decode.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from helpers.gpt.generation import causal_offset_mask
+from helpers.gpt.model import GPT, GPTConfig
+
+# ---------------------------------------------------------------- bytes per token, real models
+
+
+def kv_bytes_per_token(n_layer: int, n_kv_head: int, head_dim: int, bytes_per_element: float) -> float:
+    """KV-cache bytes one token occupies: 2 (k and v) · layers · kv_heads · head_dim · bytes per element."""
+    return 2 * n_layer * n_kv_head * head_dim * bytes_per_element
+
+
+# Published configurations. (layers, query heads, kv heads, head_dim, cached elements per token per layer, source)
+REAL_MODELS: dict[str, dict] = {
+    "Llama 2 7B (MHA)": dict(layers=32, heads=32, kv_heads=32, head_dim=128, per_layer=2 * 32 * 128,
+                             source="Touvron et al., 2023, Llama 2, Table 1; config.json of meta-llama/Llama-2-7b-hf"),
+    "Llama 3 8B (GQA)": dict(layers=32, heads=32, kv_heads=8, head_dim=128, per_layer=2 * 8 * 128,
+                             source="Meta, Llama 3 model card; config.json of meta-llama/Meta-Llama-3-8B"),
+    "Mistral 7B (GQA)": dict(layers=32, heads=32, kv_heads=8, head_dim=128, per_layer=2 * 8 * 128,
+                             source="Jiang et al., 2023, Mistral 7B, Table 1"),
+    "DeepSeek-V2 (MLA)": dict(layers=60, heads=128, kv_heads=None, head_dim=128, per_layer=512 + 64,
+                              source="DeepSeek-AI, 2024, DeepSeek-V2, sec. 2.1 and 3.1.1: latent d_c=512, "
+                                     "decoupled RoPE key d_h^R=64, 60 layers"),
+}
+
+
+def real_model_rows(bytes_per_element: int = 2, context: int = 4096) -> list[list]:
+    """Rows [model, layers, kv heads, cached elements per token per layer, KiB per token, GiB at `context`
+    tokens, source] of REAL_MODELS at `bytes_per_element` (2: bf16)."""
+    rows = []
+    for name, m in REAL_MODELS.items():
+        per_tok = m["layers"] * m["per_layer"] * bytes_per_element
+        rows.append([name, m["layers"], m["kv_heads"] or "latent", m["per_layer"], per_tok / 1024,
+                     per_tok * context / 2**30, m["source"]])
+    return rows
+
+
+# ---------------------------------------------------------------- an MLA-style latent cache
+
+
+class LowRankKV(nn.Module):
+    """The k/v projection factorised: kv = up(down(x)), down (d_model -> r, no bias), up (r -> 2·H_kv·hd, with
+    the original bias); `up.weight` has orthonormal columns, so down(x) = upᵀ (kv - bias)."""
+
+    def __init__(self, down: torch.Tensor, up: torch.Tensor, bias: torch.Tensor | None):
+        super().__init__()
+        self.down = nn.Linear(down.size(1), down.size(0), bias=False)
+        self.up = nn.Linear(up.size(1), up.size(0), bias=bias is not None)
+        with torch.no_grad():
+            self.down.weight.copy_(down)
+            self.up.weight.copy_(up)
+            if bias is not None:
+                self.up.bias.copy_(bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.up(self.down(x))
+
+
+def factorise_kv(model: GPT, rank: int) -> tuple[GPT, list[float]]:
+    """A copy of `model` whose every k/v projection W (2·H_kv·hd, d_model) is replaced by its best rank-r
+    approximation U_r (Σ_r V_rᵀ) from the SVD (Eckart–Young), as a `LowRankKV`. Returns the copy and each
+    layer's relative reconstruction error ‖W − W_r‖_F / ‖W‖_F. Raises ValueError for a rank outside
+    1 .. min(W's shape)."""
+    import copy
+
+    full = 2 * model.config.n_kv_head * model.config.head_dim
+    if isinstance(rank, bool) or not isinstance(rank, int) or not 1 <= rank <= min(full, model.config.d_model):
+        raise ValueError(f"rank={rank!r} must be an int in 1..{min(full, model.config.d_model)}")
+    low = copy.deepcopy(model).eval()
+    errors = []
+    for block in low.blocks:
+        lin = block.attn.kv_proj
+        W = lin.weight.detach().double()
+        U, s, Vh = torch.linalg.svd(W, full_matrices=False)
+        up, down = U[:, :rank], s[:rank, None] * Vh[:rank]
+        errors.append(float(torch.linalg.norm(W - up @ down) / torch.linalg.norm(W)))
+        dtype = lin.weight.dtype
+        block.attn.kv_proj = LowRankKV(down.to(dtype), up.to(dtype), None if lin.bias is None else lin.bias.detach())
+        block.attn.kv_proj.to(lin.weight.device)
+    return low, errors
+
+
+class LatentKVCache:
+    """MLA-style cache for a `factorise_kv` model: per layer and token only the rank-r latent c is stored.
+
+    c: (n_layer, B, max_len, r). In `attend`, c is recovered from the model's k, v as upᵀ(kv − bias) (equal to
+    down(x), up's columns being orthonormal), and the up-projection is absorbed (DeepSeek-V2, sec. 2.1.2):
+    scores = (q U_k)·c + q·b_k, output = (softmax · c) U_vᵀ + b_v, so keys and values are never materialised
+    for the cached tokens.
+    """
+
+    def __init__(self, model: GPT, batch: int, max_len: int, *, dtype: torch.dtype = torch.float32,
+                 device: str | torch.device = "cpu"):
+        cfg = model.config
+        projs = [b.attn.kv_proj for b in model.blocks]
+        if not all(isinstance(p, LowRankKV) for p in projs):
+            raise ValueError("LatentKVCache needs a model from factorise_kv (its kv projections are LowRankKV)")
+        self.rank = projs[0].up.weight.size(1)
+        self.c = torch.zeros(cfg.n_layer, batch, max_len, self.rank, dtype=dtype, device=device)
+        self.projs, self.cfg, self.max_len, self.length = projs, cfg, max_len, 0
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes allocated for the latents (numel · element_size)."""
+        return self.c.numel() * self.c.element_size()
+
+    def positions(self, T: int) -> torch.Tensor:
+        """(B, T) absolute positions of T new tokens."""
+        return (self.length + torch.arange(T, device=self.c.device)).expand(self.c.size(1), T)
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Store the new tokens' latents and return attention (B, H, T, hd) computed on the latents."""
+        cfg, up = self.cfg, self.projs[layer].up
+        B, H, T, hd = q.shape
+        H_kv, g = cfg.n_kv_head, cfg.n_head // cfg.n_kv_head
+        kv = torch.stack([k, v]).permute(1, 3, 0, 2, 4).reshape(B, T, 2 * H_kv * hd)  # the model's layout
+        if up.bias is not None:
+            kv = kv - up.bias
+        end = self.length + T
+        if end > self.max_len:
+            raise ValueError(f"the cache holds max_len={self.max_len} tokens; {end} were asked for")
+        self.c[layer, :, self.length:end] = (kv @ up.weight).to(self.c.dtype)  # (B, T, r)
+        c = self.c[layer, :, :end].to(q.dtype)  # (B, S, r)
+        Wk, Wv = up.weight.view(2, H_kv, hd, self.rank)  # (H_kv, hd, r) each
+        bk, bv = (up.bias.view(2, H_kv, hd) if up.bias is not None else torch.zeros(2, H_kv, hd, device=q.device))
+        Wk, Wv = Wk.repeat_interleave(g, 0), Wv.repeat_interleave(g, 0)  # (H, hd, r)
+        bk, bv = bk.repeat_interleave(g, 0), bv.repeat_interleave(g, 0)  # (H, hd)
+        q_lat = torch.einsum("bhtd,hdr->bhtr", q, Wk)  # the query, absorbed into latent space
+        scores = (q_lat @ c.transpose(1, 2)[:, None] + (q * bk[:, None]).sum(-1, keepdim=True)) / math.sqrt(hd)
+        scores = scores.masked_fill(~causal_offset_mask(T, end, q.device), float("-inf"))
+        o_lat = scores.softmax(-1) @ c[:, None]  # (B, H, T, r)
+        return torch.einsum("bhtr,hdr->bhtd", o_lat, Wv) + bv[:, None]
+
+    def advance(self, T: int) -> None:
+        """Count T more tokens as cached."""
+        self.length += T

@@ -1,0 +1,453 @@
+"""torch.compile, taken apart: fusion and the bytes it saves, the code Inductor writes, graph breaks,
+recompilations, modes and the cost of compiling (notebook 09).
+
+The workloads are written the way a learner would write them, as separate PyTorch ops, so that eager
+mode runs one kernel per op and reads and writes every intermediate from memory:
+
+* `pointwise_chain`: gelu(x + bias) * scale, optionally followed by dropout;
+* `layer_norm_ops`: LayerNorm from mean, subtract, square, mean, rsqrt, multiply, add;
+* `softmax_ops`: exp(x - max) / sum, as in Triton's fused-softmax tutorial's "naive" version.
+
+Each has a library line (`F.gelu` chain has none; `F.layer_norm`, `torch.softmax`) that PyTorch already
+fuses by hand. `eager_bytes` counts what eager mode moves (every op's tensor inputs read once and its
+outputs written once, counted by a TorchDispatchMode as the ops run); `fused_bytes` is the ideal of one
+fused kernel: the function's inputs read once and its outputs written once.
+
+On a CPU Inductor writes C++ with OpenMP; on a GPU, Triton. Importing this module switches Triton's
+interpreter on where there is no GPU (via `helpers.fusion.triton_softmax`, before anything imports triton). It
+changes no global Inductor setting: `compile_counted` compiles one function with Inductor's
+`cpp.enable_kernel_profile` option, so that its C++ kernels appear by name in `torch.profiler` (they are
+otherwise invisible there, and could not be counted); every other compile in the process is left as is.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+import tempfile
+import time
+import types
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from helpers.fusion import triton_softmax  # noqa: F401  (first: switches Triton's interpreter on before Inductor imports triton)
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
+
+# ------------------------------------------------------------------------------------------ workloads
+
+
+def pointwise_chain(x: torch.Tensor, bias: torch.Tensor, scale: float = 0.5, p: float = 0.0) -> torch.Tensor:
+    """gelu(x + bias) * scale, then dropout with probability p (p=0: none). x (rows, cols), bias (cols,)."""
+    y = F.gelu(x + bias) * scale
+    return F.dropout(y, p, training=True) if p > 0 else y
+
+
+def layer_norm_ops(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
+    """LayerNorm over the last dim from separate ops (what F.layer_norm computes). x (rows, cols)."""
+    mean = x.mean(-1, keepdim=True)                     # read x
+    centred = x - mean                                  # read x, write centred
+    var = (centred * centred).mean(-1, keepdim=True)    # read centred, write its square; read that
+    normed = centred * torch.rsqrt(var + eps)           # read centred, write normed
+    return normed * weight + bias                       # read normed, write; read that, write y
+
+
+def layer_norm_library(x, weight, bias, eps: float = 1e-5):
+    """F.layer_norm: PyTorch's own hand-fused kernel (the library line)."""
+    return F.layer_norm(x, x.shape[-1:], weight, bias, eps)
+
+
+def softmax_ops(x: torch.Tensor) -> torch.Tensor:
+    """Softmax over the last dim from separate ops (Triton's tutorial's naive softmax). x (rows, cols)."""
+    z = x - x.amax(-1, keepdim=True)    # read x (max); read x, write z
+    e = torch.exp(z)                    # read z, write e
+    return e / e.sum(-1, keepdim=True)  # read e (sum); read e, write y
+
+
+def softmax_library(x):
+    """torch.softmax: PyTorch's own hand-fused kernel (the library line)."""
+    return torch.softmax(x, dim=-1)
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A function to compile, its library counterpart (or None) and a maker of its inputs."""
+
+    name: str
+    fn: Callable[..., torch.Tensor]
+    library: Callable[..., torch.Tensor] | None
+    inputs: Callable[..., tuple]  # (rows, cols, dtype, device, generator) -> args
+
+
+def _chain_inputs(rows, cols, dtype, device, g):
+    return (torch.randn(rows, cols, generator=g).to(device, dtype), torch.randn(cols, generator=g).to(device, dtype))
+
+
+def _ln_inputs(rows, cols, dtype, device, g):
+    x = torch.randn(rows, cols, generator=g) * 3 + 1
+    w, b = 1 + 0.1 * torch.randn(cols, generator=g), 0.1 * torch.randn(cols, generator=g)
+    return tuple(t.to(device, dtype) for t in (x, w, b))
+
+
+def _softmax_inputs(rows, cols, dtype, device, g):
+    return ((torch.randn(rows, cols, generator=g) * 4).to(device, dtype),)
+
+
+WORKLOADS: dict[str, Workload] = {
+    "pointwise": Workload("pointwise", pointwise_chain, None, _chain_inputs),
+    "layernorm": Workload("layernorm", layer_norm_ops, layer_norm_library, _ln_inputs),
+    "softmax": Workload("softmax", softmax_ops, softmax_library, _softmax_inputs),
+}
+
+
+def make_inputs(name: str, rows: int, cols: int, *, dtype: torch.dtype = torch.float32, device: str = "cpu",
+                seed: int = 0) -> tuple:
+    """The arguments of workload `name` for a (rows, cols) activation. Raises ValueError for an unknown name
+    or a non-positive size."""
+    if name not in WORKLOADS:
+        raise ValueError(f"workload {name!r} is unknown; choose one of {', '.join(map(repr, WORKLOADS))}")
+    for label, n in (("rows", rows), ("cols", cols)):
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"{label}={n!r} must be a positive int")
+    return WORKLOADS[name].inputs(rows, cols, dtype, device, torch.Generator().manual_seed(seed))
+
+
+# ------------------------------------------------------------------------------------------ bytes
+
+
+def _tensors(obj) -> list[torch.Tensor]:
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if isinstance(obj, (list, tuple)):
+        return [t for o in obj for t in _tensors(o)]
+    if isinstance(obj, dict):
+        return [t for o in obj.values() for t in _tensors(o)]
+    return []
+
+
+def _nbytes(tensors) -> int:
+    seen, total = set(), 0
+    for t in tensors:
+        if id(t) not in seen:
+            seen.add(id(t))
+            total += t.numel() * t.element_size()
+    return total
+
+
+class _ByteCounter(TorchDispatchMode):
+    """Counts, for every aten op that moves data, its tensor inputs' bytes (read) and outputs' (written)."""
+
+    def __init__(self):
+        super().__init__()
+        self.read = self.written = 0
+        self.ops: list[str] = []
+
+    def __torch_dispatch__(self, func, types_, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        returns = func._schema.returns
+        if returns and all(r.alias_info is not None and not r.alias_info.is_write for r in returns):
+            return out  # a view: no data moves
+        self.read += _nbytes(_tensors(args) + _tensors(kwargs or {}))
+        self.written += _nbytes(_tensors(out))
+        self.ops.append(func.__name__ if hasattr(func, "__name__") else str(func))
+        return out
+
+
+def eager_bytes(fn: Callable, *args) -> dict[str, Any]:
+    """What eager `fn(*args)` moves: {"read", "written", "total" (bytes), "ops" (the aten ops counted)}."""
+    with torch.no_grad(), _ByteCounter() as counter:
+        fn(*args)
+    return {"read": counter.read, "written": counter.written, "total": counter.read + counter.written,
+            "ops": counter.ops}
+
+
+def fused_bytes(fn: Callable, *args) -> int:
+    """Bytes one ideal fused kernel moves: every tensor argument read once, every output written once."""
+    with torch.no_grad():
+        out = fn(*args)
+    return _nbytes(_tensors(args)) + _nbytes(_tensors(out))
+
+
+def chain_bytes(rows: int, cols: int, n_ops: int, bytes_per_element: int, fused: bool) -> int:
+    """Bytes of a chain of `n_ops` elementwise ops on a (rows, cols) tensor (a (cols,) bias read is ignored):
+    eager reads and writes the full tensor once per op, a fused kernel once in all."""
+    n = rows * cols * bytes_per_element
+    return 2 * n if fused else 2 * n * n_ops
+
+
+# ------------------------------------------------------------------------------------------ kernels
+
+METADATA_OPS = {"aten::empty", "aten::empty_strided", "aten::empty_like", "aten::view", "aten::reshape",
+                "aten::_reshape_alias", "aten::as_strided", "aten::t", "aten::transpose", "aten::expand",
+                "aten::unsqueeze", "aten::squeeze", "aten::detach", "aten::alias", "aten::resolve_conj",
+                "aten::resolve_neg", "aten::_unsafe_view", "aten::lift_fresh", "aten::slice", "aten::select",
+                "aten::permute", "aten::result_type", "aten::set_", "aten::resize_"}
+
+
+def _under_aten(event) -> bool:
+    """True when an aten op called this one (then the caller, not this, is the op the code asked for)."""
+    parent = event.cpu_parent
+    while parent is not None:
+        if parent.name.startswith("aten::"):
+            return True
+        parent = parent.cpu_parent
+    return False
+
+
+# Inductor's option that wraps each C++ kernel it writes in a profiler record (named graph_N_cpp_fused_...).
+# It is read when a graph is compiled, and it is part of Inductor's cache key, so it is passed to one
+# torch.compile at a time (see compile_counted) rather than set for the whole process.
+KERNEL_PROFILE = {"cpp.enable_kernel_profile": True}
+
+
+def compile_counted(fn: Callable, **kwargs) -> Callable:
+    """torch.compile(fn, **kwargs) whose C++ kernels `kernel_launches` and torch.profiler can see by name.
+
+    The option applies to this compiled function only, at its first compile and at every recompile; the
+    process's Inductor configuration is not changed. On a GPU it changes nothing (Triton kernels are
+    visible anyway). `mode` cannot be combined with it (torch.compile refuses mode and options together):
+    a mode's function is compiled with plain torch.compile.
+    """
+    options = {**KERNEL_PROFILE, **(kwargs.pop("options", None) or {})}
+    return torch.compile(fn, options=options, **kwargs)
+
+
+def kernel_launches(fn: Callable, *args, steps: int = 1) -> tuple[int, dict[str, int]]:
+    """(kernels per call, {kernel name: launches per call}) of `fn(*args)` seen by torch.profiler.
+
+    On CUDA: device kernels (and memcpy/memset). On a CPU, where a "kernel" is one pass of C++ code: the
+    aten ops the code itself called (not those an aten op called inside it), leaving out views and
+    allocations, and Inductor's C++ kernels (named graph_N_cpp_...). A C++ kernel is visible only when its
+    function was compiled with `compile_counted`; one from a plain torch.compile is not counted. Call `fn`
+    once beforehand: the first call may compile.
+    """
+    from torch.profiler import ProfilerActivity, profile
+
+    on_cuda = torch.cuda.is_available() and any(t.is_cuda for t in _tensors(args))
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_cuda else [])
+    from helpers.measure.profiling import quiet_stderr
+
+    with quiet_stderr():
+        prof = profile(activities=activities)
+        prof.start()
+    try:
+        with torch.no_grad():
+            for _ in range(steps):
+                fn(*args)
+        if on_cuda:
+            torch.cuda.synchronize()
+    finally:
+        with quiet_stderr():
+            prof.stop()
+    counts: dict[str, int] = {}
+    for e in prof.events():
+        if on_cuda:
+            keep = e.device_type == torch.autograd.DeviceType.CUDA
+        else:
+            keep = "cpp_fused" in e.name or (
+                e.name.startswith("aten::") and e.name not in METADATA_OPS and not _under_aten(e))
+        if keep:
+            counts[e.name] = counts.get(e.name, 0) + 1
+    counts = {k: v // steps for k, v in counts.items()}
+    return sum(counts.values()), counts
+
+
+# ------------------------------------------------------------------------------------------ generated code
+
+
+def generated_code(compiled: Callable, *args) -> tuple[Any, list[str]]:
+    """(output, [source of each module Inductor wrote]) for the first call of a torch.compile'd function.
+
+    The call compiles (or loads from Inductor's caches) and returns what `run_and_get_code` captured.
+    """
+    from torch._inductor.utils import run_and_get_code
+
+    with torch.no_grad():
+        return run_and_get_code(compiled, *args)
+
+
+_KERNEL = re.compile(r"^(\w+) = async_compile\.(cpp_pybinding|cpp|triton)\((.*?)^'''", re.S | re.M)
+
+
+def fused_kernels(code: str) -> dict[str, str]:
+    """{kernel name: its source} for every kernel in one module Inductor wrote (C++ on a CPU, Triton on a GPU)."""
+    out = {}
+    for name, _, rest in _KERNEL.findall(code):
+        body = rest.split("'''", 1)[1] if "'''" in rest else rest
+        out[name] = body.strip("\n")
+    return out
+
+
+def kernel_excerpt(body: str, lines: int = 30) -> str:
+    """The kernel's body without #include and bookkeeping lines (a Triton kernel from its @triton.jit on),
+    cut to `lines` lines."""
+    lines_ = body.splitlines()
+    if any(ln.startswith("@triton.jit") for ln in lines_):  # Triton: from the kernel's decorator on
+        lines_ = lines_[next(i for i, ln in enumerate(lines_) if ln.startswith("@triton.jit")):]
+    boiler = ("#include", "inductor_cpu_integer_div_error", "RAIIAtenRecordFunctionHandle")
+    kept = [ln for ln in lines_ if ln.strip() and not any(b in ln for b in boiler)]
+    more = len(kept) - lines
+    return "\n".join(kept[:lines]) + (f"\n    ... ({more} more lines)" if more > 0 else "")
+
+
+# ------------------------------------------------------------------------------------------ graph breaks
+
+
+def with_print(x):
+    """Planted break: print is a Python side effect Dynamo does not put in a graph."""
+    y = torch.relu(x) * 2
+    print("scaled the input")
+    return y + 1
+
+
+def with_item(x):
+    """Planted break: .item() makes a Python float out of a tensor (data the graph does not know)."""
+    peak = x.abs().max().item()
+    return x / peak
+
+
+def with_branch(x):
+    """Planted break: a Python `if` on a tensor's value (which branch runs depends on the data)."""
+    if x.sum() > 0:
+        return x * 2
+    return x - 1
+
+
+def fixed_print(x):
+    """The print moved out: the function is pure tensor work."""
+    return torch.relu(x) * 2 + 1
+
+
+def fixed_item(x):
+    """The peak stays a 0-dim tensor, so the division stays in the graph."""
+    return x / x.abs().max()
+
+
+def fixed_branch(x):
+    """Both branches computed, the data picks with torch.where: no Python control flow on values."""
+    return torch.where(x.sum() > 0, x * 2, x - 1)
+
+
+BREAKS = {"print": (with_print, fixed_print), "item": (with_item, fixed_item), "branch": (with_branch, fixed_branch)}
+
+
+@contextlib.contextmanager
+def _quiet_dynamo():
+    """Dynamo's graph-break warnings go to its logger; the notebook prints its own summary instead."""
+    logger = logging.getLogger("torch._dynamo")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+def explain(fn: Callable, *args) -> dict[str, Any]:
+    """torch._dynamo.explain(fn)(*args) in short: {"graphs", "breaks", "reasons" (first line of each)}.
+
+    Dynamo only traces (no Inductor, no C++ compiler), so this is cheap. `fn` runs, side effects included.
+    """
+    with _quiet_dynamo(), contextlib.redirect_stdout(open(os.devnull, "w")):
+        out = torch._dynamo.explain(fn)(*args)
+    reasons = [str(getattr(r, "reason", r)).strip().splitlines()[0] for r in out.break_reasons]
+    return {"graphs": out.graph_count, "breaks": out.graph_break_count, "reasons": reasons}
+
+
+# ------------------------------------------------------------------------------------------ recompilation
+
+
+def _shapes_fn(x):
+    return torch.relu(x) * 2 + 1
+
+
+_fresh_ids = iter(range(1, 10**9))
+
+
+def fresh_copy(fn: Callable) -> Callable:
+    """`fn` with a new code object of a new name: Dynamo's caches and its memory of which dimensions
+    changed before are keyed by code, so a fresh copy starts from nothing (without torch._dynamo.reset(),
+    which would throw away every other compiled function too)."""
+    name = f"{fn.__name__}_fresh{next(_fresh_ids)}"
+    code = fn.__code__.replace(co_name=name, co_qualname=name)
+    return types.FunctionType(code, fn.__globals__, name, fn.__defaults__, fn.__closure__)
+
+
+def count_compiles(sizes: list[int], *, dynamic: bool | None = None, mark_dynamic: bool = False,
+                   limit: int | None = None, cols: int = 16) -> dict[str, Any]:
+    """Call one compiled function on (n, cols) inputs for n in `sizes`; count Dynamo's compilations.
+
+    dynamic: torch.compile's argument (None: automatic dynamic, static first and dynamic once a size
+    changes; False: a graph per size). mark_dynamic: mark dim 0 dynamic on every input before the call.
+    limit: torch._dynamo.config.recompile_limit for this experiment (past it Dynamo runs the function eagerly).
+    Uses Dynamo's CompileCounter backend (no Inductor), so it is cheap.
+    Returns {"compiles", "after_each" (the count after each call), "sizes"}.
+    """
+    from torch._dynamo.testing import CompileCounter
+
+    if not sizes or any(isinstance(n, bool) or not isinstance(n, int) or n < 2 for n in sizes):
+        raise ValueError(f"sizes={sizes!r} must be a non-empty list of ints >= 2 (0 and 1 are always specialised)")
+    counter = CompileCounter()
+    fn = torch.compile(fresh_copy(_shapes_fn), backend=counter, dynamic=dynamic)
+    after = []
+    patch = torch._dynamo.config.patch(recompile_limit=limit) if limit is not None else contextlib.nullcontext()
+    with patch, _quiet_dynamo():
+        for n in sizes:
+            x = torch.randn(n, cols)
+            if mark_dynamic:
+                torch._dynamo.mark_dynamic(x, 0)
+            fn(x)
+            after.append(counter.frame_count)
+    return {"compiles": counter.frame_count, "after_each": after, "sizes": list(sizes)}
+
+
+# ------------------------------------------------------------------------------------------ compile cost
+
+
+def compile_seconds(fn: Callable, *args, cache_dir: str | None = None) -> tuple[float, Callable]:
+    """(seconds of the first call of torch.compile(fresh copy of fn), the compiled function).
+
+    cache_dir: Inductor's on-disk cache folder for this compile (TORCHINDUCTOR_CACHE_DIR), restored after;
+    an empty folder makes the compile cold, the same folder again makes it warm. None: the current one.
+    """
+    compiled = torch.compile(fresh_copy(fn))
+    old = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if cache_dir is not None:
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache_dir)
+    try:
+        start = time.perf_counter()
+        with torch.no_grad():
+            compiled(*args)
+        seconds = time.perf_counter() - start
+    finally:
+        if cache_dir is not None:
+            if old is None:
+                os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
+            else:
+                os.environ["TORCHINDUCTOR_CACHE_DIR"] = old
+    return seconds, compiled
+
+
+def cold_and_warm(fn: Callable, *args) -> dict[str, float]:
+    """Compile seconds of `fn` with an empty Inductor cache (cold), then again with that filled cache (warm).
+
+    Dynamo traces afresh both times (a fresh copy of the function); only Inductor's caches differ. Pass
+    arguments this process has not compiled `fn` for (e.g. a new Python constant): kernels already built
+    in this process stay in memory, and a cold compile would find them there.
+    """
+    with tempfile.TemporaryDirectory(prefix="inductor-cold-") as folder:
+        cold, _ = compile_seconds(fn, *args, cache_dir=folder)
+        warm, _ = compile_seconds(fn, *args, cache_dir=folder)
+    return {"cold_s": cold, "warm_s": warm}
+
+
+def break_even_steps(compile_s: float, eager_s: float, compiled_s: float) -> float | None:
+    """Steps after which compiling has paid for itself: compile_s / (eager_s - compiled_s); None when the
+    compiled step is not faster (it never pays back). Raises ValueError for negative or zero times."""
+    if compile_s < 0 or eager_s <= 0 or compiled_s <= 0:
+        raise ValueError(f"compile_s={compile_s} must be >= 0 and step times positive ({eager_s}, {compiled_s})")
+    saved = eager_s - compiled_s
+    return compile_s / saved if saved > 0 else None

@@ -1,0 +1,297 @@
+"""Trained course GPTs, cached once per machine: what generation, quantisation and speculative decoding need.
+
+A notebook that needs a model which has *learned* something calls::
+
+    tm = pretrained("tiny")              # smoke: shipped weights (see below), loaded in a second
+    tm = pretrained("small10m")          # full: 1-2 minutes on a GPU
+    tm.model, tm.val_loss, tm.perplexity  # an eval-mode GPT, nats per byte on held-out files, exp(val_loss)
+
+The first call trains the course GPT (`helpers.gpt.model.GPT`) on the standard-library corpus
+(`helpers.gpt.data`) with AdamW and a cosine schedule, shows a tqdm progress bar (silent in headless runs),
+and saves {config, state_dict, key, val_loss} atomically (a temporary file renamed into place) under
+`<course cache>/pretrained/`, the same folder family as the corpus (`data.resolve_cache_dir`). The file
+name is a hash of everything the weights depend on: the config, the corpus split's own cache key, the
+training schedule (steps, batch, sequence length, learning rate), the seed and `FORMAT`. Later calls load
+it with `torch.load(weights_only=True)`; a file that cannot be read or whose stored key differs (a torn
+write, an older format) is trained again, after one sentence saying why.
+
+The smoke models (the "tiny" preset, and notebook 11's one-layer draft: `SHIP`) would need minutes of
+CPU training to write recognisable Python, more than a smoke run may spend, so their weights are shipped
+in `helpers/gpt/weights/` (trained here by `python -m helpers.gpt.pretrained ship`). When the cache has no
+checkpoint, shipped weights of the same config, schedule and seed are loaded, their validation loss is
+measured on this machine's held-out files, and they are copied into the cache; other recipes are trained.
+
+Validation loss is the mean cross-entropy over `VAL_BATCHES` fixed windows of the held-out split (files
+no training batch comes from; see `helpers.gpt.data`), so it is comparable between runs and between models
+of the same `seq_len`.
+"""
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import math
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from helpers.gpt import data
+from helpers.gpt.model import GPT, GPTConfig
+
+FORMAT = 1  # bump when the training recipe or the file layout changes: old files are then retrained
+VAL_BATCHES = 8  # held-out windows of VAL_BATCH sequences for validation loss
+VAL_BATCH = 16
+
+# training schedule per preset: steps, sequences per step, tokens per sequence, peak learning rate
+SCHEDULES: dict[str, dict] = {
+    # 1050 s on one core of a busy 2-core CPU (validation loss 1.35 nats/byte; 200 steps of 16x64 gave 2.76,
+    # noise): shipped with the course (SHIP), so a smoke run loads it instead of training it
+    "tiny": dict(steps=1500, batch=32, seq_len=128, lr=6e-3),
+    # ~1 minute on an H100/H200 in bf16
+    "small10m": dict(steps=2000, batch=64, seq_len=256, lr=1e-3),
+}
+
+
+@dataclass
+class Trained:
+    """A trained course GPT and what is known about it.
+
+    model: the GPT in eval mode on the requested device; val_loss: nats per byte on the held-out
+    split; perplexity: exp(val_loss); path: the checkpoint file; trained_now: whether this call
+    trained it (False: loaded); seconds: training time when trained now, else the stored one.
+    """
+
+    model: GPT
+    val_loss: float
+    perplexity: float
+    path: Path
+    trained_now: bool
+    seconds: float
+    schedule: dict
+
+
+def schedule_for(preset: str, steps: int | None = None, config: GPTConfig | None = None) -> dict:
+    """The training schedule of `preset` (SCHEDULES; other presets get tiny's batch and lr, their seq_len),
+    with `steps` overriding the default, and sequences no longer than `config.seq_len` when a config is
+    given. Raises ValueError for a non-positive steps."""
+    if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps <= 0):
+        raise ValueError(f"steps={steps!r} must be a positive int or None")
+    sched = dict(SCHEDULES.get(preset, SCHEDULES["tiny"]))
+    if steps is not None:
+        sched["steps"] = steps
+    if config is not None:
+        sched["seq_len"] = min(sched["seq_len"], config.seq_len)
+    return sched
+
+
+def checkpoint_key(config: GPTConfig, schedule: dict, seed: int) -> dict:
+    """Everything the trained weights depend on, as a JSON-able dict (its hash names the file)."""
+    corpus = data.cache_path("train").stem  # 'stdlib-train-<hash of python version, files, sizes, mtimes>'
+    return {"format": FORMAT, "config": asdict(config), "corpus": corpus, "schedule": dict(schedule), "seed": seed}
+
+
+def checkpoint_path(key: dict, cache_dir=None) -> Path:
+    """Where the checkpoint for `key` lives under the course cache folder."""
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    return data.resolve_cache_dir(cache_dir) / "pretrained" / f"gpt-{key['config']['n_layer']}L-" \
+        f"{key['config']['d_model']}d-{key['schedule']['steps']}steps-{digest}.pt"
+
+
+@torch.no_grad()
+def validation_loss(model: GPT, tokens: torch.Tensor | None = None, *, seq_len: int | None = None,
+                    batches: int = VAL_BATCHES, batch: int = VAL_BATCH, seed: int = 1234) -> float:
+    """Mean cross-entropy (nats per byte) of `model` on fixed windows of `tokens` (default: the held-out split).
+
+    The windows come from a generator seeded with `seed`, so every call and every model sees the same
+    text. seq_len defaults to the model's. Runs in eval mode on the model's device; restores the mode.
+    """
+    tokens = data.load_corpus("val") if tokens is None else tokens
+    seq_len = seq_len or model.config.seq_len
+    device = next(model.parameters()).device
+    g = torch.Generator().manual_seed(seed)
+    was = model.training
+    model.eval()
+    total = 0.0
+    for _ in range(batches):
+        x, y = data.get_batch(tokens, batch, seq_len, device, generator=g)
+        total += float(model(x, y)[1])
+    model.train(was)
+    return total / batches
+
+
+def train(config: GPTConfig, schedule: dict, *, seed: int = 0, device: str = "cpu", progress: bool = True) -> GPT:
+    """Train a fresh GPT(config) on the training split with AdamW (betas 0.9/0.95, weight decay 0.1),
+    linear warm-up over 5% of the steps then cosine decay to 10% of `schedule['lr']`; bf16 autocast on
+    CUDA, fp32 elsewhere. Returns the model in eval mode."""
+    from helpers.show.widgets import progress as bar
+
+    torch.manual_seed(seed)
+    model = GPT(config).to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=schedule["lr"], betas=(0.9, 0.95), weight_decay=0.1)
+    steps, warm = schedule["steps"], max(1, schedule["steps"] // 20)
+    tokens = data.load_corpus("train")
+    g = torch.Generator().manual_seed(seed)
+    use_bf16 = torch.device(device).type == "cuda"
+    model.train()
+    threads = torch.get_num_threads()
+    if not use_bf16:  # small CPU matmuls run faster on one thread than on threads that fight other processes
+        torch.set_num_threads(1)
+    try:
+        _loop(model, opt, tokens, schedule, warm, g, device, use_bf16, bar, progress, config)
+    finally:
+        torch.set_num_threads(threads)
+    return model.eval()
+
+
+def _loop(model, opt, tokens, schedule, warm, g, device, use_bf16, bar, progress, config) -> None:
+    steps = schedule["steps"]
+    it = bar(range(steps), desc=f"training {config.n_layer}L/{config.d_model}d") if progress \
+        else range(steps)
+    for step in it:
+        frac = step / warm if step < warm else 0.1 + 0.45 * (1 + math.cos(math.pi * (step - warm) / max(1, steps - warm)))
+        for group in opt.param_groups:
+            group["lr"] = schedule["lr"] * min(1.0, frac)
+        x, y = data.get_batch(tokens, schedule["batch"], schedule["seq_len"], device, generator=g)
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=use_bf16):
+            loss = model(x, y)[1]
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+
+
+def _load(path: Path, key: dict, device: str) -> tuple[GPT, dict] | str:
+    """(model, payload) from `path`, or the reason it cannot be used."""
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # a torn or corrupt file: pickle, zip or EOF errors alike
+        return f"could not be read ({type(err).__name__})"
+    if not isinstance(payload, dict) or payload.get("key") != json.loads(json.dumps(key)):
+        return "was written for another configuration or an older format"
+    try:
+        model = GPT(GPTConfig(**payload["config"]))
+        model.load_state_dict(payload["state_dict"])
+    except Exception as err:
+        return f"does not fit the model ({type(err).__name__})"
+    return model.to(device).eval(), payload
+
+
+def pretrained(preset: str = "tiny", steps: int | None = None, *, seed: int = 0, device: str | None = None,
+               cache_dir=None, progress: bool = True, quiet: bool = False, **overrides) -> Trained:
+    """A course GPT of `preset` (helpers.gpt.model.PRESETS, fields overridable, e.g. n_kv_head=2) trained on the
+    stdlib corpus: loaded from the course cache when present, else trained once and saved atomically.
+
+    steps: training steps (None: SCHEDULES' default for the preset); seed: initialisation and batches;
+    device: where the returned model lives (None: CUDA when available); quiet: no sentence about
+    loading or training. Raises ValueError for an unknown preset, an invalid override or steps.
+    """
+    config = GPTConfig.preset(preset, **overrides)
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ValueError(f"seed={seed!r} must be a non-negative int")
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    sched = schedule_for(preset, steps, config)
+    key = checkpoint_key(config, sched, seed)
+    path = checkpoint_path(key, cache_dir)
+    if path.is_file():
+        got = _load(path, key, device)
+        if not isinstance(got, str):
+            model, payload = got
+            if not quiet:
+                print(f"pretrained {preset}: loaded {path.name} ({sched['steps']} steps; validation loss "
+                      f"{payload['val_loss']:.3f} nats/byte)")
+            return Trained(model, payload["val_loss"], math.exp(payload["val_loss"]), path, False,
+                           payload.get("seconds", float("nan")), sched)
+        if not quiet:
+            print(f"pretrained {preset}: the cached checkpoint {path.name} {got}; training it again.")
+    shipped = shipped_path(key)
+    got = _load(shipped, _without_corpus(key), device) if shipped.is_file() else None
+    if got is not None and not isinstance(got, str):
+        model, payload = got
+        val = validation_loss(model)  # on this machine's held-out files, which the shipped run may not have had
+        _save(path, key, model, val, payload.get("seconds", float("nan")), preset, quiet)
+        if not quiet:
+            print(f"pretrained {preset}: weights shipped with the course ({sched['steps']} steps, trained once on "
+                  f"{payload.get('trained_on', 'a CPU')} in {payload.get('seconds', float('nan')):.0f} s); validation "
+                  f"loss on this machine's held-out files {val:.3f} nats/byte (perplexity {math.exp(val):.2f})")
+        return Trained(model, val, math.exp(val), path, False, payload.get("seconds", float("nan")), sched)
+    if not quiet:
+        print(f"pretrained {preset}: no checkpoint in {path.parent} yet; training {sched['steps']} steps once "
+              f"on {device} (later runs load it).")
+    t0 = time.perf_counter()
+    model = train(config, sched, seed=seed, device=device, progress=progress)
+    seconds = time.perf_counter() - t0
+    val = validation_loss(model)
+    _save(path, key, model, val, seconds, preset, quiet)
+    if not quiet:
+        print(f"pretrained {preset}: trained in {seconds:.1f} s; validation loss {val:.3f} nats/byte "
+              f"(perplexity {math.exp(val):.2f})")
+    return Trained(model, val, math.exp(val), path, True, seconds, sched)
+
+
+def _save(path: Path, key: dict, model: GPT, val: float, seconds: float, preset: str, quiet: bool, **extra) -> bool:
+    """Write {key, config, state_dict, val_loss, seconds, **extra} atomically; False (and one sentence)
+    when the folder cannot be written: a read-only cache is no reason to fail."""
+    from helpers.measure.results import write_atomic
+
+    buf = io.BytesIO()
+    state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+    torch.save({"key": key, "config": asdict(model.config), "state_dict": state, "val_loss": val,
+                "seconds": seconds, **extra}, buf)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(path, buf.getvalue(), fsync=True)
+        return True
+    except OSError as err:
+        if not quiet:
+            print(f"pretrained {preset}: could not save the checkpoint ({err}); it will be trained again next time.")
+        return False
+
+
+# -- weights shipped with the course ------------------------------------------------------------------
+# Training the smoke models to the point where they write recognisable Python takes minutes on a CPU, more
+# than a smoke run may spend, so the course ships those weights (trained here, with `python -m
+# helpers.gpt.pretrained ship`). They are keyed like a cached checkpoint but without the corpus, whose key
+# holds file sizes and dates that differ between machines; the validation loss is measured again on the
+# machine that loads them, and they are then copied into the cache under the local key.
+SHIPPED_DIR = Path(__file__).resolve().parent / "weights"
+# what `ship` trains: the smoke target of notebooks 08, 10 and 11, and notebook 11's smoke draft
+SHIP: list[tuple[str, dict]] = [("tiny", {}), ("tiny", dict(n_layer=1, d_model=64, n_head=2, d_ff=256))]
+
+
+def _without_corpus(key: dict) -> dict:
+    return json.loads(json.dumps({k: v for k, v in key.items() if k != "corpus"}))
+
+
+def shipped_path(key: dict) -> Path:
+    """Where the shipped weights for `key` would be (whatever its corpus)."""
+    bare = _without_corpus(key)
+    digest = hashlib.sha256(json.dumps(bare, sort_keys=True).encode()).hexdigest()[:16]
+    return SHIPPED_DIR / f"gpt-{bare['config']['n_layer']}L-{bare['config']['d_model']}d-" \
+        f"{bare['schedule']['steps']}steps-{digest}.pt"
+
+
+def ship(preset: str = "tiny", *, seed: int = 0, progress: bool = True, **overrides) -> Path:
+    """Train `preset` (with `overrides`) on this machine's CPU and write it to SHIPPED_DIR; returns the path."""
+    import platform
+
+    config = GPTConfig.preset(preset, **overrides)
+    sched = schedule_for(preset, None, config)
+    key = checkpoint_key(config, sched, seed)
+    t0 = time.perf_counter()
+    model = train(config, sched, seed=seed, device="cpu", progress=progress)
+    seconds = time.perf_counter() - t0
+    path = shipped_path(key)
+    where = f"a {platform.machine()} CPU, Python {platform.python_version()}'s standard library"
+    _save(path, _without_corpus(key), model, validation_loss(model), seconds, preset, False, trained_on=where)
+    return path
+
+
+if __name__ == "__main__":  # python -m helpers.gpt.pretrained ship: (re)make the shipped weights
+    import sys
+
+    if sys.argv[1:] != ["ship"]:
+        raise SystemExit("usage: python -m helpers.gpt.pretrained ship")
+    for name, extra in SHIP:
+        print(ship(name, **extra))

@@ -1,0 +1,457 @@
+"""Notebook 07's measurements: formats side by side, quantisation error on the course GPT's tensors,
+delayed vs current scaling, training with FP8, and speed on GPUs with FP8 tensor cores.
+
+The FP8 machinery itself (formats, recipes, Float8Linear) is `helpers.lowbit.fp8`.
+"""
+from __future__ import annotations
+
+import copy
+import math
+from typing import Callable
+
+import torch
+
+from helpers.measure import bench, profiling
+from helpers.lowbit import fp8
+from helpers.show import plots
+from helpers.training import precision as P
+
+TRAIN_VARIANTS = ("fp32", "ours tensorwise", "ours delayed", "ours rowwise", "ours blockwise",
+                  "torchao tensorwise", "torchao rowwise")  # the first is the baseline: "bf16" where it runs
+
+
+def train_variants(baseline: str) -> tuple[str, ...]:
+    """TRAIN_VARIANTS with the baseline first: "bf16" (autocast, on a GPU that has bf16) or "fp32".
+
+    Raises ValueError for another baseline."""
+    if baseline not in ("fp32", "bf16"):
+        raise ValueError(f"baseline={baseline!r}; choose 'fp32' or 'bf16'")
+    return (baseline, *TRAIN_VARIANTS[1:])
+
+
+# ---------------------------------------------------------------- formats
+
+def format_rows(names=("fp8-e4m3fn", "fp8-e5m2", "bf16")) -> list[list]:
+    """One row per format: bits, max, smallest normal and subnormal, eps, dynamic range in binades."""
+    rows = []
+    for name in names:
+        f = P.facts(name)
+        binades = math.log2(f.max / f.smallest_subnormal)
+        rows.append([name, f"1/{f.exponent_bits}/{f.mantissa_bits}", f.max, f.smallest_normal, f.smallest_subnormal,
+                     f.eps, f"{binades:.1f}"])
+    return rows
+
+
+def grid_figure(ax=None):
+    """The positive values of e4m3fn and e5m2 on a log2 axis, bf16's range drawn behind them."""
+    fig, ax = plots.axes(ax, "every positive fp8 value, on a log2 axis")
+    bf = P.facts("bf16")
+    for i, dtype in enumerate((fp8.E4M3, fp8.E5M2)):
+        g = fp8.grid(dtype)[1:]
+        ax.plot(g.log2().numpy(), [i] * len(g), "|", ms=14, color=plots.COLORS[i],
+                label=f"{fp8.FORMAT_NAMES[dtype]}: {len(g)} values")
+    ax.axvspan(math.log2(bf.smallest_normal), 20, color=plots.COLORS[3], alpha=0.12,
+               label="bf16 normals reach 2^-126 … 2^127 (cut at 2^20)")
+    ax.set_yticks([0, 1], ["e4m3fn", "e5m2"])
+    ax.set_ylim(-0.8, 1.8)
+    ax.set_xlim(-18, 20)
+    ax.set_xlabel("log2 |value|")
+    ax.legend(fontsize=8, loc="upper left")
+    fig.tight_layout()
+    return fig
+
+
+# ---------------------------------------------------------------- real tensors
+
+def capture(model: torch.nn.Module, layer: str, x: torch.Tensor, y: torch.Tensor) -> dict[str, torch.Tensor]:
+    """One forward+backward of `model` on (x, y); the 2-D input, weight and output gradient of `layer`."""
+    mod = dict(model.named_modules())[layer]
+    got = {}
+    h1 = mod.register_forward_hook(lambda m, inp, out: got.__setitem__("activations", inp[0].detach()))
+    h2 = mod.register_full_backward_hook(lambda m, gin, gout: got.__setitem__("output gradients", gout[0].detach()))
+    try:
+        model.zero_grad(set_to_none=True)
+        model(x, y)[1].backward()
+    finally:
+        h1.remove(), h2.remove()
+    model.zero_grad(set_to_none=True)
+    flat = lambda t: t.reshape(-1, t.shape[-1]).float().clone()  # noqa: E731
+    return {"activations": flat(got["activations"]), "weights": mod.weight.detach().float().clone(),
+            "output gradients": flat(got["output gradients"])}
+
+
+def plant_outlier(x: torch.Tensor, magnitude: float, channel: int = 7, every: int = 8) -> torch.Tensor:
+    """A copy of x (M, K) whose column `channel` is set to magnitude × x's amax on every `every`-th row
+    (an outlier channel carried by some tokens, as in LLM.int8(), Dettmers et al., 2022)."""
+    if magnitude <= 0:
+        raise ValueError(f"magnitude={magnitude!r} must be positive")
+    out = x.clone()
+    out[::every, channel % x.shape[1]] = magnitude * x.abs().max()
+    return out
+
+
+def error_rows(tensors: dict[str, torch.Tensor], recipes=fp8.NUMERIC_RECIPES, block: int = 128,
+               masks: dict[str, torch.Tensor] | None = None) -> list[dict]:
+    """Quantisation error of every recipe on every tensor: dicts with tensor, recipe and error_stats.
+
+    masks[name], if given, marks entries (the planted outliers) left out of that tensor's error: they
+    are quantised with the rest, but the error is measured on the ordinary entries only.
+    """
+    rows = []
+    for name, t in tensors.items():
+        keep = ~masks[name] if masks and name in masks else torch.ones_like(t, dtype=torch.bool)
+        for r in recipes:
+            q = fp8.quantise(t, r, block=block)
+            rows.append({"tensor": name, "recipe": r, **fp8.error_stats(t * keep, q * keep)})
+    return rows
+
+
+def outlier_sweep(x: torch.Tensor, log2s, block: int = 128) -> dict[str, list[float]]:
+    """Per-row relative error of the ordinary entries of x with an outlier channel of 2**k × amax planted,
+    for each k in log2s (k = 0 plants none); {recipe: [error per k]}."""
+    out = {r: [] for r in fp8.NUMERIC_RECIPES}
+    for k in log2s:
+        planted = plant_outlier(x, 2.0 ** k) if k > 0 else x
+        mask = planted != x
+        for r in out:
+            out[r].append(error_rows({"x": planted}, (r,), block, {"x": mask})[0]["row_rel_error"])
+    return out
+
+
+def outlier_histogram(x: torch.Tensor, ax=None, title: str = ""):
+    """Histogram of log2(|x| / amax): against the tensor's amax (tensorwise) and each row's (rowwise),
+    with the e4m3 limits: below the subnormal line values keep fewer bits, below the zero line they vanish."""
+    fig, ax = plots.axes(ax, title or "where the values sit, relative to the amax that scales them")
+    a = x.detach().abs().float().cpu()
+    f = fp8.facts(fp8.E4M3)
+    for i, (label, ref) in enumerate((("|x| / tensor amax (tensorwise)", a.max()),
+                                      ("|x| / row amax (rowwise)", a.amax(dim=-1, keepdim=True)))):
+        r = (a / ref)[a > 0]
+        ax.hist(r.log2().numpy(), bins=100, alpha=0.55, color=plots.COLORS[i], label=label)
+    ax.axvline(math.log2(f.smallest_normal / f.max), ls="--", color=plots.COLORS[3], label="e4m3: subnormal below")
+    ax.axvline(math.log2(f.underflow_threshold / f.max), ls="--", color=plots.COLORS[4], label="e4m3: rounds to 0 below")
+    ax.set_xlabel("log2 (|x| / amax)")
+    ax.set_ylabel("entries")
+    ax.set_yscale("log")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def quant_panel(recipe: str, block: int, log2_outlier: int, *, x: torch.Tensor):
+    """The instructor panel's callback: plant an outlier channel of 2**log2_outlier × amax into x (0: none),
+    quantise with `recipe` (blockwise tiles of 1 × block), print the error of the ordinary entries and
+    draw (left) where the scaled values |x·scale| land on E4M3's range and (right) each row's error.
+    Returns the error stats."""
+    planted = plant_outlier(x, 2.0 ** log2_outlier) if log2_outlier > 0 else x
+    keep = planted == x
+    q, s = fp8.element_scales(planted, recipe, block=block)  # quantised once, for the error and the figure
+    deq = (q.float() / s).reshape(planted.shape)
+    stats = fp8.error_stats(planted * keep, deq * keep)  # as error_rows measures it, the outliers left out
+    used = {"blockwise": f"tiles of 1x{block}", "mx": "MX blocks of 32"}.get(recipe, "one scale per " +
+                                                                           ("tensor" if recipe == "tensorwise" else "row"))
+    label = f"recipe={recipe}, block={block} ({used}), log2_outlier={log2_outlier}"
+    print(f"{label}: ordinary entries' per-row relative error {stats['row_rel_error']:.4f} "
+          f"(SNR {stats['row_snr_db']:.1f} dB)")
+    fig, (ax1, ax2) = plots.figure(ncols=2, figsize=(11, 3.8))
+    y = (planted.abs() * s)[keep & (planted != 0)].cpu()
+    ax1.hist(y.log2().numpy(), bins=100, color=plots.COLORS[0], alpha=0.7, label="ordinary entries")
+    f = fp8.facts(fp8.E4M3)
+    for v, name, c in ((f.max, "e4m3 max", 1), (f.smallest_normal, "subnormal below", 3),
+                       (f.underflow_threshold, "rounds to 0 below", 4)):
+        ax1.axvline(math.log2(v), ls="--", color=plots.COLORS[c], label=name)
+    ax1.set(xlabel="log2 |x · scale| (what is cast)", ylabel="entries", yscale="log")
+    ax1.legend(fontsize=8)
+    x2, d2 = (planted * keep).reshape(-1, x.shape[-1]), ((planted - deq) * keep).reshape(-1, x.shape[-1])
+    row_err = (d2.norm(dim=-1) / x2.norm(dim=-1).clamp(min=1e-30)).cpu()
+    ax2.plot(row_err.numpy(), lw=0.8, color=plots.COLORS[2])
+    ax2.set(xlabel="row (token)", ylabel="relative error of the row", yscale="log")
+    fig.suptitle(label, fontsize=10)
+    fig.tight_layout()
+    return stats
+
+
+# ---------------------------------------------------------------- delayed vs current
+
+def delayed_vs_current(x: torch.Tensor, multipliers: list[float], history_len: int, margin: int = 0) -> list[dict]:
+    """Cast x × m for each step's multiplier m with current (tensorwise) scaling and with delayed
+    scaling ("max" and "most_recent"); per step the overflow and underflow counts of each."""
+    scalers = {"delayed max": fp8.DelayedScaler(history_len, margin, "max"),
+               "delayed most_recent": fp8.DelayedScaler(history_len, margin, "most_recent")}
+    rows = []
+    for step, m in enumerate(multipliers):
+        t = x * m
+        row = {"step": step, "multiplier": m, "current": fp8.cast_counts(t, fp8.tensorwise(t)[1])}
+        for name, sc in scalers.items():
+            row[name] = fp8.cast_counts(t, sc.scale)
+            sc.update(t.abs().max().item())
+        rows.append(row)
+    return rows
+
+
+# ---------------------------------------------------------------- parity
+
+def _grads(module: torch.nn.Module) -> list[torch.Tensor]:
+    return [p.grad for p in module.parameters()]
+
+
+def linear_parity(recipe: str, shape=(2, 48, 96), out_features: int = 64, seed: int = 0) -> dict:
+    """Our Float8Linear against torchao's on one linear: forward bitwise equal? max |difference| of the
+    output, dX, dW, db; and our _scaled_mm path against our fp32 emulation (max |difference|)."""
+    torch.manual_seed(seed)
+    lin = torch.nn.Linear(shape[-1], out_features)
+    ours = fp8.Float8Linear.from_linear(copy.deepcopy(lin), recipe)
+    ref = torch.nn.Sequential(copy.deepcopy(lin))
+    fp8.torchao_convert(ref, recipe)
+    x = torch.randn(*shape) * 4
+    g = torch.randn(*shape[:-1], out_features)
+    outs = []
+    for mod in (ours, ref):
+        xi = x.clone().requires_grad_()
+        y = mod(xi)
+        y.backward(g)
+        outs.append([y.detach(), xi.grad] + _grads(mod))
+    with fp8.emulated():
+        y_emu = ours(x)
+    diff = lambda a, b: (a - b).abs().max().item()  # noqa: E731
+    (y1, dx1, dw1, db1), (y2, dx2, dw2, db2) = outs
+    return {"recipe": recipe, "forward_bitwise": torch.equal(y1, y2), "y": diff(y1, y2), "dX": diff(dx1, dx2),
+            "dW": diff(dw1, dw2), "db": diff(db1, db2), "emulated_vs_scaled_mm": diff(y_emu, y1),
+            "y_scale": y1.abs().max().item()}
+
+
+def gpt_parity(base: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, recipe: str) -> dict:
+    """The whole GPT converted by us and by torchao: loss difference and the largest gradient difference
+    relative to that gradient's largest entry."""
+    ours, ref = copy.deepcopy(base), copy.deepcopy(base)
+    fp8.convert_to_float8(ours, recipe)
+    fp8.torchao_convert(ref, recipe)
+    losses = []
+    for model in (ours, ref):
+        model.zero_grad(set_to_none=True)
+        loss = model(x, y)[1]
+        loss.backward()
+        losses.append(loss.item())
+    rel = max(((a - b).abs().max() / b.abs().max().clamp(min=1e-30)).item()
+              for a, b in zip(_grads(ours), _grads(ref)) if b is not None)
+    return {"recipe": recipe, "loss_ours": losses[0], "loss_torchao": losses[1],
+            "loss_diff": abs(losses[0] - losses[1]), "grad_rel_diff": rel}
+
+
+# ---------------------------------------------------------------- training
+
+def _convert(model: torch.nn.Module, variant: str) -> dict | None:
+    """Convert `model` in place for a variant "ours <recipe>" or "torchao <recipe>"; "fp32"/"bf16" leave it.
+
+    Returns our `convert_to_float8` report for "ours", else None."""
+    if variant in ("fp32", "bf16"):
+        return None
+    who, recipe = variant.split()
+    if who == "ours":
+        return fp8.convert_to_float8(model, recipe)
+    fp8.torchao_convert(model, recipe)
+    return None
+
+
+def _bf16_linear(n: int, variant: str, device: str):
+    """A bias-free bf16 linear n→n converted for `variant`, an input (n, n) needing grad, and an output gradient."""
+    lin = torch.nn.Sequential(torch.nn.Linear(n, n, bias=False, device=device, dtype=torch.bfloat16))
+    _convert(lin, variant)
+    x = torch.randn(n, n, device=device, dtype=torch.bfloat16, requires_grad=True)
+    return lin, x, torch.randn(n, n, device=device, dtype=torch.bfloat16)
+
+
+def make_variant(base: torch.nn.Module, variant: str) -> tuple[torch.nn.Module, str]:
+    """A deep copy of `base` converted for `variant` (one of TRAIN_VARIANTS); and what was converted."""
+    model = copy.deepcopy(base)
+    if variant in ("fp32", "bf16"):
+        return model, "nothing (the baseline)"
+    rep = _convert(model, variant)
+    if rep is not None:
+        return model, f"{len(rep['converted'])} linears; skipped {', '.join(rep['skipped']) or 'none'}"
+    n = sum(type(m).__name__ == "Float8Linear" for m in model.modules())
+    return model, f"{n} linears (torchao); skipped lm_head"
+
+
+@torch.no_grad()
+def evaluate(model: torch.nn.Module, batches, autocast: torch.dtype | None = None) -> float:
+    """Mean loss over fixed batches (under torch.autocast in `autocast`, if given)."""
+    model.eval()
+    with torch.autocast(batches[0][0].device.type, dtype=autocast or torch.float32, enabled=autocast is not None):
+        loss = sum(model(x, y)[1].float().item() for x, y in batches) / len(batches)
+    model.train()
+    return loss
+
+
+def train(model: torch.nn.Module, batches, val_batches, lr: float, progress: Callable = iter,
+          autocast: torch.dtype | None = None) -> dict:
+    """AdamW over the given batches; training losses per step and the final validation loss.
+
+    `autocast` (e.g. torch.bfloat16) runs each forward under torch.autocast on the batches' device,
+    fp32 master weights kept: the GPU baseline, and its FP8 variants (Float8Linear follows autocast).
+    """
+    opt = torch.optim.AdamW(model.parameters(), lr=lr)
+    losses = []
+    for x, y in progress(batches):
+        with torch.autocast(x.device.type, dtype=autocast or torch.float32, enabled=autocast is not None):
+            loss = model(x, y)[1]
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return {"losses": losses, "val_loss": evaluate(model, val_batches, autocast)}
+
+
+def training_sentences(results: dict[str, dict], last: int) -> list[str]:
+    """Each FP8 variant's final losses against the baseline (the first entry: fp32 or bf16), as measured
+    (mean of the last `last` training losses)."""
+    tail = lambda r: sum(r["losses"][-last:]) / len(r["losses"][-last:])  # noqa: E731
+    base_name = next(iter(results))
+    base = results[base_name]
+    out = []
+    for name, r in results.items():
+        if name == base_name:
+            continue
+        d_train, d_val = tail(r) - tail(base), r["val_loss"] - base["val_loss"]
+        out.append(f"{name}: training loss (mean of last {last}) {tail(r):.4f}, {d_train:+.4f} vs {base_name}; "
+                   f"validation {r['val_loss']:.4f}, {d_val:+.4f} ({100 * d_val / base['val_loss']:+.2f}%)")
+    return out
+
+
+# ---------------------------------------------------------------- speed (GPUs with FP8 tensor cores)
+
+def matmul_tflops(n: int, kind: str, reps: int, device: str = "cuda") -> float:
+    """TFLOP/s of an n×n×n matmul: "bf16", or fp8 "tensorwise" / "rowwise" through torch._scaled_mm."""
+    a, b = torch.randn(n, n, device=device), torch.randn(n, n, device=device)
+    if kind == "bf16":
+        a16, b16 = a.bfloat16(), b.bfloat16()
+        fn = lambda: a16 @ b16  # noqa: E731
+    else:
+        (qa, sa), (qb, sb) = ((fp8.tensorwise(a), fp8.tensorwise(b)) if kind == "tensorwise"
+                              else (fp8.rowwise(a, -1), fp8.rowwise(b, 0)))
+        qb = qb.t().contiguous().t()
+        ia, ib = sa.reciprocal(), sb.reciprocal()
+        fn = lambda: torch._scaled_mm(qa, qb, scale_a=ia, scale_b=ib, out_dtype=torch.bfloat16,  # noqa: E731
+                                      use_fast_accum=True)
+    return bench.tflops(2 * n ** 3, bench.benchmark(fn, reps=reps, device=device))
+
+
+def linear_tflops(n: int, variant: str, reps: int, compile: bool = False, device: str = "cuda") -> float:
+    """TFLOP/s of a bf16 linear n→n on n tokens, forward + backward (6 n³ FLOPs), casts included:
+    variant "bf16", "ours tensorwise", "ours rowwise", "torchao tensorwise" or "torchao rowwise"."""
+    lin, x, g = _bf16_linear(n, variant, device)
+    model = torch.compile(lin) if compile else lin
+
+    def step():
+        model(x).backward(g)
+    return bench.tflops(6 * n ** 3, bench.benchmark(step, reps=reps, warmup=3, device=device))
+
+
+MATMUL_KINDS = ("bf16", "tensorwise", "rowwise")
+LINEAR_VARIANTS = ("bf16", "ours tensorwise", "ours rowwise", "torchao tensorwise", "torchao rowwise")
+
+
+def _torchao_skips(variants, with_torchao: bool, device: str) -> dict[str, str]:
+    """{variant: why} for the "torchao <recipe>" variants that are not run: all of them without torchao,
+    else those whose recipe `fp8.torchao_problem` finds unable to run on `device`."""
+    skips = {}
+    for v in variants:
+        if v.startswith("torchao"):
+            why = fp8.torchao_problem(v.split()[1], device) if with_torchao else "torchao is not used"
+            if why:
+                skips[v] = why
+    return skips
+
+
+def speed_sweep(sizes, reps: int, with_torchao: bool, compile: bool) -> dict:
+    """On a CUDA GPU with FP8 tensor cores: matmul and linear fwd+bwd TFLOP/s for every size.
+
+    Returns {"matmul": {kind: [tflops or None]}, "linear": {variant: [...]}, "failed": [messages],
+    "skipped": {variant: one sentence}}; a point that raises is recorded as None with its message
+    (kernels this course did not write may refuse a shape), never a traceback. A torchao recipe that
+    `fp8.torchao_problem` finds unable to run on this GPU is left out of "linear" and named in "skipped"."""
+    skipped = _torchao_skips(LINEAR_VARIANTS, with_torchao, "cuda")
+    out = {"matmul": {k: [] for k in MATMUL_KINDS}, "failed": [],
+           "skipped": {v: why for v, why in skipped.items() if with_torchao},
+           "linear": {v: [] for v in LINEAR_VARIANTS if v not in skipped}}
+    for n in sizes:
+        for group, fn in (("matmul", lambda k: matmul_tflops(n, k, reps)),
+                          ("linear", lambda v: linear_tflops(n, v, reps, compile))):
+            for name in out[group]:
+                try:
+                    out[group][name].append(fn(name))
+                except Exception as err:  # noqa: BLE001: one refused point must not end the sweep
+                    out[group][name].append(None)
+                    out["failed"].append(f"{group} {name} n={n}: {type(err).__name__}: {str(err).splitlines()[0][:150]}")
+                bench.release_memory()
+    return out
+
+
+GPT_VARIANTS = ("bf16", "ours rowwise", "torchao rowwise")
+
+
+def gpt_steps(base: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, reps: int, compile: bool,
+              with_torchao: bool) -> dict:
+    """Milliseconds per training step (forward, backward, AdamW) of the course GPT in bf16 weights, with
+    its block linears in bf16 or FP8 rowwise (ours, torchao's); optionally under torch.compile.
+
+    Returns {variant: ms or None, "failed": [messages], "skipped": {variant: one sentence}}: a variant
+    that raises (a compiler or kernel refusing it) is recorded as None with its message; a torchao recipe
+    that `fp8.torchao_problem` finds unable to run on x's device is not run and is named in "skipped"
+    (without torchao, its variants are simply left out)."""
+    skipped = _torchao_skips(GPT_VARIANTS, with_torchao, x.device.type)
+    out: dict = {"failed": [], "skipped": {v: why for v, why in skipped.items() if with_torchao}}
+    for variant in GPT_VARIANTS:
+        if variant in skipped:
+            continue
+        try:
+            model = copy.deepcopy(base).to(torch.bfloat16)
+            _convert(model, variant)
+            opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+            fwd = torch.compile(model) if compile else model
+
+            def step():
+                loss = fwd(x, y)[1]
+                loss.backward()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+            out[variant] = bench.benchmark(step, reps=reps, warmup=3, device=x.device.type).ms
+        except Exception as err:  # noqa: BLE001: one refused variant must not end the section
+            out[variant] = None
+            out["failed"].append(f"GPT step {variant}: {type(err).__name__}: {str(err).splitlines()[0][:150]}")
+        bench.release_memory()
+    return out
+
+
+def linear_profile(n: int, recipe: str, device: str, trace_dir=None, top: int = 10):
+    """torch.profiler evidence for where an FP8 linear's time goes: our Float8Linear (bf16, n→n, n tokens)
+    forward + backward with `recipe`; a `helpers.measure.profiling.Profile` (the `top` ops by self time, trace saved).
+    Where torch._scaled_mm refuses the recipe's scales on `device` (see `fp8.scaled_mm_refusal`), the
+    profiled products are the fp32 emulation's: aten::mm, not aten::_scaled_mm."""
+    lin, x, g = _bf16_linear(n, f"ours {recipe}", device)
+    return profiling.profile(lambda: lin(x).backward(g), steps=3, top=top, name=f"fp8-linear-{recipe}-{n}",
+                             trace_dir=trace_dir)
+
+
+def cast_share(prof) -> float:
+    """Share of the profiled self time spent outside the matmuls (casts, amax, scaling): the matmuls being
+    scaled_mm ops, GEMM kernels and leaf aten GEMMs (`profiling.is_matmul`; where the fp8 product is
+    emulated, or torch's CPU _scaled_mm computes it, that is an aten::mm)."""
+    mm = sum(share for op, _, _, share in prof.rows
+             if "scaled_mm" in op or profiling.is_matmul(op))
+    return 1.0 - mm
+
+
+def profile_sentences(prof, n: int, recipe: str = "rowwise") -> list[str]:
+    """What the profile of `linear_profile(n, recipe, ...)` shows, in sentences true to its rows: the share
+    outside the matmuls, and, where torch._scaled_mm refused the recipe's scales on the profiled device,
+    that the fp8 matmul was emulated (dequantised to fp32, then an ordinary matmul)."""
+    refused = fp8.scaled_mm_refusal(prof.device, rowwise=recipe == "rowwise")
+    out = [f"At n={n}, {cast_share(prof):.0%} of the profiled {'kernel' if prof.device == 'cuda' else 'CPU'} time "
+           f"was spent outside the {'matmuls' if refused else 'fp8 matmuls'} (amax reductions, scaling, casts, "
+           "transposes): memory-bound work that FP8 does not speed up."]
+    if refused:
+        out.append(f"The {recipe} fp8 matmul itself was emulated here, not run in fp8: torch._scaled_mm refused "
+                   f"its scales on {prof.device} ({refused.rstrip('.')}), so the operands were dequantised to fp32 "
+                   "and multiplied by an ordinary matmul (aten::mm in the table).")
+    return out

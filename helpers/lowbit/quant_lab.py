@@ -1,0 +1,408 @@
+"""Notebook 08's measurements: quantisation error on a trained GPT's real tensors, perplexity per method,
+fine-tuning memory of Llama-size models (QLoRA's "65B on one 48 GB GPU") from `lora.memory_formula`,
+decode speed of weight-only linears on a GPU, and 8-bit optimizer state.
+
+- 8-bit optimizers (Dettmers et al., 2022, "8-bit Optimizers via Block-wise Quantization"):
+  bitsandbytes `AdamW8bit` keeps both Adam moments as uint8 codes with one fp32 absmax per block of
+  256 values, except for tensors with fewer than `min_8bit_size` (default 4096) elements, whose
+  state stays fp32 (bitsandbytes' Optimizer8bit.init_state: `if p.numel() < config["min_8bit_size"]`).
+  `optimizer_section(model, steps=...)` measures state bytes per parameter of torch AdamW vs AdamW8bit
+  tensor by tensor (`threshold_probe` finds where the 32-bit threshold falls, `update_gap` how far the
+  8-bit state moves an update) and the losses of a few steps of each on the same batches (smoke: about
+  1.5 s on the "tiny" preset on a busy 2-core CPU).
+
+The quantisers are `helpers.lowbit.quant` and `helpers.lowbit.quant_linear`; this module applies them to the course GPT.
+Every linear inside the blocks (attention q/kv/out, MLP up/down) is quantised; the embeddings and the
+output head stay in full precision (bitsandbytes' and torchao's defaults skip lm_head too).
+"""
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import nn
+
+from helpers.lowbit import quant
+from helpers.show import tables
+from helpers.gpt.generation import KVCache, prefill, rewound_step
+from helpers.lowbit import quant_linear as ql
+from helpers.lowbit.gptq import block_linears  # noqa: F401  (notebook 08 calls quant_lab.block_linears)
+from helpers.lowbit.gptq import cpu_threads
+from helpers.lowbit.lora import _positive_int, memory_formula
+from helpers.lowbit.lora_lab import finetune_split, make_optimizer, optimizer_state_bytes, prepare, train_steps, trainable
+
+GB = 1e9
+
+
+@torch.no_grad()
+def block_inputs(model: nn.Module, tokens: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The input activations of every block linear for one forward pass on `tokens` (B, T): {name: (B*T, in)}
+    float32 on the CPU, captured with forward hooks."""
+    got, hooks = {}, []
+    for name, lin in block_linears(model).items():
+        hooks.append(lin.register_forward_hook(
+            lambda m, inp, out, name=name: got.__setitem__(name, inp[0].reshape(-1, inp[0].shape[-1]).float().cpu())))
+    try:
+        model(tokens)
+    finally:
+        for h in hooks:
+            h.remove()
+    return got
+
+
+def weight_error_rows(weights: dict[str, torch.Tensor], groups, bits=(8, 4)) -> list[dict]:
+    """Relative error ||W - Q(W)|| / ||W|| of each scheme x bits x granularity, and NF4 (± double quant) at
+    every integer group, over all weights: {method, bits, granularity, mean error, worst error, worst layer,
+    bits/param (from the first weight's state; RTN codes counted at `bits` each)}. `groups`: list of "tensor" / "channel" / int."""
+    first = next(iter(weights.values()))
+    rows = []
+    specs = [(s, b, g) for s in quant.SCHEMES for b in bits for g in groups]
+    specs += [(m, 4, g) for m in ("nf4", "nf4-dq") for g in groups if isinstance(g, int) and g >= 32]
+    for scheme, b, g in specs:
+        errs = {}
+        for name, w in weights.items():
+            if scheme.startswith("nf4"):
+                w_hat = quant.nf4_fake_quantize(w, g, scheme == "nf4-dq")
+            else:
+                w_hat = quant.fake_quantize(w, b, scheme, g)
+            errs[name] = quant.error(w, w_hat)
+        if scheme.startswith("nf4"):
+            bpp = quant.nf4_quantize(first, g, double=scheme == "nf4-dq").bits_per_param()
+        else:
+            bpp = quant.quantize(first, b, scheme, g).packed_bits_per_param()
+        worst = max(errs, key=errs.get)
+        rows.append({"method": scheme, "bits": b, "granularity": str(g), "mean_error": sum(errs.values()) / len(errs),
+                     "worst_error": errs[worst], "worst_layer": worst, "bits_per_param": bpp})
+    return rows
+
+
+def outlier_profile(acts: dict[str, torch.Tensor], threshold: float = 6.0) -> list[dict]:
+    """Per layer input (acts: {name: (tokens, in)}): largest |x|, median |x|, their ratio, "cols_over" (the
+    share of input columns holding any |x| >= `threshold`; 6 is LLM.int8's default), "threshold", and the
+    column whose absmax is largest. Raises ValueError for a threshold that is not a positive number."""
+    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not threshold > 0:
+        raise ValueError(f"threshold={threshold!r} must be a positive number")
+    rows = []
+    for name, x in acts.items():
+        col = x.abs().amax(0)
+        rows.append({"layer": name, "max_abs": float(col.max()), "median_abs": float(x.abs().median()),
+                     "ratio": float(col.max() / x.abs().median().clamp(min=1e-12)),
+                     "cols_over": float((col >= threshold).float().mean()), "threshold": float(threshold),
+                     "top_column": int(col.argmax())})
+    return rows
+
+
+def activation_error_rows(acts: dict[str, torch.Tensor], weights: dict[str, torch.Tensor],
+                          thresholds=(0.0, 6.0)) -> list[dict]:
+    """Error of each layer's real matmul X W^T in int8: per-tensor absmax X, LLM.int8 vector-wise
+    (threshold 0: no decomposition) and with the decomposition at each threshold > 0. Errors relative to
+    the fp32 product; also the outlier columns kept in floating point."""
+    rows = []
+    for name, x in acts.items():
+        w = weights[name]
+        ref = x @ w.float().T
+        xt = quant.fake_quantize(x, 8, "absmax", "tensor")
+        wt = quant.fake_quantize(w.float(), 8, "absmax", "channel")
+        row = {"layer": name, "per-tensor int8": quant.error(ref, xt @ wt.T)}
+        for th in thresholds:
+            out, cols = ql.llm_int8_matmul(x, w, th)
+            key = "vector-wise int8" if th <= 0 else f"LLM.int8, threshold {th:g}"
+            row[key] = quant.error(ref, out)
+            if th > 0:
+                row[f"outlier cols, threshold {th:g}"] = int(cols.numel())
+        rows.append(row)
+    return rows
+
+
+# ---------------------------------------------------------------- whole-model quantisation and perplexity
+
+def quantized_copy(model: nn.Module, method: str, bits: int = 4, group: "str | int" = 64) -> nn.Module:
+    """A deep copy of `model` whose block linears hold their quantised-then-dequantised weights.
+    method: "absmax" / "zeropoint" (RTN at `bits`), "nf4" / "nf4-dq" (bits ignored: 4)."""
+    m = copy.deepcopy(model)
+    with torch.no_grad():
+        for lin in block_linears(m).values():
+            w = lin.weight
+            if method.startswith("nf4"):
+                w_hat = quant.nf4_fake_quantize(w.float(), group, method == "nf4-dq")
+            else:
+                w_hat = quant.fake_quantize(w.float(), bits, method, group)
+            lin.weight.copy_(w_hat.to(w.dtype))
+    return m
+
+
+def weight_bits(model: nn.Module, method: str, bits: int = 4, group: "str | int" = 64) -> float:
+    """Storage bits per parameter of the block linears under `method`, from each weight's quantised state
+    (NF4: every tensor as stored; RTN: codes counted at `bits` each, as a packing kernel stores them, plus
+    the scales and zeros as stored), averaged over their parameters; 32 or 16 for "fp32" / "bf16"."""
+    if method in ("fp32", "bf16"):
+        return 32.0 if method == "fp32" else 16.0
+    total = n = 0
+    for lin in block_linears(model).values():
+        w = lin.weight.detach().float().cpu()
+        if method.startswith("nf4"):
+            state = quant.nf4_quantize(w, group, double=method == "nf4-dq")
+        else:
+            state = quant.quantize(w, bits, method, group)
+        total += (state.bits_per_param() if method.startswith("nf4") else state.packed_bits_per_param()) * w.numel()
+        n += w.numel()
+    return total / n
+
+
+@torch.no_grad()
+def grid(model: nn.Module, specs, evaluate) -> dict[tuple, dict]:
+    """For each (method, bits, group) in `specs`: quantize every block linear's weight in place, measure the
+    mean relative weight error, the bits per parameter (as `weight_bits` counts them) and `evaluate(model)`
+    (e.g. a validation loss), then restore the weights. Returns {(method, bits, str(group)): {error, bits,
+    value}}. Each weight is quantized once per spec (no model copies)."""
+    lins = list(block_linears(model).values())
+    saved = [l.weight.detach().clone() for l in lins]
+    out = {}
+    try:
+        for method, bits, group in specs:
+            errs, total_bits, n = [], 0.0, 0
+            for lin, w in zip(lins, saved):
+                wf = w.float()
+                if method.startswith("nf4"):
+                    state = quant.nf4_quantize(wf.cpu(), group, double=method == "nf4-dq")
+                    w_hat, b = quant.nf4_dequantize(state), state.bits_per_param()
+                else:
+                    state = quant.quantize(wf.cpu(), bits, method, group)
+                    w_hat, b = quant.dequantize(state), state.packed_bits_per_param()
+                errs.append(quant.error(wf.cpu(), w_hat))
+                total_bits += b * w.numel()
+                n += w.numel()
+                lin.weight.copy_(w_hat.to(w.device, w.dtype))
+            out[(method, bits, str(group))] = {"error": sum(errs) / len(errs), "bits": total_bits / n,
+                                               "value": evaluate(model)}
+            for lin, w in zip(lins, saved):
+                lin.weight.copy_(w)
+    finally:
+        for lin, w in zip(lins, saved):
+            lin.weight.copy_(w)
+    return out
+
+
+def block_param_count(model: nn.Module) -> tuple[int, int]:
+    """(parameters in block linears' weights, all parameters): the share a weight-only method quantises."""
+    inner = sum(l.weight.numel() for l in block_linears(model).values())
+    return inner, sum(p.numel() for p in model.parameters())
+
+
+# ---------------------------------------------------------------- memory formulas
+
+FINETUNE = ("full (bf16, Adam)", "LoRA (bf16 base)", "QLoRA (NF4+DQ base)")
+
+
+def lora_params(d_model: int, d_ff: int, n_layer: int, rank: int) -> int:
+    """LoRA parameters with rank `rank` on every linear of a Llama-style block: q, k, v, o (d x d each)
+    and gate, up, down (d x d_ff): rank * (in + out) per matrix."""
+    return n_layer * rank * (4 * 2 * d_model + 3 * (d_model + d_ff))
+
+
+# Llama-65B's shape (Touvron et al., 2023, "LLaMA: Open and Efficient Foundation Language Models", Table 2:
+# dimension 8192, 80 layers; the SwiGLU hidden size 2/3 * 4d rounded up to a multiple of 256 is 22016)
+LLAMA_SHAPES = {7: (4096, 11008, 32), 13: (5120, 13824, 40), 33: (6656, 17920, 60), 65: (8192, 22016, 80)}
+
+
+def finetune_gb(params_b: float, method: str, rank: int = 64, shape: tuple | None = None) -> dict[str, float]:
+    """GB (1e9 bytes) of weights, gradients and optimizer state to fine-tune a model of `params_b` billion
+    parameters, activations not counted.
+
+    full: bf16 weights and gradients (2 + 2 bytes) and Adam's two fp32 moments (8 bytes): 12 bytes a
+    parameter. LoRA / QLoRA: the frozen base in bf16 / NF4 with double quantisation, plus adapters of
+    `rank` (from `shape` = (d_model, d_ff, n_layer), else the nearest LLAMA_SHAPES entry) with bf16 weights
+    and gradients and fp32 Adam moments (12 bytes an adapter parameter). Every parameter counts as a
+    quantisable weight. Computed by `lora.memory_formula` (the one formula; bytes / 1e9), adapters split out.
+    Raises ValueError for an unknown method.
+    """
+    if method not in FINETUNE:
+        raise ValueError(f"method must be one of {FINETUNE}, not {method!r}")
+    n = params_b * 1e9
+    if method.startswith("full"):
+        a = 0
+    elif shape is None:
+        nearest = min(LLAMA_SHAPES, key=lambda k: abs(k - params_b))
+        a = lora_params(*LLAMA_SHAPES[nearest], rank) * params_b / nearest  # scaled to this size
+    else:
+        a = lora_params(*shape, rank)
+    kind = {"full": "full", "LoRA": "lora", "QLoRA": "qlora"}[method.split()[0]]
+    parts = memory_formula(n, 0, a, kind, weight_bytes=2, optimizer_bytes=8, adapter_bytes=2, split_adapters=True)
+    return {k: parts[k] / GB for k in ("weights", "gradients", "optimizer", "adapters")}
+
+
+# ---------------------------------------------------------------- decode speed (GPU)
+
+def _decode_step(model, batch: int, prompt: int, device: str):
+    """A callable running one decode step from a cache filled with `prompt` tokens (rewound before each
+    call, so every timed step sees the same length)."""
+    cfg = model.config
+    cache = KVCache(cfg, batch, prompt + 1, dtype=torch.bfloat16, device=device)
+    prefill(model, torch.randint(0, cfg.vocab_size, (batch, prompt), device=device), cache)
+    return rewound_step(model, cache, torch.randint(0, cfg.vocab_size, (batch,), device=device))
+
+
+def weight_only_copy(base: torch.nn.Module, bits: int, backend: str, group_size: int = 64) -> torch.nn.Module:
+    """A deep copy of `base` whose block linears are our weight-only int8 / int4 linears (bits 8 or 4) running
+    `backend` ("torch", "compile" for int8, "triton" for int4: see quant_linear.WeightOnlyLinear)."""
+    model = copy.deepcopy(base)
+    ql.swap_linears(model, lambda lin: ql.WeightOnlyLinear.from_linear(lin, bits, group_size))
+    for m in model.modules():
+        if isinstance(m, ql.WeightOnlyLinear):
+            m.backend = backend
+    return model
+
+
+def decode_speed(preset: str = "1.3b", batches=(1, 32), prompt: int = 64, reps: int = 20,
+                 variants=("bf16", "int8", "int4-triton", "torchao-int8", "torchao-int4"), group_size: int = 64) -> list[dict]:
+    """Tokens/s of one decode step of a randomly initialised `preset` GPT in bf16 on CUDA, its block
+    linears as bf16, our int8 / int4 weight-only linears, or torchao's configs; and the achieved
+    bandwidth = (bytes of all weights read once + KV cache read) / step time. A variant that cannot run
+    gives a row with its reason. Raises RuntimeError without CUDA."""
+    from helpers.measure.bench import benchmark
+    from helpers.gpt.model import GPT, GPTConfig
+    if not torch.cuda.is_available():
+        raise RuntimeError("decode speed is measured on a GPU only")
+    torch.manual_seed(0)
+    with torch.device("cuda"):  # initialise on the GPU: a 1.3B model's init on a CPU takes longer than the timing
+        base = GPT(GPTConfig.preset(preset)).to(torch.bfloat16).eval()
+    rows, stored = [], {}
+    for name in variants:
+        model = None
+        why = None
+        try:
+            if name == "int8":
+                model = weight_only_copy(base, 8, "compile", group_size)
+            elif name == "int4-triton":
+                model = weight_only_copy(base, 4, "triton", group_size)
+            else:
+                model = copy.deepcopy(base)
+            if name.startswith("torchao"):
+                from torchao.quantization import Int4WeightOnlyConfig, Int8WeightOnlyConfig, quantize_
+                cfg = Int8WeightOnlyConfig() if name.endswith("int8") else Int4WeightOnlyConfig(group_size=group_size)
+                for blk in model.blocks:
+                    quantize_(blk, cfg)
+            if name.startswith("torchao"):  # its tensor subclasses hide their packed size: count ours at that width
+                wbytes = stored.get(name.split("-")[1].replace("int4", "int4-triton"))
+            else:
+                wbytes = sum(t.numel() * t.element_size() for t in list(model.parameters()) + list(model.buffers()))
+                stored[name] = wbytes
+            for b in batches:
+                step = _decode_step(model, b, prompt, "cuda")
+                t = benchmark(step, warmup=5, reps=reps, device="cuda")
+                mc = model.config  # K and V of every layer, bf16, n_kv_head heads (d_model wide without GQA)
+                kv = 2 * mc.n_layer * b * (prompt + 1) * mc.n_kv_head * mc.head_dim * 2
+                rows.append({"variant": name, "batch": b, "ms": 1e3 * t.median, "iqr_ms": 1e3 * (t.q75 - t.q25),
+                             "tokens_per_s": b / t.median,
+                             "gbps": None if wbytes is None else (wbytes + kv) / t.median / GB})
+        except Exception as err:  # noqa: BLE001 - a kernel missing for this GPU or library: a row that says so
+            why = f"{type(err).__name__}: {str(err)[:120]}"
+        if why:
+            rows.append({"variant": name, "batch": None, "ms": None, "tokens_per_s": None, "gbps": None, "why": why})
+        del model
+        torch.cuda.empty_cache()
+    return rows
+
+
+# ---------------------------------------------------------------- 8-bit optimizer state
+
+MIN_8BIT_SIZE = 4096  # bitsandbytes' default min_8bit_size: smaller tensors keep fp32 optimizer state
+BNB_STATE_BLOCK = 256  # bitsandbytes' blockwise 8-bit optimizer state: one fp32 absmax per 256 values
+
+
+def threshold_probe(sizes=(MIN_8BIT_SIZE - 1, MIN_8BIT_SIZE), device: str = "cpu") -> dict[int, str]:
+    """The dtype of bitsandbytes AdamW8bit's first moment after one step on a 1-D tensor of each size:
+    {numel: "float32" or "uint8"}; finds where the 32-bit threshold (min_8bit_size) falls."""
+    import bitsandbytes as bnb
+
+    out = {}
+    for n in sizes:
+        p = nn.Parameter(torch.zeros(_positive_int("size", n), device=device))
+        opt = bnb.optim.AdamW8bit([p])
+        p.grad = torch.ones_like(p)
+        opt.step()
+        out[n] = str(opt.state[p]["state1"].dtype).replace("torch.", "")
+    return out
+
+
+def update_gap(steps: int = 5, shape=(64, 128), lr: float = 1e-3, seed: int = 0, device: str = "cpu") -> float:
+    """||Δp(AdamW8bit) − Δp(AdamW)|| / ||Δp(AdamW)|| after `steps` steps of both optimizers on one
+    tensor of `shape` with the same random gradients (no weight decay): how far 8-bit state moves the
+    update."""
+    import bitsandbytes as bnb
+
+    g = torch.Generator().manual_seed(seed)
+    p0 = torch.randn(shape, generator=g)
+    grads = [torch.randn(shape, generator=g) for _ in range(_positive_int("steps", steps))]
+    moved = {}
+    for name, cls in (("adamw", torch.optim.AdamW), ("adamw8bit", bnb.optim.AdamW8bit)):
+        p = nn.Parameter(p0.clone().to(device))
+        opt = cls([p], lr=lr, weight_decay=0.0)
+        for grad in grads:
+            p.grad = grad.to(device)
+            opt.step()
+        moved[name] = (p.detach() - p0.to(device)).float()
+    return float((moved["adamw8bit"] - moved["adamw"]).norm() / moved["adamw"].norm())
+
+
+def optimizer_section(model: nn.Module, steps: int = 5, *, lr: float = 1e-3, batch: int = 8, seq_len: int = 64,
+                      seed: int = 0) -> dict:
+    """Full fine-tuning of two copies of `model` on the same batches, one with torch.optim.AdamW and
+    one with bitsandbytes AdamW8bit: state bytes per parameter measured tensor by tensor (tensors
+    below bitsandbytes' min_8bit_size = 4096 elements keep fp32 state), and the training loss of
+    each step. Prints a table per tensor size class and sentences from the numbers. Returns
+    {"losses": {"adamw": [...], "adamw8bit": [...]}, "bytes_per_param": {name: float},
+    "tensors": [{"name", "numel", "adamw", "adamw8bit", "dtypes8"}], "state_bytes": {name: int},
+    "threshold": `threshold_probe()`, "update_gap": `update_gap()`}."""
+    _positive_int("steps", steps)
+    tune, _ = finetune_split()
+    res = {"losses": {}, "state_bytes": {}, "bytes_per_param": {}}
+    per = {}
+    with cpu_threads(next(model.parameters()).device):
+        for name in ("adamw", "adamw8bit"):
+            m = prepare(model, "full")
+            params = trainable(m)
+            opt = make_optimizer(name, params, lr)
+            res["losses"][name] = train_steps(m, opt, steps, tune, batch, seq_len, seed)
+            total, per_tensor = optimizer_state_bytes(opt)
+            res["state_bytes"][name] = total
+            res["bytes_per_param"][name] = total / sum(p.numel() for p in params)
+            names = {id(p): n for n, p in m.named_parameters()}
+            per[name] = {names[id(p)]: v for p, v in per_tensor.items()}
+        res["threshold"] = threshold_probe(device=str(next(model.parameters()).device))
+        res["update_gap"] = update_gap(device=str(next(model.parameters()).device))
+    res["tensors"] = [{"name": n, "numel": v["numel"], "adamw": v["bytes"] / v["numel"],
+                       "adamw8bit": per["adamw8bit"][n]["bytes"] / v["numel"],
+                       "dtypes8": "/".join(per["adamw8bit"][n]["dtypes"])} for n, v in per["adamw"].items()]
+    _print_optimizer(res)
+    return res
+
+
+def _print_optimizer(res: dict) -> None:
+    rows = res["tensors"]
+    small = [t for t in rows if t["numel"] < MIN_8BIT_SIZE]
+    large = [t for t in rows if t["numel"] >= MIN_8BIT_SIZE]
+    show = sorted(large, key=lambda t: -t["numel"])[:4] + sorted(small, key=lambda t: -t["numel"])[:3]
+    print(tables.table(["tensor", "elements", "AdamW bytes/param", "AdamW8bit bytes/param", "8-bit state dtypes"],
+                       [[t["name"], t["numel"], f"{t['adamw']:.3f}", f"{t['adamw8bit']:.3f}", t["dtypes8"]]
+                        for t in show]))
+    eight = [t for t in rows if "uint8" in t["dtypes8"]]
+    smallest8 = min((t["numel"] for t in eight), default=None)
+    largest32 = max((t["numel"] for t in rows if "uint8" not in t["dtypes8"]), default=None)
+    print(f"{len(eight)} of {len(rows)} tensors got uint8 state (the smallest of them has {smallest8} elements); "
+          f"the largest tensor left in fp32 state has {largest32} elements, consistent with bitsandbytes' "
+          f"min_8bit_size of {MIN_8BIT_SIZE}." if smallest8 and largest32 and largest32 < MIN_8BIT_SIZE <= smallest8
+          else f"{len(eight)} of {len(rows)} tensors got uint8 state; the threshold {MIN_8BIT_SIZE} is not "
+               f"bracketed by this model's tensor sizes (smallest uint8: {smallest8}, largest fp32: {largest32}).")
+    probe = ", ".join(f"{n} elements → {d}" for n, d in res["threshold"].items())
+    print(f"Probing one-tensor optimizers directly: {probe}. The update after 5 steps on one 64×128 tensor with "
+          f"the same gradients differs from AdamW's by {res['update_gap'] * 100:.2f}% (relative norm).")
+    bpp = res["bytes_per_param"]
+    la, lb = res["losses"]["adamw"], res["losses"]["adamw8bit"]
+    gap = max(abs(a - b) for a, b in zip(la, lb))
+    print(f"Optimizer state over the whole model: AdamW {bpp['adamw']:.2f} bytes/param, AdamW8bit "
+          f"{bpp['adamw8bit']:.2f} ({bpp['adamw'] / bpp['adamw8bit']:.1f}× less"
+          + (f"; above the 2 bytes of two uint8 moments because of the fp32 small tensors and one fp32 absmax "
+             f"per {BNB_STATE_BLOCK} values" if bpp["adamw8bit"] > 2 else "") +
+          f"). Training loss at each of {len(la)} steps (the loss before that step's update): the last is AdamW "
+          f"{la[-1]:.5f}, AdamW8bit {lb[-1]:.5f}; the largest per-step gap is {gap:.1e} nats/byte.")

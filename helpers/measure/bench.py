@@ -1,0 +1,354 @@
+"""The one timing API of the course, plus memory measurement (CUDA peak, and saved-for-backward bytes)."""
+from __future__ import annotations
+
+import gc
+import math
+import os
+import statistics
+import time
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable
+
+import torch
+from helpers.measure import hardware
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Seconds per call: median, inter-quartile range and every raw sample."""
+
+    median: float
+    q25: float
+    q75: float
+    samples: list[float] = field(repr=False)
+    warmup: int = 0
+    device: str = "cpu"
+    resolution: float = 0.0  # the least the timer reports for an empty call on this device (0: unknown)
+
+    @property
+    def below_resolution(self) -> bool:
+        """True when even the fastest sample is within RESOLUTION_FACTOR of the least the timer reports for an
+        empty call: then the timing measures the timer, not the function. (Minima, not medians: a busy
+        machine slows both alike, but seldom every sample.)"""
+        return bool(self.samples) and min(self.samples) < RESOLUTION_FACTOR * self.resolution
+
+    @property
+    def spread(self) -> float:
+        """Inter-quartile range relative to the median (0.05 means ±5%-ish noise)."""
+        return (self.q75 - self.q25) / self.median if self.median > 0 else 0.0
+
+    @property
+    def ms(self) -> float:
+        """Median in milliseconds."""
+        return self.median * 1e3
+
+    def __str__(self) -> str:
+        text = f"{self.ms:.3f} ms (IQR ±{100 * self.spread / 2:.1f}%, n={len(self.samples)})"
+        return text + (" [below the timer's resolution: not a measurement]" if self.below_resolution else "")
+
+
+def quartiles(samples: list[float]) -> tuple[float, float, float]:
+    """(median, 25th percentile, 75th percentile) of one or more numbers (timings, per-round ratios)."""
+    if len(samples) == 1:
+        return samples[0], samples[0], samples[0]
+    q = statistics.quantiles(samples, n=4, method="inclusive")
+    return statistics.median(samples), q[0], q[2]
+
+
+class _CacheFlusher:
+    """Overwrites a buffer larger than the last-level cache so the next call starts cold."""
+
+    def __init__(self, device: str):
+        if device == "cuda":
+            l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 64 * 2**20) or 64 * 2**20
+            nbytes = 2 * l2
+        else:
+            nbytes = 64 * 2**20  # larger than any desktop or server CPU's L3 share of one process
+        self.buf = torch.empty(nbytes // 4, dtype=torch.float32, device=device)
+
+    def __call__(self) -> None:
+        self.buf.fill_(1.0)
+
+
+def resolve_device(device: str | None) -> str:
+    """'cuda' if asked for or (when None/'auto') if available, else 'cpu'."""
+    if device in (None, "auto"):
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda"):
+        return "cuda"
+    return "cpu"
+
+
+class ImplausibleTiming(UserWarning):
+    """A timing too short for the timer to resolve, or a rate beyond what the device can do."""
+
+
+RESOLUTION_FACTOR = 2.0  # a call never faster than 2x an empty call's time is mostly the timer's own cost
+_OVERHEAD: dict[str, float] = {}
+
+
+def _timed_samples(fn: Callable[[], Any], reps: int, device: str, flush: Callable[[], None] | None) -> list[float]:
+    """`reps` timed calls of `fn()` in seconds: CUDA events on CUDA, perf_counter on a CPU."""
+    if device == "cuda":
+        torch.cuda.synchronize()
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+        for s, e in zip(starts, ends):
+            if flush:
+                flush()
+            s.record()
+            fn()
+            e.record()
+        torch.cuda.synchronize()
+        return [s.elapsed_time(e) / 1e3 for s, e in zip(starts, ends)]
+    samples = []
+    for _ in range(reps):
+        if flush:
+            flush()
+        t0 = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - t0)
+    return samples
+
+
+def timer_overhead(device: str | None = None) -> float:
+    """The least the course's timer reports for a call that does nothing on `device` (the fastest of 51
+    calls, measured once per process), in seconds; never less than the clock's stated resolution."""
+    device = resolve_device(device)
+    if device not in _OVERHEAD:
+        _timed_samples(lambda: None, 5, device, None)  # warm-up: first event records, first calls
+        floor = time.get_clock_info("perf_counter").resolution
+        _OVERHEAD[device] = max(min(_timed_samples(lambda: None, 51, device, None)), floor)
+    return _OVERHEAD[device]
+
+
+# Generous bounds that only a wrong timing crosses. A CPU core: 2,048 operations per cycle (twice the
+# 1,024 bf16 operations per cycle that Wikipedia's 'Advanced Matrix Extensions' article gives for Intel
+# AMX on 4th-gen Xeon) and 512 bytes per cycle (far above what a core's L1 cache serves), at 6.5 GHz.
+CPU_FLOP_PER_CYCLE, CPU_BYTES_PER_CYCLE, CPU_MAX_HZ = 2048, 512, 6.5e9
+GPU_UNKNOWN_TFLOPS, GPU_UNKNOWN_GBS = 10_000.0, 50_000.0  # a GPU missing from hardware.PEAKS
+
+
+def plausible_tflops(device: str | None = None) -> float:
+    """An upper bound in TFLOP/s that no correct timing on `device` exceeds: on a GPU in hardware.PEAKS,
+    twice its highest dense datasheet peak (2:4 sparsity doubles it); on a CPU, the per-core bound above."""
+    if resolve_device(device) == "cuda":
+        peak = hardware.peaks_for()
+        dense = [peak.tflops(d) for d in hardware.MATMUL_DTYPES if peak.tflops(d)] if peak else []
+        return 2 * max(dense) if dense else GPU_UNKNOWN_TFLOPS
+    return (os.cpu_count() or 1) * CPU_FLOP_PER_CYCLE * CPU_MAX_HZ / 1e12
+
+
+def plausible_gbps(device: str | None = None) -> float:
+    """An upper bound in GB/s that no correct timing on `device` exceeds: on a GPU in hardware.PEAKS, ten times
+    its memory bandwidth (caches are faster than memory); on a CPU, the per-core bound above."""
+    if resolve_device(device) == "cuda":
+        peak = hardware.peaks_for()
+        return 10 * peak.bandwidth_gbs if peak else GPU_UNKNOWN_GBS
+    return (os.cpu_count() or 1) * CPU_BYTES_PER_CYCLE * CPU_MAX_HZ / 1e9
+
+
+def _rate(amount: float, seconds: "float | Timing", unit: str, scale: float, limit: float | None,
+          device: str | None, bound: Callable[[str | None], float]) -> float:
+    """amount / seconds / scale, or NaN with an ImplausibleTiming warning when the timing cannot be trusted."""
+    if isinstance(seconds, Timing):
+        timing, device = seconds, seconds.device if device is None else device
+        secs = timing.median
+        too_short = timing.below_resolution
+        floor = RESOLUTION_FACTOR * timing.resolution
+    else:
+        secs = float(seconds)
+        floor = timer_overhead("cpu")  # no timer in this course reports less than the fastest empty perf_counter call
+        too_short = not math.isfinite(secs) or secs < floor
+    if too_short:
+        warnings.warn(ImplausibleTiming(f"a timing of {secs:.3g} s is below what the timer can resolve "
+                                        f"(~{floor:.2g} s): no {unit} figure is given"), stacklevel=3)
+        return math.nan
+    rate = amount / secs / scale
+    limit = bound(device) if limit is None else limit
+    if rate > limit:
+        warnings.warn(ImplausibleTiming(f"{rate:.3g} {unit} is beyond what this device can do (bound "
+                                        f"{limit:.3g} {unit}): the timing or the count is wrong, so no "
+                                        f"{unit} figure is given"), stacklevel=3)
+        return math.nan
+    return rate
+
+
+def benchmark(fn: Callable[[], Any], *, warmup: int = 3, reps: int = 10, flush_l2: bool = False,
+              device: str | None = None) -> Timing:
+    """Time `fn()`: `warmup` untimed calls, then `reps` timed calls, synchronised on CUDA.
+
+    On CUDA each call is bracketed by CUDA events (GPU time, no launch gaps hidden); on CPU by
+    `time.perf_counter`. With `flush_l2`, a buffer larger than the cache is overwritten before
+    every timed call (outside the timed region), so each call reads from memory, not cache.
+    """
+    if warmup < 0 or reps < 1:
+        raise ValueError(f"warmup={warmup} must be >= 0 and reps={reps} >= 1")
+    device = resolve_device(device)
+    flush = _CacheFlusher(device) if flush_l2 else None
+    for _ in range(warmup):
+        fn()
+    samples = _timed_samples(fn, reps, device, flush)
+    med, q25, q75 = quartiles(samples)
+    timing = Timing(med, q25, q75, samples, warmup, device, timer_overhead(device))
+    if timing.below_resolution:
+        warnings.warn(ImplausibleTiming(
+            f"the fastest call took {min(samples):.3g} s, less than {RESOLUTION_FACTOR:g}x the least the timer "
+            f"reports for an empty call ({timing.resolution:.2g} s): this measures the timer, not the function"),
+            stacklevel=2)
+    return timing
+
+
+def benchmark_interleaved(fns: dict[str, Callable[[], Any]], *, reps: int = 10, warmup: int = 1,
+                          device: str | None = None) -> dict[str, Timing]:
+    """Time several callables round-robin, one timed call of each per round; a `Timing` per name.
+
+    On a shared or noisy machine a burst of other work then slows every candidate alike, instead of
+    whichever happened to be timed at that moment, so their ratio is more trustworthy.
+    """
+    if warmup < 0 or reps < 1:
+        raise ValueError(f"warmup={warmup} must be >= 0 and reps={reps} >= 1")
+    device = resolve_device(device)
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    samples: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(reps):
+        for name, fn in fns.items():
+            samples[name] += benchmark(fn, warmup=0, reps=1, device=device).samples
+    return {name: Timing(*quartiles(xs), xs, warmup, device, timer_overhead(device)) for name, xs in samples.items()}
+
+
+def tflops(flops: float, seconds: "float | Timing", *, device: str | None = None,
+           limit: float | None = None) -> float:
+    """Counted FLOPs and seconds (or a `Timing`) -> TFLOP/s.
+
+    Refuses what cannot be a measurement: returns NaN and warns `ImplausibleTiming` when the timing is
+    below the timer's resolution (for a float: shorter than an empty timed call) or the rate exceeds
+    `limit` (default `plausible_tflops(device)`; `device` defaults to the Timing's, else the current one).
+    """
+    return _rate(flops, seconds, "TFLOP/s", 1e12, limit, device, plausible_tflops)
+
+
+def gbps(nbytes: float, seconds: "float | Timing", *, device: str | None = None,
+         limit: float | None = None) -> float:
+    """Counted bytes and seconds (or a `Timing`) -> GB/s (10^9 bytes per second); NaN and a warning for
+    an implausible timing, as `tflops` (default limit `plausible_gbps(device)`)."""
+    return _rate(nbytes, seconds, "GB/s", 1e9, limit, device, plausible_gbps)
+
+
+def recoverable_failure(err: BaseException) -> str | None:
+    """How a sweep records `err` and goes on ("out of memory: ...", "error: ..."), or None if it must stop.
+
+    Out-of-memory errors and a library kernel's refusal (cuDNN finding no plan, say) leave CUDA
+    usable; an illegal memory access or a device-side assert does not, and neither does anything
+    that is not a RuntimeError.
+    """
+    first = (str(err).strip().splitlines() or [""])[0][:120]
+    if isinstance(err, torch.cuda.OutOfMemoryError):
+        return f"out of memory: {first}"
+    broken = ("illegal memory", "device-side assert", "unspecified launch failure")
+    if not isinstance(err, RuntimeError) or any(s in first.lower() for s in broken):
+        return None
+    return f"error: {first}"
+
+
+def release_memory() -> None:
+    """Free what a failed or finished step left behind (call it after the except block, once its frames are gone)."""
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def peak_cuda_memory(fn: Callable[[], Any]) -> int | None:
+    """Bytes of CUDA memory `fn()` needed above what was allocated before it; None without CUDA."""
+    if not torch.cuda.is_available():
+        return None
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    fn()
+    torch.cuda.synchronize()
+    return torch.cuda.max_memory_allocated() - before
+
+
+def _storage_key(t: torch.Tensor) -> tuple[int, int] | None:
+    try:
+        s = t.untyped_storage()
+        return s.data_ptr(), s.nbytes()
+    except (RuntimeError, NotImplementedError):  # tensors without storage (e.g. some subclasses)
+        return None
+
+
+@dataclass
+class SavedTensors:
+    """What a forward pass kept for backward: distinct storages, their bytes and their shapes."""
+
+    nbytes: int = 0
+    count: int = 0
+    shapes: list[tuple[int, ...]] = field(default_factory=list)
+
+
+def saved_tensors(fn: Callable[[], Any], ignore: Iterable[torch.Tensor] = ()) -> SavedTensors:
+    """Run `fn()` and account for every tensor autograd saves for backward (each storage once).
+
+    Tensors in `ignore` (typically the model's parameters, which are not activations) are left
+    out. Works on every device, so activation memory can be measured without a GPU.
+    """
+    skip = {k for k in map(_storage_key, ignore) if k}
+    seen: set[tuple[int, int]] = set()
+    out = SavedTensors()
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        key = _storage_key(t)
+        if key and key not in skip and key not in seen:
+            seen.add(key)
+            out.nbytes += key[1]
+            out.count += 1
+            out.shapes.append(tuple(t.shape))
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        fn()
+    return out
+
+
+def _is_weight_copy(t: torch.Tensor, params: set[int]) -> bool:
+    """True for autocast's low-precision copy of a parameter: grad_fn leads (via views) to AccumulateGrad."""
+    fn = t.grad_fn
+    for _ in range(4):
+        if fn is None:
+            return False
+        if fn.name() == "torch::autograd::AccumulateGrad":
+            return id(fn.variable) in params
+        nxt = [f for f, _ in fn.next_functions if f is not None]
+        if len(nxt) != 1:
+            return False
+        fn = nxt[0]
+    return False
+
+
+def saved_breakdown(fn: Callable[[], Any], params: Iterable[torch.Tensor]) -> dict[str, int]:
+    """Bytes `fn()` saves for backward, split into activations and autocast's copies of `params`."""
+    params = list(params)
+    skip = {p.untyped_storage().data_ptr() for p in params}
+    ids = {id(p) for p in params}
+    seen: set[int] = set()
+    out = {"activations": 0, "weight_copies": 0}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        s = t.untyped_storage()
+        if s.data_ptr() not in skip and s.data_ptr() not in seen:
+            seen.add(s.data_ptr())
+            out["weight_copies" if _is_weight_copy(t, ids) else "activations"] += s.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        fn()
+    return out
+
+
+def saved_tensor_bytes(fn: Callable[[], Any], ignore: Iterable[torch.Tensor] = ()) -> int:
+    """Bytes of the distinct tensors `fn()` saves for backward (see `saved_tensors`)."""
+    return saved_tensors(fn, ignore).nbytes

@@ -1,0 +1,122 @@
+"""Notebook parameters: validation, profiles and the one setup call each notebook makes."""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+PROFILES = ("auto", "smoke", "full")
+
+
+def choose(name: str, value: Any, allowed: Iterable[Any]) -> Any:
+    """Return `value` if it is one of `allowed`, else raise a ValueError naming the parameter."""
+    allowed = tuple(allowed)
+    if value not in allowed:
+        raise ValueError(f"{name}={value!r} is not allowed; choose one of {', '.join(map(repr, allowed))}")
+    return value
+
+
+def positive(name: str, value: Any, kind: type = int) -> Any:
+    """Return `value` if it is a positive number of type `kind`, else raise a ValueError naming it."""
+    if isinstance(value, bool) or not isinstance(value, kind) or value <= 0:
+        raise ValueError(f"{name}={value!r} must be a positive {kind.__name__}")
+    return value
+
+
+def positives(name: str, values: Any, kind: type = int) -> list:
+    """Return `values` as a list if it is a non-empty list or tuple of positive `kind`s, else raise."""
+    if isinstance(values, (str, bytes)) or not isinstance(values, (list, tuple)) or not values:
+        raise ValueError(f"{name}={values!r} must be a non-empty list of positive {kind.__name__}s")
+    for value in values:
+        if isinstance(value, bool) or not isinstance(value, kind) or value <= 0:
+            raise ValueError(f"{name}={values!r}: entry {value!r} must be a positive {kind.__name__}")
+    return list(values)
+
+
+def choices(name: str, values: Any, allowed: Iterable[Any]) -> list:
+    """Return `values` as a list if it is a non-empty list or tuple of entries from `allowed`, else raise."""
+    allowed = tuple(allowed)
+    if isinstance(values, (str, bytes)) or not isinstance(values, (list, tuple)) or not values:
+        raise ValueError(f"{name}={values!r} must be a non-empty list drawn from {', '.join(map(repr, allowed))}")
+    for value in values:
+        if value not in allowed:
+            raise ValueError(f"{name}={values!r}: entry {value!r} is not allowed; choose from "
+                             f"{', '.join(map(repr, allowed))}")
+    return list(values)
+
+
+def resolve_profile(profile: str) -> str:
+    """Map "auto" to "full" on CUDA and "smoke" elsewhere; validate the name."""
+    choose("PROFILE", profile, PROFILES)
+    if profile != "auto":
+        return profile
+    import torch
+
+    return "full" if torch.cuda.is_available() else "smoke"
+
+
+def by_profile(profile: str, *, smoke: Any, full: Any) -> Any:
+    """Pick the value that belongs to the resolved profile."""
+    return {"smoke": smoke, "full": full}[choose("PROFILE", profile, ("smoke", "full"))]
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What a notebook knows after validating its parameters."""
+
+    profile: str
+    device: str
+    seed: int
+    interactive: bool
+    results_dir: Path
+
+    def pick(self, *, smoke: Any, full: Any) -> Any:
+        """The value for this run's profile."""
+        return by_profile(self.profile, smoke=smoke, full=full)
+
+    def resolve(self, name: str, value: Any, *, smoke: Any, full: Any,
+                check: Callable[[str, Any], Any] | None = None) -> Any:
+        """`value` if it was given, else this profile's default; then validated by `check(name, value)`.
+
+        `None` is the only "use the default": 0, [] or "" are validated like any other value, so
+        `-p REPS=0` fails here with a ValueError naming REPS instead of silently becoming the default.
+        E.g. `REPS = S.resolve("REPS", REPS, smoke=5, full=20, check=params.positive)`.
+        """
+        value = self.pick(smoke=smoke, full=full) if value is None else value
+        if check is not None:
+            checked = check(name, value)
+            value = value if checked is None else checked
+        return value
+
+
+def setup(profile: str = "auto", seed: int = 0, interactive: bool = True,
+          results_dir: str | None = None, device: str = "auto") -> Setup:
+    """Validate the common parameters, seed every RNG and point `record` at the results folder."""
+    import torch
+
+    from helpers.measure import results
+
+    resolved = resolve_profile(profile)
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ValueError(f"SEED={seed!r} must be a non-negative int")
+    if not isinstance(interactive, bool):
+        raise ValueError(f"INTERACTIVE={interactive!r} must be True or False")
+    choose("DEVICE", device, ("auto", "cpu", "cuda"))
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    elif device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("DEVICE='cuda' was asked for but no CUDA device is visible; use 'auto' or 'cpu'")
+    random.seed(seed)
+    torch.manual_seed(seed)
+    try:
+        import numpy as np
+
+        np.random.seed(seed)
+    except ImportError:  # numpy is a dependency, but seeding must never be the thing that fails
+        pass
+    folder = results.configure(results_dir=results_dir, profile=resolved)
+    from helpers.show import widgets
+
+    widgets.set_interactive(interactive)
+    return Setup(profile=resolved, device=device, seed=seed, interactive=interactive, results_dir=folder)

@@ -1,0 +1,153 @@
+"""The GPU capture: priority order, the time budget (fake clock), atomic packs, and the importer."""
+import json
+import tarfile
+
+import pytest
+
+from helpers.course import capture as C
+
+
+def test_priority_puts_missing_references_first_then_the_oldest():
+    index = {"00": {"date": "2026-12-01T00:00:00+00:00"}, "02": {"date": "2026-11-01T00:00:00+00:00"},
+             "03": {"date": None}}
+    assert C.priority(["00", "01", "02", "03", "04"], index) == ["01", "03", "04", "02", "00"]
+
+
+class FakeClock:
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self):
+        return self.t
+
+
+def _fake_runner(clock, durations, device="NVIDIA H200"):
+    def run(nb, work, profile, limit_s, log=print):
+        took = durations[nb]
+        results = work / "run" / "results"
+        results.mkdir(parents=True)
+        if took > limit_s:
+            clock.t += limit_s
+            return "stopped", "stopped"
+        clock.t += took
+        (results / f"rec{nb}.json").write_text(json.dumps({"name": f"rec{nb}", "device": device, "metrics": {"x": 1}}))
+        (work / f"{nb}_nb.ipynb").write_text("{}")
+        return "ok", ""
+    return run
+
+
+def test_budget_skips_what_cannot_fit_and_stops_what_overruns(tmp_path):
+    clock = FakeClock()
+    estimates = {"00": (30.0, ""), "01": (500.0, ""), "02": (40.0, ""), "03": (20.0, "")}
+    runner = _fake_runner(clock, {"00": 30.0, "01": 1.0, "02": 200.0, "03": 5.0})
+    lines = []
+    out = C.capture(["00", "01", "02", "03"], tmp_path / "out", 150.0, estimates=estimates, runner=runner,
+                    clock=clock, log=lines.append, margin_s=10.0, work=tmp_path / "work")
+    assert [(o.notebook, o.status) for o in out] == [("00", "ok"), ("01", "skipped"), ("02", "stopped"),
+                                                     ("03", "skipped")]
+    assert clock.t <= 150.0 - 10.0  # ended inside the budget, margin kept
+    assert "estimated 500 s > 110 s left" in out[1].note
+    assert any("00: ok in 30.0 s (30 s estimated)" in line for line in lines)
+    assert [p.name for p in (tmp_path / "out").iterdir()] == ["capture-1.tgz"]  # only packs come back
+
+
+def test_each_finished_notebook_is_packed_at_once_and_packs_roll_over(tmp_path):
+    clock = FakeClock()
+    packs_seen = []
+
+    def runner(nb, work, profile, limit_s, log=print):
+        results = work / "run" / "results"
+        results.mkdir(parents=True)
+        packs_seen.append(sorted(p.name for p in (tmp_path / "out").glob("*.tgz")))
+        (results / f"rec{nb}.json").write_text(json.dumps({"name": f"rec{nb}", "device": "GPU X"}))
+        (work / "big.log").write_bytes(b"x" * 3000)
+        return "ok", ""
+
+    outcomes = C.capture(["00", "01", "02"], tmp_path / "out", 1e6, runner=runner, clock=clock, log=lambda s: None,
+                         work=tmp_path / "work", estimates={})
+    assert [o.records for o in outcomes] == [["rec00"], ["rec01"], ["rec02"]]
+    assert packs_seen == [[], ["capture-1.tgz"], ["capture-1.tgz"]]  # written before the next notebook starts
+    with tarfile.open(tmp_path / "out" / "capture-1.tgz") as tar:
+        names = tar.getnames()
+        manifest = json.load(tar.extractfile("manifest.json"))
+    assert {"00/results/rec00.json", "02/results/rec02.json", "01/big.log"} <= set(names)
+    assert list(manifest["notebooks"]) == ["00", "01", "02"]
+    packer = C.Packer(tmp_path / "p", tmp_path / "w", limit=4000)
+    (tmp_path / "p").mkdir(), (tmp_path / "w").mkdir()
+    f = tmp_path / "w" / "f"
+    f.write_bytes(b"y" * 3000)
+    assert packer.add([(f, "a/f")], {}).name == "capture-1.tgz"
+    assert packer.add([(f, "b/f")], {}).name == "capture-2.tgz"  # would have passed the limit
+
+
+def test_import_writes_the_reference_folder(tmp_path):
+    clock = FakeClock()
+    runner = _fake_runner(clock, {"00": 3.0, "01": 4.0})
+    C.capture(["00", "01"], tmp_path / "out", 1e6, runner=runner, clock=clock, log=lambda s: None,
+              work=tmp_path / "work", estimates={"00": (5.0, "")})
+    target = C.import_packs(sorted((tmp_path / "out").glob("*.tgz")), tmp_path / "results")
+    assert target == tmp_path / "results" / "nvidia-h200"
+    assert sorted(p.name for p in target.iterdir()) == ["README.md", "capture.json", "rec00.json", "rec01.json"]
+    index = json.loads((target / "capture.json").read_text())
+    assert index["notebooks"]["00"]["records"] == ["rec00"] and index["notebooks"]["00"]["estimate_s"] == 5.0
+    readme = (target / "README.md").read_text()
+    assert "Reference: NVIDIA H200" in readme and "torch" in readme and "driver" in readme
+    assert C.priority(["00", "01", "02"], C.load_index(target))[0] == "02"
+
+
+def test_import_refuses_what_is_not_a_capture(tmp_path):
+    bad = tmp_path / "x.tgz"
+    with tarfile.open(bad, "w:gz"):
+        pass
+    with pytest.raises(ValueError, match="no manifest"):
+        C.import_packs([bad], tmp_path)
+    assert C.main(["import", str(tmp_path / "missing.tgz")]) == 2
+
+
+def test_plan_and_bad_arguments(capsys):
+    assert C.main(["plan"]) == 0
+    out = capsys.readouterr().out
+    assert "total" in out and "06:" in out
+    assert C.main(["plan", "99"]) == 2
+    assert C.main(["run", "--out", "/tmp/x", "--budget-s", "5"]) == 2
+
+
+def test_every_notebook_has_an_estimate_and_each_fits_one_call():
+    notebooks = C.available_notebooks()
+    assert set(notebooks) <= set(C.ESTIMATES)
+    assert all(C.ESTIMATES[nb][0] <= 540 - C.MARGIN_S for nb in notebooks)  # the default budget of one call
+
+
+def _tiny_notebook(path, body):
+    import nbformat
+
+    nb = nbformat.v4.new_notebook()
+    params = nbformat.v4.new_code_cell('PROFILE = "auto"\nSEED = 0\nINTERACTIVE = True\nRESULTS_DIR = None')
+    params.metadata["tags"] = ["parameters"]
+    nb.cells = [nbformat.v4.new_markdown_cell("# tiny"), params, nbformat.v4.new_code_cell(body)]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(nb, path)
+
+
+@pytest.mark.notebook
+def test_a_real_run_is_stopped_at_its_limit_and_leaves_no_process(tmp_path):
+    import os
+    import time
+
+    folder = tmp_path / "nbs"
+    folder.mkdir()
+    _tiny_notebook(folder / "00_quick.ipynb", "import json, pathlib\n"
+                   "pathlib.Path(RESULTS_DIR, 'quick.json').write_text(json.dumps({'name': 'quick', 'device': 'cpu'}))")
+    _tiny_notebook(folder / "01_slow.ipynb", "import os, pathlib, time\n"
+                   "pathlib.Path(RESULTS_DIR, 'pid').write_text(str(os.getpid()))\ntime.sleep(600)")
+    for nb in ("00", "01"):
+        (tmp_path / nb).mkdir()
+    status, _ = C.run_notebook("00", tmp_path / "00", "smoke", 120, notebooks_dir=folder)
+    assert status == "ok" and [p.name for p in C._records(tmp_path / "00")] == ["quick.json"]
+    t0 = time.monotonic()
+    status, note = C.run_notebook("01", tmp_path / "01", "smoke", 45, notebooks_dir=folder)
+    assert status == "stopped" and time.monotonic() - t0 < 90
+    kernel = int(next((tmp_path / "01").rglob("results/pid")).read_text())
+    time.sleep(1)
+    with pytest.raises(ProcessLookupError):
+        os.kill(kernel, 0)  # the notebook's kernel went with its runner

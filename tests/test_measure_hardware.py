@@ -1,0 +1,82 @@
+import math
+
+import pytest
+import torch
+
+from helpers.measure import ceilings, hardware
+
+
+def test_every_peak_row_has_a_source_and_bandwidth():
+    assert len(hardware.PEAKS) >= 9
+    for pattern, peak in hardware.PEAKS.items():
+        assert peak.source.strip(), pattern
+        assert peak.bandwidth_gbs > 0 and peak.fp32 > 0
+        assert peak.fp16 is not None
+
+
+@pytest.mark.parametrize("name, expected", [
+    ("NVIDIA H200", "NVIDIA H200 SXM"), ("NVIDIA H100 80GB HBM3", "NVIDIA H100 SXM"),
+    ("NVIDIA H100 PCIe", "NVIDIA H100 PCIe"), ("NVIDIA A100-SXM4-40GB", "NVIDIA A100 SXM 40GB"),
+    ("NVIDIA A100-SXM4-80GB", "NVIDIA A100 SXM 80GB"), ("NVIDIA L4", "NVIDIA L4"), ("Tesla T4", "NVIDIA T4"),
+    ("NVIDIA A10G", "NVIDIA A10G"), ("NVIDIA GeForce RTX 4090", "NVIDIA GeForce RTX 4090")])
+def test_peaks_for_matches_cuda_names(name, expected):
+    assert hardware.peaks_for(name).name == expected
+
+
+def test_unknown_device_gets_none_not_a_default():
+    assert hardware.peaks_for("Some Future GPU X1") is None
+    assert hardware.peaks_for("NVIDIA L40S") is None  # must not fall into the L4 row
+
+
+def test_ridge_point_is_peak_over_bandwidth():
+    h100 = hardware.PEAKS["h100"]
+    assert math.isclose(h100.ridge_point("bf16"), 989.4e12 / 3350e9)
+    assert hardware.PEAKS[r"\bt4\b"].ridge_point("bf16") is None
+
+
+def test_detect_and_capabilities_on_this_machine():
+    info = hardware.detect()
+    caps = hardware.capabilities()
+    assert info.kind == ("cuda" if torch.cuda.is_available() else "cpu")
+    assert set(caps) >= {"cuda", "bf16", "fp8", "tf32", "flash_attn", "triton", "triton_interpreter"}
+    if not torch.cuda.is_available():
+        assert info.cores and not caps["fp8"] and not caps["flash_attn"] and not caps["triton"]
+
+
+def test_measurements_on_cpu_are_positive_and_skip_gpu_formats():
+    assert ceilings.measure_matmul_tflops(64, "fp32", "cpu", reps=2, warmup=1) > 0
+    assert ceilings.measure_matmul_tflops(24, "fp32", "cpu", reps=2, warmup=1, m=16, k=8) > 0  # (16x8)@(8x24)
+    assert ceilings.measure_matmul_tflops(64, "fp8", "cpu", reps=2) is None
+    assert ceilings.measure_matmul_tflops(64, "tf32", "cpu", reps=2) is None
+    assert ceilings.measure_copy_bandwidth(2**20, "cpu", reps=2, warmup=1) > 0
+    with pytest.raises(ValueError, match="dtype"):
+        ceilings.measure_matmul_tflops(64, "fp64", "cpu")
+
+
+def test_matmul_fn_counts_flops_and_computes_the_product():
+    fn, flops = hardware.matmul_fn(8, "fp32", "cpu", m=4, k=6)
+    assert flops == 2 * 4 * 8 * 6
+    assert fn().shape == (4, 8)
+    a, b = hardware.matmul_operands(5, "fp32", "cpu")
+    torch.testing.assert_close(hardware.matmul(a, b, "fp32"), a @ b)
+
+
+def test_describe_prints_device_and_versions(capsys):
+    hardware.describe()
+    out = capsys.readouterr().out
+    assert "device" in out and "versions" in out and "torch" in out and "flash-attn" in out
+
+
+def test_ceilings_recorded_for_another_device_are_ignored(results_tmp):
+    from helpers.measure.results import record
+
+    record(ceilings.CEILINGS_RECORD, {"matmul_tflops": {"fp32": 1.0}, "copy_gbps": 1.0}, quiet=True)
+    assert ceilings.load_ceilings()["copy_gbps"] == 1.0
+    path = results_tmp / f"{ceilings.CEILINGS_RECORD}.json"
+    path.write_text(path.read_text().replace('"device": "', '"device": "elsewhere '))
+    assert ceilings.load_ceilings() is None
+    tflops, source = ceilings.matmul_ceiling("fp32", [16, 32], "cpu", reps=1)
+    assert tflops > 0 and source.startswith("measured just now")
+    assert ceilings.matmul_ceiling("fp8", [32], "cpu", reps=1)[0] is None
+    gbps, source = ceilings.bandwidth_ceiling(2**16, "cpu", reps=1)
+    assert gbps > 0 and source.startswith("measured just now")

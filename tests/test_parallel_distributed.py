@@ -1,0 +1,306 @@
+"""Notebook 13's machinery on real gloo ranks: the launcher, the ring all-reduce, DDP, ZeRO, FSDP,
+tensor and pipeline parallelism, and a two-"node" torchrun launch. Ranks are started once per check
+group (a fork server makes every launch after the first cost a fraction of a second)."""
+import _thread
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+
+from helpers.parallel import dist_lab as L
+from helpers.parallel import distributed as D
+from helpers.parallel import model_parallel as MP
+from helpers.parallel import data_parallel as P
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _children() -> set[int]:
+    """Our live descendants, except the fork server itself (it lives as long as this process, by design);
+    ranks forked from it share its command line, so only our direct child is let off."""
+    out = set()
+    for c in psutil.Process().children(recursive=True):
+        try:
+            if c.status() == psutil.STATUS_ZOMBIE:
+                continue
+            if c.ppid() == os.getpid() and "forkserver" in " ".join(c.cmdline()):
+                continue
+        except psutil.NoSuchProcess:
+            continue
+        out.add(c.pid)
+    return out
+
+
+@pytest.fixture(scope="module")
+def two_ranks():
+    """Every check that needs two ranks, run once: {section: rank 0's result}."""
+    return {"collectives": D.run_on_ranks(L.check_collectives, 2)[0],
+            "data": D.run_on_ranks(L.check_data_parallel, 2, 3)[0],
+            "tensor": D.run_on_ranks(L.check_tensor_parallel, 2)[0],
+            "memory": D.run_on_ranks(L.measure_memory, 2, dict(n_layer=2, n_head=4, d_model=64, d_ff=256, seq_len=16)),
+            "pipeline": D.run_on_ranks(L.measure_pipeline, 2, [1, 4], 2.0)[0],
+            "ddp timing": D.run_on_ranks(L.measure_ddp, 2, 64, 2, [4], 2, 0.01)[0]}
+
+
+# ---------------------------------------------------------------- pure functions
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5])
+def test_ring_schedule_sums_on_every_rank(n):
+    g = torch.Generator().manual_seed(n)
+    xs = [torch.randint(-50, 50, (11,), generator=g) for _ in range(n)]
+    for out in D.simulate_ring(xs):
+        assert torch.equal(out, sum(xs))
+
+
+def test_a_wrong_schedule_is_caught_by_the_simulation():
+    wrong = lambda r, n, s, ph: ((r + s) % n, (r + s - 1) % n)  # noqa: E731  turns the wrong way
+    xs = [torch.arange(6) * (r + 1) for r in range(3)]
+    assert not all(torch.equal(o, sum(xs)) for o in D.simulate_ring(xs, wrong))
+    with pytest.raises(ValueError, match="phase"):
+        D.ring_schedule(0, 2, 0, "broadcast")
+
+
+def test_alpha_beta_fit_recovers_a_known_model():
+    sizes = [2 ** k for k in range(6, 24, 2)]
+    alpha, beta = 20e-6, 1 / 5e9
+    fit = D.alpha_beta_fit(sizes, [alpha + s * beta for s in sizes])
+    assert fit[0] == pytest.approx(alpha, rel=1e-6) and fit[1] == pytest.approx(beta, rel=1e-6)
+    with pytest.raises(ValueError):
+        D.alpha_beta_fit([8, 8], [1.0, 1.0])
+
+
+def test_bus_bandwidth_follows_nccl_tests():
+    assert D.bus_bandwidth(1e9, 1.0, 8) == pytest.approx(1.75)  # algbw 1 GB/s x 2*7/8
+    assert D.bus_bandwidth(1e9, 1.0, 2) == pytest.approx(1.0)
+    with pytest.raises(ValueError):
+        D.bus_bandwidth(1e9, 0.0, 2)
+
+
+def test_pipeline_schedules_and_bubble_formula():
+    for kind in ("gpipe", "1f1b"):
+        sched = MP.pipeline_schedule(kind, 4, 6)
+        for s, steps in enumerate(sched):
+            assert sorted(steps) == sorted([("F", i) for i in range(6)] + [("B", i) for i in range(6)])
+            assert all(steps.index(("F", i)) < steps.index(("B", i)) for i in range(6))
+            held, peak = 0, 0
+            for op, _ in steps:
+                held += 1 if op == "F" else -1
+                peak = max(peak, held)
+            assert peak == (6 if kind == "gpipe" else 4 - s)
+    assert MP.bubble_formula(4, 8) == pytest.approx(3 / 11)
+    with pytest.raises(ValueError):
+        MP.pipeline_schedule("zigzag", 2, 2)
+
+
+def test_zero_formulas_match_the_paper():
+    psi, n = 7.5e9, 64  # the ZeRO paper's figure 1 example: 120 GB, 31.4, 16.6, 1.9 GB per device
+    gb = [P.zero_formula(s, psi, n, 2, 2, 12)["total"] / 1e9 for s in range(4)]
+    assert gb == pytest.approx([120, 31.4, 16.6, 1.875], rel=0.01)
+    with pytest.raises(ValueError):
+        P.zero_formula(4, 10, 2)
+    assert [P.zero_extra_comm(s, 10) for s in range(4)] == [80, 80, 80, 120]  # 2Ψ, 2Ψ, 2Ψ, 3Ψ fp32 bytes
+    with pytest.raises(ValueError, match="stage=4"):  # a ValueError naming the stage, not a bare KeyError
+        P.zero_extra_comm(4, 10)
+
+
+def test_the_panel_plan_follows_the_formulas_and_draws_a_new_figure():
+    import matplotlib.pyplot as plt
+
+    p = L.plan(8, 1e9, 3)
+    assert p["total"] == pytest.approx(16e9 / 8) and p["sent"] == pytest.approx(3 * 7 / 8 * 4e9)
+    assert L.plan(8, 1e9, 0)["sent"] == pytest.approx(2 * 7 / 8 * 4e9)
+    a, b = L.plan_figure(4, 1e8, 1), L.plan_figure(4, 1e8, 2)
+    assert a is not b
+    mib = L.plan_figure(4, 1e8, 1, unit="MiB")
+    assert mib.axes[0].get_ylabel().startswith("MiB")
+    with pytest.raises(ValueError, match="unit"):
+        L.plan_figure(4, 1e8, 1, unit="GB")
+    plt.close("all")
+
+
+def test_run_on_ranks_validates():
+    with pytest.raises(ValueError, match="world_size"):
+        D.run_on_ranks(L.fail_on, 0, 0)
+    with pytest.raises(ValueError, match="backend"):
+        D.run_on_ranks(L.fail_on, 2, 0, backend="mpi")
+
+
+# ---------------------------------------------------------------- on ranks
+
+def test_ring_all_reduce_equals_dist_all_reduce(two_ranks):
+    assert two_ranks["collectives"]["int exact"]
+    assert two_ranks["collectives"]["float max err"] <= 1e-5
+
+
+def test_ring_all_reduce_on_four_ranks():
+    out = D.run_on_ranks(L.check_collectives, 4)[0]
+    assert out["int exact"] and out["float max err"] <= 1e-5
+
+
+def test_ddp_equals_single_process_and_torch_ddp(two_ranks):
+    d = two_ranks["data"]
+    for key in ("ddp per-parameter", "ddp bucketed", "ddp after backward", "torch ddp", "no_sync accumulation"):
+        assert d[key] <= 1e-6, key  # SGD: only the order of fp32 additions differs
+    assert d["ours vs torch ddp"] <= 1e-6
+    assert d["buckets"] > 1
+
+
+def test_zero_and_fsdp_equal_single_process(two_ranks):
+    d = two_ranks["data"]
+    for key in ("zero-1", "zero-2", "fsdp fp32"):
+        assert d[key] <= 1e-4, key  # AdamW divides by sqrt(v): rounding-level gradient differences grow to ~1e-5
+    assert 1e-4 < d["fsdp bf16 compute"] <= 0.1  # bf16 matmuls: visibly different, still close
+    assert d["fsdp full shapes"]
+    n = sum(p.numel() for p in P.unique_params(L.GPT(L.small_config())))
+    assert d["fsdp shard elements"] <= n / 2 + 64  # a shard is half of each tensor (LayerNorms stay whole)
+    assert isinstance(d["fsdp2"], str) or d["fsdp2"] <= 1e-4
+
+
+def test_tensor_parallel_equals_dense(two_ranks):
+    assert two_ranks["tensor"]["mlp"] <= 1e-5 and two_ranks["tensor"]["attention"] <= 1e-5
+
+
+def test_memory_per_rank_follows_zero(two_ranks):
+    ranks = two_ranks["memory"]
+    for stage in range(4):
+        rows = [r[stage] for r in ranks]
+        n = rows[0]["n_params"]
+        want = P.zero_formula(stage, n, 2)
+        total = sum(r["total"] for r in rows) / 2
+        assert total == pytest.approx(want["total"], rel=0.1), stage
+    assert ranks[0][3]["params"] < 0.6 * ranks[0][0]["params"]
+
+
+def test_pipeline_holds_what_the_schedule_says(two_ranks):
+    rows = {(r["kind"], r["micro"]): r for r in two_ranks["pipeline"]}
+    assert rows[("gpipe", 4)]["peak_in_flight"] == [4, 4]
+    assert rows[("1f1b", 4)]["peak_in_flight"] == [2, 1]
+    assert all(0 <= r["bubble"] < 1 for r in rows.values())
+
+
+def test_syncing_every_micro_step_sends_the_gradients_every_time(two_ranks):
+    t = two_ranks["ddp timing"]
+    acc = t["accumulation"]
+    assert acc["bytes every"] == acc["micro"] * acc["bytes no_sync"] == acc["micro"] * 4 * t["params"]
+    assert set(t[4]) == {"compute only", "after backward", "overlapped", "bucketed", "iqr"}
+    # 2 layers of a 64x64 weight (16 KiB, over the 0.01 MiB bucket) and a bias: a bucket per layer
+    assert t["tensors"] == 4 and t["messages"] == {"after backward": 4, "overlapped": 4, "bucketed": 2}
+
+
+def test_bucketing_sentence_follows_the_numbers():
+    base = {"messages": {"after backward": 8, "overlapped": 8, "bucketed": 4}, "bucket_mb": 1.0,
+            "largest tensor bytes": 4 * 2 ** 20}
+    slow = L.bucketing_sentence({**base, 4: {"overlapped": 0.10, "bucketed": 0.15}}, 4, 2e-4)
+    assert "slower" in slow and "from 8 (one per tensor) to 4" in slow and "already fills" in slow
+    assert "4 MiB weight already fills a 1 MiB bucket" in slow  # DDP's bucket_mb counts 2^20 bytes: MiB, not MB
+    fast = L.bucketing_sentence({**base, "largest tensor bytes": 1000, 4: {"overlapped": 0.15, "bucketed": 0.10}}, 4, 2e-4)
+    assert "1.50x the speed" in fast and "already fills" not in fast
+    assert "within 5%" in L.bucketing_sentence({**base, 4: {"overlapped": 0.1, "bucketed": 0.101}}, 4, 2e-4)
+
+
+def test_a_failing_rank_names_itself_and_leaves_nothing():
+    D.run_on_ranks(L.check_collectives, 2)  # the fork server is up before counting children
+    before = _children()
+    with pytest.raises(D.RankError) as info:
+        D.run_on_ranks(L.fail_on, 2, 1)
+    assert info.value.rank == 1 and "planted failure on rank 1" in info.value.remote_traceback
+    assert "Traceback" in info.value.remote_traceback
+    time.sleep(0.5)
+    assert _children() <= before
+
+
+def test_timeout_and_interrupt_leave_nothing():
+    D.run_on_ranks(L.check_collectives, 2)
+    before = _children()
+    with pytest.raises(TimeoutError):
+        D.run_on_ranks(L.sleep_forever, 2, timeout=1.5)
+    # A learner's Ctrl-C reaches run_on_ranks through Python's default SIGINT handler. Earlier tests in
+    # the same pytest session (an asyncio runner's handler, say) may have left another one in place,
+    # which swallowed the signal in one CI run: install the default for this test, and deliver the
+    # interrupt to the main thread (interrupt_main), as a terminal's Ctrl-C would be.
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    timer = threading.Timer(1.0, _thread.interrupt_main)
+    try:
+        timer.start()
+        with pytest.raises(KeyboardInterrupt):
+            D.run_on_ranks(L.sleep_forever, 2, timeout=60)
+    finally:
+        timer.join()
+        signal.signal(signal.SIGINT, old)
+    time.sleep(0.5)
+    assert _children() <= before
+
+
+# ---------------------------------------------------------------- torchrun
+
+def _script_processes():
+    return [p for p in psutil.process_iter(["cmdline"]) if "ddp_torchrun.py" in " ".join(p.info["cmdline"] or [])]
+
+
+def test_torchrun_two_nodes_completes():
+    out = D.torchrun_two_nodes(ROOT / "scripts" / "ddp_torchrun.py", ["--steps", "2", "--backend", "gloo"])
+    assert [o["returncode"] for o in out] == [0, 0], out
+    assert "parameters identical on every rank: True" in "".join(o["output"] for o in out)
+
+
+def test_torchrun_failing_rank_fails_the_launch_and_leaves_nothing():
+    out = D.torchrun_two_nodes(ROOT / "scripts" / "ddp_torchrun.py", ["--steps", "2", "--fail-rank", "1", "--backend", "gloo"])
+    assert all(o["returncode"] != 0 for o in out)
+    text = "".join(o["output"] for o in out)
+    assert "planted failure on rank 1" in text and "rank      : 1" in text
+    time.sleep(0.5)
+    assert not _script_processes()
+
+
+# ---------------------------------------------------------------- exercises refuse the course's own answer
+
+def test_exercises_refuse_the_course_functions(capsys):
+    """Passing the course's ring_schedule / zero_formula (or a lambda calling them) FAILs: write it yourself."""
+    from helpers.course import check
+
+    def own_ring(rank, world_size, step, phase):
+        n = world_size
+        if phase == "reduce-scatter":
+            return (rank - step) % n, (rank - step - 1) % n
+        return (rank + 1 - step) % n, (rank - step) % n
+
+    for answer in (D.ring_schedule, lambda r, n, s, p: D.ring_schedule(r, n, s, p)):
+        check.exercise("13.ring", answer)
+        out = capsys.readouterr().out
+        assert "FAIL" in out and "write it yourself" in out, out
+    check.exercise("13.ring", own_ring)
+    assert "PASS" in capsys.readouterr().out
+    for answer in (lambda s, n, w: P.zero_formula(s, n, w)["total"], lambda s, n, w: L.plan(w, n, s)["total"]):
+        check.exercise("13.zero", answer)
+        out = capsys.readouterr().out
+        assert "FAIL" in out and "write it yourself" in out, out
+    check.exercise("13.zero", lambda s, n, w: 4 * n / (w if s >= 3 else 1) + 4 * n / (w if s >= 2 else 1)
+                   + 8 * n / (w if s >= 1 else 1))
+    assert "PASS" in capsys.readouterr().out
+    check.exercise("13.bubble", 0.23)  # two digits are enough
+    assert "PASS" in capsys.readouterr().out
+
+
+def test_list_parameters_accept_papermill_strings():
+    assert L.positive_ints("MICROS", "[1, 2]") == [1, 2] and L.positive_ints("MICROS", (4,)) == [4]
+    with pytest.raises(ValueError, match="MICROS='1 2' is a string.*-y"):
+        L.positive_ints("MICROS", "1 2")
+    with pytest.raises(ValueError, match="MICROS"):
+        L.positive_ints("MICROS", "[0, 2]")
+    with pytest.raises(ValueError, match="MICROS"):
+        L.positive_ints("MICROS", [])
+
+
+def test_collectives_notes_follow_the_numbers():
+    sw = {"sizes": [1024, 2 ** 20], "ping": [1e-4, 1e-3], "ring": [4e-3, 8e-3], "torch": [7e-4, 4e-3],
+          "torch_iqr": [0.1, 1.84]}
+    notes = L.collectives_notes(sw, 2, 2e-4, 6e-10)
+    assert "184%: noisy" in notes[0] and "likely" in notes[1] and "x the prediction" in notes[1]
+    assert "likely pays Python overhead" in notes[2]
+    calm = L.collectives_notes({**sw, "torch_iqr": [0.1, 0.2], "ring": [4.1e-4, 8e-3]}, 2, 2e-4, 6e-10)
+    assert "steady enough" in calm[0] and "within 2x of its floor" in calm[2]
