@@ -1,16 +1,39 @@
-"""Shared machinery of the course "LLM efficiency, measured".
+"""The shared code of the course "LLM efficiency, measured": a package per layer and per part of the course.
 
-One concept per module. Shared machinery: `hardware` (what the device is and can do), `bench`
-(timing and memory), `results` (recording measurements), `params` (notebook parameters and
-profiles), `plots`, `widgets`, `panels` (instructor panel callbacks of 00 and 01), `check`
-(the exercise mechanism; each notebook's exercises in `exercises/nbNN.py`), `claims` (verdicts on
-the claims the course tests), `profiling` (torch.profiler tables, traces, memory snapshots),
-`tables`, `strip` (notebooks as committed), `run` / `run_worker` / `report` (the headless runner
-and its report) and `capture` (reference runs on a lent GPU). The course GPT and its corpus:
-`model`, `data`. One module per technique: `roofline`, `flops`, `mfu`, `precision`,
-`mixed_precision`, `checkpointing`, `accumulation`, `attention`, `flash_triton`, `fp8`, `loading`
-and `packing` (data loading and sequence packing).
-Modules are imported on demand, so `import helpers` stays cheap.
+The layers, from the bottom up; each imports only the ones below it (import-linter checks it):
+
+`show/`       tables, plots, widgets: how notebooks print and draw
+`measure/`    device facts, ceilings, the timer, records, claims, parameters, profiling
+`gpt/`        the course GPT, its corpus, its trained weights, generation with a KV cache
+`cost/`       notebooks 00-02        `training/`   notebooks 03-05        `attention/`  notebook 06
+`lowbit/`     notebooks 07-08        `fusion/`     notebook 09            `decode/`     notebooks 10-11
+`dataload/`   notebook 12            `parallel/`   notebook 13
+`course/`     exercises, the headless runner and its report, the GPU capture and the performance goals
+
+A part of the course may use the parts before it, never those after it. In each part, technique modules
+hold the method and one `<topic>_lab` module per notebook holds that notebook's measurements, figures,
+panels and sentences. Notebook by notebook (lab first, then the technique modules it teaches):
+
+00  hardware           cost/hardware_lab; measure/hardware, measure/ceilings, measure/bench
+01  roofline           cost/roofline_lab; cost/roofline
+02  FLOPs and MFU      cost/mfu_lab; cost/flops, cost/mfu
+03  mixed precision    training/precision_lab; training/precision, training/mixed_precision
+04  checkpointing      training/checkpointing_lab; training/checkpointing
+05  accumulation       training/accumulation_lab; training/accumulation
+06  FlashAttention     attention/flash_lab; attention/kernels, attention/flash_triton, attention/triton_aot,
+                       attention/gpu_check (the GPU check command)
+07  FP8 training       lowbit/fp8_lab; lowbit/fp8
+08  quantisation       lowbit/quant_lab, lowbit/lora_lab; lowbit/quant, lowbit/quant_linear, lowbit/gptq,
+                       lowbit/lora
+09  torch.compile      fusion/compile_lab; fusion/compiler, fusion/triton_softmax
+10  KV cache, serving  decode/kv_lab, decode/serving_lab; gpt/generation, decode/kv_cache, decode/paged,
+                       decode/paged_attention, decode/serving
+11  speculative        decode/spec_lab; decode/speculative
+12  data loading       dataload/loading_lab; dataload/loading, dataload/packing
+13  distributed        parallel/dist_lab; parallel/distributed, parallel/data_parallel, parallel/model_parallel
+
+Every notebook also uses `measure/params`, `measure/results`, `measure/claims`, `show/` and its exercises
+in `course/exercises/nbNN`. Packages are imported on demand, so `import helpers` stays cheap.
 """
 
 __version__ = "0.1.0"

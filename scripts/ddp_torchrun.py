@@ -19,9 +19,9 @@ import torch
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from helpers.parallel.dist_lab import global_batches, small_config
 from helpers.gpt.model import GPT
 from helpers.parallel.data_parallel import DDP
+from helpers.parallel.dist_lab import global_batches, small_config
 
 
 @record  # a rank's exception is written where torchrun reports it, with its rank and traceback

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Run THERE, on a lent GPU (the device tool), from the repository root, with .whl carried
-# (scripts/gpu_wheels.sh, run here first). One call measures the issues' performance goals, then
-# captures the notebooks with what is left of the budget:
+# (scripts/gpu_wheels.sh, run here first). One call measures the course's GPU performance goals
+# (helpers.course.goals, keyed by notebook: 07.scaled_mm, ...), then captures the notebooks with what is
+# left of the budget:
 #   bash scripts/gpu_capture.sh                 # goals (360 s), then every notebook, 540 s in all
 #   BUDGET_S=300 bash scripts/gpu_capture.sh 06 # a shorter window, or a chosen notebook
 #   GOALS_BUDGET_S=0 bash scripts/gpu_capture.sh  # notebooks only

@@ -3,18 +3,18 @@
 # notebook runner needs but the lent H200's image lacks (papermill, a Jupyter kernel, ipywidgets and
 # their dependencies, bitsandbytes and torchao), for that image's Python. The device call then names .whl in `carry`, and
 # scripts/gpu_capture.sh installs them there. See results/README.md.
-#   scripts/gpu_wheels.sh            # for Python 3.12 (the H200 image's, as of 2026-11)
+#   scripts/gpu_wheels.sh            # for Python 3.12 (the H200 image's)
 #   PYVER=3.11 scripts/gpu_wheels.sh # for another Python (e.g. to rehearse on this machine)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYVER="${PYVER:-3.12}"
 PY="${PY:-$(test -x .venv/bin/python && echo .venv/bin/python || echo python3)}"
-# already on the H200 image ("Python packages already there", device KINDS.md, read 2026-11-17):
+# already on the H200 image ("Python packages already there" in the device tool's KINDS.md):
 # carrying a second copy of these would only shadow the image's own
 PRESENT="attrs certifi charset-normalizer click idna packaging psutil pygments python-dateutil pyyaml requests tqdm
 typing-extensions urllib3"
-# optional for a headless kernel (ipykernel and IPython import them only when present; a papermill run
-# with both blocked passed, 2026-12-01), and 10 MB that bitsandbytes needs under the 64 MiB carry limit
+# optional for a headless kernel (ipykernel and IPython import them only when present), and 10 MB that
+# bitsandbytes needs under the 64 MiB carry limit
 SKIP="debugpy jedi"
 grep -qx '/.whl/' .git/info/exclude 2>/dev/null || echo '/.whl/' >> .git/info/exclude
 rm -rf .whl && mkdir .whl

@@ -5,8 +5,8 @@
 #   scripts/rehearse_capture.sh            # every notebook
 #   scripts/rehearse_capture.sh 00 05      # a few
 #   STACK=image PYTHON=python3.12 scripts/rehearse_capture.sh
-#       on the image's own versions (Python 3.12, torch 2.11.0, Triton 3.6.0, the newest NumPy: device
-#       KINDS.md, read 2026-11): torch from PyPI is then a CUDA build, about 3 GB to download and unpack.
+#       on the image's own versions (Python 3.12, torch 2.11.0, Triton 3.6.0, the newest NumPy, as the
+#       device tool's KINDS.md lists them): torch from PyPI is then a CUDA build, about 3 GB to download and unpack.
 #       The default (STACK=local) takes this machine's torch 2.13.0 from local disk in seconds.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -5,15 +5,14 @@ On a GPU the same tests run the compiled kernels (on CUDA tensors; bf16 added th
 import pytest
 import torch
 
-from helpers.attention import kernels as A  # imported first: it switches the interpreter on before triton loads
-from helpers.attention import flash_triton as FT
+from helpers.attention import flash_triton, kernels
 from helpers.gpt.model import GPT, GPTConfig, naive_attention
 
-if FT.BROKEN:
-    pytest.skip(FT.BROKEN, allow_module_level=True)
+if flash_triton.BROKEN:
+    pytest.skip(flash_triton.BROKEN, allow_module_level=True)
 
-DEVICE = "cpu" if FT.INTERPRETED else "cuda"
-DTYPES = [torch.float32, torch.float16] + ([] if FT.INTERPRETED else [torch.bfloat16])
+DEVICE = "cpu" if flash_triton.INTERPRETED else "cuda"
+DTYPES = [torch.float32, torch.float16] + ([] if flash_triton.INTERPRETED else [torch.bfloat16])
 FP32 = dict(rtol=1e-5, atol=2e-5)  # fp32 sums in another order; products in true fp32 ("ieee")
 
 
@@ -36,7 +35,7 @@ def reference(q, k, v, is_causal, do):
 def check(q, k, v, do, is_causal, blocks=(16, 16)):
     """fp32: within FP32 of the float64 reference. Low precision: the flash-attn suite's rule, error
     at most 2x that of naive attention in the same dtype (plus a 1e-4 floor for exact ties)."""
-    ours = grads(lambda q, k, v: FT.FlashAttentionTriton.apply(q, k, v, is_causal, *blocks), q, k, v, do)
+    ours = grads(lambda q, k, v: flash_triton.FlashAttentionTriton.apply(q, k, v, is_causal, *blocks), q, k, v, do)
     want = reference(q, k, v, is_causal, do)
     if q.dtype == torch.float32:
         for name, got, ref in zip(("out", "dq", "dk", "dv"), ours, want):
@@ -73,7 +72,7 @@ def test_head_dims_padded_and_large(head_dim):
 
 def test_saves_q_k_v_output_and_logsumexp_only(check_keeps_only_qkv_o_lse):
     q, k, v, _ = make((2, 2, 40, 16))
-    check_keeps_only_qkv_o_lse(lambda q, k, v, c: FT.FlashAttentionTriton.apply(q, k, v, c, 16, 16), q, k, v, False)
+    check_keeps_only_qkv_o_lse(lambda q, k, v, c: flash_triton.FlashAttentionTriton.apply(q, k, v, c, 16, 16), q, k, v, False)
 
 
 def test_strided_inputs_as_the_gpt_makes_them_and_output_laid_out_like_q():
@@ -82,7 +81,7 @@ def test_strided_inputs_as_the_gpt_makes_them_and_output_laid_out_like_q():
     kv = torch.randn(2, 20, 2, 4, 16, generator=g).to(DEVICE)  # (B, T, k|v, H, d): k and v interleaved
     q, k, v = x.transpose(1, 2), kv[:, :, 0].transpose(1, 2), kv[:, :, 1].transpose(1, 2)  # (B, H, T, d) views
     q.requires_grad_()
-    out = FT.FlashAttentionTriton.apply(q, k, v, True, 16, 16)
+    out = flash_triton.FlashAttentionTriton.apply(q, k, v, True, 16, 16)
     assert out.stride() == q.stride()  # so the GPT's transpose + reshape afterwards is free
     out.sum().backward()  # an expanded (stride 0) upstream gradient
     want = reference(q, k, v, True, torch.ones_like(q))
@@ -100,22 +99,22 @@ def test_gqa_through_the_dispatcher():
     q = torch.randn(1, 4, 20, 16, generator=g).to(DEVICE)
     k, v = (torch.randn(1, 2, 20, 16, generator=g).to(DEVICE) for _ in range(2))  # 2 kv heads for 4 q heads
     want = naive_attention(q, k.repeat_interleave(2, 1), v.repeat_interleave(2, 1), True)
-    torch.testing.assert_close(A.attention(q, k, v, "flash_triton", is_causal=True), want, **FP32)
+    torch.testing.assert_close(kernels.attention(q, k, v, "flash_triton", is_causal=True), want, **FP32)
 
 
 def test_bad_inputs_raise_value_errors():
     q, k, v, _ = make((1, 16, 16))
     with pytest.raises(ValueError, match="head dim 8"):
-        FT.FlashAttentionTriton.apply(q[..., :8], k[..., :8], v[..., :8])
+        flash_triton.FlashAttentionTriton.apply(q[..., :8], k[..., :8], v[..., :8])
     with pytest.raises(ValueError, match="same leading dims"):
-        FT.FlashAttentionTriton.apply(q, k[None], v[None])
-    if FT.INTERPRETED:
+        flash_triton.FlashAttentionTriton.apply(q, k[None], v[None])
+    if flash_triton.INTERPRETED:
         with pytest.raises(ValueError, match="bf16"):
-            FT.FlashAttentionTriton.apply(q.bfloat16(), k.bfloat16(), v.bfloat16())
+            flash_triton.FlashAttentionTriton.apply(q.bfloat16(), k.bfloat16(), v.bfloat16())
 
 
 def test_gpt_trains_the_same_with_the_triton_kernel():
-    A.register_course_kernels()
+    kernels.register_course_kernels()
     torch.manual_seed(0)
     m = GPT(GPTConfig.preset("tiny", seq_len=24, n_layer=1)).to(DEVICE)
     idx, tgt = torch.randint(0, 256, (1, 24), device=DEVICE), torch.randint(0, 256, (1, 24), device=DEVICE)
@@ -135,6 +134,6 @@ def test_tuned_configs_lists_the_autotuner_choice_per_shape(monkeypatch):
     class Tuned:
         cache = {(1040, 1040, 128, True, "tf32", "torch.bfloat16"): "BLOCK_M: 128, BLOCK_N: 64, num_warps: 8",
                  (2048, 2048, 128, False, "tf32", "torch.bfloat16"): "BLOCK_M: 128, BLOCK_N: 128, num_warps: 8"}
-    monkeypatch.setattr(FT, "TUNED", {("forward", 128): Tuned()})
-    assert FT.tuned_configs() == {"forward N=1040x1040 d_pad=128 causal": "BLOCK_M: 128, BLOCK_N: 64, num_warps: 8",
+    monkeypatch.setattr(flash_triton, "TUNED", {("forward", 128): Tuned()})
+    assert flash_triton.tuned_configs() == {"forward N=1040x1040 d_pad=128 causal": "BLOCK_M: 128, BLOCK_N: 64, num_warps: 8",
                                   "forward N=2048x2048 d_pad=128": "BLOCK_M: 128, BLOCK_N: 128, num_warps: 8"}

@@ -1,7 +1,11 @@
-"""helpers.course.goals: the registry of issues 14-20's performance goals, the runner (own process per goal, time
-limits, goals.json after each goal) and its wiring into the GPU capture."""
+"""helpers.course.goals: the registry of the course's GPU performance goals (keyed by notebook), the runner (own
+process per goal, time limits, goals.json after each goal) and its wiring into the GPU capture; goal_base's checks
+and results; goals_train's FP8 linear goal on a stand-in GPU."""
 import json
 import os
+import re
+import subprocess
+import sys
 import tarfile
 import time
 from pathlib import Path
@@ -10,44 +14,70 @@ import pytest
 import torch
 
 from helpers.course import capture as C
+from helpers.course import goal_base, goals_train
 from helpers.course import goals as G
-from helpers.course import goals_train
+from helpers.course.goal_base import check, result
 
 ROOT = Path(__file__).resolve().parents[1]
-CUDA_ONLY = ["14.scaled_mm", "14.float8_linear", "15.fused_bandwidth", "15.triton_softmax", "15.reduce_overhead",
-             "15.train_step", "16.decode_bandwidth", "16.paged_decode", "17.quantized_decode", "17.compiled_decode", "19.pinned"]
+CUDA_ONLY = ["07.scaled_mm", "07.float8_linear", "09.fused_bandwidth", "09.triton_softmax", "09.reduce_overhead",
+             "09.train_step", "10.decode_bandwidth", "10.paged_decode", "08.quantized_decode", "08.compiled_decode",
+             "12.pinned"]
 
 
-def test_every_goal_of_issues_14_to_20_is_registered_once_with_an_estimate():
+def test_every_goal_is_registered_once_under_its_notebook_with_an_estimate():
     keys = {g.key for g in G.GOALS}
-    assert keys == set(CUDA_ONLY) | {"16.continuous_batching", "18.speculative", "19.data_wait", "19.packing",
-                                     "20.ring", "20.bucketed_ddp", "20.zero_memory"}
+    assert keys == set(CUDA_ONLY) | {"10.continuous_batching", "11.speculative", "12.data_wait", "12.packing",
+                                     "13.ring", "13.bucketed_ddp", "13.zero_memory"}
     assert sorted(G.ORDER) == sorted(keys) and len(G.ORDER) == len(keys)
-    assert {g.issue for g in G.GOALS} == set(range(14, 21))
-    assert all(g.estimate_s > 0 and g.basis and g.title for g in G.GOALS)
-    # near the 360 s the capture gives the goals by default, apart from the last (17.compiled_decode),
+    assert {g.notebook for g in G.GOALS} == {f"{n:02d}" for n in range(7, 14)}
+    assert all(g.key.startswith(g.notebook + ".") for g in G.GOALS)
+    assert all(g.estimate_s > 0 and g.basis and g.title and g.fn.__doc__.startswith(g.key + ":") for g in G.GOALS)
+    assert not any(g.fn.__name__.startswith("g") and g.fn.__name__[1:3].isdigit() for g in G.GOALS)
+    # near the 360 s the capture gives the goals by default, apart from the last (08.compiled_decode),
     # which runs where a call gives the goals the whole 540 s (GOALS_BUDGET_S=540)
     assert sum(g.estimate_s for g in G.GOALS if g.key != G.ORDER[-1]) <= 420
     assert sum(g.estimate_s for g in G.GOALS) <= 540
-    assert [g.key for g in G.select(["20"])] == ["20.ring", "20.zero_memory", "20.bucketed_ddp"]
-    assert [g.key for g in G.select(["18.speculative", "14"])] == ["14.scaled_mm", "14.float8_linear", "18.speculative"]
+    assert [g.key for g in G.select(["13"])] == ["13.ring", "13.zero_memory", "13.bucketed_ddp"]
+    assert G.select(["7"]) == G.select(["07"])  # a notebook number with or without its leading zero
+    assert [g.key for g in G.select(["11.speculative", "07"])] == ["07.scaled_mm", "07.float8_linear",
+                                                                  "11.speculative"]
     with pytest.raises(ValueError, match="no goal matches"):
         G.select(["21"])
 
 
+def test_goals_are_named_by_their_notebook_in_the_code_scripts_and_docs():
+    """No goal is named by a tracker's number: neither "issue N" nor a key outside notebooks 07-13."""
+    paths = [*sorted((ROOT / "helpers" / "course").glob("*.py")), *sorted((ROOT / "scripts").glob("*.sh")),
+             ROOT / "results" / "README.md"]
+    for path in paths:
+        text = path.read_text()
+        assert not re.search(r"\bissues?\b", text, flags=re.I), path
+        keys = set(re.findall(r"(?<![\w.])(\d\d)\.[a-z][a-z_]+", text))
+        assert keys <= {f"{n:02d}" for n in range(14)}, (path, keys)
+
+
+def test_the_goals_import_nothing_the_lent_gpus_image_lacks():
+    """The goals run first on the lent H200, whose image has torch, Triton, numpy and matplotlib but none of
+    these (results/README.md): importing the registry, and so every goal module, must not need them."""
+    absent = ["ipywidgets", "IPython", "nbformat", "papermill", "torchao", "bitsandbytes", "peft"]
+    code = f"import sys, helpers.course.goals; print([m for m in {absent!r} if m in sys.modules])"
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
 def test_checks_and_results():
-    assert G.check("x", 1.7, ">=", 1.6)["met"] is True
-    assert G.check("x", 1.2, "<=", 1.1)["met"] is False
-    missing = G.check("x", None, ">=", 2.0, "torchao unusable")
+    assert check("x", 1.7, ">=", 1.6)["met"] is True
+    assert check("x", 1.2, "<=", 1.1)["met"] is False
+    missing = check("x", None, ">=", 2.0, "torchao unusable")
     assert missing["met"] is None and missing["reason"] == "torchao unusable"
     with pytest.raises(ValueError):
-        G.check("x", 1.0, "==", 1.0)
-    r = G.result([G.check("a", 2.0, ">=", 1.0), G.check("b", 0.5, ">=", 1.0)], {}, {"n": 1})
+        check("x", 1.0, "==", 1.0)
+    r = result([check("a", 2.0, ">=", 1.0), check("b", 0.5, ">=", 1.0)], {}, {"n": 1})
     assert r["met"] is False and r["headline"] == "b" and r["ratio"] == 0.5  # the failed check is the headline
-    r = G.result([G.check("a", 2.0, ">=", 1.0), missing], {}, {})
+    r = result([check("a", 2.0, ">=", 1.0), missing], {}, {})
     assert r["met"] is None and r["headline"] == "a"
-    assert G.result([G.check("a", 2.0, ">=", 1.0)], {}, {})["met"] is True
-    rec = {"issue": 14, "goal": "14.x", "status": "measured", "seconds": 1.0, **r}
+    assert result([check("a", 2.0, ">=", 1.0)], {}, {})["met"] is True
+    rec = {"notebook": "07", "goal": "07.x", "status": "measured", "seconds": 1.0, **r}
     assert "1 of 2 parts not measured: torchao unusable" in G.table({"goals": [rec]})
 
 
@@ -56,7 +86,7 @@ def _boom(ctx):
 
 
 def _quick(ctx):
-    return G.result([G.check("quick ratio", 3.0, ">=", 2.0)], {"value": 3.0}, {"n": 1})
+    return result([check("quick ratio", 3.0, ">=", 2.0)], {"value": 3.0}, {"n": 1})
 
 
 def _hang(ctx):
@@ -72,7 +102,7 @@ def _hang_after_partial(ctx):
 
 
 def _goal(fn, key):
-    return G.Goal(99, key, key, fn, 1.0, "test", 1.0)
+    return G.Goal("99", key, key, fn, 1.0, "test", 1.0)
 
 
 def test_a_failing_goal_is_recorded_and_the_next_still_runs(tmp_path):
@@ -98,7 +128,7 @@ def test_a_goal_over_its_limit_is_stopped_with_its_process(tmp_path):
 
 
 def test_the_budget_skips_a_goal_whose_estimate_does_not_fit(tmp_path):
-    big = G.Goal(99, "99.big", "big", _quick, 1.0, "test", 500.0)
+    big = G.Goal("99", "99.big", "big", _quick, 1.0, "test", 500.0)
     doc = G.run([big], tmp_path, profile="smoke", budget_s=60, log=lambda s: None)
     assert doc["goals"][0]["status"] == "skipped" and "500 s" in doc["goals"][0]["reason"]
 
@@ -113,18 +143,18 @@ def test_cuda_only_goals_are_not_measurable_on_a_cpu_in_one_sentence(tmp_path):
 
 
 def test_a_smoke_run_of_a_cheap_subset_writes_goals_json(tmp_path, capsys):
-    assert G.main(["run", "--out", str(tmp_path), "--profile", "smoke", "--budget-s", "200", "18.speculative"]) == 0
+    assert G.main(["run", "--out", str(tmp_path), "--profile", "smoke", "--budget-s", "200", "11.speculative"]) == 0
     doc = json.loads((tmp_path / "goals.json").read_text())
     assert {"started", "profile", "budget_s", "machine", "planned", "goals", "finished", "seconds"} <= set(doc)
     (g,) = doc["goals"]
     assert g["status"] == "measured", g
-    assert {"issue", "goal", "title", "measured", "ratio", "target", "met", "checks", "sizes", "seconds",
+    assert {"notebook", "goal", "title", "measured", "ratio", "target", "met", "checks", "sizes", "seconds",
             "estimate_s", "device"} <= set(g)
-    assert g["issue"] == 18 and g["sizes"]["gammas"] == [1, 2] and isinstance(g["met"], bool)
+    assert g["notebook"] == "11" and g["sizes"]["gammas"] == [1, 2] and isinstance(g["met"], bool)
     assert len(g["checks"]) == 2 * 2 + 2 and all({"what", "value", "target", "met"} <= set(c) for c in g["checks"])
     assert list((tmp_path / "cache" / "pretrained").glob("*.pt"))  # the trained models' shared cache
     out = capsys.readouterr().out
-    assert "18.speculative" in out and "issue" in out and "met" in out
+    assert "11.speculative" in out and "notebook" in out and "met" in out
     assert G.main(["plan"]) == 0 and "total" in capsys.readouterr().out
     assert G.main(["run", "--out", str(tmp_path), "21"]) == 2
 
@@ -141,7 +171,7 @@ def test_the_capture_brings_goals_json_back_and_imports_it(tmp_path):
         (work / "results" / f"rec{nb}.json").write_text(json.dumps({"name": f"rec{nb}", "device": "NVIDIA H200"}))
         return "ok", ""
     C.capture(["00"], out, 1e6, runner=runner, log=lambda s: None, work=tmp_path / "work", estimates={})
-    goals = {"goals": [{"issue": 14, "goal": "14.scaled_mm", "status": "measured", "ratio": 1.7}],
+    goals = {"goals": [{"notebook": "07", "goal": "07.scaled_mm", "status": "measured", "ratio": 1.7}],
              "machine": {"gpu": "NVIDIA H200"}}
     (out / "goals.json").write_text(json.dumps(goals))
     assert C.main(["import", str(out / "capture-1.tgz"), "--into", str(tmp_path / "results")]) == 0
@@ -173,12 +203,12 @@ def test_float8_linear_says_when_our_rowwise_ran_emulated(monkeypatch, tmp_path)
     monkeypatch.setattr(fp8_lab, "linear_tflops", lambda n, variant, reps, compile=False, device="cuda":
                         {"bf16": 400.0, "ours rowwise": 100.0, "torchao rowwise": 500.0}[variant])
     monkeypatch.setattr(fp8, "torchao_problem", lambda recipe, device="cpu": None)
-    ctx = G.Ctx("full", tmp_path, "cuda")
+    ctx = goal_base.Ctx("full", tmp_path, "cuda")
     monkeypatch.setattr(fp8, "scaled_mm_refusal", lambda device, rowwise=True: None)
-    r = goals_train.g14_float8_linear(ctx)
+    r = goals_train.float8_linear_speedup(ctx)
     assert r["met"] is False and r["ratio"] == 0.25 and r["checks"][1]["value"] == 0.2
     monkeypatch.setattr(fp8, "scaled_mm_refusal", lambda device, rowwise=True: "rowwise scales unsupported")
-    r = goals_train.g14_float8_linear(ctx)
+    r = goals_train.float8_linear_speedup(ctx)
     assert r["met"] is None and all(c["met"] is None and "emulation" in c["reason"] for c in r["checks"])
     assert r["measured"]["ours_rowwise_emulated"] == "rowwise scales unsupported"
 
@@ -190,4 +220,4 @@ def test_a_stopped_goal_keeps_what_it_measured_before_its_limit(tmp_path):
     assert stopped["status"] == "stopped" and stopped["partial"] == {"first_tflops": 1.25, "second_tflops": 2.5}
     assert "partial" not in quick  # a goal that finished reports its result, not its partial numbers
     assert "measured before that: first_tflops 1.25, second_tflops 2.5" in G.table(doc)
-    assert G.Ctx("smoke", tmp_path).partial(x=1) is None  # outside the runner: nothing kept, nothing raised
+    assert goal_base.Ctx("smoke", tmp_path).partial(x=1) is None  # outside the runner: nothing kept, nothing raised

@@ -237,51 +237,6 @@ def test_may_start_keeps_notebook_00_alone():
     assert not run._may_start(b, [a], 2) and not run._may_start(a, [b], 2) and not run._may_start(z, [b], 1)
 
 
-def _executed(path, cells):
-    """An executed notebook by hand: cells are (source, tags, execution_count, papermill status, error name)."""
-    from nbformat.v4 import new_output
-
-    nb_cells = [new_markdown_cell("# title")]
-    for source, tags, count, status, error in cells:
-        c = new_code_cell(source, execution_count=count,
-                          outputs=[new_output("error", ename=error, evalue="0", traceback=[])] if error else [])
-        c.metadata.update({"tags": tags, "papermill": {"status": status}})
-        nb_cells.append(c)
-    nbformat.write(new_notebook(cells=nb_cells), path)
-    return path
-
-
-def test_inspect_executed_counts_cells_as_jupyterlab_and_knows_what_ran(tmp_path):
-    head = [("P = 1", ["parameters"], 1, "completed", None), ("P = 2", ["injected-parameters"], 2, "completed", None),
-            ("", [], None, "completed", None)]  # an empty cell: not numbered, never run
-    done = head + [("x = 1", [], 3, "completed", None)]
-    assert run.inspect_executed(_executed(tmp_path / "a.ipynb", done))["state"] == "complete"
-    meant = head + [("raise X", ["raises-exception"], 3, "completed", "X"), ("y = 1", [], 4, "completed", None)]
-    assert run.inspect_executed(_executed(tmp_path / "b.ipynb", meant))["state"] == "complete"
-    exits = head + [("sys.exit(0)", [], 3, "failed", "SystemExit"), ("y = 1", [], None, "pending", None)]
-    found = run.inspect_executed(_executed(tmp_path / "c.ipynb", exits))
-    assert (found["state"], found["cell"]) == ("error", 2) and "SystemExit" in found["error"]
-    stopped = head + [("sleep()", [], 3, "running", None), ("y = 1", [], None, "completed", None)]
-    assert run.inspect_executed(_executed(tmp_path / "d.ipynb", stopped)) == {"state": "running", "cell": 2, "error": ""}
-    skipped = head + [("x = 1", [], 3, "completed", None), ("y = 1", [], None, "completed", None)]
-    assert run.inspect_executed(_executed(tmp_path / "e.ipynb", skipped))["cell"] == 3
-
-
-def test_mark_interrupted_undoes_papermills_false_completed(tmp_path):
-    head = [("P = 1", ["parameters"], 1, "completed", None), ("x = 1", [], 2, "completed", None)]
-    path = _executed(tmp_path / "a.ipynb", head + [("sleep()", [], 3, "running", None),
-                                                  ("y = 1", [], None, "completed", None)])
-    run.mark_interrupted(path, 3, "SIGTERM")
-    nb = nbformat.read(path, 4)
-    assert [c.metadata["papermill"]["status"] for c in nb.cells if c.cell_type == "code"] == [
-        "completed", "completed", "interrupted", "pending"]
-    assert "Interrupted** (SIGTERM) in code cell 3" in nb.cells[0].source
-    assert run.inspect_executed(path)["cell"] == 3  # the note is not counted as a cell
-    between = _executed(tmp_path / "b.ipynb", head + [("y = 1", [], None, "completed", None)])
-    run.mark_interrupted(between, None, "SIGINT")
-    assert [c.metadata["papermill"]["status"] for c in nbformat.read(between, 4).cells if c.cell_type == "code"][-1] == "pending"
-
-
 def test_an_unwritable_reference_folder_is_one_line(tmp_path, monkeypatch, capsys):
     nbs = tmp_path / "nbs"
     nbs.mkdir()

@@ -1,5 +1,6 @@
 """The paged KV cache (helpers.decode.paged), attention through its block tables (helpers.decode.paged_attention), the
-batching schedulers (helpers.decode.serving) and notebook 10's serving sections (helpers.decode.serving_lab)."""
+batching schedulers (helpers.decode.serving) and notebook 10's serving sections, panel and paged-waste verdict
+(helpers.decode.serving_lab)."""
 from __future__ import annotations
 
 import itertools
@@ -8,6 +9,7 @@ import pytest
 import torch
 
 from helpers.decode import paged, paged_attention, serving, serving_lab
+from helpers.gpt import generation
 from helpers.gpt.model import GPT, GPTConfig
 
 
@@ -301,23 +303,39 @@ def test_the_triton_decode_kernel_compiles_for_an_h100_without_a_gpu():
     assert done.stdout.count("spills 0") == 2 and "combine" in done.stdout, done.stdout  # registers suffice at head_dim 48 and 128
 
 
-def test_memory_panel_counts_bytes_and_requests_that_fit(capsys):
-    cfg = GPTConfig.preset("tiny")  # 2 layers, 4 heads of 32, seq_len 128
-    out = serving_lab.memory_panel(2, 16, 0.8, config=cfg, n_requests=50, budget_gb=1e-3, dtype_bytes=2, show=False)
-    per_token = 2 * 2 * 2 * 32 * 2
-    paged_row, pre = out["paged, block 16"], out["preallocate seq_len"]
-    assert pre["gb"] == pytest.approx(50 * 128 * per_token / 1e9)
-    assert pre["fit"] == int(1e-3 * 1e9 // (128 * per_token))
-    assert paged_row["waste"] < out["preallocate prompt + cap"]["waste"] < pre["waste"]
-    assert paged_row["fit"] > pre["fit"]
-    assert f"{per_token} bytes of KV per token" in capsys.readouterr().out
-    with pytest.raises(ValueError, match="kv_heads"):
-        serving_lab.memory_panel(3, 16, 0.8, config=cfg)
+def test_request_mix_and_serving_estimate():
+    lens = serving_lab.request_mix("heavy-tailed", 50, 2048, seed=1)
+    assert len(lens) == 50 and all(1 <= n <= 2048 for n in lens)
+    est = serving_lab.serving_estimate(lens, 2048, 1000.0, 16, 1e7, 0.0, 100.0)
+    assert est["paged"]["reserved_tokens"] == sum(-(-n // 16) * 16 for n in lens)
+    assert est["paged"]["waste"] < est["preallocated"]["waste"]
+    assert est["paged"]["batch"] >= est["preallocated"]["batch"]
+    one = serving_lab.serving_estimate(lens, 2048, 1000.0, 1, 1e12, 0.0, 100.0)
+    assert one["paged"]["waste"] == 0.0  # blocks of one token waste nothing
+    with pytest.raises(ValueError, match="mix"):
+        serving_lab.request_mix("bursty", 3, 10)
+
+
+def test_serving_panel_callback(capsys):
+    est = serving_lab.serving_panel(2, 32, "uniform", 16, weight_bytes_=2.6e9, gbps=100.0)
+    assert "paged" in capsys.readouterr().out
+    assert est["paged"]["waste"] < est["preallocated"]["waste"]
+    more_heads = serving_lab.serving_panel(32, 32, "uniform", 16, weight_bytes_=2.6e9, gbps=100.0, show=False)
+    assert more_heads["paged"]["batch"] <= est["paged"]["batch"]  # bigger KV per token: fewer requests fit
+
+
+def test_paged_waste_verdict_is_not_testable_on_short_requests():
+    short = serving_lab.paged_waste_verdict(0.179, 16, 43)
+    assert short["verdict"] == "not testable" and "16" in short["reason"]
+    assert abs(short["expected"] - 8 / 43) < 1e-12
+    assert serving_lab.paged_waste_verdict(0.02, 16, 1000)["verdict"] == "supported"
+    assert serving_lab.paged_waste_verdict(0.10, 16, 1000)["verdict"] == "contradicted"
+    with pytest.raises(ValueError):
+        serving_lab.paged_waste_verdict(0.1, 0, 100)
 
 
 @pytest.mark.parametrize("block_size", [5, 16])
 def test_generation_on_the_paged_cache_equals_the_contiguous_cache(block_size):
-    generation = pytest.importorskip("helpers.gpt.generation")
     model = _tiny(2)
     prompt = torch.randint(0, 256, (3, 9), generator=torch.Generator().manual_seed(4))
     contiguous = generation.KVCache(model.config, 3, 20)

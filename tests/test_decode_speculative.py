@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from helpers.decode import speculative as sp
+from helpers.decode import speculative
 from helpers.gpt.generation import KVCache, generate, prefill
 from helpers.gpt.model import GPT, GPTConfig
 
@@ -40,7 +40,7 @@ DRAWS, THRESHOLD = 200_000, 0.001
 def test_greedy_speculative_equals_target_greedy(models, gamma):
     target, draft = models
     want = generate(target, PROMPT, 24)[0]
-    got = sp.speculative_generate(target, draft, PROMPT, 24, gamma=gamma, temperature=0)
+    got = speculative.speculative_generate(target, draft, PROMPT, 24, gamma=gamma, temperature=0)
     assert torch.equal(got.tokens, want)
     assert got.proposed > 0 and got.target_passes < 24  # it did speculate (the draft got some right)
 
@@ -49,70 +49,70 @@ def test_greedy_with_the_ngram_draft_and_a_one_token_prompt(models):
     target, _ = models
     for prompt in (PROMPT, PROMPT[:1]):
         want = generate(target, prompt, 24)[0]
-        got = sp.speculative_generate(target, sp.NGramDraft(2), prompt, 24, gamma=4, temperature=0)
+        got = speculative.speculative_generate(target, speculative.NGramDraft(2), prompt, 24, gamma=4, temperature=0)
         assert torch.equal(got.tokens, want)
 
 
 def test_a_draft_equal_to_the_target_is_always_accepted(models):
     target, _ = models
-    got = sp.speculative_generate(target, target, PROMPT, 30, gamma=3, temperature=1.0, seed=4)
+    got = speculative.speculative_generate(target, target, PROMPT, 30, gamma=3, temperature=1.0, seed=4)
     assert got.accepted == got.proposed and got.alpha == pytest.approx(1.0)
     assert got.tokens_per_pass == pytest.approx(30 / got.target_passes) and got.tokens_per_pass > 3
 
 
 def test_the_exact_rule_emits_p_and_the_wrong_rule_does_not():
-    torch.testing.assert_close(sp.emitted_distribution(P, Q, sp.accept_probability(P, Q), sp.residual(P, Q)), P,
+    torch.testing.assert_close(speculative.emitted_distribution(P, Q, speculative.accept_probability(P, Q), speculative.residual(P, Q)), P,
                                rtol=0, atol=1e-12)
-    wrong = sp.emitted_distribution(P, Q, (P >= Q).double(), sp.residual(P, Q))
+    wrong = speculative.emitted_distribution(P, Q, (P >= Q).double(), speculative.residual(P, Q))
     assert (wrong - P).abs().max() > 0.04
 
 
 def test_chi_square_passes_the_exact_rule_and_fails_the_wrong_one():
     g = torch.Generator().manual_seed(0)
-    right = sp.chi_square(torch.bincount(sp.sample_rule(P, Q, DRAWS, generator=g), minlength=6), P, THRESHOLD)
-    wrong = sp.chi_square(torch.bincount(sp.sample_rule(P, Q, DRAWS, rule="p>=q", generator=g), minlength=6), P,
+    right = speculative.chi_square(torch.bincount(speculative.sample_rule(P, Q, DRAWS, generator=g), minlength=6), P, THRESHOLD)
+    wrong = speculative.chi_square(torch.bincount(speculative.sample_rule(P, Q, DRAWS, rule="p>=q", generator=g), minlength=6), P,
                           THRESHOLD)
     assert right.passes and right.dof == 5
     assert not wrong.passes and wrong.p_value < 1e-100
     # a fair sample of p itself passes too, and a sample of q fails
-    assert sp.chi_square(torch.bincount(torch.multinomial(P, DRAWS, True, generator=g), minlength=6), P).passes
-    assert not sp.chi_square(torch.bincount(torch.multinomial(Q, DRAWS, True, generator=g), minlength=6), P).passes
+    assert speculative.chi_square(torch.bincount(torch.multinomial(P, DRAWS, True, generator=g), minlength=6), P).passes
+    assert not speculative.chi_square(torch.bincount(torch.multinomial(Q, DRAWS, True, generator=g), minlength=6), P).passes
 
 
 def test_chi_square_p_value_matches_a_known_quantile():
     # one degree of freedom: P(X >= x) = erfc(sqrt(x / 2)); counts 60/40 against 1/2 give a statistic of 4
-    res = sp.chi_square(torch.tensor([60.0, 40.0]), torch.tensor([0.5, 0.5], dtype=torch.float64))
+    res = speculative.chi_square(torch.tensor([60.0, 40.0]), torch.tensor([0.5, 0.5], dtype=torch.float64))
     assert res.statistic == pytest.approx(4.0) and res.dof == 1
     assert res.p_value == pytest.approx(math.erfc(math.sqrt(2.0)), rel=1e-9)
     # a token of probability 0 that was emitted fails outright
-    assert not sp.chi_square(torch.tensor([5.0, 1.0]), torch.tensor([1.0, 0.0])).passes
+    assert not speculative.chi_square(torch.tensor([5.0, 1.0]), torch.tensor([1.0, 0.0])).passes
 
 
 def test_alpha_is_the_sum_of_min_and_the_acceptance_rate():
     p = torch.tensor([0.5, 0.3, 0.2], dtype=torch.float64)
     q = torch.tensor([0.2, 0.3, 0.5], dtype=torch.float64)
-    assert float(sp.alpha(p, q)) == pytest.approx(0.7)
-    assert float(sp.alpha(P, Q)) == pytest.approx(0.10 + 0.15 + 0.05 + 0.10 + 0.05 + 0.05)
+    assert float(speculative.alpha(p, q)) == pytest.approx(0.7)
+    assert float(speculative.alpha(P, Q)) == pytest.approx(0.10 + 0.15 + 0.05 + 0.10 + 0.05 + 0.05)
     # the rule's acceptance probability averaged over x ~ q is alpha
-    assert float((Q * sp.accept_probability(P, Q)).sum()) == pytest.approx(float(sp.alpha(P, Q)))
-    assert float(sp.alpha(P, P)) == pytest.approx(1.0)
+    assert float((Q * speculative.accept_probability(P, Q)).sum()) == pytest.approx(float(speculative.alpha(P, Q)))
+    assert float(speculative.alpha(P, P)) == pytest.approx(1.0)
 
 
 def test_formulas():
-    assert sp.expected_tokens(0.0, 4) == 1.0
-    assert sp.expected_tokens(1.0, 4) == 5.0
-    assert sp.expected_tokens(0.5, 2) == pytest.approx(1.75)
-    assert sp.predicted_speedup(0.5, 2, 0.25) == pytest.approx(1.75 / 1.5)
-    assert sp.predicted_speedup(0.8, 1, 0.0) == pytest.approx(1.8)
+    assert speculative.expected_tokens(0.0, 4) == 1.0
+    assert speculative.expected_tokens(1.0, 4) == 5.0
+    assert speculative.expected_tokens(0.5, 2) == pytest.approx(1.75)
+    assert speculative.predicted_speedup(0.5, 2, 0.25) == pytest.approx(1.75 / 1.5)
+    assert speculative.predicted_speedup(0.8, 1, 0.0) == pytest.approx(1.8)
     for bad in (dict(alpha=1.2, gamma=2, c=0.1), dict(alpha=0.5, gamma=-1, c=0.1), dict(alpha=0.5, gamma=2, c=-1.0)):
         with pytest.raises(ValueError):
-            sp.predicted_speedup(**bad)
+            speculative.predicted_speedup(**bad)
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_rollback_leaves_each_cache_equal_to_a_fresh_prefill(models, temperature):
     target, draft = models
-    res, tcache, dcache, held = sp.speculative_generate(target, draft, PROMPT, 30, gamma=3, temperature=temperature,
+    res, tcache, dcache, held = speculative.speculative_generate(target, draft, PROMPT, 30, gamma=3, temperature=temperature,
                                                         seed=1, return_caches=True)
     assert temperature == 0 or res.accepted < res.proposed  # a rejection happened, so a rollback did
     assert tcache.length == len(held) and len(held) >= len(PROMPT) + 29
@@ -128,31 +128,31 @@ def test_rollback_leaves_each_cache_equal_to_a_fresh_prefill(models, temperature
 def test_rollback_validates():
     cache = KVCache(GPTConfig(n_layer=1, n_head=2, d_model=8, d_ff=16, seq_len=16), 1, 8)
     cache.length = 5
-    sp.rollback(cache, 2)
+    speculative.rollback(cache, 2)
     assert cache.length == 2
     for bad in (-1, 3, 2.0, True):
         with pytest.raises(ValueError):
-            sp.rollback(cache, bad)
+            speculative.rollback(cache, bad)
 
 
 def test_ngram_draft_proposes_what_followed_the_last_match():
-    d = sp.NGramDraft(2)
+    d = speculative.NGramDraft(2)
     assert d.propose([1, 2, 3, 4, 9, 1, 2], 3) == [3, 4, 9]
     assert d.propose([1, 2, 3, 1, 2, 7, 1, 2], 2) == [7, 1]  # the latest occurrence wins
     assert d.propose([1, 2, 3], 4) == []
     with pytest.raises(ValueError):
-        sp.NGramDraft(0)
+        speculative.NGramDraft(0)
 
 
 def test_parameters_are_validated(models):
     target, draft = models
     for kwargs in (dict(n=0), dict(gamma=0), dict(temperature=-1.0), dict(n=200)):
         with pytest.raises(ValueError):
-            sp.speculative_generate(target, draft, PROMPT, **{"n": 10, **kwargs})
+            speculative.speculative_generate(target, draft, PROMPT, **{"n": 10, **kwargs})
     with pytest.raises(ValueError):
-        sp.sample_rule(P, Q, 10, rule="p>q")
+        speculative.sample_rule(P, Q, 10, rule="p>q")
     with pytest.raises(ValueError):
-        sp.sample_rule(P, Q * 2, 10)
+        speculative.sample_rule(P, Q * 2, 10)
 
 
 # ---------------------------------------------------------------- notebook 11's lab (helpers/decode/spec_lab.py)
@@ -178,15 +178,15 @@ def test_speed_grid_rows_are_consistent(models):
     from helpers.decode import spec_lab as L
 
     target, draft = models
-    drafts = {"gpt": draft, "lookup": sp.NGramDraft(2)}
+    drafts = {"gpt": draft, "lookup": speculative.NGramDraft(2)}
     costs = L.decode_costs(target, draft, PROMPT, [2], reps=2)
     rows = L.speed_grid(target, drafts, [PROMPT, PROMPT.flip(0)], 12, [2], [0.0, 1.0], costs)
     assert len(rows) == 4 and {(r["draft"], r["temperature"]) for r in rows} == {
         (d, t) for d in drafts for t in (0.0, 1.0)}
     for r in rows:
         assert 0 <= r["alpha"] <= 1 and r["speedup_q25"] <= r["speedup"] <= r["speedup_q75"]
-        assert 1 <= r["tokens_per_pass"] <= 3 and r["expected"] == pytest.approx(sp.expected_tokens(r["alpha"], 2))
-        assert r["predicted"] == pytest.approx(sp.predicted_speedup(r["alpha"], 2, r["c"]))
+        assert 1 <= r["tokens_per_pass"] <= 3 and r["expected"] == pytest.approx(speculative.expected_tokens(r["alpha"], 2))
+        assert r["predicted"] == pytest.approx(speculative.predicted_speedup(r["alpha"], 2, r["c"]))
         assert r["proposal_rate"] == (1.0 if r["draft"] == "gpt" else r["proposal_rate"]) and len(r["runs"]) == 2
     (row,) = L.greedy_rows(target, {"gpt": draft}, PROMPT, 12, [2])
     assert row[:4] == ["gpt", 2, 12, 12] and row[5] is None  # identical, so no tie gap
@@ -236,7 +236,7 @@ def test_lab_sentences_follow_the_numbers():
 
 def _gap_rows(ratios, gamma=4):
     """Grid rows of one draft at one γ whose tokens per pass are `ratios` × the formula's, one per temperature."""
-    run = sp.SpecResult(tokens=torch.zeros(10, dtype=torch.long))
+    run = speculative.SpecResult(tokens=torch.zeros(10, dtype=torch.long))
     return [{"draft": "gpt", "gamma": gamma, "temperature": float(t), "tokens_per_pass": 2.0 * r, "expected": 2.0,
              "runs": [run], "truncated_per_pass": 0.0, "alpha": 0.5} for t, r in enumerate(ratios)]
 

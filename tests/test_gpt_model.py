@@ -211,21 +211,6 @@ def test_too_long_input_is_rejected():
         m(torch.zeros(1, 9, dtype=torch.long))
 
 
-def test_generate():
-    torch.manual_seed(0)
-    m = GPT(tiny(seq_len=8))
-    m.train()
-    prompt = torch.randint(0, 256, (2, 12))  # longer than seq_len: generation crops the context
-    greedy = m.generate(prompt, 5, temperature=0)
-    assert greedy.shape == (2, 17) and torch.equal(greedy[:, :12], prompt)
-    assert m.training  # training mode is restored
-    assert torch.equal(m.generate(prompt, 5, top_k=1), greedy)  # top-1 sampling is greedy
-    expected_next = m(prompt[:, -8:])[0][:, -1].argmax(-1)
-    assert torch.equal(greedy[:, 12], expected_next)
-    g1, g2 = torch.Generator().manual_seed(1), torch.Generator().manual_seed(1)
-    assert torch.equal(m.generate(prompt, 4, generator=g1), m.generate(prompt, 4, generator=g2))
-
-
 class _ConcatCache:
     """The simplest KVCacheLike: per layer, keys and values concatenated along the sequence."""
 

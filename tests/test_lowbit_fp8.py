@@ -349,7 +349,7 @@ def test_training_under_bf16_autocast_keeps_fp32_master_weights():
 def test_notebook_07_rejects_a_bad_outlier_at_once(tmp_path):
     import papermill as pm
 
-    from tests.test_notebooks import NOTEBOOKS, _execute
+    from tests.test_course_notebooks import NOTEBOOKS, _execute
 
     path = next(p for p in NOTEBOOKS if p.stem.startswith("07"))
     with pytest.raises(pm.PapermillExecutionError) as err:

@@ -1,5 +1,6 @@
-"""GPTQ, AWQ and RTN (helpers.lowbit.gptq); LoRA and QLoRA (helpers.lowbit.lora), fine-tuning, memory and the check
-against peft (helpers.lowbit.peft_parity); 8-bit optimizer state (helpers.lowbit.quant_lab).
+"""GPTQ, AWQ and RTN (helpers.lowbit.gptq) and notebook 08's sections on them (helpers.lowbit.quant_lab); LoRA
+and QLoRA, fine-tuning and the memory formulas (helpers.lowbit.lora); the fine-tuning measurements and the check
+against peft (helpers.lowbit.lora_lab); 8-bit optimizer state (helpers.lowbit.quant_lab).
 
 The GPTQ/AWQ-vs-RTN tests run on fixed layers of the cached "tiny" course GPT with calibration
 windows from the training split, as notebook 08 does.
@@ -11,7 +12,7 @@ import copy
 import pytest
 import torch
 
-from helpers.lowbit import gptq
+from helpers.lowbit import gptq, lora, lora_lab, quant_lab
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -195,19 +196,16 @@ def test_quantize_model_validates(tiny, calib):
 
 
 def test_sections_print_and_return_rows(tiny, calib, capsys):
-    rows = gptq.layer_error_section(tiny, calib, bits=(3,), group_size=64)
+    rows = quant_lab.layer_error_section(tiny, calib, bits=(3,), group_size=64)
     assert len(rows) == len(gptq.block_linears(tiny))
     out = capsys.readouterr().out
     assert "3-bit, groups of 64: GPTQ's output error is below RTN's in" in out
-    ppl = gptq.perplexity_section(tiny, calib, bits=(4,), group_size=64, batches=1)
+    ppl = quant_lab.perplexity_section(tiny, calib, bits=(4,), group_size=64, batches=1)
     assert [r["method"] for r in ppl] == ["fp32", "rtn", "gptq", "awq"]
     assert all(r["perplexity"] > 1 for r in ppl)
 
 
 # ---------------------------------------------------------------- LoRA and QLoRA
-
-from helpers.lowbit import lora, lora_lab, peft_parity as lora_peft, quant_lab  # noqa: E402
-
 
 def test_lora_starts_as_the_base_and_merged_equals_unmerged():
     torch.manual_seed(4)
@@ -265,16 +263,16 @@ def test_merged_variants_dequantised_merge_matches_unmerged(tiny):
     deq = variants["merged into dequantised NF4, 16-bit"](x)[0]
     orig = variants["merged into original 16-bit W"](x)[0]
     err_deq, err_orig = (deq - ref).abs().max(), (orig - ref).abs().max()
-    # bf16 rounding of the merged weights only (~2^-9 relative: 0.04-0.05 on logits of ~23 under torch 2.11
-    # and 2.13) against the NF4 error as well (~2, some 50x more)
+    # bf16 rounding of the merged weights only (about 2^-9 relative) against the NF4 error as well, which is
+    # far larger
     assert err_deq < 0.01 * ref.abs().max() and err_orig > 5 * err_deq
 
 
 def test_finetune_lowers_the_loss_for_every_kind(tiny):
-    tokens = lora_lab.finetune_split()[0][:33]  # one window of 32: every step sees the same batch
+    tokens = lora.finetune_split()[0][:33]  # one window of 32: every step sees the same batch
     for kind in lora.KINDS:
-        m = lora_lab.prepare(tiny, kind, r=4)
-        losses = lora_lab.finetune(m, 10, 1e-3 if kind == "full" else 1e-2, tokens, batch=2, seq_len=32)
+        m = lora.prepare(tiny, kind, r=4)
+        losses = lora.finetune(m, 10, 1e-3 if kind == "full" else 1e-2, tokens, batch=2, seq_len=32)
         assert losses[-1] < losses[0] - 0.1, (kind, losses)
 
 
@@ -324,6 +322,33 @@ def test_memory_formula_bits_per_nf4_weight():
         lora.memory_formula(1, 1, 1, "int8")
 
 
+def test_memory_formulas_reproduce_qlora_65b_numbers():
+    full = lora.finetune_gb(65, lora.FINETUNE[0])
+    assert sum(full.values()) == pytest.approx(780.0)  # 12 bytes a parameter: QLoRA's ">780GB" baseline
+    q = lora.finetune_gb(65, lora.FINETUNE[2], rank=64)
+    assert q["weights"] == pytest.approx(65 * (4 + 8 / 64 + 32 / 64 / 256) / 8)
+    assert 40 < sum(q.values()) < 48
+    assert lora.lora_params(8192, 22016, 80, 64) == 80 * 64 * (8 * 8192 + 3 * (8192 + 22016))
+    assert lora.finetune_gb(7, lora.FINETUNE[1], rank=16)["adapters"] < lora.finetune_gb(7, lora.FINETUNE[1], rank=64)["adapters"]
+    with pytest.raises(ValueError):
+        lora.finetune_gb(7, "full")
+
+
+def test_finetune_gb_is_lora_memory_formula_in_bf16():
+    """One formula: lora.finetune_gb (GB, bf16, Llama shapes) is lora.memory_formula with bf16 weights and
+    adapters, every parameter quantisable, divided by 1e9."""
+    n, a = 13e9, lora.lora_params(*lora.LLAMA_SHAPES[13], 16)
+    for method, kind in zip(lora.FINETUNE, lora.KINDS):
+        got = lora.finetune_gb(13, method, rank=16)
+        want = lora.memory_formula(n, 0, 0 if kind == "full" else a, kind, weight_bytes=2, adapter_bytes=2)
+        assert sum(got.values()) == pytest.approx(sum(want.values()) / 1e9, rel=1e-12)
+        assert got["adapters"] == (0 if kind == "full" else pytest.approx(2 * a / 1e9))
+    q = lora.finetune_gb(13, lora.FINETUNE[2], rank=16)
+    assert q["weights"] == pytest.approx(n * (4 + 8 / 64 + 32 / (64 * 256)) / 8 / 1e9)
+    # the course GPT's call (fp32) is the same formula: its adapters in fp32, 4 bytes each
+    assert lora.memory_formula(100, 10, 7, "lora") == {"weights": 4 * 110 + 4 * 7, "gradients": 28, "optimizer": 56}
+
+
 def test_adamw8bit_state_is_uint8_above_the_threshold_only(tiny, capsys):
     res = quant_lab.optimizer_section(tiny, steps=2)
     by = {t["name"]: t for t in res["tensors"]}
@@ -348,14 +373,14 @@ def test_adamw8bit_threshold_and_update_against_adamw():
 
 @pytest.fixture(scope="module")
 def need_peft():
-    why = lora_peft.peft_missing()
+    why = lora_lab.peft_missing()
     if why:
         pytest.skip(why)
 
 
 @pytest.mark.parametrize("base,cls", [("fp32", "Linear"), ("nf4", "Linear4bit")])
 def test_lora_and_qlora_equal_peft_bitwise(tiny, need_peft, base, cls):
-    p = lora_peft.peft_parity(tiny, r=4, alpha=8, base=base)
+    p = lora_lab.peft_parity(tiny, r=4, alpha=8, base=base)
     assert p["layers"] == len(gptq.block_linears(tiny)) and p["peft_class"] == cls
     assert p["bitwise"], p  # the same ops in the same order on a CPU in fp32
 
@@ -363,13 +388,13 @@ def test_lora_and_qlora_equal_peft_bitwise(tiny, need_peft, base, cls):
 def test_peft_parity_catches_a_wrong_merge(tiny, need_peft, monkeypatch):
     delta = lora.LoRALinear.delta
     monkeypatch.setattr(lora.LoRALinear, "delta", lambda self: 1.01 * delta(self))  # a planted 1% error
-    p = lora_peft.peft_parity(tiny, r=4, alpha=8)
+    p = lora_lab.peft_parity(tiny, r=4, alpha=8)
     assert p["logits"] == 0 and p["grad_A"] == 0  # the forward does not use delta()
     assert p["merged"] > 0 and not p["bitwise"]
 
 
 def test_peft_initialises_like_ours(tiny, need_peft, capsys):
-    res = lora_peft.parity_section(tiny, r=4)
+    res = lora_lab.parity_section(tiny, r=4)
     out = capsys.readouterr().out
     assert out.count("bitwise equal") == 2 and "Kaiming-uniform with a = √5" in out
     got = res["init"]
@@ -383,15 +408,15 @@ def test_parity_section_says_one_sentence_without_peft(tiny, monkeypatch, capsys
     def missing():
         raise ImportError("No module named 'peft'")
 
-    monkeypatch.setattr(lora_peft, "_import_peft", missing)
-    assert lora_peft.parity_section(tiny, r=4) is None
+    monkeypatch.setattr(lora_lab, "_import_peft", missing)
+    assert lora_lab.parity_section(tiny, r=4) is None
     out = capsys.readouterr().out.strip()
     assert out.startswith("peft is not installed") and len(out.splitlines()) == 1
     with pytest.raises(ValueError, match="base"):
-        lora_peft.peft_parity(tiny, base="int4")
+        lora_lab.peft_parity(tiny, base="int4")
 
     def broken():
         raise RuntimeError("torchao built for another torch")
 
-    monkeypatch.setattr(lora_peft, "_import_peft", broken)
-    assert lora_peft.peft_missing().startswith("peft is installed but its import failed (RuntimeError")
+    monkeypatch.setattr(lora_lab, "_import_peft", broken)
+    assert lora_lab.peft_missing().startswith("peft is installed but its import failed (RuntimeError")

@@ -1,6 +1,5 @@
 """helpers.lowbit.quant and helpers.lowbit.quant_linear: integer grids, int4 packing, NF4 and double quantisation bit for bit
 against bitsandbytes, LLM.int8 against Linear8bitLt, weight-only linears and the Triton int4 kernel."""
-import math
 
 import pytest
 import torch
@@ -201,21 +200,8 @@ def test_nf4_odd_count_and_partial_block_round_trip():
 
 # ---------------------------------------------------------------- notebook 08's measurements (helpers.lowbit.quant_lab)
 
-def test_memory_formulas_reproduce_qlora_65b_numbers():
-    from helpers.lowbit import quant_lab as L
-    full = L.finetune_gb(65, L.FINETUNE[0])
-    assert sum(full.values()) == pytest.approx(780.0)  # 12 bytes a parameter: QLoRA's ">780GB" baseline
-    q = L.finetune_gb(65, L.FINETUNE[2], rank=64)
-    assert q["weights"] == pytest.approx(65 * (4 + 8 / 64 + 32 / 64 / 256) / 8)
-    assert 40 < sum(q.values()) < 48
-    assert L.lora_params(8192, 22016, 80, 64) == 80 * 64 * (8 * 8192 + 3 * (8192 + 22016))
-    assert L.finetune_gb(7, L.FINETUNE[1], rank=16)["adapters"] < L.finetune_gb(7, L.FINETUNE[1], rank=64)["adapters"]
-    with pytest.raises(ValueError):
-        L.finetune_gb(7, "full")
-
-
 def test_grid_quantizes_in_place_then_restores_and_orders_bits():
-    from helpers.lowbit import quant_lab as L
+    from helpers.lowbit import quant_lab
     from helpers.gpt.model import GPT, GPTConfig
     torch.manual_seed(0)
     model = GPT(GPTConfig.preset("tiny", n_layer=1)).eval()
@@ -224,18 +210,18 @@ def test_grid_quantizes_in_place_then_restores_and_orders_bits():
     specs = [("absmax", 8, "channel"), ("zeropoint", 3, 32), ("nf4", 4, 64)]
     with torch.no_grad():
         ref = model(x)[0]
-        got = L.grid(model, specs, lambda m: Q.error(ref, m(x)[0]))
+        got = quant_lab.grid(model, specs, lambda m: Q.error(ref, m(x)[0]))
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     e8, e3, e4 = (got[(m, b, str(g))] for m, b, g in specs)
     assert e8["value"] < e4["value"] < e3["value"] and e8["error"] < e4["error"] < e3["error"]
     assert 8 + 32 / 512 <= e8["bits"] <= 8 + 32 / 128  # codes plus one fp32 scale per row of 128 or 512 inputs
     assert e4["bits"] == 4.5 and e3["bits"] == 3 + 64 / 32
-    rows = L.weight_error_rows({"w": _w((16, 64))}, ["tensor", "channel", 32])
+    rows = quant_lab.weight_error_rows({"w": _w((16, 64))}, ["tensor", "channel", 32])
     assert [r["method"] for r in rows][-2:] == ["nf4", "nf4-dq"]
 
 
 def test_notebook_08_sources_hold_no_control_characters():
-    """A LaTeX `\\rVert` written in a Python string without r"" once became a carriage return + "Vert"."""
+    """No control characters: a LaTeX `\\rVert` in a Python string without r"" is a carriage return + "Vert"."""
     import json
     from pathlib import Path
 
@@ -243,23 +229,6 @@ def test_notebook_08_sources_hold_no_control_characters():
     for i, cell in enumerate(nb["cells"]):
         text = "".join(cell["source"])
         assert not any(ch in text for ch in "\r\t\b\f\v"), f"cell {i} holds a control character"
-
-
-def test_finetune_gb_is_lora_memory_formula_in_bf16():
-    """One formula: quant_lab.finetune_gb (GB, bf16, Llama shapes) is lora.memory_formula with bf16 weights and
-    adapters, every parameter quantisable, divided by 1e9."""
-    from helpers.lowbit import lora, quant_lab as L
-
-    n, a = 13e9, L.lora_params(*L.LLAMA_SHAPES[13], 16)
-    for method, kind in zip(L.FINETUNE, lora.KINDS):
-        got = L.finetune_gb(13, method, rank=16)
-        want = lora.memory_formula(n, 0, 0 if kind == "full" else a, kind, weight_bytes=2, adapter_bytes=2)
-        assert sum(got.values()) == pytest.approx(sum(want.values()) / 1e9, rel=1e-12)
-        assert got["adapters"] == (0 if kind == "full" else pytest.approx(2 * a / 1e9))
-    q = L.finetune_gb(13, L.FINETUNE[2], rank=16)
-    assert q["weights"] == pytest.approx(n * (4 + 8 / 64 + 32 / (64 * 256)) / 8 / 1e9)
-    # the course GPT's call (fp32) is the same formula: its adapters in fp32, 4 bytes each
-    assert lora.memory_formula(100, 10, 7, "lora") == {"weights": 4 * 110 + 4 * 7, "gradients": 28, "optimizer": 56}
 
 
 def test_weight_only_copy_swaps_the_block_linears_of_a_copy_and_leaves_the_base():

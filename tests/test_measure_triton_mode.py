@@ -4,6 +4,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from helpers.measure import triton_mode
 
@@ -28,6 +29,19 @@ def test_triton_imported_first_in_compiled_mode_is_named_with_the_module():
     assert out.startswith("triton was imported before helpers.x switched its interpreter on")
 
 
+def test_once_triton_was_imported_in_compiled_mode_every_later_switch_says_so():
+    out = _fresh("import triton\nfrom helpers.measure import triton_mode\n"
+                 "triton_mode.use_interpreter_without_gpu('helpers.a', True)\n"
+                 "print(triton_mode.use_interpreter_without_gpu('helpers.b', True))")
+    assert out.startswith("triton was imported before helpers.b switched its interpreter on")
+
+
+def test_interpreter_set_after_triton_was_imported_is_caught_by_the_probe():
+    out = _fresh("import os, triton\nos.environ['TRITON_INTERPRET'] = '1'\nfrom helpers.measure import triton_mode\n"
+                 "print(triton_mode.use_interpreter_without_gpu('m', True))")
+    assert out.startswith("triton was imported in compiled mode before TRITON_INTERPRET=1 was set")
+
+
 def test_on_a_gpu_nothing_is_switched(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     assert triton_mode.use_interpreter_without_gpu("m", False) is None
@@ -41,6 +55,25 @@ def test_kernel_modules_switch_before_their_import_of_triton(module):
     assert out == "None True 1"
 
 
+# every module of notebooks 06 and 09 that launches Triton kernels or makes torch import triton (Inductor)
+FIRST = ["helpers.attention.kernels", "helpers.attention.flash_lab", "helpers.attention.gpu_check",
+         "helpers.fusion.compiler", "helpers.fusion.compile_lab"]
+
+
+@pytest.mark.parametrize("module", FIRST)
+def test_whichever_module_comes_first_the_kernels_imported_after_triton_still_run(module):
+    """Import order is irrelevant: each of these modules switches the interpreter on itself, so triton
+    imported right after it (as Inductor imports it) is in interpreted mode and the kernels still run."""
+    if torch.cuda.is_available():
+        pytest.skip("without a GPU only: on a GPU nothing is switched")
+    out = _fresh(f"import importlib, os\nimportlib.import_module({module!r})\nimport triton\n"
+                 "from helpers.fusion import triton_softmax\nfrom helpers.attention import flash_triton\n"
+                 "import torch\nx = torch.randn(3, 40)\n"
+                 "assert torch.allclose(triton_softmax.softmax(x, 16), torch.softmax(x, -1), atol=1e-6)\n"
+                 "print(triton_softmax.BROKEN, flash_triton.BROKEN, os.environ.get('TRITON_INTERPRET'))")
+    assert out == "None None 1"
+
+
 def test_a_failing_interpreter_probe_is_reported_once_with_versions(monkeypatch):
     monkeypatch.setattr(triton_mode, "_PROBE", [])
     import triton
@@ -52,3 +85,34 @@ def test_a_failing_interpreter_probe_is_reported_once_with_versions(monkeypatch)
     msg = triton_mode.interpreter_problem()
     assert msg.startswith(f"Triton {triton.__version__} with NumPy") and "0-dimensional" in msg
     assert triton_mode.interpreter_problem() is msg  # cached: the probe runs once per process
+
+
+# Imports every module of helpers/ alone, each in a child forked from a process that has imported torch
+# (and nothing of the course), and prints the modules after whose import triton is loaded in compiled mode.
+_EVERY_MODULE = r"""
+import importlib, os, pkgutil, sys
+import torch
+import helpers
+names = sorted(m.name for m in pkgutil.walk_packages(helpers.__path__, "helpers."))
+bad = []
+for name in names:
+    pid = os.fork()
+    if pid == 0:
+        importlib.import_module(name)
+        compiled = "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1"
+        os._exit(3 if compiled else 0)
+    _, status = os.waitpid(pid, 0)
+    code = os.waitstatus_to_exitcode(status)
+    if code:
+        bad.append(f"{name} ({'loads triton in compiled mode' if code == 3 else f'exit {code}'})")
+print(len(names), bad)
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "fork") or torch.cuda.is_available(), reason="without a GPU, on a system with fork")
+def test_no_module_of_the_course_loads_triton_before_switching_its_interpreter():
+    """The family of the import-order rule: whichever course module a learner imports first, triton is
+    either not loaded by it or loaded only after the switch, so any kernel module imported later runs."""
+    out = _fresh(_EVERY_MODULE)
+    count, bad = out.split(" ", 1)
+    assert int(count) > 60 and bad == "[]", out

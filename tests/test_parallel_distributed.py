@@ -77,8 +77,11 @@ def test_alpha_beta_fit_recovers_a_known_model():
 def test_bus_bandwidth_follows_nccl_tests():
     assert D.bus_bandwidth(1e9, 1.0, 8) == pytest.approx(1.75)  # algbw 1 GB/s x 2*7/8
     assert D.bus_bandwidth(1e9, 1.0, 2) == pytest.approx(1.0)
-    with pytest.raises(ValueError):
+    assert D.bus_bandwidth(1e9, 1, 2) == pytest.approx(1.0)  # whole seconds are a number of seconds too
+    with pytest.raises(ValueError, match="seconds=0.0 must be a positive float"):
         D.bus_bandwidth(1e9, 0.0, 2)
+    with pytest.raises(ValueError, match="world_size=0 must be a positive int"):
+        D.bus_bandwidth(1e9, 1.0, 0)
 
 
 def test_pipeline_schedules_and_bubble_formula():
@@ -95,6 +98,10 @@ def test_pipeline_schedules_and_bubble_formula():
     assert MP.bubble_formula(4, 8) == pytest.approx(3 / 11)
     with pytest.raises(ValueError):
         MP.pipeline_schedule("zigzag", 2, 2)
+    with pytest.raises(ValueError, match="stages=0 must be a positive int"):
+        MP.pipeline_schedule("gpipe", 0, 2)
+    with pytest.raises(ValueError, match="micro=1.0 must be a positive int"):
+        MP.pipeline_schedule("1f1b", 2, 1.0)
 
 
 def test_zero_formulas_match_the_paper():
@@ -219,10 +226,10 @@ def test_timeout_and_interrupt_leave_nothing():
     before = _children()
     with pytest.raises(TimeoutError):
         D.run_on_ranks(L.sleep_forever, 2, timeout=1.5)
-    # A learner's Ctrl-C reaches run_on_ranks through Python's default SIGINT handler. Earlier tests in
-    # the same pytest session (an asyncio runner's handler, say) may have left another one in place,
-    # which swallowed the signal in one CI run: install the default for this test, and deliver the
-    # interrupt to the main thread (interrupt_main), as a terminal's Ctrl-C would be.
+    # A learner's Ctrl-C reaches run_on_ranks through Python's default SIGINT handler. An earlier test in
+    # the same pytest session can leave another handler in place (an asyncio runner's, say) that swallows
+    # the signal: install the default for this test, and deliver the interrupt to the main thread
+    # (interrupt_main), as a terminal's Ctrl-C would be.
     old = signal.signal(signal.SIGINT, signal.default_int_handler)
     timer = threading.Timer(1.0, _thread.interrupt_main)
     try:

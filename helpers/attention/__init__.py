@@ -1,1 +1,17 @@
-"""placeholder"""
+"""Attention, from the naive N x N version to FlashAttention-2 in PyTorch tiles and in Triton: notebook 06.
+Imports `gpt`, `measure` and `show`.
+
+`kernels`       the method: the online softmax, FlashAttention-2 as a PyTorch autograd Function in tiles,
+                the dispatcher over every attention implementation (grouped-query attention included) and
+                why some cannot run here, the FLOP convention, the models of bytes kept for backward and
+                of HBM traffic
+`flash_triton`  FlashAttention-2 as Triton kernels (a forward, a backward in two kernels; autotuned on a
+                GPU, in Triton's interpreter without one) and their autograd Function
+`triton_aot`    the Triton kernels compiled for a GPU that need not be here (sm_90) and the compiler's
+                report: registers, spills, shared memory, tensor-core instructions
+`flash_lab`     notebook 06's measurements: its parameters, correctness by flash-attn's rule, timing, the
+                speed sweep and its goal, the memory wall, the figures, the generated sentences, the
+                course GPT per kernel, the instructor panel
+`gpu_check`     the named GPU check, `python -m helpers.attention.gpu_check`: the Triton kernels'
+                correctness and speed against SDPA's kernels in one short run, recorded as JSON
+"""

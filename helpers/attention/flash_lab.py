@@ -1,27 +1,38 @@
-"""Notebook 06's longer cells, moved here so each notebook cell stays one idea (see helpers.attention.kernels).
+"""Notebook 06's measurements: the parameters, correctness against fp32 naive attention, the memory wall,
+the speed sweep and its goal, the figures, the traffic sentence, the course GPT per kernel and the panel.
 
 * `resolve_parameters`: every parameter of the notebook validated at once, None meaning "the profile's
   default" (MEMORY_BUDGET_GB keeps its own documented values, see there).
-* `correctness`: every implementation x precision x causal flag against fp32 naive attention, by
-  flash-attn's rule, and the combinations that could *not* be checked here, each with its reason.
+* `outputs_and_grads`, `compare`, `RULE`, `FP32_TOL`: one implementation's O, dQ, dK, dV against naive
+  attention in fp32, by flash-attn's test rule; `correctness`: every implementation x precision x
+  causal flag so, and the combinations that could *not* be checked here, each with its reason.
+* `time_attention`, `speed`, `goal`: one implementation timed (forward, or forward + backward), the
+  TFLOP/s sweep over sequence lengths and head dims, and the Triton forward against SDPA's flash kernel.
+* `memory_wall`: bytes kept for backward (and peak CUDA memory) of each implementation as N grows.
 * `memory_wall_figure`, `speed_figures`: the figures, drawn so that what the run did not measure is
   not drawn as if it had (a wall where naive stopped, error bars from the IQR, no curve through two points).
 * `traffic_verdict`: the sentence about the tile-size crossover, generated from the run's numbers.
 * `gpt_kernels`: one training step of the course GPT per attention kernel (loss, time, bytes kept).
+* `flash_panel`: the instructor panel (traffic against tile size, memory kept against N).
+
+The method itself is `helpers.attention.kernels` (and `flash_triton` for the Triton kernels);
+`python -m helpers.attention.gpu_check` runs `compare`, `speed` and `goal` at a GPU's sizes.
 """
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 from typing import Any
 
 import matplotlib.pyplot as plt
 import torch
 
-from helpers.attention import kernels as A
+from helpers.attention import kernels
+from helpers.gpt.model import PRESETS, naive_attention
 from helpers.measure import bench, hardware, params
 from helpers.show import plots
-from helpers.attention.gpu_check import compare
 from helpers.show.tables import table
+from helpers.show.widgets import progress
 
 DTYPE_NAMES = ("fp32", "fp16", "bf16")
 
@@ -62,9 +73,7 @@ def _budget(value: Any, device: str) -> float | None:
         return 0.05 if device == "cpu" else None
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise ValueError(f"MEMORY_BUDGET_GB={value!r} must be 'auto', None (no budget) or a positive number of GiB")
-    return float(value)
+    return float(params.positive("MEMORY_BUDGET_GB", value, numbers.Real))
 
 
 def resolve_parameters(S: params.Setup, *, DTYPE, SEQ_LENS, HEAD_DIMS, TOKENS, D_MODEL, MEMORY_SEQ_LENS,
@@ -74,8 +83,6 @@ def resolve_parameters(S: params.Setup, *, DTYPE, SEQ_LENS, HEAD_DIMS, TOKENS, D
     DTYPE "auto" is bf16 on CUDA (fp16 on a GPU without bf16 units), fp32 on a CPU; bf16 asked for on a
     GPU without bf16 units becomes fp16, with a printed sentence.
     """
-    from helpers.gpt.model import PRESETS
-
     params.choose("DTYPE", DTYPE, ("auto", *DTYPE_NAMES))
     bf16_ok = hardware.capabilities()["bf16"]
     cuda = S.device == "cuda"
@@ -89,8 +96,8 @@ def resolve_parameters(S: params.Setup, *, DTYPE, SEQ_LENS, HEAD_DIMS, TOKENS, D
         dtype=dtype, torch_dtype=hardware.torch_dtype(dtype), bf16_ok=bf16_ok,
         seq_lens=R("SEQ_LENS", SEQ_LENS, smoke=[64, 128, 256], full=[512, 1024, 2048, 4096, 8192, 16384],
                    check=params.positives),
-        # full: d=128 only (issue 5's goal setting), so the whole course fits one lent-GPU window;
-        # HEAD_DIMS=[64, 128] adds the paper's other head dim at about twice the compile time
+        # full: d=128 only (the head dim of the kernel's goal), so the whole course fits one lent-GPU
+        # window; HEAD_DIMS=[64, 128] adds the paper's other head dim at about twice the compile time
         head_dims=R("HEAD_DIMS", HEAD_DIMS, smoke=[64], full=[128], check=_head_dims),
         tokens=R("TOKENS", TOKENS, smoke=512, full=16384, check=params.positive),
         d_model=R("D_MODEL", D_MODEL, smoke=256, full=2048, check=params.positive),
@@ -111,6 +118,35 @@ def resolve_parameters(S: params.Setup, *, DTYPE, SEQ_LENS, HEAD_DIMS, TOKENS, D
 
 # ---------------------------------------------------------------- correctness
 
+RULE = ("fp16/bf16: each of O, dQ, dK, dV has a max error at most 2x that of naive attention in the same "
+        "precision, plus 1e-5 (the flash-attn test suite's rule); fp32: within rtol=1e-5, atol=2e-5 of the reference")
+FP32_TOL = dict(rtol=1e-5, atol=2e-5)
+
+
+def outputs_and_grads(fn, q, k, v, do) -> list[torch.Tensor]:
+    """[fn(q, k, v), dq, dk, dv] for the upstream gradient do, computed on fresh leaves."""
+    q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+    out = fn(q, k, v)
+    return [out, *torch.autograd.grad(out, (q, k, v), do.to(out.dtype))]
+
+
+def compare(impl: str, q, k, v, do, causal: bool) -> dict:
+    """Max errors of `impl`'s O, dQ, dK, dV against naive attention in fp32, and whether they pass RULE.
+
+    For fp16/bf16 inputs `naive` holds naive attention's own errors in that precision, the yardstick.
+    """
+    up = [t.float() for t in (q, k, v, do)]
+    ref = outputs_and_grads(lambda q, k, v: naive_attention(q, k, v, causal), *up)
+    got = outputs_and_grads(lambda q, k, v: kernels.attention(q, k, v, impl, causal), q, k, v, do)
+    errors = [(a.float() - b).abs().max().item() for a, b in zip(got, ref)]
+    if q.dtype == torch.float32:
+        ok = all(torch.allclose(a, b, **FP32_TOL) for a, b in zip(got, ref))
+        return {"errors": errors, "naive": None, "passed": ok}
+    mine = outputs_and_grads(lambda q, k, v: naive_attention(q, k, v, causal), q, k, v, do)
+    naive = [(a.float() - b).abs().max().item() for a, b in zip(mine, ref)]
+    return {"errors": errors, "naive": naive, "passed": all(e <= 2 * b + 1e-5 for e, b in zip(errors, naive))}
+
+
 OURS = ("naive", "flash_pytorch", "flash_triton")  # the course's own code: a failure stops the notebook
 
 
@@ -125,13 +161,13 @@ def correctness(device: str, shape: tuple, bf16_ok: bool, seed: int = 2) -> tupl
     for dname in DTYPE_NAMES:
         dt = hardware.torch_dtype(dname)
         if dname == "bf16" and not bf16_ok:
-            not_checked += [(impl, dname, "this GPU has no bf16 units") for impl in A.IMPLEMENTATIONS]
+            not_checked += [(impl, dname, "this GPU has no bf16 units") for impl in kernels.IMPLEMENTATIONS]
             continue
-        not_checked += [(impl, dname, why) for impl, why in A.availability(device, dt).items() if why]
-        q, k, v = A.make_qkv(*shape, dt, device, seed=seed)
+        not_checked += [(impl, dname, why) for impl, why in kernels.availability(device, dt).items() if why]
+        q, k, v = kernels.make_qkv(*shape, dt, device, seed=seed)
         do = torch.randn(q.shape, device=device).to(dt)
         for causal in (False, True):
-            for impl in A.available(device, dt):
+            for impl in kernels.available(device, dt):
                 try:
                     r = compare(impl, q, k, v, do, causal)
                 except RuntimeError as err:  # a library kernel that refuses this case: reported, not fatal
@@ -162,6 +198,120 @@ def not_checked_sentence(not_checked: list, only: tuple = ("flash_pytorch", "fla
         if missed:
             lines.append(f"{impl}: not checked in {', '.join(d for d, _ in missed)} ({missed[0][1]})")
     return "; ".join(lines) if lines else "every course kernel and SDPA's flash kernel was checked in fp32, fp16 and bf16"
+
+
+# ---------------------------------------------------------------- timing, speed, memory
+
+def time_attention(impl: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: bool = False,
+                   backward: bool = False, reps: int = 5, warmup: int = 2) -> bench.Timing:
+    """Time the forward (no autograd graph) or the forward plus backward of one implementation."""
+    if not backward:
+        def fn():
+            with torch.no_grad():
+                return kernels.attention(q, k, v, impl, is_causal)
+    else:
+        inputs = [t.detach().requires_grad_() for t in (q, k, v)]
+        do = torch.randn_like(q)
+
+        def fn():
+            return torch.autograd.grad(kernels.attention(*inputs, impl, is_causal), inputs, do)
+    return bench.benchmark(fn, warmup=warmup, reps=reps, device=q.device.type)
+
+
+def speed(device: str, impls, head_dims, seq_lens, *, dtype: str = "bf16", tokens: int = 16384,
+          d_model: int = 2048, reps: int = 10, warmup: int = 3, max_n: dict[str, int] | None = None) -> list[dict]:
+    """TFLOP/s of each implementation, forward and forward+backward, per (head dim, causal, N).
+
+    Batch x N stays at `tokens` and heads x d at `d_model`. `max_n` = {impl: longest N to time}
+    (for slow ones). An out-of-memory error, or a library kernel's refusal, is recorded in the row's
+    status, and the sweep goes on.
+    """
+    rows = []
+    combos = [(d, causal, n) for d in head_dims for causal in (False, True) for n in seq_lens]
+    for d, causal, n in progress(combos, desc="speed sweep"):
+        b, h = max(1, tokens // n), max(1, d_model // d)
+        q, k, v = kernels.make_qkv(b, h, n, d, hardware.torch_dtype(dtype), device)
+        for impl in impls:
+            for backward in (False, True):
+                row = {"impl": impl, "dtype": dtype, "head_dim": d, "causal": causal, "n": n,
+                       "pass": "fwd+bwd" if backward else "fwd", "ms": None, "tflops": None, "status": "ok"}
+                rows.append(row)
+                if n > (max_n or {}).get(impl, n):
+                    row["status"] = f"not timed above N={max_n[impl]}"
+                    continue
+                try:
+                    t = time_attention(impl, q, k, v, is_causal=causal, backward=backward, reps=reps, warmup=warmup)
+                    flops = kernels.attention_flops(b, h, n, d, causal, backward)
+                    row |= {"ms": t.ms, "spread": t.spread, "tflops": bench.tflops(flops, t.median),
+                            "tflops_lo": bench.tflops(flops, t.q75), "tflops_hi": bench.tflops(flops, t.q25)}  # IQR
+                except RuntimeError as err:  # out of memory, or a library kernel that refuses this shape
+                    row["status"] = bench.recoverable_failure(err)
+                    if row["status"] is None:
+                        raise
+                if row["status"] != "ok":  # after the except block, so the failed call's frames are gone
+                    bench.release_memory()
+        del q, k, v
+    return rows
+
+
+GOAL_MIN_N, GOAL_HEAD_DIM = 2048, 128  # the goal: our forward >= SDPA flash's at d=128 and N >= 2048
+
+
+def goal(rows: list[dict], ours: str = "flash_triton", theirs: str = "sdpa_flash") -> list[dict]:
+    """The course kernel's performance goal, per N >= 2048 and causal flag: our forward's TFLOP/s over
+    theirs at head dim 128, from `speed`'s rows: [{"n", "causal", "ours", "theirs", "ratio"}]."""
+    pick = {(r["impl"], r["causal"], r["n"]): r["tflops"] for r in rows
+            if r["pass"] == "fwd" and r["head_dim"] == GOAL_HEAD_DIM and r["tflops"]}
+    return [{"n": n, "causal": c, "ours": pick[(ours, c, n)], "theirs": pick[(theirs, c, n)],
+             "ratio": pick[(ours, c, n)] / pick[(theirs, c, n)]}
+            for (impl, c, n) in sorted(pick, key=lambda key: (key[1], key[2]))
+            if impl == ours and n >= GOAL_MIN_N and (theirs, c, n) in pick]
+
+
+N_BY_N = ("naive", "sdpa_math")  # the implementations that materialise the N x N scores
+
+
+def memory_wall(impls, seq_lens, *, batch: int, heads: int, head_dim: int, dtype: torch.dtype, device: str,
+                causal: bool = False, budget_gb: float | None = None) -> list[dict]:
+    """Saved-for-backward bytes (and peak CUDA memory of forward+backward) of each impl as N grows.
+
+    A CUDA out-of-memory error (or a library kernel's refusal) is caught and recorded, the memory
+    freed, and larger N skipped for that impl. With `budget_gb`, a size whose predicted need (3 N x N buffers alive at once for the
+    N x N implementations, twice the saved bytes for the others) exceeds the budget is recorded as
+    "exceeds budget" without allocating anything.
+    """
+    rows, failed = [], set()
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    for n in seq_lens:
+        for impl in impls:
+            row = {"impl": impl, "n": n, "status": "ok", "saved_bytes": None, "peak_bytes": None}
+            rows.append(row)
+            need = 2 * kernels.saved_bytes("tiled", n, head_dim, batch * heads, itemsize, causal)
+            if impl in N_BY_N:
+                need = 3 * batch * heads * n * n * itemsize
+            if impl in failed:
+                row["status"] = "skipped (failed at a smaller N)"
+                continue
+            if budget_gb is not None and need > budget_gb * 2**30:
+                row["status"] = f"exceeds budget ({need / 2**30:.3g} > {budget_gb:g} GiB)"
+                continue
+            try:
+                q, k, v = kernels.make_qkv(batch, heads, n, head_dim, dtype, device, requires_grad=True)
+                row["saved_bytes"] = bench.saved_tensor_bytes(lambda: kernels.attention(q, k, v, impl, causal))
+                do = torch.randn_like(q)
+                if device == "cuda":  # once unmeasured: Triton's autotuner and library set-up allocate scratch memory
+                    kernels.attention(q, k, v, impl, causal).backward(do)
+                    q.grad = k.grad = v.grad = None  # so the measured backward allocates them, as a first one does
+                row["peak_bytes"] = bench.peak_cuda_memory(lambda: kernels.attention(q, k, v, impl, causal).backward(do))
+            except RuntimeError as err:  # out of memory, or a library kernel that refuses this size
+                row["status"] = bench.recoverable_failure(err)
+                if row["status"] is None:
+                    raise
+                failed.add(impl)
+            finally:
+                q = k = v = do = None
+                bench.release_memory()
+    return rows
 
 
 # ---------------------------------------------------------------- figures
@@ -244,7 +394,7 @@ def traffic_verdict(traffic: list, naive_bytes: int, d: int) -> str:
     """Which query tiles moved more bytes than naive in this run's model, and why (2d/B_r against 4)."""
     more = [r["block"] for r in traffic if r["bytes"] > naive_bytes]
     less = [r["block"] for r in traffic if r["bytes"] <= naive_bytes]
-    cross = A.traffic_crossover(d)
+    cross = kernels.traffic_crossover(d)
     text = (f"the tiled forward's quadratic term is 2d/B_r N² elements (K and V re-read once per query tile), naive's "
             f"is 4N²; at d={d} they are equal at B_r = d/2 = {cross:g}. ")
     if more:
@@ -295,3 +445,40 @@ def gpt_kernels(gpt, idx, tgt, impls: list, *, device: str, reps: int, autocast,
         out = kept = None
         bench.release_memory()
     return rows
+
+
+# ---------------------------------------------------------------- the panel
+
+def flash_panel(block_size: int, seq_len: int, *, head_dim: int = 64, batch_heads: int = 32, itemsize: int = 2,
+                causal: bool = False, bandwidth_gbs: float | None = None,
+                block_sizes=(16, 32, 64, 128, 256)):
+    """Instructor panel: HBM traffic against block size, and memory kept for backward against N."""
+
+    kw = dict(d=head_dim, batch_heads=batch_heads, itemsize=itemsize, causal=causal)
+    naive = kernels.naive_traffic_bytes(seq_len, **kw)
+    tiled = kernels.tiled_traffic_bytes(seq_len, block_q=block_size, **kw)
+    mem = {impl: kernels.saved_bytes(impl, seq_len, head_dim, batch_heads, itemsize, causal)
+           for impl in ("naive", "tiled")}
+    ratio = f"{naive / tiled:.1f}x less" if naive >= tiled else f"{tiled / naive:.1f}x more"
+    line = (f"N={seq_len}, block {block_size}: naive moves {naive / 1e9:.3g} GB, tiled {tiled / 1e9:.3g} GB "
+            f"({ratio}); kept for backward: naive {mem['naive'] / 2**20:.4g} MiB, "
+            f"tiled {mem['tiled'] / 2**20:.4g} MiB")
+    if bandwidth_gbs:
+        line += (f"; memory-bound floors at {bandwidth_gbs:.0f} GB/s (model, not measured): naive "
+                 f"{naive / bandwidth_gbs / 1e6:.3g} ms, tiled {tiled / bandwidth_gbs / 1e6:.3g} ms")
+    print(line)
+    fig, (ax1, ax2) = plots.figure(2, figsize=(11, 4))
+    blocks = sorted(set(block_sizes) | {block_size})
+    plots.sweep(blocks, {"naive": [naive / 1e9] * len(blocks),
+                         "tiled": [kernels.tiled_traffic_bytes(seq_len, block_q=b, **kw) / 1e9 for b in blocks]},
+                xlabel="query block size", ylabel="HBM traffic, forward (GB)", logx=True,
+                title=f"traffic at N={seq_len}", ax=ax1)
+    ax1.scatter([block_size], [tiled / 1e9], s=90, color="black", zorder=3)
+    ns = [2**i for i in range(8, max(15, seq_len.bit_length() + 1))]
+    plots.sweep(ns, {impl: [kernels.saved_bytes(impl, n, head_dim, batch_heads, itemsize, causal) / 2**20 for n in ns]
+                     for impl in ("naive", "tiled")},
+                xlabel="sequence length N", ylabel="kept for backward (MiB)", logx=True, logy=True,
+                title="memory", ax=ax2)
+    ax2.axvline(seq_len, color="black", lw=1)
+    fig.tight_layout()
+    return fig

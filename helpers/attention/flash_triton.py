@@ -15,13 +15,16 @@ Every kernel loops twice over its partner blocks: first over blocks that need no
 sequence and, when causal, entirely below the diagonal), then over the few that do (the diagonal
 and a ragged last block). Causal programs skip key blocks above the diagonal altogether.
 
-Without CUDA the kernels run in Triton's interpreter: importing this module sets
-TRITON_INTERPRET=1, which must happen before anything imports triton (Triton's own helper
-functions are built in one mode or the other at import time). The interpreter's bf16 `tl.dot` is
-wrong, so bf16 is refused there; fp32 and fp16 run, slowly, for correctness only.
+Without CUDA the kernels run in Triton's interpreter: importing this module switches it on through
+`helpers.measure.triton_mode` (TRITON_INTERPRET=1) before its own import of triton, since Triton's own
+helper functions are built in one mode or the other at import time; `BROKEN` says why the kernels
+cannot run in this process, or is None. The interpreter's bf16 `tl.dot` is wrong, so bf16 is refused
+there; fp32 and fp16 run, slowly, for correctness only. COURSE_TRITON_AOT=1 leaves the interpreter off
+without a GPU, for compiling the kernels ahead of time (`helpers.attention.triton_aot`).
 """
 from __future__ import annotations
 
+import inspect
 import os
 
 import torch
@@ -430,7 +433,5 @@ def flash_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is
 
 def kernel_source(name: str) -> str:
     """The Python source of one kernel or helper in this module, e.g. '_fwd_inner' (for the notebook)."""
-    import inspect
-
     fn = globals()[name]
     return inspect.getsource(getattr(fn, "fn", fn))

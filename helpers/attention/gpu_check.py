@@ -1,18 +1,23 @@
-"""Is the course's Triton FlashAttention right, and is it fast? One short run, made for a GPU lease.
+"""The GPU check of the course's Triton FlashAttention: is it right, and is it fast?
 
-`python -m helpers.attention.gpu_check --out DIR` needs torch and Triton only (no Jupyter), and does what
-notebook 06 does for the Triton kernels in a few minutes:
+One short run, made for a GPU lease.
+
+`python -m helpers.attention.gpu_check --out DIR` needs no Jupyter, and does what notebook 06 does for
+the Triton kernels in a few minutes:
 
 1. correctness: forward and all three gradients of the kernels, autotuned as a GPU runs them, in
    bf16 and fp16 (fp32 too), causal and not, at head dims 64, 80 (padded to 128) and 128 and at a
-   sequence length no tile divides; against an fp32 reference, by flash-attn's rule (`RULE`);
+   sequence length no tile divides; against an fp32 reference, by flash-attn's rule
+   (`helpers.attention.flash_lab.RULE`, checked by `flash_lab.compare`);
 2. speed: forward and forward+backward TFLOP/s of "flash_triton" and of every SDPA kernel and
    flash-attn that runs here, in bf16 against sequence length (head dim 128; --head-dims adds
-   others), with batch x N and heads x d fixed as in the FlashAttention-2 paper; then issue 5's
-   goal: the Triton forward against "sdpa_flash" at head dim 128 and N >= 2048.
+   others), with batch x N and heads x d fixed as in the FlashAttention-2 paper (`flash_lab.speed`);
+   then the kernel's goal: the Triton forward against "sdpa_flash" at head dim 128 and N >= 2048
+   (`flash_lab.goal`).
 
-Each part is written to DIR as JSON by helpers.measure.results.record as soon as it is done. Without a GPU
-the same checks run in Triton's interpreter at small sizes (fp32, fp16) and nothing is timed.
+Each part is written to DIR as JSON by helpers.measure.results.record as soon as it is done (records
+"flash_check_correctness" and "flash_check_speed"). Without a GPU the same checks run in Triton's
+interpreter at small sizes (fp32, fp16) and nothing is timed. The exit status is 1 when a check failed.
 """
 from __future__ import annotations
 
@@ -21,103 +26,28 @@ import time
 
 import torch
 
-from helpers.attention import kernels as A  # first: with no GPU it switches Triton's interpreter on
-from helpers.measure import bench
-from helpers.gpt.model import naive_attention
+from helpers.attention import flash_lab, kernels
+from helpers.attention.flash_lab import RULE, compare
+from helpers.measure import hardware
 from helpers.measure.results import record
 from helpers.show.tables import table
-from helpers.show.widgets import progress
-
-RULE = ("fp16/bf16: each of O, dQ, dK, dV has a max error at most 2x that of naive attention in the same "
-        "precision, plus 1e-5 (the flash-attn test suite's rule); fp32: within rtol=1e-5, atol=2e-5 of the reference")
-FP32_TOL = dict(rtol=1e-5, atol=2e-5)
-DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
-GOAL_MIN_N, GOAL_HEAD_DIM = 2048, 128
-
-
-def outputs_and_grads(fn, q, k, v, do) -> list[torch.Tensor]:
-    """[fn(q, k, v), dq, dk, dv] for the upstream gradient do, computed on fresh leaves."""
-    q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
-    out = fn(q, k, v)
-    return [out, *torch.autograd.grad(out, (q, k, v), do.to(out.dtype))]
-
-
-def compare(impl: str, q, k, v, do, causal: bool) -> dict:
-    """Max errors of `impl`'s O, dQ, dK, dV against naive attention in fp32, and whether they pass RULE.
-
-    For fp16/bf16 inputs `naive` holds naive attention's own errors in that precision, the yardstick.
-    """
-    up = [t.float() for t in (q, k, v, do)]
-    ref = outputs_and_grads(lambda q, k, v: naive_attention(q, k, v, causal), *up)
-    got = outputs_and_grads(lambda q, k, v: A.attention(q, k, v, impl, causal), q, k, v, do)
-    errors = [(a.float() - b).abs().max().item() for a, b in zip(got, ref)]
-    if q.dtype == torch.float32:
-        ok = all(torch.allclose(a, b, **FP32_TOL) for a, b in zip(got, ref))
-        return {"errors": errors, "naive": None, "passed": ok}
-    mine = outputs_and_grads(lambda q, k, v: naive_attention(q, k, v, causal), q, k, v, do)
-    naive = [(a.float() - b).abs().max().item() for a, b in zip(mine, ref)]
-    return {"errors": errors, "naive": naive, "passed": all(e <= 2 * b + 1e-5 for e, b in zip(errors, naive))}
 
 
 def correctness(device: str, dtypes, head_dims, seq_lens, impl: str = "flash_triton", batch: int = 2,
                 heads: int = 4, seed: int = 0) -> list[dict]:
-    """compare() for every dtype, head dim, sequence length and causal flag; one row each."""
+    """`flash_lab.compare` of `impl` for every dtype name ("fp32", "fp16", "bf16"), head dim, sequence length and
+    causal flag, on (batch, heads, N, d) inputs; one row each: {"impl", "dtype", "head_dim", "n", "causal",
+    "errors", "naive", "passed"}."""
     rows = []
     for dname in dtypes:
         for d in head_dims:
             for n in seq_lens:
                 for causal in (False, True):
-                    q, k, v = A.make_qkv(batch, heads, n, d, DTYPES[dname], device, seed=seed)
+                    q, k, v = kernels.make_qkv(batch, heads, n, d, hardware.torch_dtype(dname), device, seed=seed)
                     do = torch.randn(q.shape, device=device, generator=torch.Generator(device).manual_seed(seed + 1))
                     rows.append({"impl": impl, "dtype": dname, "head_dim": d, "n": n, "causal": causal,
                                  **compare(impl, q, k, v, do.to(q.dtype), causal)})
     return rows
-
-
-def speed(device: str, impls, head_dims, seq_lens, *, dtype: str = "bf16", tokens: int = 16384,
-          d_model: int = 2048, reps: int = 10, warmup: int = 3, max_n: dict[str, int] | None = None) -> list[dict]:
-    """TFLOP/s of each implementation, forward and forward+backward, per (head dim, causal, N).
-
-    Batch x N stays at `tokens` and heads x d at `d_model`. `max_n` = {impl: longest N to time}
-    (for slow ones). An out-of-memory error, or a library kernel's refusal, is recorded in the row's
-    status, and the sweep goes on.
-    """
-    rows = []
-    combos = [(d, causal, n) for d in head_dims for causal in (False, True) for n in seq_lens]
-    for d, causal, n in progress(combos, desc="speed sweep"):
-        b, h = max(1, tokens // n), max(1, d_model // d)
-        q, k, v = A.make_qkv(b, h, n, d, DTYPES[dtype], device)
-        for impl in impls:
-            for backward in (False, True):
-                row = {"impl": impl, "dtype": dtype, "head_dim": d, "causal": causal, "n": n,
-                       "pass": "fwd+bwd" if backward else "fwd", "ms": None, "tflops": None, "status": "ok"}
-                rows.append(row)
-                if n > (max_n or {}).get(impl, n):
-                    row["status"] = f"not timed above N={max_n[impl]}"
-                    continue
-                try:
-                    t = A.time_attention(impl, q, k, v, is_causal=causal, backward=backward, reps=reps, warmup=warmup)
-                    flops = A.attention_flops(b, h, n, d, causal, backward)
-                    row |= {"ms": t.ms, "spread": t.spread, "tflops": bench.tflops(flops, t.median),
-                            "tflops_lo": bench.tflops(flops, t.q75), "tflops_hi": bench.tflops(flops, t.q25)}  # IQR
-                except RuntimeError as err:  # out of memory, or a library kernel that refuses this shape
-                    row["status"] = bench.recoverable_failure(err)
-                    if row["status"] is None:
-                        raise
-                if row["status"] != "ok":  # after the except block, so the failed call's frames are gone
-                    bench.release_memory()
-        del q, k, v
-    return rows
-
-
-def goal(rows: list[dict], ours: str = "flash_triton", theirs: str = "sdpa_flash") -> list[dict]:
-    """Issue 5's performance goal, per N >= 2048 and causal flag: our forward's TFLOP/s over theirs (d=128)."""
-    pick = {(r["impl"], r["causal"], r["n"]): r["tflops"] for r in rows
-            if r["pass"] == "fwd" and r["head_dim"] == GOAL_HEAD_DIM and r["tflops"]}
-    return [{"n": n, "causal": c, "ours": pick[(ours, c, n)], "theirs": pick[(theirs, c, n)],
-             "ratio": pick[(ours, c, n)] / pick[(theirs, c, n)]}
-            for (impl, c, n) in sorted(pick, key=lambda key: (key[1], key[2]))
-            if impl == ours and n >= GOAL_MIN_N and (theirs, c, n) in pick]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -136,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
         plan = [(("bf16",), (128, 80), (1040,)), (("fp16",), (64,), (1040,)), (("fp32",), (128,), (97,))]
     else:  # Triton's interpreter: exact, slow, no bf16
         plan = [(("fp32", "fp16"), (16, 80), (1, 67))]
-    why_not = A.availability(device, torch.float16)["flash_triton"]
+    why_not = kernels.availability(device, torch.float16)["flash_triton"]
     if why_not:
         say(f"the course's Triton kernels cannot run here: {why_not}")
         return 0
@@ -152,14 +82,14 @@ def main(argv: list[str] | None = None) -> int:
     if device != "cuda":
         say("no GPU: the kernels ran in Triton's interpreter, so nothing is timed")
         return 1 if failed else 0
-    impls = [i for i in A.available(device, torch.bfloat16) if i in ("flash_triton", "sdpa_flash", "sdpa_efficient",
-                                                                     "sdpa_cudnn", "flash_attn")]
+    timed_impls = ("flash_triton", "sdpa_flash", "sdpa_efficient", "sdpa_cudnn", "flash_attn")
+    impls = [i for i in kernels.available(device, torch.bfloat16) if i in timed_impls]
     say(f"speed, bf16, batch x N = 16384, heads x d = 2048: {', '.join(impls)}")
     timed = []
     for n in args.seq_lens:  # recorded after each N, so a run stopped by its time limit keeps what it measured
-        timed += speed(device, impls, args.head_dims, [n], reps=args.reps)
-        ratios = goal(timed)
-        record("flash_check_speed", {"rows": timed, "goal": ratios, "autotuned": A.flash_triton.tuned_configs()},
+        timed += flash_lab.speed(device, impls, args.head_dims, [n], reps=args.reps)
+        ratios = flash_lab.goal(timed)
+        record("flash_check_speed", {"rows": timed, "goal": ratios, "autotuned": kernels.flash_triton.tuned_configs()},
                dtype=torch.bfloat16, folder=args.out, quiet=True)
     d = args.head_dims[0]
     for pass_ in ("fwd", "fwd+bwd"):
@@ -171,7 +101,8 @@ def main(argv: list[str] | None = None) -> int:
                 [[r["n"], r["causal"], r["ours"], r["theirs"], r["ratio"]] for r in ratios]))
     met = bool(ratios) and all(r["ratio"] >= 1 for r in ratios)
     say(f"goal (Triton forward >= sdpa_flash, bf16, d=128, N >= 2048): {'met' if met else 'NOT met'} "
-        f"at {sum(r['ratio'] >= 1 for r in ratios)} of {len(ratios)} points; autotuner: {A.flash_triton.tuned_configs()}")
+        f"at {sum(r['ratio'] >= 1 for r in ratios)} of {len(ratios)} points; "
+        f"autotuner: {kernels.flash_triton.tuned_configs()}")
     return 1 if failed else 0
 
 

@@ -5,21 +5,19 @@
   2018) that lets FlashAttention see the scores one block at a time.
 * `FlashAttentionPyTorch`: FlashAttention-2 as a `torch.autograd.Function` over (..., N, d) tensors;
   it keeps only q, k, v, O and the log-sum-exp L for backward. `tiled_forward(tile_fn, ...)`: the
-  same forward's loop over query tiles with the tile's work left to a function (exercise 06.tile). The Triton version of the same
-  algorithm is `helpers.attention.flash_triton.FlashAttentionTriton`.
+  same forward's loop over query tiles with the tile's work left to a function (exercise 06.tile).
+  The Triton version of the same algorithm is `helpers.attention.flash_triton.FlashAttentionTriton`.
 * `attention(q, k, v, impl, is_causal)`: one call over every implementation the machine has
-  (`availability` says which and why not the others), with grouped-query attention.
-* `attention_flops`, `time_attention`, `memory_wall`: the benchmark conventions and sweeps.
-* `naive_traffic_bytes`, `tiled_traffic_bytes`, `traffic_crossover`, `saved_bytes`, `flash_panel`: the HBM-traffic and
-  memory models, and the instructor panel built on them.
+  (`availability` says which and why not the others), with grouped-query attention;
+  `register_course_kernels` makes the course's kernels selectable in the course GPT.
+* `attention_flops`, `make_qkv`: the FLOP convention of the FlashAttention papers and the inputs.
+* `saved_bytes`, `naive_traffic_bytes`, `tiled_traffic_bytes`, `traffic_crossover`: the models of the
+  bytes kept for backward and of the HBM traffic of the forward.
+
+`flash_triton` is None where triton is not installed (then `TRITON_MISSING` says so); importing it
+switches Triton's interpreter on where there is no GPU.
 """
 from __future__ import annotations
-
-try:  # first: it switches Triton's interpreter on (no CUDA) before anything else imports triton
-    from helpers.attention import flash_triton
-    TRITON_MISSING: str | None = flash_triton.BROKEN
-except ImportError as err:  # triton is a Linux-only dependency
-    flash_triton, TRITON_MISSING = None, f"triton is not installed ({err})"
 
 import functools
 import math
@@ -29,10 +27,15 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from helpers.measure import bench
 from helpers.gpt import model
-from helpers.show import plots
 from helpers.gpt.model import naive_attention
+from helpers.measure import bench, params
+
+try:  # optional: triton is a Linux-only dependency
+    from helpers.attention import flash_triton
+    TRITON_MISSING: str | None = flash_triton.BROKEN
+except ImportError as err:
+    flash_triton, TRITON_MISSING = None, f"triton is not installed ({err})"
 
 # ------------------------------------------------------------------------------ online softmax
 
@@ -79,8 +82,8 @@ class FlashAttentionPyTorch(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, is_causal=False, block_q=64, block_k=64):
-        if block_q < 1 or block_k < 1:
-            raise ValueError(f"block_q={block_q} and block_k={block_k} must be positive")
+        params.positive("block_q", block_q)
+        params.positive("block_k", block_k)
         n_q, n_k, scale = q.shape[-2], k.shape[-2], q.shape[-1] ** -0.5
         o = torch.empty_like(q)
         lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
@@ -152,8 +155,8 @@ def tiled_forward(tile_fn, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is
     (..., B_r, d) and its log-sum-exp (..., B_r). Returns O (..., N_q, d) and L (..., N_q).
     Raises ValueError for a non-positive tile size or a tile function that returns other shapes.
     """
-    if block_q < 1 or block_k < 1:
-        raise ValueError(f"block_q={block_q} and block_k={block_k} must be positive")
+    params.positive("block_q", block_q)
+    params.positive("block_k", block_k)
     outs, lses = [], []
     for i0 in range(0, q.shape[-2], block_q):  # one GPU program per query tile; here, one after another
         qi = q[..., i0:i0 + block_q, :]
@@ -244,7 +247,7 @@ def _static_reason(impl: str, device: str, dtype: torch.dtype) -> str | None:
         if device != "cuda":
             return "flash-attn runs on CUDA GPUs only"
         try:
-            import flash_attn  # noqa: F401
+            import flash_attn  # noqa: F401  (optional: a CUDA-only package)
         except Exception:  # absent or broken: either way it cannot run
             return "flash-attn is not installed (optional; see the README)"
     if impl == "flash_triton":
@@ -285,7 +288,6 @@ def _reason_from(err: Exception, messages: list[str]) -> str:
     return "; ".join(told[:2])[:300] or str(err).strip().splitlines()[0]
 
 
-
 def availability(device: str | None = None, dtype: torch.dtype = torch.float16) -> dict[str, str | None]:
     """{implementation: None if it runs here in `dtype`, else the reason why not}."""
     device = bench.resolve_device(device)
@@ -306,7 +308,7 @@ def register_course_kernels() -> list[str]:
     return ["flash_pytorch", "flash_triton"]
 
 
-# ------------------------------------------------------------------------------ measuring
+# ------------------------------------------------------------------------------ FLOPs, inputs, memory
 
 def attention_flops(batch: int, heads: int, n: int, d: int, causal: bool = False, backward: bool = False) -> float:
     """FLOPs counted the FlashAttention way: 4·B·H·N²·d forward (half when causal); backward 2.5× forward."""
@@ -322,77 +324,14 @@ def make_qkv(batch: int, heads: int, n: int, d: int, dtype: torch.dtype, device:
     return [torch.randn(s, generator=g, device=device, dtype=dtype).requires_grad_(requires_grad) for s in shapes]
 
 
-def time_attention(impl: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: bool = False,
-                   backward: bool = False, reps: int = 5, warmup: int = 2) -> bench.Timing:
-    """Time the forward (no autograd graph) or the forward plus backward of one implementation."""
-    if not backward:
-        def fn():
-            with torch.no_grad():
-                return attention(q, k, v, impl, is_causal)
-    else:
-        inputs = [t.detach().requires_grad_() for t in (q, k, v)]
-        do = torch.randn_like(q)
-
-        def fn():
-            return torch.autograd.grad(attention(*inputs, impl, is_causal), inputs, do)
-    return bench.benchmark(fn, warmup=warmup, reps=reps, device=q.device.type)
-
-
 def saved_bytes(kind: str, n: int, d: int, batch_heads: int = 1, itemsize: int = 2, causal: bool = False) -> int:
     """Bytes kept for backward, by our count. "naive": q, k, v and the N x N probabilities (plus the
     N x N bool causal mask, one for all heads); "tiled" (the course kernels): q, k, v, O and fp32 L."""
-    if kind not in ("naive", "tiled"):
-        raise ValueError(f"kind={kind!r} is not allowed; choose one of 'naive', 'tiled'")
+    params.choose("kind", kind, ("naive", "tiled"))
     qkv = 3 * batch_heads * n * d * itemsize
     if kind == "naive":
         return qkv + batch_heads * n * n * itemsize + (n * n if causal else 0)
     return qkv + batch_heads * (n * d * itemsize + 4 * n)
-
-
-N_BY_N = ("naive", "sdpa_math")  # the implementations that materialise the N x N scores
-
-
-def memory_wall(impls, seq_lens, *, batch: int, heads: int, head_dim: int, dtype: torch.dtype, device: str,
-                causal: bool = False, budget_gb: float | None = None) -> list[dict]:
-    """Saved-for-backward bytes (and peak CUDA memory of forward+backward) of each impl as N grows.
-
-    A CUDA out-of-memory error (or a library kernel's refusal) is caught and recorded, the memory
-    freed, and larger N skipped for that impl. With `budget_gb`, a size whose predicted need (3 N x N buffers alive at once for the
-    N x N implementations, twice the saved bytes for the others) exceeds the budget is recorded as
-    "exceeds budget" without allocating anything.
-    """
-    rows, failed = [], set()
-    itemsize = torch.empty((), dtype=dtype).element_size()
-    for n in seq_lens:
-        for impl in impls:
-            row = {"impl": impl, "n": n, "status": "ok", "saved_bytes": None, "peak_bytes": None}
-            rows.append(row)
-            need = 2 * saved_bytes("tiled", n, head_dim, batch * heads, itemsize, causal)
-            if impl in N_BY_N:
-                need = 3 * batch * heads * n * n * itemsize
-            if impl in failed:
-                row["status"] = "skipped (failed at a smaller N)"
-                continue
-            if budget_gb is not None and need > budget_gb * 2**30:
-                row["status"] = f"exceeds budget ({need / 2**30:.3g} > {budget_gb:g} GiB)"
-                continue
-            try:
-                q, k, v = make_qkv(batch, heads, n, head_dim, dtype, device, requires_grad=True)
-                row["saved_bytes"] = bench.saved_tensor_bytes(lambda: attention(q, k, v, impl, causal))
-                do = torch.randn_like(q)
-                if device == "cuda":  # once unmeasured: Triton's autotuner and library set-up allocate scratch memory
-                    attention(q, k, v, impl, causal).backward(do)
-                    q.grad = k.grad = v.grad = None  # so the measured backward allocates them, as a first one does
-                row["peak_bytes"] = bench.peak_cuda_memory(lambda: attention(q, k, v, impl, causal).backward(do))
-            except RuntimeError as err:  # out of memory, or a library kernel that refuses this size
-                row["status"] = bench.recoverable_failure(err)
-                if row["status"] is None:
-                    raise
-                failed.add(impl)
-            finally:
-                q = k = v = do = None
-                bench.release_memory()
-    return rows
 
 
 # ------------------------------------------------------------------------------ HBM traffic model
@@ -420,36 +359,3 @@ def tiled_traffic_bytes(n: int, d: int, block_q: int, batch_heads: int = 1, item
     tiles = math.ceil(n / block_q)
     kv_rows = sum(min(n, (t + 1) * block_q) for t in range(tiles)) if causal else tiles * n
     return batch_heads * ((2 * n * d + 2 * kv_rows * d) * itemsize + 4 * n)
-
-
-def flash_panel(block_size: int, seq_len: int, *, head_dim: int = 64, batch_heads: int = 32, itemsize: int = 2,
-                causal: bool = False, bandwidth_gbs: float | None = None,
-                block_sizes=(16, 32, 64, 128, 256)):
-    """Instructor panel: HBM traffic against block size, and memory kept for backward against N."""
-
-    kw = dict(d=head_dim, batch_heads=batch_heads, itemsize=itemsize, causal=causal)
-    naive, tiled = naive_traffic_bytes(seq_len, **kw), tiled_traffic_bytes(seq_len, block_q=block_size, **kw)
-    mem = {impl: saved_bytes(impl, seq_len, head_dim, batch_heads, itemsize, causal) for impl in ("naive", "tiled")}
-    ratio = f"{naive / tiled:.1f}x less" if naive >= tiled else f"{tiled / naive:.1f}x more"
-    line = (f"N={seq_len}, block {block_size}: naive moves {naive / 1e9:.3g} GB, tiled {tiled / 1e9:.3g} GB "
-            f"({ratio}); kept for backward: naive {mem['naive'] / 2**20:.4g} MiB, "
-            f"tiled {mem['tiled'] / 2**20:.4g} MiB")
-    if bandwidth_gbs:
-        line += (f"; memory-bound floors at {bandwidth_gbs:.0f} GB/s (model, not measured): naive "
-                 f"{naive / bandwidth_gbs / 1e6:.3g} ms, tiled {tiled / bandwidth_gbs / 1e6:.3g} ms")
-    print(line)
-    fig, (ax1, ax2) = plots.figure(2, figsize=(11, 4))
-    blocks = sorted(set(block_sizes) | {block_size})
-    plots.sweep(blocks, {"naive": [naive / 1e9] * len(blocks),
-                         "tiled": [tiled_traffic_bytes(seq_len, block_q=b, **kw) / 1e9 for b in blocks]},
-                xlabel="query block size", ylabel="HBM traffic, forward (GB)", logx=True,
-                title=f"traffic at N={seq_len}", ax=ax1)
-    ax1.scatter([block_size], [tiled / 1e9], s=90, color="black", zorder=3)
-    ns = [2**i for i in range(8, max(15, seq_len.bit_length() + 1))]
-    plots.sweep(ns, {impl: [saved_bytes(impl, n, head_dim, batch_heads, itemsize, causal) / 2**20 for n in ns]
-                     for impl in ("naive", "tiled")},
-                xlabel="sequence length N", ylabel="kept for backward (MiB)", logx=True, logy=True,
-                title="memory", ax=ax2)
-    ax2.axvline(seq_len, color="black", lw=1)
-    fig.tight_layout()
-    return fig

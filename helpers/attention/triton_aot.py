@@ -24,6 +24,8 @@ import subprocess
 import sys
 import tempfile
 
+from helpers.show.tables import table
+
 SM90_MAX_SHARED = 232448  # bytes of shared memory one block may opt into on an H100/H200 (CUDA guide, sm_90)
 POINTER = {"bf16": "*bf16", "fp16": "*fp16", "fp32": "*fp32"}
 _OUTPUTS = {"forward": ("O",), "dkdv": ("DK", "DV"), "dq": ("DQ",)}
@@ -31,11 +33,11 @@ _OUTPUTS = {"forward": ("O",), "dkdv": ("DK", "DV"), "dq": ("DQ",)}
 
 def _flash_triton():
     """helpers.attention.flash_triton in compile-only mode (it must not switch Triton's interpreter on)."""
-    import torch
+    import torch  # heavy: this module's command and its subprocess survey start without it
 
     if "helpers.attention.flash_triton" not in sys.modules and not torch.cuda.is_available():
         os.environ["COURSE_TRITON_AOT"] = "1"  # on a GPU the module stays as it is: autotuned and runnable
-    from helpers.attention import flash_triton
+    from helpers.attention import flash_triton  # after COURSE_TRITON_AOT is set: flash_triton reads it on import
 
     if flash_triton.INTERPRETED:
         raise RuntimeError("Triton's interpreter is on in this process; use triton_aot.survey_in_subprocess()")
@@ -58,7 +60,7 @@ def signature(kernel: str, dtype: str) -> dict[str, str]:
 def compile_kernel(kernel: str, dtype: str = "bf16", head_dim: int = 128, causal: bool = False,
                    config: tuple[int, int, int, int] = (128, 64, 8, 3), arch: int = 90):
     """Triton's compiled kernel for one (BLOCK_M, BLOCK_N, num_warps, num_stages) config on sm_<arch>."""
-    import triton
+    import triton  # optional: a Linux-only dependency (compiling needs no GPU and no interpreter)
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
@@ -79,7 +81,7 @@ def compile_kernel(kernel: str, dtype: str = "bf16", head_dim: int = 128, causal
 
 def cuobjdump() -> str:
     """The cuobjdump that ships with Triton (or one on PATH)."""
-    import triton
+    import triton  # optional: a Linux-only dependency
 
     bundled = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     found = bundled if os.path.exists(bundled) else shutil.which("cuobjdump")
@@ -157,8 +159,6 @@ def survey_in_subprocess(timeout: float = 900, **kwargs) -> list[dict]:
 
 def format_rows(rows: list[dict]) -> str:
     """The survey as a text table."""
-    from helpers.show.tables import table
-
     header = ["kernel", "dtype", "d", "causal", "BLOCK_M x BLOCK_N, warps, stages", "launched", "registers",
               "spill st/ld", "shared KiB", "wgmma", "mma.sync"]
     return table(header, [[r["kernel"], r["dtype"], r["head_dim"], r["causal"],

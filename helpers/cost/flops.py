@@ -25,20 +25,26 @@ the naive path matches `transformer_flops` there too.
 """
 from __future__ import annotations
 
+import numbers
 import warnings
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # the formulas need only the config's fields; torch is imported where it is used
-    import torch
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
-    from helpers.gpt.model import GPT, GPTConfig
+from helpers.gpt.model import GPT, GPTConfig
+from helpers.measure.params import positive
 
 COMPONENTS = ("embedding", "qkv", "attn_scores", "attn_values", "attn_out", "mlp_up", "mlp_down", "lm_head")
 SECONDS_PER_DAY = 86_400
 
 
-def _per_layer_forward(cfg: GPTConfig, batch_size: int, seq_len: int, causal: bool) -> dict[str, int]:
-    """Forward FLOPs of one block, per component, for batch_size sequences of seq_len tokens."""
+def per_layer_forward(cfg: GPTConfig, batch_size: int, seq_len: int, causal: bool) -> dict[str, int]:
+    """Forward FLOPs of one block, per component, for batch_size sequences of seq_len tokens.
+
+    Returns {"qkv", "attn_scores", "attn_values", "attn_out", "mlp_up", "mlp_down"}: with tokens = B·T,
+    qkv 2·tokens·d·(H + 2·H_kv)·d_h, scores and values 2·B·H·T²·d_h each (halved when `causal`),
+    attn_out 2·tokens·H·d_h·d, mlp_up and mlp_down 2·tokens·d·d_ff each.
+    """
     tokens, d, hd = batch_size * seq_len, cfg.d_model, cfg.head_dim
     attn = 2 * batch_size * cfg.n_head * seq_len * seq_len * hd  # (T, hd) @ (hd, T) per head, and (T, T) @ (T, hd)
     if causal:
@@ -71,7 +77,7 @@ def transformer_flops(config: GPTConfig, batch_size: int, seq_len: int, *, backw
         raise ValueError(f"recompute_layers={recompute_layers} must be in 0..n_layer={config.n_layer}")
     if seq_len > config.seq_len:
         raise ValueError(f"seq_len={seq_len} is longer than the model's seq_len={config.seq_len}")
-    layer = _per_layer_forward(config, batch_size, seq_len, causal)
+    layer = per_layer_forward(config, batch_size, seq_len, causal)
     forward = {"embedding": 0, **{k: config.n_layer * v for k, v in layer.items()},
                "lm_head": 2 * batch_size * seq_len * config.d_model * config.vocab_size}
     out: dict[str, dict[str, int]] = {}
@@ -103,19 +109,16 @@ def matmul_params(config: GPTConfig) -> int:
 MATMUL_LIKE = ("mm", "mv", "dot", "matmul", "linear", "conv", "attention", "einsum")
 
 
-def _seen_ops():
-    """A dispatch mode that records every aten op run under it (the ops FlopCounterMode also sees)."""
-    from torch.utils._python_dispatch import TorchDispatchMode
+class _SeenOps(TorchDispatchMode):
+    """A dispatch mode that records in `ops` every aten op run under it (the ops FlopCounterMode also sees)."""
 
-    class Seen(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.ops = set()
+    def __init__(self):
+        super().__init__()
+        self.ops = set()
 
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.ops.add(func._overloadpacket)
-            return func(*args, **(kwargs or {}))
-    return Seen()
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.add(func._overloadpacket)
+        return func(*args, **(kwargs or {}))
 
 
 def uncounted_ops(seen, registry) -> list[str]:
@@ -133,9 +136,8 @@ def measure_flops(model: GPT, idx: torch.Tensor, targets: torch.Tensor | None = 
     `_scaled_dot_product_flash_attention_for_cpu`: those FLOPs are counted as 0, so the total is low.
     The blind spot is detected from the ops that actually ran, whatever the attention was called.
     """
-    from torch.utils.flop_counter import FlopCounterMode
-
-    seen = _seen_ops()
+    from torch.utils.flop_counter import FlopCounterMode  # heavy: it imports triton (see measure.triton_mode)
+    seen = _SeenOps()
     with FlopCounterMode(display=False) as counter, seen:
         logits, loss = model(idx, targets)
     fwd, bwd = counter.get_total_flops(), 0
@@ -168,21 +170,27 @@ def palm_flops_per_token(n_params: float, n_layer: int, n_head: int, head_dim: i
 
 
 def mfu(achieved_flops_per_s: float, peak_flops_per_s: float | None) -> float | None:
-    """Model FLOPs utilisation, achieved / peak; None (with a warning) when the peak is unknown."""
+    """Model FLOPs utilisation, achieved / peak (both in FLOP/s); None (with a warning) when the peak is unknown.
+
+    Raises ValueError when the peak is not a positive number.
+    """
     if peak_flops_per_s is None:
         warnings.warn("no peak FLOP/s known for this device, so MFU is None (no default peak is assumed)",
                       stacklevel=2)
         return None
-    if peak_flops_per_s <= 0:
-        raise ValueError(f"peak_flops_per_s={peak_flops_per_s!r} must be positive")
+    positive("peak_flops_per_s", peak_flops_per_s, numbers.Real)
     return achieved_flops_per_s / peak_flops_per_s
 
 
 def training_days(n_params: float, n_tokens: float, peak_flops_per_s: float, n_gpus: int,
                   mfu: float) -> float:
-    """Days to train on n_gpus at the given MFU, from 6·N·D FLOPs."""
-    if peak_flops_per_s <= 0 or n_gpus <= 0:
-        raise ValueError(f"peak_flops_per_s={peak_flops_per_s!r} and n_gpus={n_gpus!r} must be positive")
-    if not 0 < mfu <= 1:
+    """Days to train on n_gpus at the given MFU: 6·N·D / (peak · n_gpus · MFU) / 86 400 s.
+
+    `peak_flops_per_s` in FLOP/s per GPU. Raises ValueError unless the peak and `n_gpus` (an int) are
+    positive and `mfu` is in (0, 1].
+    """
+    positive("peak_flops_per_s", peak_flops_per_s, numbers.Real)
+    positive("n_gpus", n_gpus)
+    if positive("mfu", mfu, numbers.Real) > 1:
         raise ValueError(f"mfu={mfu!r} must be in (0, 1]")
     return six_nd(n_params, n_tokens) / (peak_flops_per_s * n_gpus * mfu) / SECONDS_PER_DAY

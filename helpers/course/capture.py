@@ -43,51 +43,56 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from helpers.measure.results import REPO_ROOT, device_slug, slug, write_atomic
+from helpers.show.tables import table
 
 NOTEBOOKS_DIR = REPO_ROOT / "notebooks"
 PACK_LIMIT = 12 * 2**20   # bytes per pack; the device tool returns files of up to 16 MiB
 MAX_PACKS = 5             # with gpu.txt, capture.log and goals.json (helpers.course.goals): the tool's 8 files
 MARGIN_S = 25.0           # kept back for packing and the tool's transfer
 
-# Full-profile seconds on one H200. First estimated before any GPU run from each notebook's FLOP and
-# byte counts against the H200's published rates (dense bf16 ~990 TFLOP/s, fp32 ~67 TFLOP/s, 4.8 TB/s:
-# NVIDIA H200 datasheet) plus start-up and compile time; where a capture has since measured a
-# notebook (first capture: 2026-11-30, torch 2.11, Triton 3.6), the figure is that time plus ~15%.
-# The whole course does not fit one 540 s call: the capture takes the notebooks without a reference
-# first, so successive calls (and sessions) complete it. `python -m helpers.course.capture plan` prints them.
+# Full-profile seconds on one H200, each with its basis: for a notebook a capture has measured, that time
+# (results/nvidia-h200/capture.json) with ~15-25% added; otherwise the notebook's FLOP and byte counts
+# against the H200's published rates (dense bf16 ~990 TFLOP/s, fp32 ~67 TFLOP/s, 4.8 TB/s: NVIDIA H200
+# datasheet) plus start-up and compile time. The whole course does not fit one 540 s call: the capture
+# takes the notebooks without a reference first, so successive calls (and sessions) complete it.
+# `python -m helpers.course.capture plan` prints them.
 ESTIMATES: dict[str, tuple[float, str]] = {
-    "00": (25.0, "measured 20.1 s (2026-11-30); matmul sweep 512..16384 in 4 formats x 20 reps: 2n^3 FLOPs each, ~0.4 s of GPU work at "
-                 "the datasheet rates; copies up to 4 GiB x reps at 4.8 TB/s ~ 1 s; the rest is start-up, "
-                 "warm-up and the timing-mistakes demos"),
-    "01": (20.0, "measured 17.2 s (2026-11-30); ops at n=8192: each a few hundred MB of traffic or 1e12 FLOPs, milliseconds each; "
-                 "start-up and FlopCounterMode checks dominate"),
-    "02": (95.0, "measured 83.6 s (2026-11-30); training steps of small10m/gpt2/gpt2-medium at T=1024, B up to 32: ~6*355e6*32k FLOPs "
-                 "~ 7e13 per gpt2-medium step, ~0.1 s at 70% of bf16 peak, x reps; meta-device FLOP checks"),
-    "03": (115.0, "measured 100.2 s (2026-11-30); gpt2 for 200 steps in 7 precision variants at 16x512 tokens: 6*124e6*8192 ~ 6e12 FLOPs "
-                 "a step, ~10 ms, ~15 s of steps in all plus fp32 variants at ~1/15 the rate"),
-    "04": (75.0, "measured 65.0 s (2026-11-30); checkpointing strategies on a gpt2-size model: a few dozen steps each, memory probes"),
+    "00": (25.0, "a capture's measured time, plus a margin; matmul sweep 512..16384 in 4 formats x 20 reps: "
+                 "2n^3 FLOPs each, ~0.4 s of GPU work at the datasheet rates; copies up to 4 GiB x reps at "
+                 "4.8 TB/s ~ 1 s; the rest is start-up, warm-up and the timing-mistakes demos"),
+    "01": (20.0, "a capture's measured time, plus a margin; ops at n=8192: each a few hundred MB of traffic or "
+                 "1e12 FLOPs, milliseconds each; start-up and FlopCounterMode checks dominate"),
+    "02": (95.0, "a capture's measured time, plus a margin; training steps of small10m/gpt2/gpt2-medium at T=1024, "
+                 "B up to 32: ~6*355e6*32k FLOPs ~ 7e13 per gpt2-medium step, ~0.1 s at 70% of bf16 peak, x reps; "
+                 "meta-device FLOP checks"),
+    "03": (115.0, "a capture's measured time, plus a margin; gpt2 for 200 steps in 7 precision variants at 16x512 "
+                  "tokens: 6*124e6*8192 ~ 6e12 FLOPs a step, ~10 ms, ~15 s of steps in all plus fp32 variants at "
+                  "~1/15 the rate"),
+    "04": (75.0, "a capture's measured time, plus a margin; checkpointing strategies on a gpt2-size model: a few "
+                 "dozen steps each, memory probes"),
     "05": (40.0, "micro-batch sweep of a small model: seconds of GPU work; start-up dominates"),
     "07": (120.0, "bf16 vs fp8 matmul sweeps up to 8192^3 (1.1e12 FLOPs each, ~2 ms in fp8), the linear "
                   "forward+backward per recipe, a short GPT training per recipe, and torch.compile of the GPT "
                   "step in bf16 and fp8 (cold compiles, ~30 s each on 16 cores): mostly compile time"),
-    "08": (340.0, "not yet measured; decode sweeps ~100 s (torch.compile of the int8 path, torchao quantizing a 1.3B "
+    "08": (340.0, "decode sweeps ~100 s (torch.compile of the int8 path, torchao quantizing a 1.3B "
                   "model, the Triton int4 compile), GPTQ/AWQ copies and fine-tuning ~60 s, CPU-side error grids ~60 s, "
                   "and ~90 s to train small10m when notebook 10 has not cached it yet"),
-    "11": (270.0, "not yet measured; the one-layer draft on small10m's schedule ~25 s, the timing grid (5 rounds x 3 "
+    "11": (270.0, "the one-layer draft on small10m's schedule ~25 s, the timing grid (5 rounds x 3 "
                   "temperatures x 14 generations of 128 tokens at ~2 ms a token) ~55 s, the rest ~15 s, plus up to "
                   "~120 s to train small10m when notebook 10 has not cached it yet"),
-    "13": (150.0, "not yet measured; 8 gloo ranks on the host's 16 cores: collectives to 64 MiB ~20 s, the DDP "
+    "13": (150.0, "8 gloo ranks on the host's 16 cores: collectives to 64 MiB ~20 s, the DDP "
                   "sweep ~40 s, ZeRO memory of small10m at 2 and 4 ranks ~15 s, pipeline ~10 s, torchrun ~10 s, "
                   "rank start-up"),
-    "09": (280.0, "not yet measured; torch.compile of three Triton workloads and four softmax sizes (~40 s), the "
+    "09": (280.0, "torch.compile of three Triton workloads and four softmax sizes (~40 s), the "
                   "GPT step (~60 s), default / reduce-overhead / max-autotune on a one-token forward (~100-130 s, "
                   "max-autotune the slowest), the rest ~40 s"),
-    "10": (240.0, "not yet measured; training small10m once (~60 s; ~150 s in all once its checkpoint is cached), "
+    "10": (240.0, "training small10m once (~60 s; ~150 s in all once its checkpoint is cached), "
                   "compiling the 1.3B decode step (~60 s), the decode sweeps and the paged and batching sections"),
-    "12": (125.0, "not yet measured; ~25 ms per small10m step at 64x256, nine loader settings of 31 steps swept "
+    "12": (125.0, "~25 ms per small10m step at 64x256, nine loader settings of 31 steps swept "
                   "twice (interleaved rounds), ~1 s per worker start-up, ~5 s of host-to-device bandwidth sizes"),
-    "06": (400.0, "stopped at 231 s in the speed sweep (2026-11-30): the cells before it took ~170 s, the memory wall 50 s and the correctness table 62 s of them; Triton autotuning and compilation of forward and backward at d=128 (~1-2 min cold on 16 "
-                  "cores); speed sweep N=512..16384 at 16k tokens: 3.5 x 4BHN^2d ~ 8e12 FLOPs at N=16384, "
+    "06": (400.0, "the cells before the speed sweep as timed by a capture that stopped in it "
+                  "(results/nvidia-h200/partial-06/README.md); Triton autotuning and compilation of forward and "
+                  "backward at d=128 (~1-2 min cold on 16 cores); speed sweep N=512..16384 at 16k tokens: 3.5 x 4BHN^2d ~ 8e12 FLOPs at N=16384, "
                   "~20 ms per fwd+bwd at 400 TFLOP/s, x 6 implementations x 13 calls; memory wall to 131k "
                   "(stops at the out-of-memory error); the estimate is mostly compile time"),
 }
@@ -249,8 +254,6 @@ def capture(notebooks: list[str], out: Path, budget_s: float, *, profile: str = 
 
 def summary(outcomes: list[Outcome]) -> str:
     """A table of a capture: notebook, status, measured and estimated seconds, records."""
-    from helpers.show.tables import table
-
     return table(["notebook", "status", "measured s", "estimated s", "records", "note"],
                  [[o.notebook, o.status, f"{o.seconds:.1f}", "-" if o.estimate_s is None else f"{o.estimate_s:.0f}",
                    len(o.records), o.note] for o in outcomes])
@@ -260,7 +263,7 @@ def gpu_facts() -> dict[str, str]:
     """GPU name, driver, CUDA, torch, Triton and Python versions of this machine (what is knowable)."""
     facts = {"python": sys.version.split()[0]}
     try:
-        import torch
+        import torch  # optional: the capture's own machinery runs without torch (gpu_facts says what is there)
 
         facts["torch"] = torch.__version__
         facts["cuda"] = torch.version.cuda or "none"
@@ -268,7 +271,7 @@ def gpu_facts() -> dict[str, str]:
     except ImportError:
         pass
     try:
-        import triton
+        import triton  # optional: not installed on every machine (macOS, CPU-only wheels)
 
         facts["triton"] = triton.__version__
     except ImportError:
@@ -355,8 +358,7 @@ def import_goals(path: Path, into: Path = REPO_ROOT / "results", device: str | N
 
 
 def _readme(device: str, facts: dict, manifest: dict, index: dict) -> str:
-    from helpers.show.tables import table
-
+    """The README.md of a reference folder: the GPU and its software, and per notebook when it was captured."""
     rows = [[nb, info["date"], f"{info.get('seconds', 0):.0f}",
              "-" if info.get("estimate_s") is None else f"{info['estimate_s']:.0f}", len(info.get("records", []))]
             for nb, info in sorted(index.items())]
@@ -367,7 +369,7 @@ def _readme(device: str, facts: dict, manifest: dict, index: dict) -> str:
             f"- driver {facts.get('driver', 'not read')}, CUDA {facts.get('cuda', '?')}, torch {facts.get('torch', '?')}, "
             f"Triton {facts.get('triton', '?')}, Python {facts.get('python', '?')}\n"
             f"- last capture started {manifest.get('started')}\n\n"
-            "Per notebook: when it was captured, its measured seconds and the estimate made before any GPU run.\n\n"
+            "Per notebook: when it was captured, its measured seconds and the estimate the capture planned with.\n\n"
             "```\n" + table(["notebook", "captured", "seconds", "estimated s", "records"], rows) + "\n```\n")
 
 

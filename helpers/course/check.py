@@ -30,6 +30,7 @@ import importlib
 import math
 import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
 KINDS = ("value", "choice", "code")
@@ -198,7 +199,7 @@ def compare(got: Any, want: Any, rtol: float, atol: float, names: Sequence[str] 
 
     `names` name the items of a returned tuple in the message ("new_scale: ..." rather than "item 1").
     """
-    import torch
+    import torch  # heavy: value and choice exercises, and the registry itself, need no torch
 
     if isinstance(want, (tuple, list)):
         if not isinstance(got, (tuple, list)) or len(got) != len(want):
@@ -237,7 +238,7 @@ def compare(got: Any, want: Any, rtol: float, atol: float, names: Sequence[str] 
 
 def _difference(got, want, rtol: float, atol: float) -> str:
     """How `got` differs from `want`, without printing `want` (that would be the answer)."""
-    import torch
+    import torch  # heavy: as in compare
 
     if got.numel() == 1:
         g, w = float(got.reshape(())), float(want.reshape(()))
@@ -361,8 +362,6 @@ def main(argv: list[str] | None = None) -> int:
         print("usage: python -m helpers.course.check NOTEBOOK [NOTEBOOK ...]   e.g. 06, or 'all'")
         return 0 if argv else 2
     if argv == ["all"]:
-        from pathlib import Path
-
         argv = sorted(p.stem[2:] for p in (Path(__file__).parent / "exercises").glob("nb*.py"))
     bad = 0
     for notebook in argv:

@@ -2,16 +2,17 @@
 
 A goal function takes a `Ctx` (profile, device, model cache) and returns `result(checks, measured, sizes)`,
 or raises `NotMeasurable` with a one-sentence reason (no CUDA, no FP8 tensor cores, torchao unusable).
-Each `check` is one comparison of a measured ratio with the issue's bound, `value >= bound` or
+Each `check` is one comparison of a measured ratio with the goal's bound, `value >= bound` or
 `value <= bound`, with three outcomes: met (True), missed (False), or not measured (None, with its reason).
 A goal's `met` combines its checks as a three-valued AND: False if any check missed, else None if any was
 not measured, else True; so a goal is never reported met on the strength of the parts that happened to run.
 
-Trained models (goals 16 and 18) come from `trained`: `helpers.gpt.pretrained` at the notebooks' full-profile
-schedule, cached in `Ctx.cache_dir`, so that they are trained once per run and shared between goals.
+Trained models (goals `10.continuous_batching` and `11.speculative`) come from `trained`:
+`helpers.gpt.pretrained` at the notebooks' full-profile schedule, cached in `Ctx.cache_dir`, so that they
+are trained once per run and shared between goals.
 
-The measurements themselves live in `helpers.course.goals_train` (issues 14, 15, 19, 20) and
-`helpers.course.goals_decode` (issues 16, 17, 18); the registry and the runner in `helpers.course.goals`.
+The measurements themselves live in `helpers.course.goals_train` (notebooks 07, 09, 12, 13) and
+`helpers.course.goals_decode` (notebooks 08, 10, 11); the registry and the runner in `helpers.course.goals`.
 """
 from __future__ import annotations
 
@@ -19,6 +20,11 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
+
+import torch
+
+from helpers.gpt.pretrained import pretrained
+from helpers.measure import ceilings, hardware
 
 
 class NotMeasurable(Exception):
@@ -36,9 +42,11 @@ class Ctx:
 
     @property
     def full(self) -> bool:
+        """Whether this is the full profile (the goals' stated sizes on a GPU)."""
         return self.profile == "full"
 
     def pick(self, *, smoke, full):
+        """The value for this profile: `full` in the full profile, else `smoke`."""
         return full if self.full else smoke
 
     def partial(self, **measured) -> None:
@@ -91,8 +99,6 @@ def result(checks: list[dict], measured: dict, sizes: dict, headline: int | None
 
 def need_cuda(why: str = "") -> None:
     """Raise NotMeasurable unless torch sees a CUDA GPU; `why` says what the goal needs it for."""
-    import torch
-
     if not torch.cuda.is_available():
         raise NotMeasurable("this machine has no CUDA GPU" + (f": {why}" if why else
                                                               ", and the goal is stated for an H100/H200"))
@@ -100,24 +106,19 @@ def need_cuda(why: str = "") -> None:
 
 def need_fp8() -> None:
     """Raise NotMeasurable unless this is a CUDA GPU with FP8 tensor cores (helpers.measure.hardware.capabilities)."""
-    from helpers.measure import ceilings, hardware
-
     need_cuda()
     if not hardware.capabilities()["fp8"]:
         raise NotMeasurable("this GPU has no FP8 tensor cores (compute capability 8.9 or newer is needed)")
 
 
 def copy_gbps(ctx: Ctx) -> float:
-    """The measured device copy bandwidth (GB/s, bytes read + written), as notebooks 08-10 measure it."""
-    from helpers.measure import hardware
-
+    """The measured device copy bandwidth (GB/s, bytes read + written), as notebooks 08-10 measure it
+    (helpers.measure.ceilings.measure_copy_bandwidth)."""
     return ceilings.measure_copy_bandwidth(ctx.pick(smoke=2 ** 25, full=2 ** 30), ctx.device, reps=5)
 
 
 def trained(ctx: Ctx, preset: str, **overrides):
     """A trained course GPT (helpers.gpt.pretrained, its default full-profile schedule), cached in ctx.cache_dir."""
-    from helpers.gpt.pretrained import pretrained
-
     return pretrained(preset, seed=0, device=ctx.device, cache_dir=ctx.cache_dir, quiet=True, progress=False,
                       **overrides)
 

@@ -1,32 +1,36 @@
-"""Every open GPU performance goal of issues 14-20, measured by one short command.
+"""The course's GPU performance goals, each named after the notebook whose technique it measures, run by one command.
 
-The issues' "## Performance" sections set goals that only a GPU (or, for issue 20, the H200's 16-core
-host) can measure. Running the notebooks in full profile measures them too, but only two or three
-notebooks fit one lent-GPU session; this module measures just the goals, each through the same
-`helpers` functions the notebooks call in their full profile (never a second implementation), so one
-call returns every ratio::
+Each technique notebook sets goals for what its technique should buy on an H100/H200 (an FP8 matmul >= 1.6x
+bf16, a fused kernel near the copy bandwidth, paged attention within 10% of a contiguous cache, ...), which
+only a GPU (or, for notebook 13, the H200's 16-core host) can measure. Running the notebooks in full profile
+measures them too, but only two or three notebooks fit one lent-GPU session; this module measures just the
+goals, each through the same `helpers` functions the notebooks call in their full profile (never a second
+implementation), so one call returns every ratio::
 
-    python -m helpers.course.goals plan [--profile full|smoke] [ISSUE ...]        # what would run, H200 estimates
-    python -m helpers.course.goals run --out DIR [--budget-s 360] [--profile full|smoke] [ISSUE ...]
+    python -m helpers.course.goals plan [--profile full|smoke] [GOAL ...]        # what would run, H200 estimates
+    python -m helpers.course.goals run --out DIR [--budget-s 360] [--profile full|smoke] [GOAL ...]
+
+A goal's key is "<notebook>.<what it measures>" (`07.scaled_mm`, `10.paged_decode`, `13.ring`); GOAL on the
+command line is a key or a notebook number (`07`, or `7`: every goal of notebook 07).
 
 This module holds the registry (`GOALS`, `ORDER`, `select`; the H200 estimates' basis is stated above
-`GOALS`), the runner and the command line. The goal functions live in `helpers.course.goals_train` (issues 14,
-15, 19, 20) and `helpers.course.goals_decode` (issues 16, 17, 18), built on `helpers.course.goal_base`, whose
-`NotMeasurable`, `Ctx`, `check` and `result` are re-exported here.
+`GOALS`), the runner and the command line. The goal functions live in `helpers.course.goals_train`
+(notebooks 07, 09, 12, 13) and `helpers.course.goals_decode` (notebooks 08, 10, 11), built on
+`helpers.course.goal_base` (`Ctx`, `check`, `result`, `NotMeasurable`).
 
 `run` takes the goals in `ORDER` (cheap and most informative first), starts one only if its estimate
 fits in what is left of the budget, runs each in its own process (forked from a server that has
 imported torch once) with a time limit, so a hung compile or a CUDA out-of-memory error loses only
-that goal, and rewrites `DIR/goals.json` atomically after every goal. A goal records: its issue, what
-was measured (`measured`), the headline `ratio`, the issue's `target`, `met` (True, False, or None
-when a part could not be measured), the `checks` behind it and the `sizes` used; or status "not
-measurable" with a one-sentence reason (no CUDA, no FP8 tensor cores, torchao unusable), "failed"
+that goal, and rewrites `DIR/goals.json` atomically after every goal. A goal records: its `notebook`,
+its key (`goal`), what was measured (`measured`), the headline `ratio`, the goal's `target`, `met` (True,
+False, or None when a part could not be measured), the `checks` behind it and the `sizes` used; or status
+"not measurable" with a one-sentence reason (no CUDA, no FP8 tensor cores, torchao unusable), "failed"
 with the error's first line, "stopped" (over its time limit) or "skipped" (budget); a failed or stopped
 goal also records as "partial" what it measured before it ended (`Ctx.partial`). Trained models
 are cached in `DIR/cache/` (or `--cache-dir`) and shared between the goals of one run.
 
 `--profile smoke` (the default without CUDA) uses tiny sizes, so the plumbing runs on a 2-core CPU in
-about a minute; the CUDA-only goals then say "not measurable". `full` uses the issues' sizes.
+about a minute; the CUDA-only goals then say "not measurable". `full` uses the goals' stated sizes.
 
 `scripts/gpu_capture.sh` runs this first on a lent GPU (`GOALS_BUDGET_S`, default 360 s), with the model
 cache outside `$OUT` so that only `goals.json` comes back, then the notebooks with what is left of its budget;
@@ -48,10 +52,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from helpers.course.goal_base import Ctx, NotMeasurable, check, error_line, result  # noqa: F401 (check, result: re-exported)
-from helpers.course.goals_decode import g16_continuous_batching, g16_decode_bandwidth, g16_paged_decode, g17_compiled_decode, g17_quantized_decode, g18_speculative
-from helpers.course.goals_train import g14_float8_linear, g14_scaled_mm, g15_fused_bandwidth, g15_reduce_overhead, g15_train_step, g15_triton_softmax, g19_data_wait, g19_packing, g19_pinned, g20_bucketed_ddp, g20_ring, g20_zero_memory
+import torch
+
+from helpers.course.capture import gpu_facts
+from helpers.course.goal_base import Ctx, NotMeasurable, error_line
+from helpers.course.goals_decode import (compiled_quantized_decode_speedup, continuous_batching_speedup,
+                                         decode_bandwidth, paged_decode_overhead, quantized_decode_speedup,
+                                         speculative_speedup)
+from helpers.course.goals_train import (bucketed_ddp_speedup, compiled_train_step_speedup, data_wait_share,
+                                        float8_linear_speedup, fused_bandwidth, packing_speedup,
+                                        pinned_copy_speedup, reduce_overhead_speedup, ring_all_reduce_ratio,
+                                        scaled_mm_speedup, triton_softmax_speedup, zero_memory_deviation)
 from helpers.measure.results import write_atomic
+from helpers.show.tables import table as text_table
 
 DEFAULT_BUDGET_S = 360.0
 MARGIN_S = 5.0          # kept back to write goals.json after the last goal
@@ -59,103 +72,108 @@ MARGIN_S = 5.0          # kept back to write goals.json after the last goal
 
 @dataclass
 class Goal:
-    """One performance goal: its issue, a key, what it claims, its function and an H200 estimate."""
+    """One performance goal: the notebook whose technique it measures, its key, what it claims, its function
+    and an H200 estimate."""
 
-    issue: int
-    key: str                # e.g. "14.scaled_mm"
-    title: str              # the goal in words, as the issue states it
+    notebook: str           # two digits, e.g. "07"
+    key: str                # "<notebook>.<what it measures>", e.g. "07.scaled_mm"
+    title: str              # the goal in words: what is compared, and the bound
     fn: Callable[[Ctx], dict]
     estimate_s: float       # full profile on one H200, seconds (an estimate, see above GOALS)
     basis: str              # how that estimate was made
     smoke_s: float = 10.0   # smoke profile on a 2-core CPU
 
     def estimate(self, profile: str) -> float:
+        """Seconds this goal is expected to take in `profile` ("full": one H200, else a 2-core CPU)."""
         return self.estimate_s if profile == "full" else self.smoke_s
 
 
 # ---------------------------------------------------------------- the registry
 
-# How the H200 estimates were made (`Goal.estimate_s`, seconds, none measured yet): from each goal's sizes
-# against the H200's datasheet rates (989 TFLOP/s dense bf16, 4.8 TB/s: NVIDIA H200 datasheet), which make
-# the timed work itself small (an 8192^3 bf16 matmul is ~1.1 ms, a 1 GiB copy ~0.4 ms); what dominates is
-# fixed cost: ~3 s per goal process (CUDA context, imports), ~8-15 s per torch.compile of a small graph and
-# ~30-45 s for a whole GPT forward+backward or a 24-layer decode step (the cold compiles seen in notebook
-# 06's capture on the same host: Triton compilation of forward and backward took 1-2 minutes for several
-# kernels), about 15 s to train small10m's 2000 steps (launch-bound steps of ~5-7 ms) and ~8 s for its
-# one-layer draft, and ~1 s per gloo process group or DataLoader worker start on the 16-core host. Sizes are
-# the issues' own; where an issue leaves a size free, repeats were cut (and said so in `sizes`) to keep the
-# full run near 360 s.
+# The H200 estimates (`Goal.estimate_s`, seconds) come from each goal's sizes against the H200's datasheet
+# rates (989 TFLOP/s dense bf16, 4.8 TB/s: NVIDIA H200 datasheet), which make the timed work itself small
+# (an 8192^3 bf16 matmul is ~1.1 ms, a 1 GiB copy ~0.4 ms), plus the fixed costs, which dominate: ~3 s per
+# goal process (CUDA context, imports), ~8-15 s per torch.compile of a small graph and ~30-45 s for a whole
+# GPT forward+backward or a 24-layer decode step, about 15 s to train small10m's 2000 steps (launch-bound
+# steps of ~5-7 ms) and ~8 s for its one-layer draft, and ~1 s per gloo process group or DataLoader worker
+# start on the 16-core host. Sizes are the goals' own; where a goal leaves a size free, repeats were cut
+# (and said so in `sizes`) to keep the full run near 360 s.
 
-def _g(issue, key, title, fn, est, basis, smoke=10.0) -> Goal:
-    return Goal(issue, f"{issue}.{key}", title, fn, est, basis, smoke)
+def _goal(notebook: str, name: str, title: str, fn: Callable[[Ctx], dict], est: float, basis: str,
+          smoke: float = 10.0) -> Goal:
+    return Goal(notebook, f"{notebook}.{name}", title, fn, est, basis, smoke)
 
 
 GOALS: list[Goal] = [
-    _g(14, "scaled_mm", "tensorwise _scaled_mm >= 1.6x bf16 TFLOP/s at 8192^3", g14_scaled_mm, 10,
-       "two 8192^3 matmuls x 23 calls (~1-2 ms each), casts; the goal process and CUDA start-up dominate"),
-    _g(14, "float8_linear", "rowwise Float8Linear fwd+bwd compiled >= 1.25x bf16 at 8192, within 5% of torchao",
-       g14_float8_linear, 30, "three torch.compile'd linears fwd+bwd (~10 s each cold; torchao may refuse at once), "
-       "6 n^3 = 3.3e12 FLOPs per step x 23 steps"),
-    _g(15, "fused_bandwidth", "compiled pointwise chain and LayerNorm >= 80% of copy bandwidth (bf16)",
-       g15_fused_bandwidth, 20, "two small compiles (~8 s each), 8192x4096 bf16 (64 MiB) x 32 calls x 3 impls"),
-    _g(15, "triton_softmax", "Triton softmax >= 0.9x compiled and >= 1.5x eager, rows 256..16384",
-       g15_triton_softmax, 28, "four static compiles of the softmax (~6 s each), the Triton kernel's compile, "
-       "up to 256 MiB per call x 22 calls x 4 impls"),
-    _g(15, "reduce_overhead", "reduce-overhead >= 2x default compile on the batch-1 decode step",
-       g15_reduce_overhead, 25, "two compiles of small10m's forward (~15 s each), 100 one-token calls"),
-    _g(15, "train_step", "GPT training step compiled >= 1.3x eager", g15_train_step, 35,
-       "compile of small10m's forward and backward (~30 s), 20 steps of 16x256 tokens each way"),
-    _g(16, "decode_bandwidth", "compiled batch-1 decode of the largest preset >= 70% of copy bandwidth",
-       g16_decode_bandwidth, 50, "1.3B init on the GPU, compile of the 24-layer static-cache step with CUDA graphs "
-       "(~40 s), 2.6 GB read per token (~0.6 ms) x 23"),
-    _g(16, "paged_decode", "paged decode attention within 10% of contiguous at 4k context", g16_paged_decode, 12,
-       "the Triton paged kernel's compile per block size (3 x ~1 s), 32 x 4096 tokens x 20 calls"),
-    _g(16, "continuous_batching", "continuous batching >= 2x static tokens/s, same mix and memory",
-       g16_continuous_batching, 30, "training small10m (2000 launch-bound steps of ~5-7 ms, ~15 s, shared with issue "
-       "18), then 128 requests served once per policy (~3 s each, Python-bound iterations)"),
-    _g(17, "quantized_decode", "int8 >= 1.4x and int4 >= 1.8x bf16 decode tok/s, each >= 60% copy BW",
-       g17_quantized_decode, 40, "1.3B init, the int8 path's compile (~20 s), the Triton int4 kernels' compile "
-       "(~10 s), 3 variants x 25 decode steps"),
-    _g(17, "compiled_decode", "the same with the whole decode step compiled (CUDA graphs), as gpt-fast measures",
-       g17_compiled_decode, 150, "three (or four, if the Triton int4 kernel cannot be compiled) compiles of the "
-       "24-layer 1.3B static-cache step with CUDA graphs (~40 s each, as 16.decode_bandwidth's), 23 steps each"),
-    _g(18, "speculative", "speedup within 15% of formula for γ 1..8 at T=0; best γ >= 1.5x, draft >= 10x cheaper",
-       g18_speculative, 25, "the one-layer draft's training (~8 s; small10m comes from issue 16's run, or ~15 s "
-       "more), 3 rounds x (2 plain + 1 draft + 8 speculative) generations of 128 tokens at ~1.5 ms a token"),
-    _g(19, "data_wait", "data wait <= 2% of step time after tuning", g19_data_wait, 15,
-       "3 loader settings x 2 rounds x 31 small10m steps (~25 ms each), ~1 s per worker start-up"),
-    _g(19, "pinned", "pinned >= 2x pageable host-to-device for >= 64 MB", g19_pinned, 5,
-       "64 and 256 MiB copies x 22 x 3 kinds at ~25-50 GB/s"),
-    _g(19, "packing", "packed >= 1.5x padded tokens/s on the heavy-tailed mix", g19_packing, 6,
-       "two small10m models, 21 steps each of 64-256 rows x 256 tokens"),
-    _g(20, "ring", "ring all-reduce within 1.5x of dist.all_reduce for >= 16 MB (8 gloo ranks)", g20_ring, 15,
-       "8 ranks' start-up (~3 s), 16 and 64 MiB x 17 calls x (ping, ring, all_reduce) at ~1-2 GB/s of gloo"),
-    _g(20, "bucketed_ddp", "bucketed DDP >= 20% faster than syncing after backward", g20_bucketed_ddp, 25,
-       "8 ranks of 2 threads, an 8-layer 1024-wide tower (8.4M params, 34 MB of gradients): fwd+bwd at 256 rows "
-       "~13 GFLOP (~0.2 s), x 3 batch sizes x 4 modes x 9 steps, plus the all-reduces (~50-100 ms each)"),
-    _g(20, "zero_memory", "memory per rank within 5% of the ZeRO formulas", g20_zero_memory, 12,
-       "small10m, one step per stage on 2 and 4 ranks, rank start-up"),
+    _goal("07", "scaled_mm", "tensorwise _scaled_mm >= 1.6x bf16 TFLOP/s at 8192^3", scaled_mm_speedup, 10,
+          "two 8192^3 matmuls x 23 calls (~1-2 ms each), casts; the goal process and CUDA start-up dominate"),
+    _goal("07", "float8_linear", "rowwise Float8Linear fwd+bwd compiled >= 1.25x bf16 at 8192, within 5% of torchao",
+          float8_linear_speedup, 30, "three torch.compile'd linears fwd+bwd (~10 s each cold; torchao may refuse "
+          "at once), 6 n^3 = 3.3e12 FLOPs per step x 23 steps"),
+    _goal("08", "quantized_decode", "int8 >= 1.4x and int4 >= 1.8x bf16 decode tok/s, each >= 60% copy BW",
+          quantized_decode_speedup, 40, "1.3B init, the int8 path's compile (~20 s), the Triton int4 kernels' "
+          "compile (~10 s), 3 variants x 25 decode steps"),
+    _goal("08", "compiled_decode", "08.quantized_decode's targets with the whole decode step compiled (CUDA graphs)",
+          compiled_quantized_decode_speedup, 150, "three (or four, if the Triton int4 kernel cannot be compiled) "
+          "compiles of the 24-layer 1.3B static-cache step with CUDA graphs (~40 s each, as 10.decode_bandwidth's), "
+          "23 steps each"),
+    _goal("09", "fused_bandwidth", "compiled pointwise chain and LayerNorm >= 80% of copy bandwidth (bf16)",
+          fused_bandwidth, 20, "two small compiles (~8 s each), 8192x4096 bf16 (64 MiB) x 32 calls x 3 impls"),
+    _goal("09", "triton_softmax", "Triton softmax >= 0.9x compiled and >= 1.5x eager, rows 256..16384",
+          triton_softmax_speedup, 28, "four static compiles of the softmax (~6 s each), the Triton kernel's "
+          "compile, up to 256 MiB per call x 22 calls x 4 impls"),
+    _goal("09", "reduce_overhead", "reduce-overhead >= 2x default compile on the batch-1 decode step",
+          reduce_overhead_speedup, 25, "two compiles of small10m's forward (~15 s each), 100 one-token calls"),
+    _goal("09", "train_step", "GPT training step compiled >= 1.3x eager", compiled_train_step_speedup, 35,
+          "compile of small10m's forward and backward (~30 s), 20 steps of 16x256 tokens each way"),
+    _goal("10", "decode_bandwidth", "compiled batch-1 decode of the largest preset >= 70% of copy bandwidth",
+          decode_bandwidth, 50, "1.3B init on the GPU, compile of the 24-layer static-cache step with CUDA graphs "
+          "(~40 s), 2.6 GB read per token (~0.6 ms) x 23"),
+    _goal("10", "paged_decode", "paged decode attention within 10% of contiguous at 4k context", paged_decode_overhead,
+          12, "the Triton paged kernel's compile per block size (3 x ~1 s), 32 x 4096 tokens x 20 calls"),
+    _goal("10", "continuous_batching", "continuous batching >= 2x static tokens/s, same mix and memory",
+          continuous_batching_speedup, 30, "training small10m (2000 launch-bound steps of ~5-7 ms, ~15 s, shared "
+          "with 11.speculative), then 128 requests served once per policy (~3 s each, Python-bound iterations)"),
+    _goal("11", "speculative", "speedup within 15% of formula for γ 1..8 at T=0; best γ >= 1.5x, draft >= 10x cheaper",
+          speculative_speedup, 25, "the one-layer draft's training (~8 s; small10m comes from "
+          "10.continuous_batching's run, or ~15 s more), 3 rounds x (2 plain + 1 draft + 8 speculative) "
+          "generations of 128 tokens at ~1.5 ms a token"),
+    _goal("12", "data_wait", "data wait <= 2% of step time after tuning", data_wait_share, 15,
+          "3 loader settings x 2 rounds x 31 small10m steps (~25 ms each), ~1 s per worker start-up"),
+    _goal("12", "pinned", "pinned >= 2x pageable host-to-device for >= 64 MB", pinned_copy_speedup, 5,
+          "64 and 256 MiB copies x 22 x 3 kinds at ~25-50 GB/s"),
+    _goal("12", "packing", "packed >= 1.5x padded tokens/s on the heavy-tailed mix", packing_speedup, 6,
+          "two small10m models, 21 steps each of 64-256 rows x 256 tokens"),
+    _goal("13", "ring", "ring all-reduce within 1.5x of dist.all_reduce for >= 16 MB (8 gloo ranks)",
+          ring_all_reduce_ratio, 15, "8 ranks' start-up (~3 s), 16 and 64 MiB x 17 calls x (ping, ring, "
+          "all_reduce) at ~1-2 GB/s of gloo"),
+    _goal("13", "bucketed_ddp", "bucketed DDP >= 20% faster than syncing after backward", bucketed_ddp_speedup, 25,
+          "8 ranks of 2 threads, an 8-layer 1024-wide tower (8.4M params, 34 MB of gradients): fwd+bwd at 256 "
+          "rows ~13 GFLOP (~0.2 s), x 3 batch sizes x 4 modes x 9 steps, plus the all-reduces (~50-100 ms each)"),
+    _goal("13", "zero_memory", "memory per rank within 5% of the ZeRO formulas", zero_memory_deviation, 12,
+          "small10m, one step per stage on 2 and 4 ranks, rank start-up"),
 ]
 BY_KEY = {g.key: g for g in GOALS}
 
 # cheap and most informative first: the single-ratio GPU checks, the CPU-side goals, then the compiles and
-# the training (16's batching trains small10m, which 18 then loads), the 1.3B decode compile last
-ORDER = ["14.scaled_mm", "19.pinned", "19.packing", "15.fused_bandwidth", "16.paged_decode", "19.data_wait",
-         "20.ring", "20.zero_memory", "20.bucketed_ddp", "14.float8_linear", "15.triton_softmax",
-         "15.reduce_overhead", "15.train_step", "17.quantized_decode", "16.continuous_batching",
-         "18.speculative", "16.decode_bandwidth", "17.compiled_decode"]
+# the training (10.continuous_batching trains small10m, which 11.speculative then loads), the 1.3B decode
+# compiles last
+ORDER = ["07.scaled_mm", "12.pinned", "12.packing", "09.fused_bandwidth", "10.paged_decode", "12.data_wait",
+         "13.ring", "13.zero_memory", "13.bucketed_ddp", "07.float8_linear", "09.triton_softmax",
+         "09.reduce_overhead", "09.train_step", "08.quantized_decode", "10.continuous_batching",
+         "11.speculative", "10.decode_bandwidth", "08.compiled_decode"]
 assert sorted(ORDER) == sorted(BY_KEY), "ORDER must name every goal once"
 
 
 def select(wanted: list[str] | None = None) -> list[Goal]:
-    """Goals in ORDER, restricted to `wanted` issue numbers ("14") or keys ("14.scaled_mm").
-    Raises ValueError naming what matched nothing."""
-    wanted = [str(w) for w in (wanted or [])]
-    bad = [w for w in wanted if w not in BY_KEY and not any(k.split(".")[0] == w for k in BY_KEY)]
+    """Goals in ORDER, restricted to `wanted` notebook numbers ("07", or "7": every goal of notebook 07) or
+    keys ("07.scaled_mm"). Raises ValueError naming what matched nothing."""
+    wanted = [w.zfill(2) if w.isdigit() else w for w in map(str, wanted or [])]
+    notebooks = sorted({g.notebook for g in GOALS})
+    bad = [w for w in wanted if w not in BY_KEY and w not in notebooks]
     if bad:
-        raise ValueError(f"no goal matches {bad}; issues: {sorted({g.issue for g in GOALS})}, keys: {', '.join(ORDER)}")
-    return [BY_KEY[k] for k in ORDER
-            if not wanted or k in wanted or k.split(".")[0] in wanted]
+        raise ValueError(f"no goal matches {bad}; notebooks: {', '.join(notebooks)}; keys: {', '.join(ORDER)}")
+    return [BY_KEY[k] for k in ORDER if not wanted or k in wanted or BY_KEY[k].notebook in wanted]
 
 
 # ---------------------------------------------------------------- running goals, each in its own process
@@ -168,8 +186,6 @@ def _child(fn: Callable[[Ctx], dict], ctx: Ctx, path: str) -> None:
         pass
     out: dict[str, Any]
     try:
-        import torch
-
         ctx.device = "cuda" if torch.cuda.is_available() else "cpu"
         ctx.partial_path = path + ".partial"
         out = {"status": "measured", "device": torch.cuda.get_device_name(0) if ctx.device == "cuda" else "cpu",
@@ -182,6 +198,7 @@ def _child(fn: Callable[[Ctx], dict], ctx: Ctx, path: str) -> None:
 
 
 def _jsonable(x):
+    """A JSON-able stand-in for what json cannot write: a tensor's or numpy scalar's item, a list, else str."""
     if hasattr(x, "item"):
         return x.item()
     if isinstance(x, (set, tuple)):
@@ -202,6 +219,7 @@ def _context():
 
 
 def _stop(proc) -> None:
+    """Stop a goal's process and everything it started: SIGTERM to its session, then SIGKILL."""
     for sig in (signal.SIGTERM, signal.SIGKILL):
         try:
             os.killpg(proc.pid, sig)  # the goal's whole session: ranks, loader workers, compile workers
@@ -239,6 +257,7 @@ def run_one(goal: Goal, ctx: Ctx, limit_s: float, work: Path) -> dict:
 
 
 def _limit(goal: Goal, profile: str) -> float:
+    """A goal's time limit: three times its estimate, and at least a minute more than it."""
     est = goal.estimate(profile)
     return max(3 * est, est + 60)
 
@@ -261,7 +280,7 @@ def run(goals: list[Goal], out: Path, *, profile: str, budget_s: float = DEFAULT
     for goal in goals:
         est = goal.estimate(profile)
         left = budget_s - MARGIN_S - (clock() - start)
-        rec = {"issue": goal.issue, "goal": goal.key, "title": goal.title, "estimate_s": est}
+        rec = {"notebook": goal.notebook, "goal": goal.key, "title": goal.title, "estimate_s": est}
         if est > left:
             rec |= {"status": "skipped", "reason": f"estimated {est:.0f} s > {max(left, 0):.0f} s left of the budget",
                     "seconds": 0.0}
@@ -281,6 +300,7 @@ def run(goals: list[Goal], out: Path, *, profile: str, budget_s: float = DEFAULT
 
 
 def _short(rec: dict) -> str:
+    """The end of a goal's progress line: its headline ratio, target and verdict, or why it has none."""
     if rec["status"] == "measured":
         r = rec.get("ratio")
         return f"; {rec.get('headline')}: {'-' if r is None else f'{r:.3g}'} (target {rec.get('target')}), met {rec.get('met')}"
@@ -288,17 +308,14 @@ def _short(rec: dict) -> str:
 
 
 def _facts() -> dict:
-    from helpers.course.capture import gpu_facts
-
+    """This machine, as goals.json records it: capture.gpu_facts and the CPU cores this process may use."""
     facts = gpu_facts()
     facts["cores"] = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return facts
 
 
 def table(doc: dict) -> str:
-    """The goals of a goals.json as a table: issue, goal, measured, target, met, seconds."""
-    from helpers.show.tables import table as _table
-
+    """The goals of a goals.json as a table: notebook, goal, measured, target, met, seconds."""
     rows = []
     for r in doc["goals"]:
         if r["status"] == "measured":
@@ -315,36 +332,37 @@ def table(doc: dict) -> str:
                 measured += "; measured before that: " + ", ".join(
                     f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}" for k, v in r["partial"].items())
         met = {True: "yes", False: "no", None: "-"}[r.get("met")]
-        rows.append([r["issue"], r["goal"], measured[:160], r.get("target", "-") if r["status"] == "measured" else "-",
+        rows.append([r["notebook"], r["goal"], measured[:160], r.get("target", "-") if r["status"] == "measured" else "-",
                      met, f"{r.get('seconds', 0):.1f}"])
-    return _table(["issue", "goal", "measured", "target", "met", "seconds"], rows)
+    return text_table(["notebook", "goal", "measured", "target", "met", "seconds"], rows)
 
 
 def plan_text(goals: list[Goal], profile: str) -> str:
-    from helpers.show.tables import table as _table
-
-    where = "one H200 (estimates, none measured yet)" if profile == "full" else "a 2-core CPU, smoke sizes"
-    rows = [[g.issue, g.key, g.title[:70], f"{g.estimate(profile):.0f}", g.basis[:90] if profile == "full" else ""]
+    """What `run` would do: each goal's notebook, key, target, estimate and its basis, and the total."""
+    where = ("one H200 (estimated from the goals' sizes and the datasheet rates)" if profile == "full"
+             else "a 2-core CPU, smoke sizes")
+    rows = [[g.notebook, g.key, g.title[:70], f"{g.estimate(profile):.0f}", g.basis[:90] if profile == "full" else ""]
             for g in goals]
     total = sum(g.estimate(profile) for g in goals)
-    return (_table(["issue", "goal", "target", "est. s", "basis"], rows)
+    return (text_table(["notebook", "goal", "target", "est. s", "basis"], rows)
             + f"\ntotal: {total:.0f} s on {where}")
 
 
 def _default_profile() -> str:
-    import torch
-
+    """"full" where torch sees a CUDA GPU, else "smoke"."""
     return "full" if torch.cuda.is_available() else "smoke"
 
 
 def main(argv: list[str] | None = None) -> int:
+    """`plan` or `run` (see the module docstring); exit status 0, or 2 for a usage error."""
     parser = argparse.ArgumentParser(prog="python -m helpers.course.goals", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     for name in ("plan", "run"):
         p = sub.add_parser(name)
-        p.add_argument("issues", nargs="*", help="issue numbers (14..20) or goal keys (default: every goal)")
+        p.add_argument("goals", nargs="*", metavar="GOAL",
+                       help="notebook numbers (07..13) or goal keys such as 07.scaled_mm (default: every goal)")
         p.add_argument("--profile", choices=("smoke", "full"), default=None,
-                       help="full: the issues' sizes (default with CUDA); smoke: tiny sizes (default without)")
+                       help="full: the goals' stated sizes (default with CUDA); smoke: tiny sizes (default without)")
         if name == "run":
             p.add_argument("--out", type=Path, required=True, help="folder for goals.json")
             p.add_argument("--cache-dir", type=Path, default=None,
@@ -352,7 +370,7 @@ def main(argv: list[str] | None = None) -> int:
             p.add_argument("--budget-s", type=float, default=DEFAULT_BUDGET_S, help="wall-clock budget (default 360)")
     args = parser.parse_args(argv)
     try:
-        goals = select(args.issues)
+        goals = select(args.goals)
     except ValueError as err:
         print(err)
         return 2

@@ -1,34 +1,42 @@
-"""The inference-side performance goals: issues 16 (KV cache and serving), 17 (quantized decode) and 18
+"""The inference-side performance goals: notebooks 08 (quantised decode), 10 (KV cache and serving) and 11
 (speculative decoding).
 
-Each function measures one goal of its issue's "## Performance" section through the same helpers its
-notebook calls in the full profile, never a second implementation:
+Each function measures one goal the course sets for its notebook's technique, through the same helpers
+the notebook calls in its full profile, never a second implementation:
 
-- issue 16, notebook 10: `helpers.decode.kv_lab` (`random_model`, `compiled_decode`) and `helpers.decode.serving_lab`
-  (`paged_section`, `batching_section`);
-- issue 17, notebook 08: `helpers.lowbit.quant_lab` (`decode_speed`, `weight_only_copy`) and `kv_lab.compiled_decode`
+- notebook 08: `helpers.lowbit.quant_lab` (`decode_speed`, `weight_only_copy`), and `kv_lab.compiled_decode`
   for the decode step compiled whole;
-- issue 18, notebook 11: `helpers.decode.spec_lab` (`prompts`, `decode_costs`, `speed_grid`).
+- notebook 10: `helpers.decode.kv_lab` (`random_model`, `compiled_decode`) and `helpers.decode.serving_lab`
+  (`paged_section`, `batching_section`);
+- notebook 11: `helpers.decode.spec_lab` (`prompts`, `decode_costs`, `speed_grid`).
 
-16.continuous_batching and 18.speculative share the trained small10m of one run (`goal_base.trained`).
+`10.continuous_batching` and `11.speculative` share the trained small10m of one run (`goal_base.trained`).
 Every function takes a `goal_base.Ctx` and returns `goal_base.result(...)` or raises `NotMeasurable`;
 `helpers.course.goals` registers them with their targets and H200 estimates and runs each in its own process.
 """
 from __future__ import annotations
 
+from copy import deepcopy
+
+import torch
+
 from helpers.course.goal_base import Ctx, check, copy_gbps, error_line, need_cuda, result, trained
+from helpers.decode import kv_lab, serving_lab, spec_lab
+from helpers.gpt import data
+from helpers.gpt.model import GPT, GPTConfig
+from helpers.lowbit import quant_lab, quant_linear
 
 
-# ---------------------------------------------------------------- issue 16: KV cache and serving (notebook 10)
+# ---------------------------------------------------------------- notebook 10: KV cache and serving
 
-def g16_decode_bandwidth(ctx: Ctx) -> dict:
-    """Batch-1 bf16 decode of the largest preset, static cache, compiled: bandwidth against copy
-    (kv_lab.compiled_decode on kv_lab.random_model, as notebook 10)."""
+def decode_bandwidth(ctx: Ctx) -> dict:
+    """10.decode_bandwidth: batch-1 bf16 decode of the largest preset, static cache, compiled: its bandwidth
+    against the copy bandwidth (kv_lab.compiled_decode on kv_lab.random_model, as notebook 10).
+
+    Notebook 10 teaches that a batch-1 decode step reads every weight and the KV cache once per token, so
+    it is bound by memory bandwidth; with the step compiled under CUDA graphs (no launch overhead) it should
+    reach >= 70% of the device's copy bandwidth."""
     need_cuda("compiled decode with CUDA graphs needs CUDA")
-    import torch
-
-    from helpers.decode import kv_lab
-
     preset, reps = ctx.pick(smoke="small10m", full="1.3b"), ctx.pick(smoke=5, full=20)
     copy = copy_gbps(ctx)
     model = kv_lab.random_model(preset, torch.bfloat16, "cuda")
@@ -40,16 +48,15 @@ def g16_decode_bandwidth(ctx: Ctx) -> dict:
                   {"preset": preset, "context": context, "batch": 1, "dtype": "bf16", "reps": reps})
 
 
-def g16_paged_decode(ctx: Ctx) -> dict:
-    """Paged decode attention (the Triton kernel, best block size) against contiguous SDPA at 4k tokens
-    (serving_lab.paged_section, as notebook 10; its timing depends on the model's shape, not its weights)."""
+def paged_decode_overhead(ctx: Ctx) -> dict:
+    """10.paged_decode: paged decode attention (the Triton kernel, best block size) against contiguous SDPA
+    at 4k tokens (serving_lab.paged_section, as notebook 10; its timing depends on the model's shape, not
+    its weights).
+
+    A paged KV cache (Kwon et al., "Efficient Memory Management for Large Language Model Serving with
+    PagedAttention", 2023) wastes no memory on reserved, unused context; notebook 10 shows that reading the
+    cache through block tables costs little, within 10% of a contiguous cache."""
     need_cuda("the Triton paged kernel is only checked, not timed, without one")
-    from helpers.gpt import data
-    from helpers.decode import serving_lab
-    from helpers.gpt.model import GPT, GPTConfig
-
-    import torch
-
     torch.manual_seed(0)
     model = GPT(GPTConfig.preset(ctx.pick(smoke="tiny", full="small10m"))).to("cuda").float().eval()
     context, batch = ctx.pick(smoke=256, full=4096), ctx.pick(smoke=8, full=32)
@@ -66,13 +73,14 @@ def g16_paged_decode(ctx: Ctx) -> dict:
                   {"context": context, "batch": batch, "block_sizes": blocks, "reps": reps, "dtype": "fp32"})
 
 
-def g16_continuous_batching(ctx: Ctx) -> dict:
-    """Continuous against static batching, same request mix and KV memory (serving_lab.batching_section on
-    the trained model notebook 10 serves; 128 requests instead of its 200, one run per policy instead of
-    its three, and without its tight-pool and served-alone checks, which do not enter the ratio)."""
-    from helpers.gpt import data
-    from helpers.decode import serving_lab
+def continuous_batching_speedup(ctx: Ctx) -> dict:
+    """10.continuous_batching: continuous against static batching, same request mix and KV memory
+    (serving_lab.batching_section on the trained model notebook 10 serves; 128 requests instead of its 200,
+    one run per policy instead of its three, and without its tight-pool and served-alone checks, which do
+    not enter the ratio).
 
+    A static batch waits for its longest request while finished rows sit idle; admitting a new request as
+    soon as one finishes (notebook 10) should serve the same mix >= 2x faster."""
     tm = trained(ctx, ctx.pick(smoke="tiny", full="small10m"))
     model = tm.model.float().eval()
     n_req, max_batch = ctx.pick(smoke=6, full=128), ctx.pick(smoke=4, full=32)
@@ -89,14 +97,16 @@ def g16_continuous_batching(ctx: Ctx) -> dict:
                    "repeats": 1, "device": ctx.device})
 
 
-# ---------------------------------------------------------------- issue 17: quantized decode (notebook 08)
+# ---------------------------------------------------------------- notebook 08: quantised decode
 
-def g17_quantized_decode(ctx: Ctx) -> dict:
-    """Batch-1 decode tokens/s of int8 and int4 weight-only against bf16, and each one's bandwidth against
-    copy (quant_lab.decode_speed, as notebook 08)."""
+def quantized_decode_speedup(ctx: Ctx) -> dict:
+    """08.quantized_decode: batch-1 decode tokens/s of int8 and int4 weight-only against bf16, and each
+    one's bandwidth against copy (quant_lab.decode_speed, as notebook 08).
+
+    Batch-1 decode reads every weight once per token; notebook 08 teaches that storing weights in 8 or 4
+    bits reads 2x or nearly 4x fewer bytes, so decoding should speed up (>= 1.4x for int8, >= 1.8x for int4)
+    while each variant still runs at >= 60% of the copy bandwidth."""
     need_cuda("decode speed is measured on a GPU only")
-    from helpers.lowbit import quant_lab
-
     preset, reps = ctx.pick(smoke="tiny", full="1.3b"), ctx.pick(smoke=5, full=20)
     copy = copy_gbps(ctx)
     rows = quant_lab.decode_speed(preset, batches=(1,), reps=reps, variants=("bf16", "int8", "int4-triton"),
@@ -118,22 +128,16 @@ def g17_quantized_decode(ctx: Ctx) -> dict:
                                                       "group_size": 64})
 
 
-def g17_compiled_decode(ctx: Ctx) -> dict:
-    """The same comparison with the whole decode step compiled (kv_lab.compiled_decode: static cache and CUDA
-    graphs, as gpt-fast measures its 104.9 -> 155.6 -> 196.8 tok/s): `17.quantized_decode` times eager steps,
-    where Python's kernel launches are paid by every variant alike and can hide what the weights' bytes save.
-    int4 runs the course's Triton kernel inside the compiled step, or, if that cannot be compiled, the
-    unpack-and-matmul that Inductor fuses (the backend used is recorded)."""
+def compiled_quantized_decode_speedup(ctx: Ctx) -> dict:
+    """08.compiled_decode: the comparison of `08.quantized_decode` with the whole decode step compiled
+    (kv_lab.compiled_decode: static cache and CUDA graphs), as gpt-fast measures it (its README: Llama-2-7B
+    on an A100, 104.9 tok/s in bf16, 155.6 in int8, 196.8 in int4).
+
+    `08.quantized_decode` times eager steps, where Python's kernel launches are paid by every variant alike
+    and can hide what the weights' bytes save; compiled, the step is bound by the bytes it reads, as notebook
+    08 teaches. int4 runs the course's Triton kernel inside the compiled step, or, if that cannot be
+    compiled, the unpack-and-matmul that Inductor fuses (the backend used is recorded)."""
     need_cuda("CUDA graphs need CUDA")
-    import copy as _copy
-
-    import torch
-
-    from helpers.decode import kv_lab
-    from helpers.lowbit import quant_lab
-    from helpers.lowbit import quant_linear as ql
-    from helpers.gpt.model import GPT, GPTConfig
-
     preset, reps, context = ctx.pick(smoke="tiny", full="1.3b"), ctx.pick(smoke=5, full=20), 64
     copy = copy_gbps(ctx)
     torch.manual_seed(0)
@@ -144,9 +148,9 @@ def g17_compiled_decode(ctx: Ctx) -> dict:
         for backend in backends:
             model = None
             try:
-                model = quant_lab.weight_only_copy(base, bits, backend, 64) if bits else _copy.deepcopy(base)
+                model = quant_lab.weight_only_copy(base, bits, backend, 64) if bits else deepcopy(base)
                 # the int codes and scales are buffers, which kv_lab.weight_bytes leaves out
-                qbytes = sum(m.weight_bytes() for m in model.modules() if isinstance(m, ql.WeightOnlyLinear))
+                qbytes = sum(m.weight_bytes() for m in model.modules() if isinstance(m, quant_linear.WeightOnlyLinear))
                 c = kv_lab.compiled_decode(model, context, reps)
                 rows[name] = {"backend": backend, "ms": 1e3 * c["compiled_s"], "tokens_per_s": 1 / c["compiled_s"],
                               "gbps": (c["bytes"] + qbytes) / c["compiled_s"] / 1e9, "eager_gbps": c["eager_gbps"]}
@@ -174,16 +178,17 @@ def g17_compiled_decode(ctx: Ctx) -> dict:
                    "mode": "reduce-overhead"})
 
 
-# ---------------------------------------------------------------- issue 18: speculative decoding (notebook 11)
+# ---------------------------------------------------------------- notebook 11: speculative decoding
 
-def g18_speculative(ctx: Ctx) -> dict:
-    """Measured speedup against the formula for each γ at temperature 0, and the best γ's speedup with the
-    draft's cost (spec_lab.decode_costs and speed_grid on the trained target and draft of notebook 11)."""
-    import torch
+def speculative_speedup(ctx: Ctx) -> dict:
+    """11.speculative: the measured speedup against the formula for each γ at temperature 0, and the best
+    γ's speedup with the draft's cost (spec_lab.decode_costs and speed_grid on the trained target and draft
+    of notebook 11).
 
-    from helpers.gpt import data
-    from helpers.decode import spec_lab
-
+    Notebook 11 derives the expected speedup from the acceptance rate α, the draft length γ and the draft's
+    relative cost c (Leviathan et al., "Fast Inference from Transformers via Speculative Decoding", 2023):
+    the measured speedup should be within 15% of it for every γ, and the best γ should give >= 1.5x with a
+    draft >= 10x cheaper than the target (c <= 0.1)."""
     if ctx.device == "cpu":
         torch.set_num_threads(1)  # as notebook 11: the small models' ops only contend across threads
     preset, width = ctx.pick(smoke="tiny", full="small10m"), ctx.pick(smoke=64, full=128)

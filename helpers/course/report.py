@@ -7,6 +7,8 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from helpers.course.worker import SUMMARY_HEADER, status_word, summary_rows
+from helpers.measure import claims
+from helpers.measure.hardware import library_versions
 from helpers.measure.results import SUMMARY_PREFIX, device_name, read_records, records_by_name, write_atomic
 
 Block = tuple  # ("h1"|"h2"|"h3"|"p", text) | ("table", header, rows) | ("img", relative path)
@@ -37,16 +39,6 @@ def flatten(metrics: dict, prefix: str = "") -> dict[str, str]:
     return out
 
 
-def extract_figures(notebook: Path, figures_dir: Path, problems: list | None = None) -> list[Path]:
-    """Save every PNG output of an executed notebook atomically; return the files in order.
-
-    A notebook that cannot be read, an image that is not valid base64 PNG, or a figure that cannot
-    be written is appended to `problems` as (path, reason) when a list is given, else raised.
-    """
-    nb = _read_executed(notebook, problems)
-    return [] if nb is None else [path for _, path in _save_figures(nb, notebook, figures_dir, problems)]
-
-
 def _problem(problems: list | None, path: Path, reason: str, err: Exception) -> None:
     """Append (path, reason) to `problems`, or raise `err` when no list is given."""
     if problems is None:
@@ -55,8 +47,9 @@ def _problem(problems: list | None, path: Path, reason: str, err: Exception) -> 
 
 
 def _read_executed(notebook: Path, problems: list | None):
-    """The executed notebook, or None (named in `problems`, see extract_figures) when it cannot be read."""
-    import nbformat
+    """The executed notebook, or None when it cannot be read: (path, reason) is then appended to `problems`
+    when a list is given, else the error is raised."""
+    import nbformat  # heavy: a second to import, and only a report with executed notebooks needs it
 
     try:
         nb = nbformat.read(notebook, as_version=4)
@@ -68,7 +61,10 @@ def _read_executed(notebook: Path, problems: list | None):
 
 
 def _save_figures(nb, notebook: Path, figures_dir: Path, problems: list | None) -> list[tuple[int, Path]]:
-    """(cell index, saved file) for every PNG output of the read notebook `nb` (see extract_figures)."""
+    """(cell index, saved file) for every PNG output of the read notebook `nb`, each written atomically.
+
+    An image that is not valid base64 PNG, or a figure that cannot be written, is appended to `problems` as
+    (path, reason) when a list is given, else raised."""
     saved = []
     for i, cell in enumerate(nb.cells):
         for k, out in enumerate(cell.get("outputs", []) if isinstance(cell, dict) else []):
@@ -154,8 +150,6 @@ def _ledger_blocks(mine: dict, refs: dict, problems: list) -> tuple[list[Block],
     Returns the blocks and the record names shown there; a claim record without the ledger's fields
     goes to `problems`.
     """
-    from helpers.measure import claims
-
     rows = {r["id"]: r for r in claims.from_records(mine)}
     shown = {claims.PREFIX + str(i) for i in rows}
     for name, rec in mine.items():
@@ -326,8 +320,6 @@ def build_blocks(run_dir: Path, outcomes: Iterable, references: Path, profile: s
     not be read (a torn record, a reference file that is not a record, a malformed executed notebook
     or figure), by path with the reason.
     """
-    from helpers.measure.hardware import library_versions
-
     outcomes, problems = list(outcomes), []
     good, bad = read_records(run_dir / "results")
     problems += bad

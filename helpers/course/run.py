@@ -24,10 +24,10 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from helpers.measure.params import PROFILES
+from helpers.course import report
+from helpers.course.worker import Outcome, Stop, Workers, status_word, summary_table, worker_main
+from helpers.measure.params import PROFILES, positive, resolve_profile
 from helpers.measure.results import REPO_ROOT, device_slug, read_records, write_atomic
-from helpers.course.worker import (Outcome, Stop, Workers, inspect_executed, mark_interrupted,  # noqa: F401
-                                   status_word, summary_table, worker_main)
 
 NOTEBOOKS_DIR = REPO_ROOT / "notebooks"
 RUNNER_OWNED = ("INTERACTIVE", "RESULTS_DIR")  # the runner sets these; -p may not
@@ -71,7 +71,7 @@ def parse_parameter(text: str) -> tuple[str, object]:
 
 def notebook_parameters(path: Path) -> list[str]:
     """Names assigned in the notebook's cell tagged `parameters`, in order ([] when it has none)."""
-    import nbformat
+    import nbformat  # heavy: a second to import, and only a run that reads notebooks needs it
 
     nb = nbformat.read(path, as_version=4)
     cell = next((c for c in nb.cells if "parameters" in c.get("metadata", {}).get("tags", [])), None)
@@ -202,14 +202,15 @@ def _main(args, stop: Stop) -> int:
     if not notebooks:
         print(f"no notebooks found in {args.notebooks_dir}")
         return 1
-    if args.jobs is not None and args.jobs < 1:
-        raise UsageError("--jobs must be at least 1")
+    if args.jobs is not None:
+        try:
+            positive("--jobs", args.jobs)
+        except ValueError as err:
+            raise UsageError(str(err)) from None
     given = dict(args.parameter)
     asked = _profile(args, given)
     routed = route_parameters(notebooks, given)
-    import torch
-
-    from helpers.measure.params import resolve_profile
+    import torch  # heavy: only a run needs it; the workers (--worker), --list and usage errors do not
 
     profile, cuda = resolve_profile(asked), torch.cuda.is_available()
     jobs = min(args.jobs or 1, len(notebooks))
@@ -234,10 +235,8 @@ def _main(args, stop: Stop) -> int:
     if not _write(run_dir / "summary.json", json.dumps([asdict(o) for o in outcomes], indent=2)):
         code = 1
     if not args.no_report:
-        from helpers.course.report import write_report
-
         try:
-            md, html = write_report(run_dir, outcomes, args.references, profile=profile, conditions=why, asked=asked)
+            md, html = report.write_report(run_dir, outcomes, args.references, profile=profile, conditions=why, asked=asked)
             print(f"\nreport: {md}\n        {html}")
         except OSError as err:
             print(f"helpers.course.run: report not written: {err.filename or run_dir}: {err.strerror or err}")
@@ -259,12 +258,12 @@ def inductor_cache_dir(env: dict) -> str:
 
     The caller's own setting in `env` wins; otherwise `inductor/` under the course cache folder
     (`helpers.gpt.data.resolve_cache_dir()`), which outlives the run: torch.compile's compiled graphs and
-    kernels are then reused by later notebooks and later runs (cold compiles take 15-45 s on 2 cores,
-    warm ones well under a second), while a notebook that measures a cold compile uses a folder of its own.
+    kernels are then reused by later notebooks and later runs, which so skip the cold compiles, while a
+    notebook that measures a cold compile uses a folder of its own.
     """
     if env.get("TORCHINDUCTOR_CACHE_DIR"):
         return env["TORCHINDUCTOR_CACHE_DIR"]
-    from helpers.gpt.data import resolve_cache_dir
+    from helpers.gpt.data import resolve_cache_dir  # heavy: imports torch, which the runner's workers never load
 
     return str((resolve_cache_dir() / "inductor").resolve())
 

@@ -19,6 +19,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import psutil
+
 from helpers.measure.results import REPO_ROOT, write_atomic
 from helpers.show.tables import table
 
@@ -67,7 +69,7 @@ def inspect_executed(path: Path) -> dict:
     cell never ran. `cell` is the code cell number (see the module docstring). Raises the
     nbformat/OSError error of an unreadable file.
     """
-    import nbformat
+    import nbformat  # heavy: a second to import; the supervisor needs it only to read an executed notebook
 
     nb = nbformat.read(path, as_version=4)
     for number, cell in _code_cells(nb):
@@ -88,7 +90,7 @@ def inspect_executed(path: Path) -> dict:
 
 def mark_interrupted(path: Path, cell: int | None, why: str) -> None:
     """Make an executed notebook say it was interrupted: the cell it was in, and no false 'completed'."""
-    import nbformat
+    import nbformat  # heavy: as in inspect_executed
 
     nb = nbformat.read(path, as_version=4)
     seen = False
@@ -111,13 +113,11 @@ def mark_interrupted(path: Path, cell: int | None, why: str) -> None:
 
 def _atomic_handler(prefix: str):
     """A papermill I/O handler that writes files under `prefix` atomically (temporary file + rename)."""
-    from papermill.iorw import LocalHandler
+    from papermill.iorw import LocalHandler, papermill_io  # heavy: only a worker process executes notebooks
 
     class AtomicHandler(LocalHandler):
         def write(self, buf, path):
             write_atomic(path, buf, fsync=False)
-
-    from papermill.iorw import papermill_io
 
     papermill_io.register(prefix, AtomicHandler())
 
@@ -125,15 +125,15 @@ def _atomic_handler(prefix: str):
 def execute_one(notebook: str, output: str, parameters: dict, cwd: str, timeout: int | None,
                 run_dir: str) -> Outcome:
     """Execute one notebook with papermill (inside a worker process) and say how it went."""
-    import papermill as pm
+    import papermill  # heavy: only a worker process executes notebooks
 
     _atomic_handler(str(Path(run_dir).resolve()))
     name, start = Path(notebook).stem, time.perf_counter()
     raised = ""
     try:
-        pm.execute_notebook(notebook, output, parameters=parameters, cwd=cwd, kernel_name="python3",
+        papermill.execute_notebook(notebook, output, parameters=parameters, cwd=cwd, kernel_name="python3",
                             progress_bar=False, log_output=False, execution_timeout=timeout)
-    except pm.PapermillExecutionError:
+    except papermill.PapermillExecutionError:
         pass  # the executed notebook holds the error; inspect_executed reads it from there
     except OSError as err:  # could not write the executed notebook (full disk, permissions)
         raised = f"could not write {err.filename or output}: {err.strerror or err}"
@@ -152,8 +152,6 @@ def execute_one(notebook: str, output: str, parameters: dict, cwd: str, timeout:
 def worker_main(spec_file: str) -> int:
     """Entry point of a worker process: run the notebook its spec names, write its Outcome as JSON."""
     def stop(signum, frame):  # the runner stops us: end the kernel (and what it started), then exit at once
-        import psutil
-
         children = psutil.Process().children(recursive=True)
         for child in children:
             _quietly(child.terminate)
@@ -196,8 +194,6 @@ class Workers:
 
     def watch(self) -> None:
         """Remember every descendant of the workers (kernels in their own sessions included)."""
-        import psutil
-
         for proc, *_ in self.running.values():
             try:
                 for child in psutil.Process(proc.pid).children(recursive=True):
@@ -233,8 +229,6 @@ class Workers:
 
     def reap(self) -> None:
         """Kill every remembered process that outlived its worker (a kernel, a compile worker...)."""
-        import psutil
-
         live = {proc.pid for proc, *_ in self.running.values()}
         for pid, p in list(self.known.items()):
             try:
@@ -264,8 +258,6 @@ class Workers:
 
 def _quietly(action) -> None:
     """Run a psutil action on a process that may already be gone."""
-    import psutil
-
     try:
         action()
     except psutil.Error:

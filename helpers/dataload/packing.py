@@ -160,8 +160,7 @@ def forward_packed(model, x: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor
     x, pos, targets (R, T) int64; mask (R, T, T) bool (True = attend) or None for plain causal
     attention over the whole row (what packing without a mask does). Runs the model's own modules
     (embeddings, blocks, final norm, head) with its attention kernel swapped for a masked SDPA for
-    the duration of the call; helpers/gpt/model.py is unchanged. Raises ValueError for a position past
-    the model's seq_len.
+    the duration of the call, then restored. Raises ValueError for a position past the model's seq_len.
     """
     if int(pos.max()) >= model.config.seq_len:
         raise ValueError(f"position {int(pos.max())} is past seq_len={model.config.seq_len}")

@@ -1,22 +1,23 @@
-"""Notebook 10's measurements: decode with and without a cache, prefill vs decode on the roofline, decode as
-bandwidth, attention variants against a memory budget, a static cache for compiled decode, and the panel.
+"""Notebook 10's measurements of one sequence's cache: decode with and without a cache, prefill vs decode on
+the roofline, decode as bandwidth, attention variants against a memory budget, and compiled decode.
 
 Every function here times with `helpers.measure.bench` and counts FLOPs with torch's FlopCounterMode (matmuls and
-attention, as torch counts them) and bytes by hand (stated in each docstring).
+attention, as torch counts them) and bytes by hand (stated in each docstring). The caches are
+`helpers.gpt.generation.KVCache` and `helpers.decode.kv_cache`'s; the serving sections (paged cache, batching,
+the KV-memory panel) are `helpers.decode.serving_lab`.
 """
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
-from helpers.measure import bench
-from helpers.lowbit.quant_linear import FUSED_MATVEC
-from helpers.gpt.generation import KVCache, decode_one, rewound_step
-from helpers.decode.inference import LatentKVCache, factorise_kv, kv_bytes_per_token
+from helpers.decode.kv_cache import (LatentKVCache, StaticKVCache, decode_compile_options, factorise_kv,
+                                     kv_bytes_per_token, static_step)
+from helpers.gpt.generation import KVCache, rewound_step
 from helpers.gpt.model import GPT, GPTConfig
+from helpers.gpt.pretrained import validation_loss
+from helpers.measure import bench
+from helpers.measure.params import positive
 
 
 def _tokens(B: int, T: int, device, seed: int = 0) -> torch.Tensor:
@@ -37,6 +38,8 @@ def weight_bytes(model: GPT) -> int:
 
 def counted_flops(fn) -> int:
     """FLOPs of one call of fn() as torch's FlopCounterMode counts them (matmuls and attention)."""
+    # heavy: torch.utils.flop_counter imports triton, which must load after the course's kernels switch its
+    # interpreter on (helpers.measure.triton_mode)
     from torch.utils.flop_counter import FlopCounterMode
 
     with FlopCounterMode(display=False) as counter, torch.no_grad():
@@ -54,8 +57,8 @@ def filled_cache(model: GPT, batch: int, context: int, max_len: int | None = Non
 
 
 def decode_step_fn(model: GPT, cache, batch: int):
-    """A closure: one decode step at the cache's current length, rewound afterwards so that every call
-    measures the same position."""
+    """A closure: one decode step of `batch` fixed random tokens at the cache's current length, rewound
+    before every call so that every call measures the same position (`rewound_step`)."""
     return rewound_step(model, cache, _tokens(batch, 1, _param(model).device, 1))
 
 
@@ -92,12 +95,8 @@ def prefill_decode(model: GPT, prompt_len: int, reps: int) -> list[dict]:
     kv_tok = kv_bytes_per_token(cfg.n_layer, cfg.n_kv_head, cfg.head_dim, el)
     toks = _tokens(1, prompt_len, p.device)
     cache = KVCache(cfg, 1, prompt_len + 1, dtype=p.dtype, device=p.device)
-
-    def pre():
-        cache.length = 0
-        return model(toks, cache=cache)[0]
-    with torch.no_grad():
-        pre()
+    pre = rewound_step(model, cache, toks)  # the prompt, always from an empty cache
+    pre()
     dec = decode_step_fn(model, cache, 1)
     rows = []
     for name, fn, nbytes in (("prefill", pre, weight_bytes(model) + prompt_len * kv_tok),
@@ -185,8 +184,6 @@ def budget_rows(cfg: GPTConfig, variants: dict, budget_bytes: float, weight_byte
 def mla_sweep(model: GPT, ranks: list[int], val_tokens: torch.Tensor, val_batches: int) -> list[dict]:
     """For each rank: the k/v projections' mean relative reconstruction error, and the validation loss of the
     factorised model (nats/byte), beside the original's."""
-    from helpers.gpt.pretrained import validation_loss
-
     rows = []
     for r in ranks:
         low, errs = factorise_kv(model, r)
@@ -201,20 +198,7 @@ def _latent_step(low: GPT, context: int):
     cache = LatentKVCache(low, 1, context + 1, dtype=p.dtype, device=p.device)
     with torch.no_grad():
         low(_tokens(1, context, p.device), cache=cache)
-    start, tok = cache.length, _tokens(1, 1, p.device, 1)
-
-    def step():
-        cache.length = start
-        return decode_one(low, tok, cache)
-    return step, cache
-
-
-def latent_row(low: GPT, context: int, reps: int) -> dict:
-    """One decode step through a LatentKVCache of a factorised model at `context` tokens (batch 1)."""
-    step, cache = _latent_step(low, context)
-    with torch.no_grad():
-        t = bench.benchmark(step, warmup=1, reps=reps, device=_param(low).device.type)
-    return {"seconds": t.median, "spread": t.spread, "cache_bytes": cache.nbytes}
+    return rewound_step(low, cache, _tokens(1, 1, p.device, 1)), cache
 
 
 def variant_speeds(models: dict[str, GPT], latent: tuple[str, GPT] | None, context: int, reps: int,
@@ -224,8 +208,9 @@ def variant_speeds(models: dict[str, GPT], latent: tuple[str, GPT] | None, conte
     round-robin after `warmup` untimed calls each, so other work on the machine slows them alike.
     Returns per case: "variant", "seconds" (median), "spread" (IQR / median) and "kv_share" (the K/V's share
     of the bytes a step reads; None for the latent)."""
-    if reps < 1 or warmup < 0:
-        raise ValueError(f"reps={reps} must be >= 1 and warmup={warmup} >= 0")
+    positive("reps", reps)
+    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
+        raise ValueError(f"warmup={warmup!r} must be an int >= 0")
     fns, shares = {}, {}
     for name, m in models.items():
         fn, row = _decode_case(m, context, 1, name)
@@ -239,62 +224,7 @@ def variant_speeds(models: dict[str, GPT], latent: tuple[str, GPT] | None, conte
     return [{"variant": k, "seconds": t[k].median, "spread": t[k].spread, "kv_share": shares[k]} for k in fns]
 
 
-# ---------------------------------------------------------------- a static cache for compiled decode
-
-
-class StaticKVCache(nn.Module):
-    """A KVCacheLike for one-token decode with static shapes, as compiled decode needs (gpt-fast's design):
-    buffers k, v (n_layer, B, n_kv_head, max_len, head_dim) and the position `pos` live on the device as
-    module buffers; every step attends over all max_len slots with a mask of those filled, so no shape
-    and no Python number changes between steps."""
-
-    def __init__(self, config: GPTConfig, batch: int, max_len: int, *, dtype=torch.float32, device="cpu"):
-        super().__init__()
-        shape = (config.n_layer, batch, config.n_kv_head, max_len, config.head_dim)
-        self.register_buffer("k", torch.zeros(shape, dtype=dtype, device=device))
-        self.register_buffer("v", torch.zeros(shape, dtype=dtype, device=device))
-        self.register_buffer("pos", torch.zeros((), dtype=torch.long, device=device))
-        self.register_buffer("slots", torch.arange(max_len, device=device))
-        self.group = config.n_head // config.n_kv_head
-
-    def positions(self, T: int) -> torch.Tensor:
-        return (self.pos + self.slots[:T]).expand(self.k.size(1), T)
-
-    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        T = q.size(2)
-        idx = self.pos + self.slots[:T]  # (T,)
-        self.k[layer].index_copy_(2, idx, k.to(self.k.dtype))
-        self.v[layer].index_copy_(2, idx, v.to(self.v.dtype))
-        mask = self.slots[None, :] <= idx[:, None]  # (T, max_len): filled slots up to each new token
-        keys, values = self.k[layer], self.v[layer]
-        if self.group > 1:
-            keys, values = keys.repeat_interleave(self.group, 1), values.repeat_interleave(self.group, 1)
-        return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
-
-    def advance(self, T: int) -> None:
-        self.pos += T
-
-
-def static_step(model: GPT, token: torch.Tensor, cache: StaticKVCache) -> torch.Tensor:
-    """GPT.forward for one token per sequence against a StaticKVCache, without the Python-side bounds check
-    (a device-to-host sync that would break a compiled graph): logits (B, vocab)."""
-    x = model.wte(token.reshape(-1, 1)) + model.wpe(cache.positions(1))
-    for i, block in enumerate(model.blocks):
-        x = block(x, cache, i)
-    cache.advance(1)
-    return model.lm_head(model.ln_f(x))[:, -1]
-
-
-def decode_compile_options(mode: str = "reduce-overhead") -> dict:
-    """Inductor options for the compiled decode step: `mode`'s own ("reduce-overhead" is Inductor's
-    {"triton.cudagraphs": True}, "default" none) plus FUSED_MATVEC (coordinate_descent_tuning), under which
-    a one-row matmul becomes a multiply-and-sum that Inductor writes itself, so an int8 or int4 weight is
-    converted inside the kernel that reads it (gpt-fast sets the same option for every variant it times,
-    bf16 included). torch.compile takes a mode or options, not both, hence the dict. Raises ValueError for
-    another mode."""
-    if mode not in ("default", "reduce-overhead"):
-        raise ValueError(f"mode={mode!r}; choose 'default' or 'reduce-overhead'")
-    return {**({"triton.cudagraphs": True} if mode == "reduce-overhead" else {}), **FUSED_MATVEC}
+# ---------------------------------------------------------------- compiled decode
 
 
 def compiled_decode(model: GPT, context: int, reps: int, mode: str = "reduce-overhead") -> dict:
@@ -321,92 +251,3 @@ def compiled_decode(model: GPT, context: int, reps: int, mode: str = "reduce-ove
                                                                        p.element_size())
     return {"eager_s": eager["seconds"], "compiled_s": t.median, "compiled_spread": t.spread, "bytes": nbytes,
             "compiled_gbps": nbytes / t.median / 1e9, "eager_gbps": eager["gbps"], "mode": mode}
-
-
-# ---------------------------------------------------------------- the panel: memory, waste, throughput
-
-
-def request_mix(name: str, n: int, max_len: int, seed: int = 0) -> list[int]:
-    """Token lengths of n requests: 'uniform' (1..max_len) or 'heavy-tailed' (a log-normal, many short and a
-    few long), clipped to 1..max_len."""
-    g = torch.Generator().manual_seed(seed)
-    if name == "uniform":
-        lens = torch.randint(1, max_len + 1, (n,), generator=g)
-    elif name == "heavy-tailed":
-        lens = torch.exp(torch.randn(n, generator=g) * 1.0 + math.log(max_len / 8)).round().long()
-    else:
-        raise ValueError(f"mix={name!r}; choose 'uniform' or 'heavy-tailed'")
-    return lens.clamp(1, max_len).tolist()
-
-
-def serving_estimate(lengths: list[int], max_len: int, bytes_per_token: float, block: int, budget_bytes: float,
-                     weight_bytes_: float, gbps: float) -> dict:
-    """Memory and throughput of serving `lengths` two ways. Preallocating max_len per request reserves
-    max_len tokens each; paging reserves whole blocks of `block` tokens. Waste = reserved but unused / reserved.
-    Throughput is a bandwidth model from this run's measured GB/s: as many requests as the budget holds decode
-    together, one step reading the weights once plus their K/V (tokens/s = batch / step time)."""
-    used = sum(lengths)
-    pre = len(lengths) * max_len
-    paged = sum(-(-n // block) * block for n in lengths)
-    out = {"used_tokens": used}
-    for name, reserved_per_req in (("preallocated", [max_len] * len(lengths)),
-                                   ("paged", [-(-n // block) * block for n in lengths])):
-        reserved = pre if name == "preallocated" else paged
-        free = max(0.0, budget_bytes - weight_bytes_)
-        batch, total = 0, 0.0
-        for r in reserved_per_req:  # admit requests in order while their reservation fits
-            if total + r * bytes_per_token > free:
-                break
-            total += r * bytes_per_token
-            batch += 1
-        mean_ctx = sum(lengths[:batch]) / batch if batch else 0.0
-        step_s = (weight_bytes_ + batch * mean_ctx * bytes_per_token) / (gbps * 1e9)
-        out[name] = {"reserved_tokens": reserved, "waste": 1 - used / reserved, "batch": batch,
-                     "tokens_per_s": batch / step_s if batch else 0.0}
-    return out
-
-
-def serving_panel(kv_heads: int = 8, block: int = 16, mix: str = "heavy-tailed", budget_gb: float = 8.0, *,
-                  weight_bytes_: float, gbps: float, n_requests: int = 64, max_len: int = 2048, seed: int = 0,
-                  show: bool = True) -> dict:
-    """Notebook 10's panel callback for a 1.3B-sized model (24 layers, head_dim 64, bf16): `n_requests` of `mix`
-    served preallocated (max_len each) or paged (blocks of `block`) in `budget_gb` GB with weights of
-    `weight_bytes_`; prints a table, draws the waste bars and returns `serving_estimate`'s dict."""
-    from helpers.show import plots
-    from helpers.decode.inference import kv_bytes_per_token
-    from helpers.show.tables import table
-
-    lens = request_mix(mix, n_requests, max_len, seed=seed)
-    est = serving_estimate(lens, max_len, kv_bytes_per_token(24, kv_heads, 64, 2), block, budget_gb * 1e9,
-                           weight_bytes_, gbps)
-    if show:
-        print(table(["layout", "reserved tokens", "waste", "requests admitted", "est. tokens/s"],
-                    [[k, est[k]["reserved_tokens"], f"{est[k]['waste']:.1%}", est[k]["batch"], est[k]["tokens_per_s"]]
-                     for k in ("preallocated", "paged")]))
-        plots.bars({k: 100 * est[k]["waste"] for k in ("preallocated", "paged")},
-                   ylabel="% of reserved KV memory unused",
-                   title=f"{mix}, {kv_heads} kv heads, block {block}, {budget_gb:g} GB: "
-                         f"{est['preallocated']['batch']} vs {est['paged']['batch']} requests admitted")
-    return est
-
-
-# ---------------------------------------------------------------- the paged-waste claim at this run's scale
-
-
-def paged_waste_verdict(fraction: float, block_size: int, mean_tokens: float, min_ratio: float = 25.0) -> dict:
-    """Judge the vLLM paper's "under 4% of KV memory wasted" on a measured paged-cache waste `fraction` (0-1).
-
-    A paged cache wastes about half a block per request (the last block's empty tail), so the expected waste
-    is (block_size / 2) / mean_tokens: on requests only a few blocks long it exceeds 4% whatever the allocator
-    does. The claim is therefore judged only when `mean_tokens` >= `min_ratio` x `block_size`; otherwise the
-    verdict is "not testable" with that reason. Returns {"verdict", "expected" (0-1), "reason" (str or None)}.
-    Raises ValueError for a block_size or mean_tokens that is not positive."""
-    if block_size <= 0 or mean_tokens <= 0 or min_ratio <= 0:
-        raise ValueError(f"block_size={block_size}, mean_tokens={mean_tokens} and min_ratio={min_ratio} must be > 0")
-    expected = (block_size / 2) / mean_tokens
-    if mean_tokens < min_ratio * block_size:
-        return {"verdict": "not testable", "expected": expected,
-                "reason": f"requests average {mean_tokens:.0f} tokens, under {min_ratio:g} blocks of {block_size}: "
-                          f"half a block per request alone is {100 * expected:.1f}% expected waste, a scale effect "
-                          f"of this small run, not the allocator"}
-    return {"verdict": "supported" if fraction < 0.04 else "contradicted", "expected": expected, "reason": None}

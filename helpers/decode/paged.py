@@ -15,18 +15,18 @@ where a cache that preallocates each request's maximum length wastes everything 
   `set_batch` choose which sequences a forward call extends. `factory(block_size)` plugs it into
   helpers.gpt.generation's `generate(..., make_cache=...)`. Its attention (PyTorch, or the Triton decode
   kernel) is `helpers.decode.paged_attention`'s.
-* `slot_of`: the block-table lookup (position -> physical block, offset) the exercise asks for.
+* `slot_of`: the block-table lookup (position -> physical block, offset).
 * `waste`: allocated minus used slots, paged against per-request max-length preallocation.
 """
 from __future__ import annotations
 
-# first: helpers.decode.paged_attention switches Triton's interpreter on (no CUDA) before triton is imported
+import functools
+from collections.abc import Hashable, Sequence
+
+import torch
+
 from helpers.decode.paged_attention import TRITON_MISSING, paged_decode_torch, paged_decode_triton, paged_prefill_torch
-
-import functools  # noqa: E402
-from collections.abc import Hashable, Sequence  # noqa: E402
-
-import torch  # noqa: E402
+from helpers.measure.params import positive
 
 IMPLS = ("torch", "triton")
 
@@ -37,8 +37,9 @@ class OutOfBlocks(RuntimeError):
 
 def blocks_for(n_tokens: int, block_size: int) -> int:
     """Blocks needed to hold `n_tokens` tokens: ceil(n_tokens / block_size)."""
-    if n_tokens < 0 or block_size <= 0:
-        raise ValueError(f"n_tokens={n_tokens} must be >= 0 and block_size={block_size} > 0")
+    positive("block_size", block_size)
+    if n_tokens < 0:
+        raise ValueError(f"n_tokens={n_tokens} must be >= 0")
     return -(-n_tokens // block_size)
 
 
@@ -48,8 +49,9 @@ def slot_of(position: int, table: Sequence[int], block_size: int) -> tuple[int, 
     block = table[position // block_size], offset = position % block_size. Raises IndexError when the
     table does not reach that position, ValueError for a negative position or block_size < 1.
     """
-    if position < 0 or block_size < 1:
-        raise ValueError(f"position={position} must be >= 0 and block_size={block_size} >= 1")
+    positive("block_size", block_size)
+    if position < 0:
+        raise ValueError(f"position={position} must be >= 0")
     logical = position // block_size
     if logical >= len(table):
         raise IndexError(f"position {position} needs logical block {logical}; the table has {len(table)}")
@@ -65,8 +67,7 @@ class BlockAllocator:
     """
 
     def __init__(self, num_blocks: int):
-        if isinstance(num_blocks, bool) or not isinstance(num_blocks, int) or num_blocks < 1:
-            raise ValueError(f"num_blocks={num_blocks!r} must be a positive int")
+        positive("num_blocks", num_blocks)
         self.num_blocks = num_blocks
         self._free: list[int] = list(range(num_blocks - 1, -1, -1))  # pop() gives 0 first
         self._used: set[int] = set()
@@ -119,8 +120,7 @@ class PagedKVCache:
                  dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu", impl: str = "torch"):
         for name, value in (("n_layer", n_layer), ("n_kv_head", n_kv_head), ("head_dim", head_dim),
                             ("block_size", block_size)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name}={value!r} must be a positive int")
+            positive(name, value)
         if impl not in IMPLS:
             raise ValueError(f"impl={impl!r} is unknown; choose one of {', '.join(map(repr, IMPLS))}")
         if impl == "triton" and TRITON_MISSING:

@@ -13,24 +13,33 @@ head_dim), a sequence's block table lists its blocks in order, and token positio
   ahead of time without one; `decode_splits` and `decode_warps` choose its launch.
 * `dense_decode`: the contiguous reference. `flex_paged_decode`: PyTorch's FlexAttention paged helper
   reading the same pools and tables (a cross-check).
+
+Without CUDA the kernel runs in Triton's interpreter (numpy, slow, for correctness only): importing this
+module switches it on (`helpers.measure.triton_mode.use_interpreter_without_gpu`) before it imports
+triton. `TRITON_MISSING` is a sentence saying why the kernel cannot run in this process, or None.
 """
 from __future__ import annotations
 
-try:  # first: helpers.attention.flash_triton switches Triton's interpreter on (no CUDA) before triton is imported
-    from helpers.attention import flash_triton as _flash_triton
-    TRITON_MISSING: str | None = _flash_triton.BROKEN
-except ImportError as err:  # triton is a Linux-only dependency
-    _flash_triton, TRITON_MISSING = None, f"triton is not installed ({err})"
-
 import functools
 import math
+import os
+import warnings
 
 import torch
 
+from helpers.measure import triton_mode
+from helpers.measure.params import positive
+
+# COURSE_TRITON_AOT=1: compile-only checks on a machine without a GPU (compile_decode_kernel)
+AHEAD_OF_TIME = os.environ.get("COURSE_TRITON_AOT") == "1"
+INTERPRETED = not torch.cuda.is_available() and not AHEAD_OF_TIME
+# why the Triton kernel cannot run in this process, if it cannot; set before anything here imports triton
+TRITON_MISSING: str | None = triton_mode.use_interpreter_without_gpu(__name__, INTERPRETED)
+
 if TRITON_MISSING is None:
-    import triton
+    import triton  # after the interpreter switch
     import triton.language as tl
-else:  # pragma: no cover - without triton only the PyTorch path exists
+else:  # pragma: no cover - without a runnable triton only the PyTorch path exists
     triton = tl = None
 
 
@@ -94,7 +103,7 @@ def flex_paged_decode(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tenso
     `paged_decode_torch`; returns (B, H, hd) float32, or None when this torch has no such helper.
     Eager (uncompiled) on a CPU: the first call takes seconds, later ones are quick.
     """
-    try:
+    try:  # optional: an experimental module of torch, absent from some releases
         from torch.nn.attention.experimental._paged_attention import PagedAttention
         from torch.nn.attention.flex_attention import create_block_mask, flex_attention
     except ImportError:
@@ -114,8 +123,6 @@ def flex_paged_decode(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tenso
     mask = pa.convert_logical_block_mask(logical, kv_len=lengths.to(dev))
     kc = k_pool.permute(2, 0, 1, 3).reshape(1, H_kv, nb * bs, hd).expand(B, -1, -1, -1)  # pool as one long sequence
     vc = v_pool.permute(2, 0, 1, 3).reshape(1, H_kv, nb * bs, hd).expand(B, -1, -1, -1)
-    import warnings
-
     with warnings.catch_warnings():  # "flex_attention called without torch.compile": fine for a check
         warnings.simplefilter("ignore")
         out = flex_attention(q[:, :, None].float(), kc.float(), vc.float(), block_mask=mask, enable_gqa=True)
@@ -233,8 +240,7 @@ def paged_decode_triton(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Ten
         raise ValueError(f"tile={tile} must be a power of two")
     max_len = int(lengths.max()) if max_len is None else max_len
     splits = decode_splits(B * H, max_len, tile, q.device) if splits is None else splits
-    if isinstance(splits, bool) or not isinstance(splits, int) or splits < 1:
-        raise ValueError(f"splits={splits!r} must be a positive int")
+    positive("splits", splits)
     split_tokens = -(-max_len // splits)
     split_tokens = -(-split_tokens // tile) * tile  # whole tiles per piece
     splits = -(-max_len // split_tokens)
@@ -273,8 +279,10 @@ def compile_decode_kernel(dtype: str = "bf16", *, block_size: int = 16, head_dim
     compiled kernel (helpers.attention.triton_aot.resources reads its registers and spills); raises RuntimeError
     when the interpreter is on.
     """
-    if _flash_triton is None or _flash_triton.INTERPRETED:
-        raise RuntimeError("Triton's interpreter is on in this process: set COURSE_TRITON_AOT=1 before importing")
+    if TRITON_MISSING or INTERPRETED:
+        raise RuntimeError(TRITON_MISSING or "Triton's interpreter is on in this process: set COURSE_TRITON_AOT=1 "
+                           "before importing")
+    # optional: Triton's ahead-of-time compiler API, loaded only for this compile-only check
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 

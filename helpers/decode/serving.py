@@ -24,7 +24,7 @@ times are the measured wall-clock durations of those iterations (an idle wait fo
 costs no time). A request's first token comes from its prefill, in the iteration that admitted it.
 
 Notebook 10's measured sections on top of this scheduler (paged waste and speed, static against
-continuous batching, the memory panel) are `helpers.decode.serving_lab`.
+continuous batching) are `helpers.decode.serving_lab`.
 """
 from __future__ import annotations
 
@@ -38,6 +38,7 @@ from typing import Callable, Sequence
 import torch
 
 from helpers.decode.paged import PagedKVCache, blocks_for
+from helpers.measure.params import positive
 
 POLICIES = ("static", "continuous")
 
@@ -70,10 +71,12 @@ def make_requests(n: int, *, seed: int = 0, vocab_size: int = 256, max_len: int 
     Raises ValueError for sizes that cannot fit.
     """
     max_new = max_len // 2 if max_new_tokens is None else max_new_tokens
-    if n < 1 or max_new < 1 or max_len - max_new < 1 or sigma < 0:
-        raise ValueError(f"need n >= 1, 1 <= max_new_tokens={max_new} < max_len={max_len}, sigma >= 0")
-    if arrival_rate is not None and arrival_rate <= 0:
-        raise ValueError(f"arrival_rate={arrival_rate} must be > 0 (or None: everything at once)")
+    positive("n", n)
+    positive("max_new_tokens", max_new)
+    if max_len - max_new < 1 or sigma < 0:
+        raise ValueError(f"need max_new_tokens={max_new} < max_len={max_len} and sigma={sigma} >= 0")
+    if arrival_rate is not None:  # None: everything arrives at once
+        positive("arrival_rate", float(arrival_rate) if type(arrival_rate) is int else arrival_rate, float)
     rng = random.Random(seed)
     prompts = _lognormal_lengths(rng, n, prompt_median, sigma, 1, max_len - max_new)
     outputs = _lognormal_lengths(rng, n, output_median, sigma, 1, max_new)
@@ -171,8 +174,7 @@ def serve(model, requests: Sequence[Request], *, policy: str = "continuous", num
     if policy not in POLICIES:
         raise ValueError(f"policy={policy!r} is unknown; choose one of {', '.join(map(repr, POLICIES))}")
     for name, value in (("num_blocks", num_blocks), ("block_size", block_size), ("max_batch", max_batch)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name}={value!r} must be a positive int")
+        positive(name, value)
     if not requests or len({r.rid for r in requests}) != len(requests):
         raise ValueError("requests must be non-empty with distinct ids")
     cap = max(r.output_len for r in requests) if max_new_tokens is None else max_new_tokens

@@ -18,10 +18,11 @@ import time
 
 import torch
 
-from helpers.measure import bench
-from helpers.decode import speculative as sp
-from helpers.gpt.generation import KVCache, Sampler, generate, prefill
+from helpers.decode import speculative
+from helpers.gpt.generation import KVCache, Sampler, generate, prefill, rewound_step
 from helpers.gpt.model import GPT
+from helpers.measure import bench, params
+from helpers.show import plots
 
 
 def _not_a_string(name: str, values) -> None:
@@ -34,8 +35,6 @@ def _not_a_string(name: str, values) -> None:
 def check_gammas(name: str, values) -> list[int]:
     """Validate γ values: a non-empty list of positive ints (params.positives), with a clear message when the list
     arrived as a string (papermill -p). Raises ValueError naming the parameter."""
-    from helpers.measure import params
-
     _not_a_string(name, values)
     return params.positives(name, values)
 
@@ -83,12 +82,13 @@ def model_pq(target: GPT, draft: GPT, prompt: torch.Tensor, k: int = 8) -> tuple
 
 
 def rule_check(p: torch.Tensor, q: torch.Tensor, draws: int, seed: int = 0, threshold: float = 0.001) -> dict:
-    """Sample `draws` emitted tokens with each rule in `sp.RULES`; {rule: {"counts": (V,), "test": ChiSquare}}."""
+    """Sample `draws` emitted tokens with each rule in `speculative.RULES`;
+    {rule: {"counts": (V,), "test": ChiSquare}}."""
     g = torch.Generator().manual_seed(seed)
     out = {}
-    for rule in sp.RULES:
-        counts = torch.bincount(sp.sample_rule(p, q, draws, rule=rule, generator=g), minlength=len(p))
-        out[rule] = {"counts": counts, "test": sp.chi_square(counts, p, threshold)}
+    for rule in speculative.RULES:
+        counts = torch.bincount(speculative.sample_rule(p, q, draws, rule=rule, generator=g), minlength=len(p))
+        out[rule] = {"counts": counts, "test": speculative.chi_square(counts, p, threshold)}
     return out
 
 
@@ -102,7 +102,7 @@ def greedy_rows(target: GPT, drafts: dict, prompt: torch.Tensor, n: int, gammas:
     rows = []
     for name, draft in drafts.items():
         for gamma in gammas:
-            got = sp.speculative_generate(target, draft, prompt, n, gamma=gamma, temperature=0)
+            got = speculative.speculative_generate(target, draft, prompt, n, gamma=gamma, temperature=0)
             same = got.tokens == want
             gap = None
             if not bool(same.all()):
@@ -116,18 +116,12 @@ def greedy_rows(target: GPT, drafts: dict, prompt: torch.Tensor, n: int, gammas:
 
 
 def _step_fn(model: GPT, prompt: torch.Tensor, T: int):
-    """A callable running T new tokens against a cache holding `prompt` (rolled back before each call)."""
+    """A callable running T new tokens against a cache holding `prompt` (rewound before each call)."""
     dev = next(model.parameters()).device
     cache = KVCache(model.config, 1, len(prompt) + T, device=dev)
     prefill(model, prompt[None].to(dev), cache)
-    L = cache.length
     x = prompt[-T:][None].to(dev) if T <= len(prompt) else prompt[None, :1].repeat(1, T).to(dev)
-
-    @torch.no_grad()
-    def step():
-        sp.rollback(cache, L)
-        model(x, cache=cache)
-    return step
+    return rewound_step(model, cache, x)
 
 
 def decode_costs(target: GPT, draft: GPT, prompt: torch.Tensor, gammas: list[int], *, reps: int = 10,
@@ -146,7 +140,7 @@ def _ngram_cost(prompt: torch.Tensor, n: int, gamma: int, target_ms: float, reps
     """c of the n-gram draft: ms of one lookup over a sequence of the generation's length, per drafted token,
     relative to the target's decode step."""
     seq = prompt.tolist() * (1 + n // max(len(prompt), 1))
-    d = sp.NGramDraft()
+    d = speculative.NGramDraft()
     t0 = time.perf_counter()
     for _ in range(reps):
         d.propose(seq, gamma)
@@ -203,8 +197,8 @@ def speed_grid(target: GPT, drafts: dict, prompt_list: list[torch.Tensor], n: in
             for name in models:
                 alone_s[(name, T)].append(timed(lambda: generate(drafts[name], prompt, n, Sampler(T, seed=seed + r)))[0])
             for c in (c for c in configs if c[2] == T):
-                s, res = timed(lambda: sp.speculative_generate(target, drafts[c[0]], prompt.cpu(), n, gamma=c[1],
-                                                               temperature=T, seed=seed + r))
+                s, res = timed(lambda: speculative.speculative_generate(target, drafts[c[0]], prompt.cpu(), n,
+                                                                        gamma=c[1], temperature=T, seed=seed + r))
                 spec_s[c].append(s)
                 runs[c].append(res)
             after = timed(lambda: generate(target, prompt, n, Sampler(temperature=T, seed=seed + r)))[0]
@@ -228,9 +222,10 @@ def speed_grid(target: GPT, drafts: dict, prompt_list: list[torch.Tensor], n: in
         rows.append({"draft": name, "gamma": g, "temperature": T, "alpha": a,
                      "acceptance": sum(x.accepted for x in res) / proposed if proposed else 0.0,
                      "proposal_rate": proposed / (g * passes), "tokens_per_pass": tokens / passes,
-                     "expected": sp.expected_tokens(a, g), "speedup": med, "speedup_q25": q25, "speedup_q75": q75,
-                     "c": c, "predicted": sp.predicted_speedup(a, g, c),
-                     "predicted_verify": sp.expected_tokens(a, g) / (g * c + v),
+                     "expected": speculative.expected_tokens(a, g), "speedup": med, "speedup_q25": q25,
+                     "speedup_q75": q75,
+                     "c": c, "predicted": speculative.predicted_speedup(a, g, c),
+                     "predicted_verify": speculative.expected_tokens(a, g) / (g * c + v),
                      "plain_ms_per_token": 1e3 * statistics.median(plain_s[T]) / n, "spec_ms_per_token": spec_ms,
                      "model_ms_per_token": model_ms, "other_ms_per_token": spec_ms - model_ms,
                      "baseline_drift": statistics.median(drift_s[T]), "ceiling": tokens / passes,
@@ -351,8 +346,6 @@ def lookup_sentence(rows: list[dict]) -> str:
 
 def exactness_figure(p: torch.Tensor, checks: dict, labels: list[str]):
     """Bars of p beside the emitted frequencies of each rule (its chi-square p-value in the legend)."""
-    from helpers.show import plots
-
     fig, ax = plots.figure(figsize=(8, 3.2))
     x = torch.arange(len(p)).float()
     w = 0.8 / (1 + len(checks))
@@ -371,8 +364,6 @@ def speedup_figure(rows: list[dict], draft: str, title: str | None = None, highl
     """Measured speedup (median, IQR bars) and the formula's prediction against γ, one colour per temperature,
     for one draft (no formula for a draft that did not propose γ tokens every round, e.g. prompt lookup);
     `highlight` = (γ, temperature) circles one point."""
-    from helpers.show import plots
-
     fig, ax = plots.figure(figsize=(7, 3.6))
     temps = sorted({r["temperature"] for r in rows})
     for j, T in enumerate(temps):

@@ -37,6 +37,7 @@ import torch
 
 from helpers.gpt.generation import KVCache, prefill
 from helpers.gpt.model import GPT
+from helpers.measure.params import positive
 
 RULES = ("exact", "p>=q")
 
@@ -98,8 +99,7 @@ def sample_rule(p: torch.Tensor, q: torch.Tensor, n: int, *, rule: str = "exact"
     Raises ValueError for an unknown rule, a non-positive n or p, q that are not distributions."""
     if rule not in RULES:
         raise ValueError(f"rule={rule!r}; choose one of {', '.join(map(repr, RULES))}")
-    if isinstance(n, bool) or not isinstance(n, int) or n <= 0:
-        raise ValueError(f"n={n!r} must be a positive int")
+    positive("n", n)
     p, q = p.double(), q.double()
     _check_pq(p, q)
     g = generator or torch.Generator().manual_seed(0)
@@ -191,9 +191,7 @@ class NGramDraft:
     when the n-gram has not occurred before. Raises ValueError for n < 1."""
 
     def __init__(self, n: int = 3):
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise ValueError(f"n={n!r} must be a positive int")
-        self.n = n
+        self.n = positive("n", n)
 
     def propose(self, seq: list[int], gamma: int) -> list[int]:
         """Up to γ proposed tokens continuing `seq` (possibly none)."""
@@ -263,10 +261,8 @@ def speculative_generate(target: GPT, draft, prompt: torch.Tensor, n: int, *, ga
     (result, target_cache, draft_cache, committed tokens held in the caches)).
     Raises ValueError for bad n, gamma, a vocabulary mismatch or a sequence longer than a model's seq_len.
     """
-    if isinstance(n, bool) or not isinstance(n, int) or n <= 0:
-        raise ValueError(f"n={n!r} must be a positive int")
-    if isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 1:
-        raise ValueError(f"gamma={gamma!r} must be a positive int")
+    positive("n", n)
+    positive("gamma", gamma)
     distribution(torch.zeros(1), temperature)  # validates the temperature
     is_model = isinstance(draft, GPT)
     if not is_model and not isinstance(draft, NGramDraft):

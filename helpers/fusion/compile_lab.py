@@ -1,5 +1,6 @@
-"""Notebook 09's measurements: each workload eager vs compiled (time, GB/s, kernels), the softmax sweep
-with the Triton kernel, the course GPT's training step and one-token forward compiled, the panel.
+"""Notebook 09's measurements: each workload eager vs compiled (time, GB/s, kernels), the cost of compiling
+(cold and warm, and the calls it takes to pay back), the softmax sweep with the Triton kernel, the course
+GPT's training step and one-token forward compiled, the sentences and the panel.
 
 The compiler machinery and the workloads themselves are `helpers.fusion.compiler`; the Triton softmax is
 `helpers.fusion.triton_softmax`. Compiled functions are kept in `COMPILED`, one per workload, so a notebook
@@ -10,15 +11,19 @@ training step and one-token forward with plain torch.compile.
 from __future__ import annotations
 
 import copy
+import os
+import tempfile
 import time
 from typing import Any, Callable
 
-from helpers.fusion import compiler  # first: switches Triton's interpreter on where there is no GPU
-from helpers.measure import bench
-from helpers.show import plots
-from helpers.fusion import triton_softmax
+import torch
 
-import torch  # noqa: E402
+from helpers.cost.flops import transformer_flops
+from helpers.fusion import compiler, triton_softmax
+from helpers.gpt.model import GPT
+from helpers.measure import bench, profiling
+from helpers.measure.params import choices, positive
+from helpers.show import plots
 
 COMPILED: dict[str, Callable] = {}
 # Eager rounds every intermediate to the dtype, a fused kernel keeps them in fp32: about two rounding
@@ -31,8 +36,6 @@ MODES = ("default", "reduce-overhead", "max-autotune")
 
 def check_modes(name: str, value) -> list[str]:
     """A parameter check: a list of torch.compile modes from MODES, possibly empty (time no mode)."""
-    from helpers.measure.params import choices
-
     if isinstance(value, (list, tuple)) and not value:
         return []
     return choices(name, value, MODES)
@@ -85,6 +88,58 @@ def verify_output(fn: Callable, got: torch.Tensor, args: tuple, name: str = "com
     return err
 
 
+# ------------------------------------------------------------------------------------------ compile cost
+
+def compile_seconds(fn: Callable, *args, cache_dir: str | None = None) -> tuple[float, Callable]:
+    """(seconds of the first call of torch.compile(fresh copy of fn), the compiled function).
+
+    cache_dir: Inductor's on-disk cache folder for this compile (TORCHINDUCTOR_CACHE_DIR), restored after;
+    an empty folder makes the compile cold, the same folder again makes it warm. None: the current one.
+    """
+    compiled = torch.compile(compiler.fresh_copy(fn))
+    old = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if cache_dir is not None:
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache_dir)
+    try:
+        start = time.perf_counter()
+        with torch.no_grad():
+            compiled(*args)
+        seconds = time.perf_counter() - start
+    finally:
+        if cache_dir is not None:
+            if old is None:
+                os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
+            else:
+                os.environ["TORCHINDUCTOR_CACHE_DIR"] = old
+    return seconds, compiled
+
+
+def cold_and_warm(fn: Callable, *args) -> dict[str, float]:
+    """Compile seconds of `fn` with an empty Inductor cache (cold), then again with that filled cache (warm).
+
+    Dynamo traces afresh both times (a fresh copy of the function); only Inductor's caches differ. Pass
+    arguments this process has not compiled `fn` for (e.g. a new Python constant): kernels already built
+    in this process stay in memory, and a cold compile would find them there.
+    """
+    with tempfile.TemporaryDirectory(prefix="inductor-cold-") as folder:
+        cold, _ = compile_seconds(fn, *args, cache_dir=folder)
+        warm, _ = compile_seconds(fn, *args, cache_dir=folder)
+    return {"cold_s": cold, "warm_s": warm}
+
+
+def break_even_steps(compile_s: float, eager_s: float, compiled_s: float) -> float | None:
+    """Steps after which compiling has paid for itself: compile_s / (eager_s - compiled_s); None when the
+    compiled step is not faster (it never pays back). Raises ValueError for negative or zero times."""
+    if compile_s < 0:
+        raise ValueError(f"compile_s={compile_s!r} must be >= 0")
+    positive("eager_s", eager_s, float)
+    positive("compiled_s", compiled_s, float)
+    saved = eager_s - compiled_s
+    return compile_s / saved if saved > 0 else None
+
+
+# ------------------------------------------------------------------------------------------ measuring
+
 def ratio_quartiles(slow: bench.Timing, fast: bench.Timing) -> tuple[float, float, float]:
     """(median, q25, q75) of the per-round ratios slow/fast of two interleaved timings."""
     return bench.quartiles([a / b for a, b in zip(slow.samples, fast.samples)])
@@ -94,8 +149,8 @@ def saved_per_call(eager_s: float, ratio: float) -> float:
     """Seconds saved per call by the compiled version, from eager's median time (s) and the median per-round
     eager/compiled ratio: eager_s * (1 - 1/ratio); negative when compiled is slower. Raises ValueError for
     a non-positive time or ratio."""
-    if eager_s <= 0 or ratio <= 0:
-        raise ValueError(f"eager_s={eager_s} and ratio={ratio} must be positive")
+    positive("eager_s", eager_s, float)
+    positive("ratio", ratio, float)
     return eager_s * (1 - 1 / ratio)
 
 
@@ -104,7 +159,7 @@ def break_even_from_ratio(compile_s: float, eager_s: float, ratio: float) -> flo
     (the median per-round eager/compiled ratio): None when ratio <= 1 (compiled is not faster: it never pays
     back). Raises ValueError for a negative compile time or a non-positive time or ratio."""
     saved = saved_per_call(eager_s, ratio)
-    return compiler.break_even_steps(compile_s, eager_s, eager_s - saved) if saved > 0 else None
+    return break_even_steps(compile_s, eager_s, eager_s - saved) if saved > 0 else None
 
 
 def fmt_seconds(s: float) -> str:
@@ -117,8 +172,6 @@ def busy_warning(cores: int | None = None, load: float | None = None) -> bool:
     """Print one warning line and return True when the 1-minute load average >= the core count (other
     processes then hold the cores, and a parallel loop waits for its slowest thread, so timings and
     ratios are unreliable). cores/load default to os.cpu_count() and os.getloadavg()[0] (0 where absent)."""
-    import os
-
     cores = cores or os.cpu_count() or 1
     if load is None:
         load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
@@ -255,8 +308,6 @@ def softmax_sweep(cols_list: list[int], rows: int, *, dtype: torch.dtype = torch
 
 
 def _train_pair(config, batch_size: int, device: str, lr: float, seed: int):
-    from helpers.gpt.model import GPT
-
     torch.manual_seed(seed)
     eager = GPT(config).to(device)
     twin = copy.deepcopy(eager)
@@ -286,8 +337,6 @@ def train_step_compare(config, batch_size: int, *, device: str = "cpu", reps: in
     steps of each are timed interleaved. Returns times, tokens/s, TFLOP/s (counted as in notebook 02)
     and the per-round ratio quartiles.
     """
-    from helpers.cost.flops import transformer_flops
-
     eager, comp, (opt_e, opt_c), x, y = _train_pair(config, batch_size, device, lr, seed)
     ac = autocast_dtype
     _step(eager, opt_e, x, y, ac)
@@ -316,8 +365,6 @@ def matmul_share(step: Callable[[], Any], name: str = "09_gpt_step_eager") -> fl
 
     torch.compile hands matmuls to the same library kernels eager uses, so only the rest can shrink: with a
     share m the whole step can be at most 1/m times faster (Amdahl's law)."""
-    from helpers.measure import profiling
-
     prof = profiling.profile(step, steps=2, top=10_000, name=name)
     return sum(share for op, _, _, share in prof.rows if profiling.is_matmul(op))
 
@@ -329,8 +376,6 @@ def one_token_forward(config, modes: list[str], *, device: str = "cpu", reps: in
 
     "reduce-overhead" (CUDA graphs) and "max-autotune" need CUDA: asked for on a CPU they raise ValueError.
     """
-    from helpers.gpt.model import GPT
-
     for mode in modes:
         if mode not in ("default", "reduce-overhead", "max-autotune"):
             raise ValueError(f"mode {mode!r}; choose 'default', 'reduce-overhead' or 'max-autotune'")

@@ -1,5 +1,5 @@
-"""torch.compile, taken apart: fusion and the bytes it saves, the code Inductor writes, graph breaks,
-recompilations, modes and the cost of compiling (notebook 09).
+"""torch.compile, taken apart: fusion and the bytes it saves, the kernels it launches, the code Inductor
+writes, graph breaks and recompilations (notebook 09).
 
 The workloads are written the way a learner would write them, as separate PyTorch ops, so that eager
 mode runs one kernel per op and reads and writes every intermediate from memory:
@@ -11,13 +11,16 @@ mode runs one kernel per op and reads and writes every intermediate from memory:
 Each has a library line (`F.gelu` chain has none; `F.layer_norm`, `torch.softmax`) that PyTorch already
 fuses by hand. `eager_bytes` counts what eager mode moves (every op's tensor inputs read once and its
 outputs written once, counted by a TorchDispatchMode as the ops run); `fused_bytes` is the ideal of one
-fused kernel: the function's inputs read once and its outputs written once.
+fused kernel: the function's inputs read once and its outputs written once. `kernel_launches` counts the
+kernels a call runs; `generated_code`, `fused_kernels` and `kernel_excerpt` read what Inductor wrote;
+`BREAKS` and `explain` show graph breaks and their fixes; `count_compiles` counts recompilations.
 
-On a CPU Inductor writes C++ with OpenMP; on a GPU, Triton. Importing this module switches Triton's
-interpreter on where there is no GPU (via `helpers.fusion.triton_softmax`, before anything imports triton). It
-changes no global Inductor setting: `compile_counted` compiles one function with Inductor's
-`cpp.enable_kernel_profile` option, so that its C++ kernels appear by name in `torch.profiler` (they are
-otherwise invisible there, and could not be counted); every other compile in the process is left as is.
+On a CPU Inductor writes C++ with OpenMP; on a GPU, Triton. Inductor imports triton, so this module
+switches Triton's interpreter on where there is no GPU (`helpers.measure.triton_mode`) before anything it
+runs imports triton: a Triton kernel of the course imported later still runs. It changes no global
+Inductor setting: `compile_counted` compiles one function with Inductor's `cpp.enable_kernel_profile`
+option, so that its C++ kernels appear by name in `torch.profiler` (they are otherwise invisible there,
+and could not be counted); every other compile in the process is left as is.
 """
 from __future__ import annotations
 
@@ -25,17 +28,19 @@ import contextlib
 import logging
 import os
 import re
-import tempfile
-import time
 import types
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from helpers.fusion import triton_softmax  # noqa: F401  (first: switches Triton's interpreter on before Inductor imports triton)
+import torch
+import torch.nn.functional as F
+from torch.profiler import ProfilerActivity, profile
+from torch.utils._python_dispatch import TorchDispatchMode
 
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
+from helpers.measure import params, triton_mode
+from helpers.measure.profiling import quiet_stderr
+
+triton_mode.use_interpreter_without_gpu(__name__, not torch.cuda.is_available())  # before Inductor imports triton
 
 # ------------------------------------------------------------------------------------------ workloads
 
@@ -109,9 +114,8 @@ def make_inputs(name: str, rows: int, cols: int, *, dtype: torch.dtype = torch.f
     or a non-positive size."""
     if name not in WORKLOADS:
         raise ValueError(f"workload {name!r} is unknown; choose one of {', '.join(map(repr, WORKLOADS))}")
-    for label, n in (("rows", rows), ("cols", cols)):
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise ValueError(f"{label}={n!r} must be a positive int")
+    params.positive("rows", rows)
+    params.positive("cols", cols)
     return WORKLOADS[name].inputs(rows, cols, dtype, device, torch.Generator().manual_seed(seed))
 
 
@@ -224,12 +228,8 @@ def kernel_launches(fn: Callable, *args, steps: int = 1) -> tuple[int, dict[str,
     function was compiled with `compile_counted`; one from a plain torch.compile is not counted. Call `fn`
     once beforehand: the first call may compile.
     """
-    from torch.profiler import ProfilerActivity, profile
-
     on_cuda = torch.cuda.is_available() and any(t.is_cuda for t in _tensors(args))
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_cuda else [])
-    from helpers.measure.profiling import quiet_stderr
-
     with quiet_stderr():
         prof = profile(activities=activities)
         prof.start()
@@ -263,7 +263,7 @@ def generated_code(compiled: Callable, *args) -> tuple[Any, list[str]]:
 
     The call compiles (or loads from Inductor's caches) and returns what `run_and_get_code` captured.
     """
-    from torch._inductor.utils import run_and_get_code
+    from torch._inductor.utils import run_and_get_code  # heavy: Inductor, only when code is asked for
 
     with torch.no_grad():
         return run_and_get_code(compiled, *args)
@@ -386,7 +386,7 @@ def count_compiles(sizes: list[int], *, dynamic: bool | None = None, mark_dynami
     Uses Dynamo's CompileCounter backend (no Inductor), so it is cheap.
     Returns {"compiles", "after_each" (the count after each call), "sizes"}.
     """
-    from torch._dynamo.testing import CompileCounter
+    from torch._dynamo.testing import CompileCounter  # heavy: Dynamo's test helpers, only for this count
 
     if not sizes or any(isinstance(n, bool) or not isinstance(n, int) or n < 2 for n in sizes):
         raise ValueError(f"sizes={sizes!r} must be a non-empty list of ints >= 2 (0 and 1 are always specialised)")
@@ -402,52 +402,3 @@ def count_compiles(sizes: list[int], *, dynamic: bool | None = None, mark_dynami
             fn(x)
             after.append(counter.frame_count)
     return {"compiles": counter.frame_count, "after_each": after, "sizes": list(sizes)}
-
-
-# ------------------------------------------------------------------------------------------ compile cost
-
-
-def compile_seconds(fn: Callable, *args, cache_dir: str | None = None) -> tuple[float, Callable]:
-    """(seconds of the first call of torch.compile(fresh copy of fn), the compiled function).
-
-    cache_dir: Inductor's on-disk cache folder for this compile (TORCHINDUCTOR_CACHE_DIR), restored after;
-    an empty folder makes the compile cold, the same folder again makes it warm. None: the current one.
-    """
-    compiled = torch.compile(fresh_copy(fn))
-    old = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
-    if cache_dir is not None:
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache_dir)
-    try:
-        start = time.perf_counter()
-        with torch.no_grad():
-            compiled(*args)
-        seconds = time.perf_counter() - start
-    finally:
-        if cache_dir is not None:
-            if old is None:
-                os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
-            else:
-                os.environ["TORCHINDUCTOR_CACHE_DIR"] = old
-    return seconds, compiled
-
-
-def cold_and_warm(fn: Callable, *args) -> dict[str, float]:
-    """Compile seconds of `fn` with an empty Inductor cache (cold), then again with that filled cache (warm).
-
-    Dynamo traces afresh both times (a fresh copy of the function); only Inductor's caches differ. Pass
-    arguments this process has not compiled `fn` for (e.g. a new Python constant): kernels already built
-    in this process stay in memory, and a cold compile would find them there.
-    """
-    with tempfile.TemporaryDirectory(prefix="inductor-cold-") as folder:
-        cold, _ = compile_seconds(fn, *args, cache_dir=folder)
-        warm, _ = compile_seconds(fn, *args, cache_dir=folder)
-    return {"cold_s": cold, "warm_s": warm}
-
-
-def break_even_steps(compile_s: float, eager_s: float, compiled_s: float) -> float | None:
-    """Steps after which compiling has paid for itself: compile_s / (eager_s - compiled_s); None when the
-    compiled step is not faster (it never pays back). Raises ValueError for negative or zero times."""
-    if compile_s < 0 or eager_s <= 0 or compiled_s <= 0:
-        raise ValueError(f"compile_s={compile_s} must be >= 0 and step times positive ({eager_s}, {compiled_s})")
-    saved = eager_s - compiled_s
-    return compile_s / saved if saved > 0 else None

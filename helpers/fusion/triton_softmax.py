@@ -14,15 +14,22 @@ Fully masked rows (every entry -inf) give NaN, as `torch.softmax` does: the kern
 replacement, and a NaN says loudly that a row had nothing to attend to. Partly masked rows, even
 ones whose first block is all -inf, are finite: the running update never computes -inf - (-inf).
 
+* `softmax_row_kernel`: the kernel; `softmax`: its launch over the last dimension of any tensor;
+  `block_for`: the block size and path for a row length; `online_update`: the online step in PyTorch;
+  `reference`: what the kernel is checked against.
+
 Without CUDA the kernel runs in Triton's interpreter (numpy, slow, for correctness only): importing
-this module sets TRITON_INTERPRET=1, which must happen before anything imports triton, as in
-`helpers.attention.flash_triton`.
+this module switches it on through `helpers.measure.triton_mode` (TRITON_INTERPRET=1) before its own
+import of triton; `BROKEN` says why the kernel cannot run in this process, or is None.
 """
 from __future__ import annotations
 
+import contextlib
+
+import numpy as np
 import torch
 
-from helpers.measure import triton_mode
+from helpers.measure import params, triton_mode
 
 INTERPRETED = not torch.cuda.is_available()
 # why the kernel cannot run in this process, if it cannot; set before anything imports triton
@@ -40,7 +47,7 @@ MAX_BLOCK = 4096  # the longest row kept whole in one block; longer rows go onli
 
 if triton is not None:
     @triton.jit
-    def _softmax_row_kernel(x_ptr, y_ptr, n_cols, x_stride, y_stride, BLOCK: tl.constexpr, ONLINE: tl.constexpr):
+    def softmax_row_kernel(x_ptr, y_ptr, n_cols, x_stride, y_stride, BLOCK: tl.constexpr, ONLINE: tl.constexpr):
         """One program = one row. ONLINE=False: the row fits one BLOCK. ONLINE=True: two passes over blocks."""
         row = tl.program_id(0)
         x_row = x_ptr + row.to(tl.int64) * x_stride
@@ -72,8 +79,7 @@ def block_for(n_cols: int, max_block: int | None = None) -> tuple[int, bool]:
     else max_block and the online two-pass loop. Raises ValueError for n_cols < 1 or a max_block that is not
     a power of two >= 16."""
     cap = MAX_BLOCK if max_block is None else max_block
-    if isinstance(n_cols, bool) or not isinstance(n_cols, int) or n_cols < 1:
-        raise ValueError(f"n_cols={n_cols!r} must be a positive int")
+    params.positive("n_cols", n_cols)
     if isinstance(cap, bool) or not isinstance(cap, int) or cap < 16 or cap & (cap - 1):
         raise ValueError(f"max_block={max_block!r} must be a power of two >= 16")
     block = max(16, 1 << (n_cols - 1).bit_length())
@@ -112,8 +118,8 @@ def softmax(x: torch.Tensor, max_block: int | None = None) -> torch.Tensor:
     out = torch.empty_like(rows)
     if rows.shape[0]:
         with _quiet_nan():  # the interpreter's numpy warns on a fully masked row's -inf - (-inf): NaN is intended
-            _softmax_row_kernel[(rows.shape[0],)](rows, out, n_cols, rows.stride(0), out.stride(0),
-                                                  BLOCK=block, ONLINE=online, num_warps=_warps(block))
+            softmax_row_kernel[(rows.shape[0],)](rows, out, n_cols, rows.stride(0), out.stride(0),
+                                                 BLOCK=block, ONLINE=online, num_warps=_warps(block))
     return out.reshape(x.shape)
 
 
@@ -131,12 +137,8 @@ def online_update(m: torch.Tensor, l: torch.Tensor, block: torch.Tensor) -> tupl
 
 def _quiet_nan():
     """numpy's errstate(invalid='ignore') in the interpreter; nothing on a GPU."""
-    import contextlib
-
     if not INTERPRETED:
         return contextlib.nullcontext()
-    import numpy as np
-
     return np.errstate(invalid="ignore")
 
 

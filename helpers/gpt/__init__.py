@@ -1,1 +1,10 @@
-"""placeholder"""
+"""The course GPT, its corpus, its trained weights and how it generates text: used from notebook 02 on.
+Imports `measure` and `show`.
+
+`model`       the GPT (config presets, blocks, attention choices, the cache protocol it decodes with)
+`data`        the corpus (the Python standard library's own source, as bytes), its splits and batches
+`pretrained`  course GPTs trained once per machine and cached, or loaded from the shipped `weights/`
+`generation`  the contiguous key/value cache, prefill, one decode step, a rewound step for timing,
+              sampling and the generation loop with or without the cache (taught in notebook 10, used by
+              notebooks 08, 10 and 11)
+"""

@@ -4,15 +4,15 @@
   filled by one method, `update`; it implements `helpers.gpt.model.KVCacheLike`, so `GPT.forward(idx,
   cache=cache)` runs any number of new tokens against everything cached (MHA, GQA and MQA alike).
 * `prefill(model, tokens, cache)` runs the prompt once and returns the last position's logits;
-  `decode_one(model, token, cache)` runs one new token per sequence; `rewound_step(model, cache, token)`
-  is one decode step that always runs at the same position (for timing); `generate(model, prompt, n,
-  sampler, cache=True)` loops them, or (cache=False) reruns the whole sequence at every step, the
+  `decode_one(model, token, cache)` runs one new token per sequence; `rewound_step(model, cache, tokens)`
+  runs new tokens always at the same position (for timing); `generate(model, prompt, n, sampler,
+  cache=True)` loops prefill and decode, or (cache=False) reruns the whole sequence at every step, the
   quadratic baseline. Greedy tokens are identical either way (tests/test_gpt_generation.py).
 * `Sampler`: greedy (temperature 0), temperature, top-k and top-p (nucleus; Holtzman et al., 2020)
   with its own seeded torch.Generator, so a seed reproduces the text.
 
-Notebook 10 teaches the cache; notebook 08 times decode steps of quantised models with it; the other
-caches (static, paged, latent) are in `helpers.decode`.
+Notebook 10 teaches the cache; notebook 08 times decode steps of quantised models with it; the static,
+paged and latent caches are in `helpers.decode`.
 """
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from helpers.gpt.model import GPT, GPTConfig
+from helpers.measure.params import positive
 
 # ---------------------------------------------------------------- the contiguous KV cache
 
@@ -42,9 +43,8 @@ class KVCache:
 
     def __init__(self, config: GPTConfig, batch: int, max_len: int, *, dtype: torch.dtype = torch.float32,
                  device: str | torch.device = "cpu"):
-        for name, value in (("batch", batch), ("max_len", max_len)):
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise ValueError(f"{name}={value!r} must be a positive int")
+        positive("batch", batch)
+        positive("max_len", max_len)
         shape = (config.n_layer, batch, config.n_kv_head, max_len, config.head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
@@ -122,9 +122,8 @@ class Sampler:
         if isinstance(self.temperature, bool) or not isinstance(self.temperature, (int, float)) \
                 or not math.isfinite(self.temperature) or self.temperature < 0:
             raise ValueError(f"temperature={self.temperature!r} must be a finite number >= 0")
-        if self.top_k is not None and (isinstance(self.top_k, bool) or not isinstance(self.top_k, int)
-                                       or self.top_k <= 0):
-            raise ValueError(f"top_k={self.top_k!r} must be a positive int or None")
+        if self.top_k is not None:
+            positive("top_k", self.top_k)
         if self.top_p is not None and not (isinstance(self.top_p, (int, float)) and 0 < self.top_p <= 1):
             raise ValueError(f"top_p={self.top_p!r} must be in (0, 1] or None")
         self.generator = torch.Generator().manual_seed(self.seed)
@@ -156,8 +155,7 @@ def generate(model: GPT, prompt: torch.Tensor, n: int, sampler: Sampler | None =
     in its place). cache=False: the whole sequence is rerun at every step (no cache).
     Raises ValueError when T + n passes the model's seq_len.
     """
-    if isinstance(n, bool) or not isinstance(n, int) or n <= 0:
-        raise ValueError(f"n={n!r} must be a positive int")
+    positive("n", n)
     prompt = prompt.reshape(1, -1) if prompt.dim() == 1 else prompt
     B, T = prompt.shape
     if T + n > model.config.seq_len:
@@ -181,12 +179,19 @@ def generate(model: GPT, prompt: torch.Tensor, n: int, sampler: Sampler | None =
     return torch.stack(out, dim=1)
 
 
-def rewound_step(model: GPT, cache, token: torch.Tensor):
-    """A closure running one decode step of `token` (B,) or (B, 1) at the cache's current length, rewound
-    before every call, so that every call measures the same position."""
-    start = cache.length
+def rewound_step(model: GPT, cache, tokens: torch.Tensor):
+    """A closure running `tokens` against `cache` at the cache's current length, rewound to that length
+    before every call, so that every call measures the same position.
 
+    tokens: (B,) or (B, 1) for one decode step, (B, T) for T new tokens per sequence (e.g. a speculative
+    verification pass). Each call returns the logits of the last new position, (B, vocab), without
+    gradients. `cache` is any KVCacheLike with a settable `length` (KVCache, LatentKVCache).
+    """
+    start = cache.length
+    tokens = tokens.reshape(-1, 1) if tokens.dim() == 1 else tokens
+
+    @torch.no_grad()
     def step():
         cache.length = start
-        return decode_one(model, token, cache)
+        return model(tokens, cache=cache)[0][:, -1]
     return step

@@ -28,6 +28,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from helpers.measure.params import positive
+
 AttentionFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, bool], torch.Tensor]
 
 
@@ -67,9 +69,7 @@ class GPTConfig:
         if self.n_kv_head is None:
             self.n_kv_head = self.n_head
         for name in ("n_layer", "n_head", "n_kv_head", "d_model", "d_ff", "vocab_size", "seq_len"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise ValueError(f"{name}={value!r} must be a positive int")
+            positive(name, getattr(self, name))
         if self.d_model % self.n_head:
             raise ValueError(f"d_model={self.d_model} must be divisible by n_head={self.n_head}")
         if self.n_head % self.n_kv_head:
@@ -312,28 +312,6 @@ class GPT(nn.Module):
         if targets is not None:
             loss = F.cross_entropy(logits.view(B * T, -1), targets.reshape(B * T), ignore_index=-1)
         return logits, loss
-
-    @torch.no_grad()
-    def generate(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
-                 top_k: int | None = None, generator: torch.Generator | None = None) -> torch.Tensor:
-        """Append `max_new_tokens` sampled tokens to idx (B, T); temperature 0 means greedy."""
-        was_training = self.training
-        self.eval()
-        for _ in range(max_new_tokens):
-            context = idx[:, -self.config.seq_len:]  # (B, <= seq_len)
-            logits = self(context)[0][:, -1, :]  # (B, vocab_size)
-            if temperature == 0:
-                nxt = logits.argmax(dim=-1, keepdim=True)  # (B, 1)
-            else:
-                logits = logits / temperature
-                if top_k is not None:
-                    kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, [-1]]  # (B, 1)
-                    logits = logits.masked_fill(logits < kth, float("-inf"))
-                probs = torch.softmax(logits, dim=-1)  # (B, vocab_size)
-                nxt = torch.multinomial(probs, 1, generator=generator)  # (B, 1)
-            idx = torch.cat([idx, nxt], dim=1)  # (B, T + 1)
-        self.train(was_training)
-        return idx
 
 
 def save_checkpoint(model: GPT, path: str | os.PathLike) -> Path:

@@ -35,7 +35,8 @@ from typing import Callable
 import torch
 import torch.nn as nn
 
-from helpers.training import precision as P
+from helpers.measure.params import positive, positives
+from helpers.training import precision
 
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
 FORMAT_NAMES = {E4M3: "fp8-e4m3fn", E5M2: "fp8-e5m2"}  # the names helpers.training.precision knows them by
@@ -52,9 +53,9 @@ def _check_dtype(dtype: torch.dtype) -> torch.dtype:
     return dtype
 
 
-def facts(dtype: torch.dtype) -> P.FormatFacts:
+def facts(dtype: torch.dtype) -> precision.FormatFacts:
     """Max, smallest normal and subnormal, mantissa bits of an fp8 dtype (from helpers.training.precision)."""
-    return P.facts(FORMAT_NAMES[_check_dtype(dtype)])
+    return precision.facts(FORMAT_NAMES[_check_dtype(dtype)])
 
 
 def fmax(dtype: torch.dtype) -> float:
@@ -116,8 +117,9 @@ def blockwise(x: torch.Tensor, block: tuple[int, int] = (1, 128), dtype: torch.d
 
     Returns q (M, K) fp8 and scale (ceil(M/b0), ceil(K/b1)) fp32.
     """
-    if len(block) != 2 or any(not isinstance(b, int) or b <= 0 for b in block):
+    if len(block) != 2:
         raise ValueError(f"block={block!r} must be two positive ints")
+    positives("block", block)
     tiles, (M, K) = _blocks(x, block)
     scale = amax_to_scale(tiles.abs().amax(dim=(1, 3)), dtype, power_of_2)  # (M/b0, K/b1)
     q = cast(tiles * scale[:, None, :, None], dtype).view(tiles.shape[0] * block[0], -1)
@@ -229,8 +231,7 @@ class DelayedScaler:
     """
 
     def __init__(self, history_len: int = 16, margin: int = 0, algo: str = "max", dtype: torch.dtype = E4M3):
-        if isinstance(history_len, bool) or not isinstance(history_len, int) or history_len <= 0:
-            raise ValueError(f"history_len={history_len!r} must be a positive int")
+        positive("history_len", history_len)
         if isinstance(margin, bool) or not isinstance(margin, int) or margin < 0:
             raise ValueError(f"margin={margin!r} must be a non-negative int")
         if algo not in ("max", "most_recent"):
@@ -526,7 +527,7 @@ def import_torchao():
     try:
         with warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()):
             warnings.simplefilter("ignore")
-            import torchao.float8 as ao_float8
+            import torchao.float8 as ao_float8  # heavy and noisy: imported here, with its warnings silenced
         return ao_float8, None
     except Exception as err:  # ImportError, or a torch/torchao version mismatch raising at import
         return None, f"torchao could not be imported ({type(err).__name__}: {str(err).splitlines()[0][:120]})"

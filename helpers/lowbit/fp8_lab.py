@@ -14,7 +14,8 @@ import torch
 from helpers.measure import bench, profiling
 from helpers.lowbit import fp8
 from helpers.show import plots
-from helpers.training import precision as P
+from helpers.measure.params import positive
+from helpers.training import precision
 
 TRAIN_VARIANTS = ("fp32", "ours tensorwise", "ours delayed", "ours rowwise", "ours blockwise",
                   "torchao tensorwise", "torchao rowwise")  # the first is the baseline: "bf16" where it runs
@@ -35,7 +36,7 @@ def format_rows(names=("fp8-e4m3fn", "fp8-e5m2", "bf16")) -> list[list]:
     """One row per format: bits, max, smallest normal and subnormal, eps, dynamic range in binades."""
     rows = []
     for name in names:
-        f = P.facts(name)
+        f = precision.facts(name)
         binades = math.log2(f.max / f.smallest_subnormal)
         rows.append([name, f"1/{f.exponent_bits}/{f.mantissa_bits}", f.max, f.smallest_normal, f.smallest_subnormal,
                      f.eps, f"{binades:.1f}"])
@@ -45,7 +46,7 @@ def format_rows(names=("fp8-e4m3fn", "fp8-e5m2", "bf16")) -> list[list]:
 def grid_figure(ax=None):
     """The positive values of e4m3fn and e5m2 on a log2 axis, bf16's range drawn behind them."""
     fig, ax = plots.axes(ax, "every positive fp8 value, on a log2 axis")
-    bf = P.facts("bf16")
+    bf = precision.facts("bf16")
     for i, dtype in enumerate((fp8.E4M3, fp8.E5M2)):
         g = fp8.grid(dtype)[1:]
         ax.plot(g.log2().numpy(), [i] * len(g), "|", ms=14, color=plots.COLORS[i],
@@ -83,8 +84,7 @@ def capture(model: torch.nn.Module, layer: str, x: torch.Tensor, y: torch.Tensor
 def plant_outlier(x: torch.Tensor, magnitude: float, channel: int = 7, every: int = 8) -> torch.Tensor:
     """A copy of x (M, K) whose column `channel` is set to magnitude × x's amax on every `every`-th row
     (an outlier channel carried by some tokens, as in LLM.int8(), Dettmers et al., 2022)."""
-    if magnitude <= 0:
-        raise ValueError(f"magnitude={magnitude!r} must be positive")
+    positive("magnitude", float(magnitude) if type(magnitude) is int else magnitude, float)
     out = x.clone()
     out[::every, channel % x.shape[1]] = magnitude * x.abs().max()
     return out

@@ -17,26 +17,11 @@ row and group of `group_size` input columns) and change only *which* integers ar
 Quantised weights here are *fake-quantised*: stored back in fp32 after rounding, which gives the
 same outputs as a packed kernel that dequantises exactly (no speed or memory is measured here).
 
-What notebook 08 calls:
-- `calibration_tokens(n, seq_len, seed)`: calibration windows (token ids) from the training split;
-- `quantize_model(model, method, bits, group_size, calib)`: a quantised copy of the GPT for a
-  perplexity row ("rtn", "gptq" or "awq"; its `.quantization` attribute holds per-layer errors);
-- `layer_error_rows(model, calib, bits=(4, 3), group_size)` and `layer_error_section(...)`: the
-  output error ||WX − ŴX|| / ||WX|| of RTN, GPTQ and AWQ on every linear of the model, as rows and
-  as a printed table with a sentence generated from the numbers;
-- `layer_error_figure(rows)`: those errors, RTN on x against GPTQ and AWQ on y;
-- `perplexity_section(model, calib, bits=(4, 3), group_size, val_tokens)`: held-out perplexity of
-  RTN, GPTQ and AWQ at each bit width, printed and returned.
-
-Smoke cost on the "tiny" preset (a 2-core CPU shared with other jobs, about 2-3× an idle one's), with
-calib = calibration_tokens(4, 128): `layer_error_section(model, calib, test=...)` 3 s,
-`perplexity_section(model, calib, bits=(4, 3), batches=2)` 7 s (six quantised copies).
-On the tiny preset, 4- and 3-bit quantisation (groups of 64) moved held-out perplexity by under
-0.3% in the runs made while writing this module, so there the layer errors are where the methods
-separate; whether perplexity separates them on a larger preset is for the notebook's run to show.
-
-Lower-level pieces: `rtn_quantize`, `gptq_quantize`, `awq_quantize`, `collect_inputs`, `hessian`,
-`output_error`.
+What it holds: `rtn_quantize`, `gptq_quantize`, `awq_quantize` (one layer's weight); `calibration_tokens`
+(calibration windows of token ids from the training split), `block_linears` and `collect_inputs` (the
+GPT's block linears and their inputs), `hessian`, `output_error`; `quantize_model` (a quantised copy of
+the whole GPT with "rtn", "gptq" or "awq"); `cpu_threads` (run a block on one CPU thread).
+Notebook 08's layer-error and perplexity sections with these pieces are in `helpers.lowbit.quant_lab`.
 """
 from __future__ import annotations
 
@@ -48,17 +33,17 @@ import torch
 import torch.nn as nn
 
 from helpers.gpt import data
-from helpers.show import plots, tables
+from helpers.measure.params import positive
 
 METHODS = ("rtn", "gptq", "awq")
 
 
-# ---------------------------------------------------------------- validation
+# ---------------------------------------------------------------- threads and validation
 
 @contextlib.contextmanager
 def cpu_threads(device, n: int = 1):
     """Run the block with `n` intra-op threads when `device` is a CPU (its many small matmuls and
-    column updates run faster on one thread than on threads fighting other processes); else as is."""
+    column updates run faster on one thread than on threads competing with other processes); else as is."""
     if torch.device(device).type != "cpu":
         yield
         return
@@ -70,7 +55,8 @@ def cpu_threads(device, n: int = 1):
         torch.set_num_threads(before)
 
 
-def _check_bits(bits) -> int:
+def check_bits(bits) -> int:
+    """`bits` if it is an int from 2 to 8 (the widths RTN, GPTQ and AWQ accept here), else ValueError."""
     if isinstance(bits, bool) or not isinstance(bits, int) or not 2 <= bits <= 8:
         raise ValueError(f"bits={bits!r} must be an int from 2 to 8")
     return bits
@@ -80,8 +66,7 @@ def _check_group(group_size, in_features: int) -> int:
     """The group size to use (None: one group per row); raises ValueError if it does not divide the row."""
     if group_size is None:
         return in_features
-    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size <= 0:
-        raise ValueError(f"group_size={group_size!r} must be a positive int or None (one group per row)")
+    positive("group_size", group_size)
     if in_features % group_size:
         raise ValueError(f"group_size={group_size} must divide the layer's {in_features} input features")
     return group_size
@@ -114,7 +99,7 @@ def rtn_quantize(W: torch.Tensor, bits: int, group_size: int | None = None) -> t
 
     Returns a float32 tensor of W's shape. Raises ValueError for bits outside 2..8 or a group size
     that does not divide `in`."""
-    _check_bits(bits)
+    check_bits(bits)
     out_f, in_f = W.shape
     g = _check_group(group_size, in_f)
     w = W.detach().float().reshape(out_f * (in_f // g), g)  # one row per (output row, group)
@@ -126,10 +111,8 @@ def rtn_quantize(W: torch.Tensor, bits: int, group_size: int | None = None) -> t
 
 def calibration_tokens(n: int = 8, seq_len: int = 128, seed: int = 0) -> torch.Tensor:
     """`n` random windows of `seq_len` token ids (n, seq_len), int64, from the corpus's training split."""
-    if isinstance(n, bool) or not isinstance(n, int) or n <= 0:
-        raise ValueError(f"n={n!r} must be a positive int")
-    if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len <= 0:
-        raise ValueError(f"seq_len={seq_len!r} must be a positive int")
+    positive("n", n)
+    positive("seq_len", seq_len)
     g = torch.Generator().manual_seed(seed)
     x, _ = data.get_batch(data.load_corpus("train"), n, seq_len, "cpu", generator=g)
     return x
@@ -196,15 +179,14 @@ def gptq_quantize(W: torch.Tensor, H: torch.Tensor, bits: int, group_size: int |
     decreasing H_jj (the groups are then runs of columns in that order, as in the reference's
     act-order without static groups). Returns float32 (out, in). Raises ValueError for bad options or
     a Hessian whose shape does not match."""
-    _check_bits(bits)
+    check_bits(bits)
     out_f, in_f = W.shape
     g = _check_group(group_size, in_f)
     if H.shape != (in_f, in_f):
         raise ValueError(f"H has shape {tuple(H.shape)}; the layer needs ({in_f}, {in_f})")
     if not (isinstance(damp, (int, float)) and 0 < damp < 1):
         raise ValueError(f"damp={damp!r} must be in (0, 1)")
-    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size <= 0:
-        raise ValueError(f"block_size={block_size!r} must be a positive int")
+    positive("block_size", block_size)
     W = W.detach().float().clone()
     H = H.detach().float().clone()
     dead = torch.diag(H) == 0
@@ -255,9 +237,8 @@ def awq_quantize(W: torch.Tensor, X: torch.Tensor, bits: int, group_size: int | 
     previous operation, so q_proj and kv_proj, which share a LayerNorm, would share one s; before
     mlp.down the GELU is in the way and 1/s would scale the activations at run time), and there is no
     search for clipped ranges."""
-    _check_bits(bits)
-    if isinstance(grid, bool) or not isinstance(grid, int) or grid <= 0:
-        raise ValueError(f"grid={grid!r} must be a positive int")
+    check_bits(bits)
+    positive("grid", grid)
     W = W.detach().float()
     _check_group(group_size, W.shape[1])
     X = X.float()
@@ -301,7 +282,7 @@ def quantize_model(model: nn.Module, method: str, bits: int, group_size: int | N
     Raises ValueError for an unknown method, bad bits/group size, or a missing calib."""
     if method not in METHODS:
         raise ValueError(f"method={method!r}; choose one of {', '.join(map(repr, METHODS))}")
-    _check_bits(bits)
+    check_bits(bits)
     if method != "rtn" and calib is None:
         raise ValueError(f"method={method!r} needs calibration tokens (calib), got None")
     q = copy.deepcopy(model).eval()
@@ -319,120 +300,3 @@ def quantize_model(model: nn.Module, method: str, bits: int, group_size: int | N
             info["layers"][name] = {"error": err, **extra}
     q.quantization = info
     return q
-
-
-# ---------------------------------------------------------------- notebook sections
-
-@torch.no_grad()
-def layer_error_rows(model: nn.Module, calib: torch.Tensor, bits=(4, 3), group_size: int | None = 64,
-                     act_order: bool = False, test: torch.Tensor | None = None) -> list[dict]:
-    """Per linear and bit width: the relative output error ||X(W − Ŵ)ᵀ|| / ||XWᵀ|| of RTN, GPTQ and AWQ,
-    each layer quantised alone from the full-precision model's inputs on `calib` (B, T) token ids.
-
-    The error is measured on the inputs of `test` token ids (windows the fit did not see) when given,
-    else on the calibration inputs themselves. Returns [{"layer", "bits", "rtn", "gptq", "awq", "alpha"}]
-    in execution order."""
-    bits = [_check_bits(b) for b in bits]
-    rows = []
-    with cpu_threads(next(model.parameters()).device):
-        inputs = collect_inputs(model, calib)
-        held = inputs if test is None else collect_inputs(model, test)
-        for name, lin in block_linears(model).items():
-            W, X, Xt = lin.weight.detach().float(), inputs[name], held[name]
-            H = hessian(X)
-            for b in bits:
-                awq, alpha = awq_quantize(W, X, b, group_size)
-                rows.append({"layer": name, "bits": b,
-                             "rtn": output_error(W, rtn_quantize(W, b, group_size), Xt),
-                             "gptq": output_error(W, gptq_quantize(W, H, b, group_size, act_order=act_order), Xt),
-                             "awq": output_error(W, awq, Xt), "alpha": alpha})
-    return rows
-
-
-def _geomean(values) -> float:
-    values = list(values)
-    return math.exp(sum(math.log(max(v, 1e-30)) for v in values) / len(values))
-
-
-def layer_error_section(model: nn.Module, calib: torch.Tensor, bits=(4, 3), group_size: int | None = 64,
-                        act_order: bool = False, test: torch.Tensor | None = None) -> list[dict]:
-    """Print `layer_error_rows` as a table and, per bit width, one sentence from the numbers: in how many
-    layers GPTQ and AWQ beat RTN and the geometric mean of their error ratios. Returns the rows."""
-    rows = layer_error_rows(model, calib, bits, group_size, act_order, test)
-    where = "the calibration windows themselves" if test is None else "windows the calibration did not see"
-    print(f"Relative output error ||X(W − Ŵ)ᵀ|| / ||XWᵀ|| of each linear, measured on {where}:")
-    print(tables.table(["layer", "bits", "RTN error", "GPTQ error", "AWQ error", "AWQ α"],
-                       [[r["layer"], r["bits"], f"{r['rtn']:.4f}", f"{r['gptq']:.4f}", f"{r['awq']:.4f}",
-                         f"{r['alpha']:.2f}"] for r in rows]))
-    gs = "one group per row" if group_size is None else f"groups of {group_size}"
-    for b in sorted({r["bits"] for r in rows}, reverse=True):
-        sel = [r for r in rows if r["bits"] == b]
-        n = len(sel)
-        g_win = sum(r["gptq"] < r["rtn"] for r in sel)
-        a_win = sum(r["awq"] < r["rtn"] for r in sel)
-        g_ratio = _geomean(r["gptq"] / r["rtn"] for r in sel)
-        a_ratio = _geomean(r["awq"] / r["rtn"] for r in sel)
-        zero = sum(r["alpha"] == 0 for r in sel)
-        print(f"{b}-bit, {gs}: GPTQ's output error is below RTN's in {g_win} of {n} layers "
-              f"(geometric mean {g_ratio:.2f}× RTN's), AWQ's in {a_win} of {n} ({a_ratio:.2f}× RTN's)"
-              + (f"; in {zero} layer{'s' if zero != 1 else ''} AWQ's search chose α = 0, which is RTN itself"
-                 if zero else "") + ".")
-    return rows
-
-
-def layer_error_figure(rows: list[dict], ax=None):
-    """Output error of every linear, RTN against GPTQ and AWQ, on log axes: one marker per layer and bit
-    width (rows from `layer_error_rows`); points under the diagonal beat RTN."""
-    fig, ax = plots.axes(ax, "layer output error: RTN (x) against GPTQ and AWQ (y)")
-    markers = {b: m for b, m in zip(sorted({r["bits"] for r in rows}, reverse=True), "os^vD")}
-    for i, method in enumerate(("gptq", "awq")):
-        for b, mk in markers.items():
-            sel = [r for r in rows if r["bits"] == b]
-            ax.scatter([r["rtn"] for r in sel], [r[method] for r in sel], marker=mk, color=plots.COLORS[i],
-                       label=f"{method.upper()} {b}-bit", alpha=0.8)
-    lo = min(min(r["gptq"], r["awq"], r["rtn"]) for r in rows) * 0.8
-    hi = max(r["rtn"] for r in rows) * 1.2
-    ax.plot([lo, hi], [lo, hi], color="gray", ls="--", lw=1, label="equal to RTN")
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("RTN relative output error")
-    ax.set_ylabel("method's relative output error")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    return fig
-
-
-def perplexity_section(model: nn.Module, calib: torch.Tensor, bits=(4, 3), group_size: int | None = 64,
-                       val_tokens: torch.Tensor | None = None, *, batches: int = 4) -> list[dict]:
-    """Held-out validation loss and perplexity of the fp32 model and of RTN / GPTQ / AWQ copies at each
-    bit width (`quantize_model`), on `batches` fixed windows of `val_tokens` (default: the held-out split).
-
-    Prints a table and one sentence per bit width from the numbers. Returns
-    [{"method", "bits", "val_loss", "perplexity"}], the fp32 row first (bits 32)."""
-    from helpers.gpt.pretrained import validation_loss
-
-    def row(method, b, m):
-        loss = validation_loss(m, val_tokens, batches=batches)
-        return {"method": method, "bits": b, "val_loss": loss, "perplexity": math.exp(loss)}
-
-    with cpu_threads(next(model.parameters()).device):
-        rows = [row("fp32", 32, model)]
-        for b in bits:
-            for method in METHODS:
-                rows.append(row(method, b, quantize_model(model, method, b, group_size, calib)))
-    print(tables.table(["method", "bits", "val loss (nats/byte)", "perplexity"],
-                       [[r["method"], r["bits"], f"{r['val_loss']:.4f}", f"{r['perplexity']:.3f}"] for r in rows]))
-    base = rows[0]["perplexity"]
-    for b in bits:
-        sel = {r["method"]: r["perplexity"] for r in rows if r["bits"] == b}
-        best = min(sel, key=sel.get)
-        parts = ", ".join(f"{m.upper()} {sel[m]:.3f} ({100 * (sel[m] / base - 1):+.2f}%)" for m in METHODS)
-        below = [m.upper() for m in METHODS if sel[m] < base]
-        tail = ""
-        if below:
-            drop = 100 * (1 - min(sel.values()) / base)
-            tail = (f". {' and '.join(below)} came out below fp32 (by at most {drop:.2f}%): rounding noise moves "
-                    f"the loss either way, and a drop{' this small' if drop < 1 else ''} on {batches} batches of "
-                    f"windows is no evidence that quantising helps")
-        print(f"{b}-bit: perplexity against fp32's {base:.3f}: {parts}; the lowest is {best.upper()}{tail}.")
-    return rows

@@ -1,4 +1,4 @@
-"""LoRA and QLoRA from scratch: the technique, its merges and its memory formula.
+"""LoRA and QLoRA from scratch: the technique, its merges, the fine-tuning loop and the memory formulas.
 
 - LoRA (Hu et al., 2021, "LoRA: Low-Rank Adaptation of Large Language Models"): a frozen linear W
   plus a trainable low-rank update, y = x Wᵀ + (α/r) · dropout(x) Aᵀ Bᵀ with A (r, in) and B (out, r);
@@ -8,14 +8,19 @@
   on a frozen base stored in 4-bit NormalFloat (NF4, bitsandbytes `Linear4bit`, blocks of 64, double
   quantisation of the block constants); only the adapters get gradients and optimizer state.
 
-What it holds: `LoRALinear`; `nf4_linear` / `dequantize_nf4` (a bitsandbytes NF4 base and the weight it
-computes with); `apply_lora` (a copy of the course GPT with adapters on every block linear, fp32 or NF4
-base) and `lora_layers`; `merged_variants` (the four ways to ship QLoRA adapters); `memory_formula`, the
-course's one formula for the bytes of weights, gradients and optimizer state of full fine-tuning, LoRA
-and QLoRA (`quant_lab.finetune_gb` calls it for Llama-size models).
+What it holds:
+- the adapters: `LoRALinear`; `nf4_linear` / `dequantize_nf4` (a bitsandbytes NF4 base and the weight
+  it computes with); `apply_lora` (a copy of the course GPT with adapters on every block linear, fp32
+  or NF4 base), `lora_layers`, `set_module`; `merged_variants` (the four ways to ship QLoRA adapters);
+- fine-tuning: `finetune_split` (the data), `prepare` (the model for "full", "lora" or "qlora"),
+  `trainable`, `make_optimizer` (AdamW or bitsandbytes' AdamW8bit), `finetune` and `train_steps`;
+- memory: `memory_formula`, the course's one formula for the bytes of weights, gradients and optimizer
+  state of full fine-tuning, LoRA and QLoRA; `finetune_gb`, the same in GB for Llama-size models
+  (`LLAMA_SHAPES`, `lora_params`); `tensor_bytes` and `optimizer_state_bytes`, the bytes counted from
+  the tensors themselves.
 
-Notebook 08's measurements with these pieces (fine-tuning three ways, memory measured from the tensors)
-are in `helpers.lowbit.lora_lab`, the check against peft in `helpers.lowbit.peft_parity`, the 8-bit optimizer's in
+Notebook 08's measurements with these pieces (fine-tuning three ways, memory measured against the
+formula, the check against peft) are in `helpers.lowbit.lora_lab`; the 8-bit optimizer's in
 `helpers.lowbit.quant_lab`.
 """
 from __future__ import annotations
@@ -26,16 +31,13 @@ import math
 import torch
 import torch.nn as nn
 
+from helpers.gpt import data
 from helpers.lowbit.gptq import block_linears
+from helpers.measure.params import positive
 
 KINDS = ("full", "lora", "qlora")
 NF4_BLOCK = 64  # QLoRA's block size for the NF4 weights
-
-
-def _positive_int(name, value):
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{name}={value!r} must be a positive int")
-    return value
+GB = 1e9
 
 
 # ---------------------------------------------------------------- LoRA
@@ -54,10 +56,9 @@ class LoRALinear(nn.Module):
     def __init__(self, base: nn.Module, r: int = 8, alpha: float | None = None, dropout: float = 0.0,
                  generator: torch.Generator | None = None):
         super().__init__()
-        _positive_int("r", r)
+        positive("r", r)
         alpha = 2 * r if alpha is None else alpha
-        if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or alpha <= 0:
-            raise ValueError(f"alpha={alpha!r} must be a positive number")
+        positive("alpha", float(alpha) if type(alpha) is int else alpha, float)
         if not (isinstance(dropout, (int, float)) and 0.0 <= dropout < 1.0):
             raise ValueError(f"dropout={dropout!r} must be in [0, 1)")
         if not hasattr(base, "in_features") or not hasattr(base, "out_features"):
@@ -116,7 +117,7 @@ def nf4_linear(linear: nn.Linear, *, double_quant: bool = True, blocksize: int =
     """A frozen bitsandbytes `Linear4bit` holding `linear`'s weight in NF4 (blocks of `blocksize`,
     double quantisation of the absmax constants when `double_quant`) and its bias as is, on the
     linear's device, computing in the weight's dtype."""
-    import bitsandbytes as bnb
+    import bitsandbytes as bnb  # heavy: it imports triton, and only the NF4 base needs it
 
     W = linear.weight.detach()
     q = bnb.nn.Linear4bit(linear.in_features, linear.out_features, bias=linear.bias is not None,
@@ -131,12 +132,13 @@ def nf4_linear(linear: nn.Linear, *, double_quant: bool = True, blocksize: int =
 
 def dequantize_nf4(module: nn.Module) -> torch.Tensor:
     """The fp32 (out, in) weight a `Linear4bit` computes with (bitsandbytes' dequantize_4bit)."""
-    import bitsandbytes.functional as BF
+    import bitsandbytes.functional as BF  # heavy: it imports triton, and only the NF4 base needs it
 
     return BF.dequantize_4bit(module.weight.data, module.weight.quant_state).float()
 
 
-def _set_module(model: nn.Module, name: str, module: nn.Module) -> None:
+def set_module(model: nn.Module, name: str, module: nn.Module) -> None:
+    """Put `module` in `model` at the qualified name `name` (e.g. "blocks.0.mlp.up"), replacing what is there."""
     parent, _, child = name.rpartition(".")
     setattr(model.get_submodule(parent) if parent else model, child, module)
 
@@ -156,7 +158,7 @@ def apply_lora(model: nn.Module, r: int = 8, alpha: float | None = None, dropout
     g = torch.Generator().manual_seed(seed)
     for name, lin in block_linears(m).items():
         inner = nf4_linear(lin, double_quant=double_quant) if base == "nf4" else lin
-        _set_module(m, name, LoRALinear(inner, r, alpha, dropout, generator=g))
+        set_module(m, name, LoRALinear(inner, r, alpha, dropout, generator=g))
     return m
 
 
@@ -199,15 +201,89 @@ def merged_variants(qlora: nn.Module, original: nn.Module) -> dict[str, nn.Modul
     return out
 
 
-# ---------------------------------------------------------------- memory formula
+# ---------------------------------------------------------------- fine-tuning
+
+def finetune_split(frac: float = 0.8) -> tuple[torch.Tensor, torch.Tensor]:
+    """The corpus's held-out split (files the trained GPT never saw) cut in two: the first `frac` of
+    its bytes to fine-tune on, the rest to evaluate on. Returns (tune_tokens, eval_tokens), uint8."""
+    if not 0 < frac < 1:
+        raise ValueError(f"frac={frac!r} must be in (0, 1)")
+    tokens = data.load_corpus("val")
+    cut = int(len(tokens) * frac)
+    return tokens[:cut], tokens[cut:]
+
+
+def trainable(model: nn.Module) -> list[nn.Parameter]:
+    """The parameters of `model` that require gradients, in `model.parameters()` order."""
+    return [p for p in model.parameters() if p.requires_grad]
+
+
+def prepare(model: nn.Module, kind: str, r: int = 8, alpha: float | None = None, seed: int = 0) -> nn.Module:
+    """The model to fine-tune for `kind`: "full" (a copy, every parameter trainable), "lora"
+    (`apply_lora` on the fp32 base) or "qlora" (`apply_lora` on an NF4 base)."""
+    if kind not in KINDS:
+        raise ValueError(f"kind={kind!r}; choose one of {', '.join(map(repr, KINDS))}")
+    if kind == "full":
+        m = copy.deepcopy(model)
+        for p in m.parameters():
+            p.requires_grad_(True)
+        return m
+    return apply_lora(model, r, alpha, base="fp32" if kind == "lora" else "nf4", seed=seed)
+
+
+def make_optimizer(name: str, params, lr: float):
+    """AdamW (torch, "adamw") or bitsandbytes' AdamW8bit ("adamw8bit") over `params` at `lr`, betas
+    0.9/0.999, no weight decay. Raises ValueError for another name."""
+    if name == "adamw":
+        return torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
+    if name == "adamw8bit":
+        import bitsandbytes as bnb  # heavy: it imports triton, and only the 8-bit optimizer needs it
+
+        return bnb.optim.AdamW8bit(params, lr=lr, weight_decay=0.0)
+    raise ValueError(f"optimizer={name!r}; choose 'adamw' or 'adamw8bit'")
+
+
+def finetune(model: nn.Module, steps: int, lr: float, tokens: torch.Tensor, *, batch: int = 8,
+             seq_len: int = 64, seed: int = 0, optimizer: str = "adamw") -> list[float]:
+    """Train `model`'s trainable parameters in place for `steps` AdamW steps (betas 0.9/0.999, no
+    weight decay, constant lr) on random windows of `tokens` drawn from a generator seeded with
+    `seed` (the same batches for every model). optimizer: "adamw" (torch) or "adamw8bit"
+    (bitsandbytes). Returns the training loss of each step (nats/byte). Leaves the model in eval mode."""
+    positive("steps", steps)
+    positive("lr", float(lr) if type(lr) is int else lr, float)
+    params = trainable(model)
+    if not params:
+        raise ValueError("the model has no trainable parameters")
+    return train_steps(model, make_optimizer(optimizer, params, lr), steps, tokens, batch, seq_len, seed)
+
+
+def train_steps(model: nn.Module, opt, steps: int, tokens: torch.Tensor, batch: int, seq_len: int,
+                seed: int) -> list[float]:
+    """`steps` steps of `opt` on windows of `tokens` from a generator seeded with `seed`; the losses."""
+    device = next(model.parameters()).device
+    g = torch.Generator().manual_seed(seed)
+    losses = []
+    model.train()
+    for _ in range(steps):
+        x, y = data.get_batch(tokens, batch, seq_len, device, generator=g)
+        loss = model(x, y)[1]
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        losses.append(float(loss.detach()))
+    model.eval()
+    return losses
+
+
+# ---------------------------------------------------------------- memory
 
 def memory_formula(n_linear: float, n_other: float, n_lora: float, method: str, *, weight_bytes: float = 4,
                    grad_bytes: float | None = None, optimizer_bytes: float = 8, adapter_bytes: float = 4,
                    adapter_grad_bytes: float | None = None, double_quant: bool = True, blocksize: int = NF4_BLOCK,
                    dq_block: int = 256, split_adapters: bool = False) -> dict[str, float]:
     """Predicted bytes {"weights", "gradients", "optimizer"} of fine-tuning with `method`: the course's one
-    formula for fine-tuning memory (activations not counted). `quant_lab.finetune_gb` calls it for
-    Llama-size models in bf16; `memory_rows` for the course GPT in fp32.
+    formula for fine-tuning memory (activations not counted). `finetune_gb` calls it for Llama-size
+    models in bf16; `lora_lab.memory_rows` for the course GPT in fp32.
 
     n_linear: parameters in the weights that QLoRA quantises (the block linears' weight matrices);
     n_other: every other frozen-or-trained parameter (embeddings, norms, biases); n_lora: adapter
@@ -234,3 +310,71 @@ def memory_formula(n_linear: float, n_other: float, n_lora: float, method: str, 
     out = {"weights": frozen if split_adapters else frozen + adapters, "gradients": adapter_grad_bytes * n_lora,
            "optimizer": optimizer_bytes * n_lora}
     return {**out, "adapters": adapters} if split_adapters else out
+
+
+def tensor_bytes(tensors) -> int:
+    """Bytes of distinct tensor storages among `tensors` (a tensor seen twice, or two views of one
+    storage, count once)."""
+    seen, total = set(), 0
+    for t in tensors:
+        if not torch.is_tensor(t) or t.device.type == "meta":
+            continue
+        key = (t.device, t.untyped_storage().data_ptr())
+        if key not in seen:
+            seen.add(key)
+            total += t.untyped_storage().nbytes()
+    return total
+
+
+def optimizer_state_bytes(opt: torch.optim.Optimizer) -> tuple[int, dict]:
+    """Bytes of an optimizer's state tensors (scalar step counters left out) and, per parameter
+    tensor, {param: {"numel", "bytes", "dtypes"}} (tables shared by all tensors, such as
+    bitsandbytes' 256-value quantisation maps, are counted once in the total and not per tensor)."""
+    per, total_tensors = {}, []
+    for p, st in opt.state.items():
+        tens = [v for k, v in st.items() if torch.is_tensor(v) and v.numel() > 1]
+        own = [v for k, v in st.items() if torch.is_tensor(v) and v.numel() > 1 and not k.startswith("qmap")]
+        per[p] = {"numel": p.numel(), "bytes": sum(v.nbytes for v in own),
+                  "dtypes": sorted({str(v.dtype).replace("torch.", "") for v in own})}
+        total_tensors += tens
+    return tensor_bytes(total_tensors), per
+
+
+FINETUNE = ("full (bf16, Adam)", "LoRA (bf16 base)", "QLoRA (NF4+DQ base)")
+
+
+def lora_params(d_model: int, d_ff: int, n_layer: int, rank: int) -> int:
+    """LoRA parameters with rank `rank` on every linear of a Llama-style block: q, k, v, o (d x d each)
+    and gate, up, down (d x d_ff): rank * (in + out) per matrix."""
+    return n_layer * rank * (4 * 2 * d_model + 3 * (d_model + d_ff))
+
+
+# Llama-65B's shape (Touvron et al., 2023, "LLaMA: Open and Efficient Foundation Language Models", Table 2:
+# dimension 8192, 80 layers; the SwiGLU hidden size 2/3 * 4d rounded up to a multiple of 256 is 22016)
+LLAMA_SHAPES = {7: (4096, 11008, 32), 13: (5120, 13824, 40), 33: (6656, 17920, 60), 65: (8192, 22016, 80)}
+
+
+def finetune_gb(params_b: float, method: str, rank: int = 64, shape: tuple | None = None) -> dict[str, float]:
+    """GB (1e9 bytes) of weights, gradients and optimizer state to fine-tune a model of `params_b` billion
+    parameters, activations not counted.
+
+    full: bf16 weights and gradients (2 + 2 bytes) and Adam's two fp32 moments (8 bytes): 12 bytes a
+    parameter. LoRA / QLoRA: the frozen base in bf16 / NF4 with double quantisation, plus adapters of
+    `rank` (from `shape` = (d_model, d_ff, n_layer), else the nearest LLAMA_SHAPES entry) with bf16 weights
+    and gradients and fp32 Adam moments (12 bytes an adapter parameter). Every parameter counts as a
+    quantisable weight. Computed by `memory_formula` (the one formula; bytes / 1e9), adapters split out.
+    Raises ValueError for an unknown method.
+    """
+    if method not in FINETUNE:
+        raise ValueError(f"method must be one of {FINETUNE}, not {method!r}")
+    n = params_b * 1e9
+    if method.startswith("full"):
+        a = 0
+    elif shape is None:
+        nearest = min(LLAMA_SHAPES, key=lambda k: abs(k - params_b))
+        a = lora_params(*LLAMA_SHAPES[nearest], rank) * params_b / nearest  # scaled to this size
+    else:
+        a = lora_params(*shape, rank)
+    kind = {"full": "full", "LoRA": "lora", "QLoRA": "qlora"}[method.split()[0]]
+    parts = memory_formula(n, 0, a, kind, weight_bytes=2, optimizer_bytes=8, adapter_bytes=2, split_adapters=True)
+    return {k: parts[k] / GB for k in ("weights", "gradients", "optimizer", "adapters")}

@@ -1,102 +1,58 @@
-"""Notebook 08's LoRA measurements: full fine-tuning vs LoRA vs QLoRA of the trained course GPT, and their
-memory measured from the tensors against `lora.memory_formula`. (Our LoRA against Hugging Face's peft:
-`helpers.lowbit.peft_parity`.)
+"""Notebook 08's fine-tuning measurements: full fine-tuning vs LoRA vs QLoRA of the trained course GPT,
+their memory measured from the tensors against `lora.memory_formula`, and our LoRA and QLoRA against
+Hugging Face's peft.
 
-What notebook 08 calls (each prints a table and sentences generated from this run's numbers and returns
-the numbers):
+Each section prints a table and sentences generated from this run's numbers and returns the numbers:
 - `finetune_section(trained, steps=..., ...)`: full fine-tuning vs LoRA vs QLoRA of the trained GPT
   on a held-out part of the corpus (loss curves on the same batches, drawn against the untuned
   model's loss on each batch; held-out loss before and after; seconds), then the QLoRA adapters
   merged four ways (`lora.merged_variants`: unmerged; into the original 16-bit weights; into the
   dequantised NF4 weights kept in 16 bits; into those weights re-quantised to NF4) with the held-out
-  perplexity of each. `finetune_figure(result)` draws the loss curves.
+  perplexity of each. `finetune_figure(result)` draws the loss curves. `steps` (three trainings) and
+  `eval_batches` (eight held-out evaluations) set its cost.
 - `memory_section(model, r=...)`: bytes of weights, gradients and optimizer state of full
-  fine-tuning, LoRA and QLoRA, measured from the tensors after one AdamW step, beside
+  fine-tuning, LoRA and QLoRA, measured from the tensors after one AdamW step (`memory_rows`), beside
   `lora.memory_formula`'s prediction.
-
-Smoke cost on the "tiny" preset (measured on a 2-core CPU shared with other jobs, about 2-3× an idle
-one's): `finetune_section(tm, steps=10)` 7-8 s, `memory_section(model)` under 1 s.
-In finetune_section, `steps` (three trainings) and `eval_batches` (eight held-out evaluations) set the cost.
-
-Lower-level pieces: `finetune_split`, `prepare`, `finetune`, `train_steps`, `make_optimizer`,
-`batch_losses`, `trainable`, `tensor_bytes`, `optimizer_state_bytes`, `memory_rows`.
+- `parity_section(model, r=...)`: `peft_parity` for LoRA and QLoRA and `peft_init`, as a table and one
+  sentence each, with the tolerance `PEFT_ATOL`.
+  `peft_parity(model, r, alpha, base=...)` wraps the course GPT's block linears with our `apply_lora`
+  and, on a deep copy, with peft's `get_peft_model` (the same target names); copies our A and B (B
+  filled from a seeded normal, so the adapters are not a no-op) into peft's lora_A / lora_B; then
+  compares, as max abs differences, the logits and loss on one batch, the gradients of every A and B
+  after one backward, and the merged weights (peft's `merge_and_unload` against our
+  `LoRALinear.merge()`, or for an NF4 base against our "merged, re-quantised to NF4" variant). peft's
+  LoRA forward is `result + lora_B(lora_A(dropout(x))) * scaling` and its delta weight
+  `(B @ A) * scaling` (peft's tuners/lora/layer.py); ours runs the same ops in the same order, so fp32
+  on a CPU agrees bitwise. `peft_init(model, r)` compares peft's default initialisation with ours in
+  kind (B zeros; A Kaiming-uniform with a = √5, whose bound is 1/√in_features), through the bound, not
+  the values. `peft_missing()` is None when peft imports, else the one sentence to print.
+  peft is not among the course's dependencies (it brings transformers with it): these functions raise
+  ImportError without it, and notebook 08 and the tests say so and skip.
 """
 from __future__ import annotations
 
 import copy
+import logging
 import math
 import time
+import warnings
 
 import torch
 import torch.nn as nn
 
 from helpers.gpt import data
-from helpers.show import plots, tables
+from helpers.gpt.pretrained import validation_loss
 from helpers.lowbit.gptq import block_linears, cpu_threads
-from helpers.lowbit.lora import KINDS, _positive_int, apply_lora, lora_layers, memory_formula, merged_variants
+from helpers.lowbit.lora import (KINDS, apply_lora, dequantize_nf4, finetune, finetune_split, lora_layers,
+                                 make_optimizer, memory_formula, merged_variants, nf4_linear, optimizer_state_bytes,
+                                 prepare, set_module, tensor_bytes, trainable)
+from helpers.measure.params import positive
+from helpers.show import plots, tables
+
+PEFT_ATOL = 1e-5  # tolerance where the op order could differ (another device or backend); CPU fp32 is bitwise
 
 
 # ---------------------------------------------------------------- fine-tuning
-
-def finetune_split(frac: float = 0.8) -> tuple[torch.Tensor, torch.Tensor]:
-    """The corpus's held-out split (files the trained GPT never saw) cut in two: the first `frac` of
-    its bytes to fine-tune on, the rest to evaluate on. Returns (tune_tokens, eval_tokens), uint8."""
-    if not 0 < frac < 1:
-        raise ValueError(f"frac={frac!r} must be in (0, 1)")
-    tokens = data.load_corpus("val")
-    cut = int(len(tokens) * frac)
-    return tokens[:cut], tokens[cut:]
-
-
-def trainable(model: nn.Module) -> list[nn.Parameter]:
-    return [p for p in model.parameters() if p.requires_grad]
-
-
-def prepare(model: nn.Module, kind: str, r: int = 8, alpha: float | None = None, seed: int = 0) -> nn.Module:
-    """The model to fine-tune for `kind`: "full" (a copy, every parameter trainable), "lora"
-    (`apply_lora` on the fp32 base) or "qlora" (`apply_lora` on an NF4 base)."""
-    if kind not in KINDS:
-        raise ValueError(f"kind={kind!r}; choose one of {', '.join(map(repr, KINDS))}")
-    if kind == "full":
-        m = copy.deepcopy(model)
-        for p in m.parameters():
-            p.requires_grad_(True)
-        return m
-    return apply_lora(model, r, alpha, base="fp32" if kind == "lora" else "nf4", seed=seed)
-
-
-def finetune(model: nn.Module, steps: int, lr: float, tokens: torch.Tensor, *, batch: int = 8,
-             seq_len: int = 64, seed: int = 0, optimizer: str = "adamw") -> list[float]:
-    """Train `model`'s trainable parameters in place for `steps` AdamW steps (betas 0.9/0.999, no
-    weight decay, constant lr) on random windows of `tokens` drawn from a generator seeded with
-    `seed` (the same batches for every model). optimizer: "adamw" (torch) or "adamw8bit"
-    (bitsandbytes). Returns the training loss of each step (nats/byte). Leaves the model in eval mode."""
-    _positive_int("steps", steps)
-    if not (isinstance(lr, (int, float)) and lr > 0):
-        raise ValueError(f"lr={lr!r} must be a positive number")
-    params = trainable(model)
-    if not params:
-        raise ValueError("the model has no trainable parameters")
-    return train_steps(model, make_optimizer(optimizer, params, lr), steps, tokens, batch, seq_len, seed)
-
-
-def train_steps(model: nn.Module, opt, steps: int, tokens: torch.Tensor, batch: int, seq_len: int,
-                seed: int) -> list[float]:
-    """`steps` steps of `opt` on windows of `tokens` from a generator seeded with `seed`; the losses."""
-    device = next(model.parameters()).device
-    g = torch.Generator().manual_seed(seed)
-    losses = []
-    model.train()
-    for _ in range(steps):
-        x, y = data.get_batch(tokens, batch, seq_len, device, generator=g)
-        loss = model(x, y)[1]
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        losses.append(float(loss.detach()))
-    model.eval()
-    return losses
-
 
 @torch.no_grad()
 def batch_losses(model: nn.Module, steps: int, tokens: torch.Tensor, *, batch: int = 8, seq_len: int = 64,
@@ -112,19 +68,7 @@ def batch_losses(model: nn.Module, steps: int, tokens: torch.Tensor, *, batch: i
     return out
 
 
-def make_optimizer(name: str, params, lr: float):
-    if name == "adamw":
-        return torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
-    if name == "adamw8bit":
-        import bitsandbytes as bnb
-
-        return bnb.optim.AdamW8bit(params, lr=lr, weight_decay=0.0)
-    raise ValueError(f"optimizer={name!r}; choose 'adamw' or 'adamw8bit'")
-
-
 def _eval_loss(model: nn.Module, tokens: torch.Tensor, batches: int) -> float:
-    from helpers.gpt.pretrained import validation_loss
-
     return validation_loss(model, tokens, seq_len=min(128, model.config.seq_len), batches=batches, batch=8)
 
 
@@ -143,10 +87,9 @@ def finetune_section(trained, steps: int = 30, *, lr_full: float = 3e-4, lr_lora
     Losses are nats/byte; held-out losses on `eval_batches` fixed windows of the second part."""
     for name, value in (("steps", steps), ("r", r), ("batch", batch), ("seq_len", seq_len),
                         ("eval_batches", eval_batches)):
-        _positive_int(name, value)
+        positive(name, value)
     for name, value in (("lr_full", lr_full), ("lr_lora", lr_lora)):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-            raise ValueError(f"{name}={value!r} must be a positive number")
+        positive(name, float(value) if type(value) is int else value, float)
     model = getattr(trained, "model", trained)
     tune, held = finetune_split()
     res = {"losses": {}, "after": {}, "seconds": {}, "trainable": {}, "steps": steps}
@@ -258,20 +201,6 @@ def finetune_figure(res: dict, ax=None):
 
 # ---------------------------------------------------------------- memory
 
-def tensor_bytes(tensors) -> int:
-    """Bytes of distinct tensor storages among `tensors` (a tensor seen twice, or two views of one
-    storage, count once)."""
-    seen, total = set(), 0
-    for t in tensors:
-        if not torch.is_tensor(t) or t.device.type == "meta":
-            continue
-        key = (t.device, t.untyped_storage().data_ptr())
-        if key not in seen:
-            seen.add(key)
-            total += t.untyped_storage().nbytes()
-    return total
-
-
 def _weight_tensors(model: nn.Module) -> list[torch.Tensor]:
     """Every tensor that holds the model's weights: parameters, buffers and 4-bit quantisation state."""
     out = list(model.parameters()) + list(model.buffers())
@@ -290,20 +219,6 @@ def _code_tables(module: nn.Module) -> list[torch.Tensor]:
         out.append(qs.code)
         qs = qs.state2 if getattr(qs, "nested", False) else None
     return out
-
-
-def optimizer_state_bytes(opt: torch.optim.Optimizer) -> tuple[int, dict]:
-    """Bytes of an optimizer's state tensors (scalar step counters left out) and, per parameter
-    tensor, {param: {"numel", "bytes", "dtypes"}} (tables shared by all tensors, such as
-    bitsandbytes' 256-value quantisation maps, are counted once in the total and not per tensor)."""
-    per, total_tensors = {}, []
-    for p, st in opt.state.items():
-        tens = [v for k, v in st.items() if torch.is_tensor(v) and v.numel() > 1]
-        own = [v for k, v in st.items() if torch.is_tensor(v) and v.numel() > 1 and not k.startswith("qmap")]
-        per[p] = {"numel": p.numel(), "bytes": sum(v.nbytes for v in own),
-                  "dtypes": sorted({str(v.dtype).replace("torch.", "") for v in own})}
-        total_tensors += tens
-    return tensor_bytes(total_tensors), per
 
 
 def _one_step(model: nn.Module, optimizer: str = "adamw", seed: int = 0) -> torch.optim.Optimizer:
@@ -364,3 +279,174 @@ def memory_section(model: nn.Module, r: int = 8, alpha: float | None = None) -> 
           f"the formula; the quantisation code tables, one set per layer, which the formula leaves out, "
           f"take {q['code_tables'] / 1024:.1f} KiB of them.")
     return rows
+
+
+# ---------------------------------------------------------------- our LoRA and QLoRA against peft
+
+def _import_peft():
+    """peft, imported with torchao's and torch's import-time log lines (optional kernels not found,
+    an Enum registration) silenced: transformers imports torchao when it is installed."""
+    loggers = [logging.getLogger(n) for n in ("torchao", "torch.utils._pytree")]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.ERROR)
+    try:
+        import peft  # optional: not a course dependency, and it imports transformers
+    finally:
+        for lg, lv in zip(loggers, levels):
+            lg.setLevel(lv)
+    return peft
+
+
+def peft_missing() -> str | None:
+    """None when peft can be imported; otherwise one sentence saying the check is skipped and why (peft
+    absent, or its import failing, e.g. on a transformers or torchao built for another torch)."""
+    try:
+        _import_peft()
+    except ImportError as err:
+        return (f"peft is not installed ({err}), so our LoRA is not compared with the library here "
+                "(`pip install peft` adds it).")
+    except Exception as err:  # noqa: BLE001 - a broken dependency: say so instead of a traceback
+        return (f"peft is installed but its import failed ({type(err).__name__}: {str(err)[:150]}), so our LoRA "
+                "is not compared with the library here.")
+    return None
+
+
+def _peft_layers(peft_model: nn.Module) -> dict[str, nn.Module]:
+    """peft's LoRA layers of a PeftModel, by the qualified name the module has in the wrapped model."""
+    inner = peft_model.base_model.model
+    return {n: m for n, m in inner.named_modules() if isinstance(getattr(m, "lora_A", None), nn.ModuleDict)}
+
+
+def _peft_copy(model: nn.Module, r: int, alpha: float, base: str) -> nn.Module:
+    """A deep copy of `model`, frozen, its block linears in NF4 (`nf4_linear`, as `apply_lora` does)
+    when base == "nf4", wrapped by peft's `get_peft_model` on the same linear names."""
+    peft = _import_peft()
+    ref = copy.deepcopy(model)
+    for p in ref.parameters():
+        p.requires_grad_(False)
+    names = sorted({n.rsplit(".", 1)[-1] for n in block_linears(ref)})
+    if base == "nf4":
+        for n, lin in block_linears(ref).items():
+            set_module(ref, n, nf4_linear(lin))
+        ref.is_loaded_in_4bit = True  # what peft reads to dispatch its bitsandbytes Linear4bit wrapper
+    cfg = peft.LoraConfig(r=r, lora_alpha=alpha, lora_dropout=0.0, target_modules=names)
+    return peft.get_peft_model(ref, cfg)
+
+
+def _maxdiff(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.detach().float() - b.detach().float()).abs().max())
+
+
+def peft_parity(model: nn.Module, r: int = 8, alpha: float | None = None, *, base: str = "fp32", seed: int = 0,
+                batch: int = 2, seq_len: int = 32) -> dict:
+    """Our LoRA (base "fp32") or QLoRA (base "nf4") on `model`'s block linears against peft's on a copy,
+    with identical adapter values (A from our init, B from a seeded normal × 0.02 so that B A ≠ 0).
+
+    Compares, as max abs differences: "logits" (batch, seq_len, vocab) and "loss" on one batch of the
+    fine-tuning split; "grad_A" / "grad_B", the largest over layers after one backward of that loss;
+    "merged", the largest over layers between the merged weights (fp32: peft's merge_and_unload vs our
+    merge(); nf4: the dequantised NF4 weights peft re-quantises vs our merged_variants' "merged,
+    re-quantised to NF4"). Returns those numbers plus "layers" (adapters compared), "peft_class" (peft's
+    wrapper class), "bitwise" (all five exactly 0) and "within" (all ≤ PEFT_ATOL).
+    Raises ValueError for an unknown base or bad r/alpha, ImportError without peft."""
+    if base not in ("fp32", "nf4"):
+        raise ValueError(f"base={base!r}; choose 'fp32' (LoRA) or 'nf4' (QLoRA)")
+    alpha = 2 * r if alpha is None else alpha
+    ours = apply_lora(model, r, alpha, base=base, seed=seed)  # validates r and alpha
+    g = torch.Generator().manual_seed(seed)
+    mine = lora_layers(ours)
+    with torch.no_grad():
+        for ad in mine.values():
+            ad.lora_B.copy_(0.02 * torch.randn(ad.lora_B.shape, generator=g))
+    pm = _peft_copy(model, r, alpha, base)
+    theirs = _peft_layers(pm)
+    if set(theirs) != set(mine):
+        raise RuntimeError(f"peft wrapped {sorted(theirs)}, ours {sorted(mine)}")
+    with torch.no_grad():
+        for n, m in theirs.items():
+            m.lora_A["default"].weight.copy_(mine[n].lora_A)
+            m.lora_B["default"].weight.copy_(mine[n].lora_B)
+    device = next(model.parameters()).device
+    x, y = data.get_batch(finetune_split()[0], batch, seq_len, device, generator=g)
+    ours.train(), pm.train()  # dropout 0 in both: train mode only so that autograd runs as in fine-tuning
+    lo, loss_o = ours(x, y)
+    lp, loss_p = pm(x, y)
+    loss_o.backward()
+    loss_p.backward()
+    out = {"layers": len(mine), "peft_class": type(next(iter(theirs.values()))).__name__,
+           "logits": _maxdiff(lo, lp), "loss": _maxdiff(loss_o, loss_p),
+           "grad_A": max(_maxdiff(mine[n].lora_A.grad, m.lora_A["default"].weight.grad) for n, m in theirs.items()),
+           "grad_B": max(_maxdiff(mine[n].lora_B.grad, m.lora_B["default"].weight.grad) for n, m in theirs.items())}
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # peft warns that merging into 4-bit weights rounds: that is what we compare
+        merged = pm.merge_and_unload()
+        got = block_linears(merged) if base == "fp32" else {
+            n: m for n, m in merged.named_modules() if n in theirs}
+        if base == "fp32":
+            for ad in mine.values():
+                ad.merge()
+            want = {n: ad.base.weight for n, ad in mine.items()}
+            out["merged"] = max(_maxdiff(got[n].weight, want[n]) for n in mine)
+        else:
+            want = block_linears(merged_variants(ours, model)["merged, re-quantised to NF4"])
+            out["merged"] = max(_maxdiff(dequantize_nf4(got[n]), want[n].weight) for n in mine)
+    keys = ("logits", "loss", "grad_A", "grad_B", "merged")
+    out["bitwise"] = all(out[k] == 0 for k in keys)
+    out["within"] = all(out[k] <= PEFT_ATOL for k in keys)
+    return out
+
+
+def peft_init(model: nn.Module, r: int = 8, seed: int = 0) -> dict:
+    """peft's default adapter initialisation against ours, in kind: {"ours": {...}, "peft": {...}} with, for
+    each, "B_zero" (every B exactly 0), "A_max_over_bound" (largest max|A| · √in_features over layers: a
+    uniform(−1/√in, 1/√in) draw stays ≤ 1 and comes close to it) and "A_std_over_uniform" (mean over layers
+    of std(A) / (bound/√3), about 1 for a uniform draw on ±bound). Raises ImportError without peft."""
+    ours = lora_layers(apply_lora(model, r, seed=seed))
+    with torch.random.fork_rng(devices=[]):  # peft draws its A from the global generator: seed it, then restore it
+        torch.manual_seed(seed)
+        theirs = _peft_layers(_peft_copy(model, r, 2 * r, "fp32"))
+
+    def kind(pairs):
+        pairs = list(pairs)  # [(A (r, in), B (out, r))]
+        bound = [1 / math.sqrt(a.shape[1]) for a, _ in pairs]
+        return {"B_zero": all(bool((b == 0).all()) for _, b in pairs),
+                "A_max_over_bound": max(float(a.abs().max()) / bd for (a, _), bd in zip(pairs, bound)),
+                "A_std_over_uniform": sum(float(a.std()) / (bd / math.sqrt(3)) for (a, _), bd in zip(pairs, bound))
+                / len(pairs)}
+
+    return {"ours": kind((m.lora_A.detach(), m.lora_B.detach()) for m in ours.values()),
+            "peft": kind((m.lora_A["default"].weight.detach(), m.lora_B["default"].weight.detach())
+                         for m in theirs.values())}
+
+
+def parity_section(model: nn.Module, r: int = 8, alpha: float | None = None, seed: int = 0) -> dict | None:
+    """Print `peft_parity` for LoRA and QLoRA and `peft_init` as a table and one sentence each, with the
+    tolerance. Returns {"lora": ..., "qlora": ..., "init": ...}, or None (after one sentence) without peft."""
+    why = peft_missing()
+    if why:
+        print(why)
+        return None
+    peft = _import_peft()
+    res = {"lora": peft_parity(model, r, alpha, seed=seed),
+           "qlora": peft_parity(model, r, alpha, base="nf4", seed=seed), "init": peft_init(model, r, seed)}
+    keys = ("logits", "loss", "grad_A", "grad_B", "merged")
+    print(tables.table(["ours vs peft " + peft.__version__, "peft wrapper", "layers"] + [f"max |Δ| {k}" for k in keys],
+                       [[k, res[k]["peft_class"], res[k]["layers"]] + [f"{res[k][c]:.1e}" for c in keys]
+                        for k in ("lora", "qlora")]))
+    for k, what in (("lora", "LoRA"), ("qlora", "QLoRA (NF4 base, merge re-quantised to NF4)")):
+        p = res[k]
+        worst = max(p[c] for c in keys)
+        verdict = (f"bitwise equal: the same ops in the same order (the tolerance, {PEFT_ATOL:g} max abs, is not needed)"
+                   if p["bitwise"] else f"{'within' if p['within'] else 'NOT within'} the tolerance of {PEFT_ATOL:g} "
+                   f"max abs (largest difference {worst:.1e}): the op order differs somewhere")
+        print(f"{what}: logits, loss, the gradients of A and B and the merged weights are {verdict}.")
+    ours, theirs = res["init"]["ours"], res["init"]["peft"]
+    same = ours["B_zero"] and theirs["B_zero"]
+    amax = (ours["A_max_over_bound"], theirs["A_max_over_bound"])
+    kind = same and 0.9 < min(amax) and max(amax) <= 1
+    print(f"Initialisation: B is zero in {'both' if same else 'NOT both'}; max|A| · √in is {amax[0]:.3f} (ours) and "
+          f"{amax[1]:.3f} (peft), and std(A) over a uniform's on ±1/√in is {ours['A_std_over_uniform']:.3f} and "
+          f"{theirs['A_std_over_uniform']:.3f}: "
+          + ("both draw A uniformly on ±1/√in, Kaiming-uniform with a = √5." if kind else "NOT the same kind of draw."))
+    return res

@@ -22,10 +22,10 @@ Every quantiser here rounds to nearest (RTN), the baseline GPTQ and AWQ improve 
 * **Double quantisation** (QLoRA, section 3): the fp32 absmax constants themselves are quantised to 8
   bits in blocks of 256 after subtracting their mean, with bitsandbytes' signed dynamic 8-bit map
   (`dynamic_map()`, the same recipe as its `create_dynamic_map`, bit for bit). Our 8-bit codes of the
-  constants are the nearest levels; bitsandbytes' CPU search picks the neighbouring level for a few
-  constants in a thousand near a midpoint, so there the two agree to one level, not bit for bit.
-  Bits per parameter are measured from the
-  state's tensors by `bits_per_param`: 4 + 32/64 = 4.5 without, about 4 + 8/64 + 32/(64*256) = 4.127 with.
+  constants are the nearest levels; bitsandbytes' CPU search picks the neighbouring level for some
+  constants near a midpoint, so there the two agree to one level, not bit for bit. Bits per parameter
+  are counted from the state's tensors by `bits_per_param`: 4 + 32/64 = 4.5 without, about
+  4 + 8/64 + 32/(64*256) = 4.127 with.
 """
 from __future__ import annotations
 
@@ -34,6 +34,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 import torch
+
+from helpers.measure.params import positive
 
 SCHEMES = ("absmax", "zeropoint")
 NF4_OFFSET = 0.9677083  # QLoRA's outermost quantile, as in bitsandbytes' create_normal_map
@@ -81,8 +83,9 @@ def block_size(shape: tuple, granularity: "str | int") -> int:
         return math.prod(shape)
     if granularity == "channel":
         return shape[-1]
-    if isinstance(granularity, bool) or not isinstance(granularity, int) or granularity < 1:
+    if isinstance(granularity, str):
         raise ValueError(f"granularity must be 'tensor', 'channel' or a positive group size, not {granularity!r}")
+    positive("granularity", granularity)
     if shape[-1] % granularity:
         raise ValueError(f"group size {granularity} does not divide the last dimension {shape[-1]}")
     return granularity
@@ -168,6 +171,8 @@ def error(w: torch.Tensor, w_hat: torch.Tensor) -> float:
 # ---------------------------------------------------------------- NF4 and double quantisation
 
 def nf4_codebook(offset: float = NF4_OFFSET) -> torch.Tensor:
+    """The 16 NF4 levels (float32, ascending, -1 ... 0 ... 1) for `offset`, QLoRA's outermost quantile
+    (a copy of the cached table `_nf4_codebook` builds)."""
     return _nf4_codebook(offset).clone()
 
 
@@ -188,6 +193,8 @@ def _nf4_codebook(offset: float) -> torch.Tensor:
 
 
 def dynamic_map() -> torch.Tensor:
+    """bitsandbytes' signed dynamic 8-bit map: 256 float32 values in [-1, 1], ascending (a copy of the
+    cached table `_dynamic_map` builds)."""
     return _dynamic_map().clone()
 
 
@@ -198,7 +205,7 @@ def _dynamic_map() -> torch.Tensor:
     via Block-wise Quantization"). Each of 7 decades 10^-6..10^0 holds evenly spaced means of
     [0.1, 1] sub-intervals (twice as many per decade as the one before), mirrored for negatives, plus 0 and 1."""
     data: list[float] = []
-    non_sign_bits, max_exp = 7, 7
+    max_exp = 7
     for i in range(max_exp):
         bounds = torch.linspace(0.1, 1, 2 ** i + 1, dtype=torch.float32)
         means = ((bounds[:-1] + bounds[1:]) / 2.0)
@@ -287,8 +294,8 @@ def quantize_blockwise8(x: torch.Tensor, blocksize: int = 256) -> tuple[torch.Te
     absmax = _block_absmax(flat, blocksize)
     scaled = flat / absmax.repeat_interleave(blocksize)[: flat.numel()]
     # the level at or left of the value, then its right neighbour if strictly closer. bitsandbytes' CPU kernel
-    # finds the left level with an approximate search and picks the other neighbour for a few values in a
-    # thousand that lie near a midpoint (measured in tests/test_lowbit_quant.py), so codes agree to one level.
+    # finds the left level with an approximate search and picks the other neighbour for some values that lie
+    # near a midpoint, so the codes agree to one level (tests/test_lowbit_quant.py bounds how many differ).
     left = (torch.searchsorted(code, scaled, right=True) - 1).clamp(0, 255)
     right = (left + 1).clamp(max=255)
     idx = torch.where((scaled - code[right]).abs() < (scaled - code[left]).abs(), right, left).to(torch.uint8)
@@ -324,7 +331,7 @@ def nf4_fake_quantize(w: torch.Tensor, blocksize: int = 64, double: bool = False
     return nf4_dequantize(nf4_quantize(w, blocksize, double=double), w.dtype)
 
 
-# ---------------------------------------------------------------- one entry point for the notebook's grid
+# ---------------------------------------------------------------- one entry point by method name
 
 METHODS = ("int8", "int4", "nf4", "nf4-dq")
 

@@ -1,38 +1,52 @@
-"""Notebook 08's measurements: quantisation error on a trained GPT's real tensors, perplexity per method,
-fine-tuning memory of Llama-size models (QLoRA's "65B on one 48 GB GPU") from `lora.memory_formula`,
-decode speed of weight-only linears on a GPU, and 8-bit optimizer state.
+"""Notebook 08's quantisation measurements: error on a trained GPT's real weights and activations,
+GPTQ and AWQ against RTN layer by layer and in held-out perplexity, a grid of RTN / NF4 formats, decode
+speed of weight-only linears on a GPU, and 8-bit optimizer state.
 
+The quantisers are `helpers.lowbit.quant`, `helpers.lowbit.quant_linear` and `helpers.lowbit.gptq`;
+this module applies them to the course GPT. Every linear inside the blocks (attention q/kv/out, MLP
+up/down) is quantised; the embeddings and the output head stay in full precision (bitsandbytes' and
+torchao's defaults skip lm_head too).
+
+- Weights and activations: `weight_error_rows` (each scheme, width and granularity on every block
+  weight), `block_inputs`, `outlier_profile` and `activation_error_rows` (LLM.int8 on the real inputs).
+- GPTQ and AWQ: `layer_error_rows` / `layer_error_section`, the output error ||WX − ŴX|| / ||WX|| of
+  RTN, GPTQ and AWQ on every linear, as rows and as a printed table with a sentence per bit width;
+  `perplexity_section`, held-out perplexity of RTN, GPTQ and AWQ copies at each bit width.
+- `grid(model, specs, evaluate)`: every (method, bits, group) quantised in place, evaluated, restored;
+  `weight_bits`, the storage bits per parameter of a format.
+- Decode (GPU): `decode_speed`, tokens/s and achieved bandwidth of one decode step with bf16, our int8
+  / int4 weight-only linears (`weight_only_copy`) and torchao's configs.
 - 8-bit optimizers (Dettmers et al., 2022, "8-bit Optimizers via Block-wise Quantization"):
   bitsandbytes `AdamW8bit` keeps both Adam moments as uint8 codes with one fp32 absmax per block of
   256 values, except for tensors with fewer than `min_8bit_size` (default 4096) elements, whose
   state stays fp32 (bitsandbytes' Optimizer8bit.init_state: `if p.numel() < config["min_8bit_size"]`).
   `optimizer_section(model, steps=...)` measures state bytes per parameter of torch AdamW vs AdamW8bit
   tensor by tensor (`threshold_probe` finds where the 32-bit threshold falls, `update_gap` how far the
-  8-bit state moves an update) and the losses of a few steps of each on the same batches (smoke: about
-  1.5 s on the "tiny" preset on a busy 2-core CPU).
-
-The quantisers are `helpers.lowbit.quant` and `helpers.lowbit.quant_linear`; this module applies them to the course GPT.
-Every linear inside the blocks (attention q/kv/out, MLP up/down) is quantised; the embeddings and the
-output head stay in full precision (bitsandbytes' and torchao's defaults skip lm_head too).
+  8-bit state moves an update) and the losses of a few steps of each on the same batches.
 """
 from __future__ import annotations
 
 import copy
+import math
 
 import torch
 from torch import nn
 
-from helpers.lowbit import quant
-from helpers.show import tables
 from helpers.gpt.generation import KVCache, prefill, rewound_step
-from helpers.lowbit import quant_linear as ql
-from helpers.lowbit.gptq import block_linears  # noqa: F401  (notebook 08 calls quant_lab.block_linears)
-from helpers.lowbit.gptq import cpu_threads
-from helpers.lowbit.lora import _positive_int, memory_formula
-from helpers.lowbit.lora_lab import finetune_split, make_optimizer, optimizer_state_bytes, prepare, train_steps, trainable
+from helpers.gpt.model import GPT, GPTConfig
+from helpers.gpt.pretrained import validation_loss
+from helpers.lowbit import quant, quant_linear
+from helpers.lowbit.gptq import (METHODS, awq_quantize, block_linears, check_bits, collect_inputs, cpu_threads,
+                                 gptq_quantize, hessian, output_error, quantize_model, rtn_quantize)
+from helpers.lowbit.lora import finetune_split, make_optimizer, optimizer_state_bytes, prepare, train_steps, trainable
+from helpers.measure.bench import benchmark
+from helpers.measure.params import positive
+from helpers.show import tables
 
 GB = 1e9
 
+
+# ---------------------------------------------------------------- weights and activations
 
 @torch.no_grad()
 def block_inputs(model: nn.Module, tokens: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -80,8 +94,7 @@ def outlier_profile(acts: dict[str, torch.Tensor], threshold: float = 6.0) -> li
     """Per layer input (acts: {name: (tokens, in)}): largest |x|, median |x|, their ratio, "cols_over" (the
     share of input columns holding any |x| >= `threshold`; 6 is LLM.int8's default), "threshold", and the
     column whose absmax is largest. Raises ValueError for a threshold that is not a positive number."""
-    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not threshold > 0:
-        raise ValueError(f"threshold={threshold!r} must be a positive number")
+    positive("threshold", float(threshold) if type(threshold) is int else threshold, float)
     rows = []
     for name, x in acts.items():
         col = x.abs().amax(0)
@@ -105,7 +118,7 @@ def activation_error_rows(acts: dict[str, torch.Tensor], weights: dict[str, torc
         wt = quant.fake_quantize(w.float(), 8, "absmax", "channel")
         row = {"layer": name, "per-tensor int8": quant.error(ref, xt @ wt.T)}
         for th in thresholds:
-            out, cols = ql.llm_int8_matmul(x, w, th)
+            out, cols = quant_linear.llm_int8_matmul(x, w, th)
             key = "vector-wise int8" if th <= 0 else f"LLM.int8, threshold {th:g}"
             row[key] = quant.error(ref, out)
             if th > 0:
@@ -114,22 +127,100 @@ def activation_error_rows(acts: dict[str, torch.Tensor], weights: dict[str, torc
     return rows
 
 
-# ---------------------------------------------------------------- whole-model quantisation and perplexity
+# ---------------------------------------------------------------- GPTQ and AWQ against RTN
 
-def quantized_copy(model: nn.Module, method: str, bits: int = 4, group: "str | int" = 64) -> nn.Module:
-    """A deep copy of `model` whose block linears hold their quantised-then-dequantised weights.
-    method: "absmax" / "zeropoint" (RTN at `bits`), "nf4" / "nf4-dq" (bits ignored: 4)."""
-    m = copy.deepcopy(model)
-    with torch.no_grad():
-        for lin in block_linears(m).values():
-            w = lin.weight
-            if method.startswith("nf4"):
-                w_hat = quant.nf4_fake_quantize(w.float(), group, method == "nf4-dq")
-            else:
-                w_hat = quant.fake_quantize(w.float(), bits, method, group)
-            lin.weight.copy_(w_hat.to(w.dtype))
-    return m
+@torch.no_grad()
+def layer_error_rows(model: nn.Module, calib: torch.Tensor, bits=(4, 3), group_size: int | None = 64,
+                     act_order: bool = False, test: torch.Tensor | None = None) -> list[dict]:
+    """Per linear and bit width: the relative output error ||X(W − Ŵ)ᵀ|| / ||XWᵀ|| of RTN, GPTQ and AWQ,
+    each layer quantised alone from the full-precision model's inputs on `calib` (B, T) token ids.
 
+    The error is measured on the inputs of `test` token ids (windows the fit did not see) when given,
+    else on the calibration inputs themselves. Returns [{"layer", "bits", "rtn", "gptq", "awq", "alpha"}]
+    in execution order."""
+    bits = [check_bits(b) for b in bits]
+    rows = []
+    with cpu_threads(next(model.parameters()).device):
+        inputs = collect_inputs(model, calib)
+        held = inputs if test is None else collect_inputs(model, test)
+        for name, lin in block_linears(model).items():
+            W, X, Xt = lin.weight.detach().float(), inputs[name], held[name]
+            H = hessian(X)
+            for b in bits:
+                awq, alpha = awq_quantize(W, X, b, group_size)
+                rows.append({"layer": name, "bits": b,
+                             "rtn": output_error(W, rtn_quantize(W, b, group_size), Xt),
+                             "gptq": output_error(W, gptq_quantize(W, H, b, group_size, act_order=act_order), Xt),
+                             "awq": output_error(W, awq, Xt), "alpha": alpha})
+    return rows
+
+
+def _geomean(values) -> float:
+    values = list(values)
+    return math.exp(sum(math.log(max(v, 1e-30)) for v in values) / len(values))
+
+
+def layer_error_section(model: nn.Module, calib: torch.Tensor, bits=(4, 3), group_size: int | None = 64,
+                        act_order: bool = False, test: torch.Tensor | None = None) -> list[dict]:
+    """Print `layer_error_rows` as a table and, per bit width, one sentence from the numbers: in how many
+    layers GPTQ and AWQ beat RTN and the geometric mean of their error ratios. Returns the rows."""
+    rows = layer_error_rows(model, calib, bits, group_size, act_order, test)
+    where = "the calibration windows themselves" if test is None else "windows the calibration did not see"
+    print(f"Relative output error ||X(W − Ŵ)ᵀ|| / ||XWᵀ|| of each linear, measured on {where}:")
+    print(tables.table(["layer", "bits", "RTN error", "GPTQ error", "AWQ error", "AWQ α"],
+                       [[r["layer"], r["bits"], f"{r['rtn']:.4f}", f"{r['gptq']:.4f}", f"{r['awq']:.4f}",
+                         f"{r['alpha']:.2f}"] for r in rows]))
+    gs = "one group per row" if group_size is None else f"groups of {group_size}"
+    for b in sorted({r["bits"] for r in rows}, reverse=True):
+        sel = [r for r in rows if r["bits"] == b]
+        n = len(sel)
+        g_win = sum(r["gptq"] < r["rtn"] for r in sel)
+        a_win = sum(r["awq"] < r["rtn"] for r in sel)
+        g_ratio = _geomean(r["gptq"] / r["rtn"] for r in sel)
+        a_ratio = _geomean(r["awq"] / r["rtn"] for r in sel)
+        zero = sum(r["alpha"] == 0 for r in sel)
+        print(f"{b}-bit, {gs}: GPTQ's output error is below RTN's in {g_win} of {n} layers "
+              f"(geometric mean {g_ratio:.2f}× RTN's), AWQ's in {a_win} of {n} ({a_ratio:.2f}× RTN's)"
+              + (f"; in {zero} layer{'s' if zero != 1 else ''} AWQ's search chose α = 0, which is RTN itself"
+                 if zero else "") + ".")
+    return rows
+
+
+def perplexity_section(model: nn.Module, calib: torch.Tensor, bits=(4, 3), group_size: int | None = 64,
+                       val_tokens: torch.Tensor | None = None, *, batches: int = 4) -> list[dict]:
+    """Held-out validation loss and perplexity of the fp32 model and of RTN / GPTQ / AWQ copies at each
+    bit width (`quantize_model`), on `batches` fixed windows of `val_tokens` (default: the held-out split).
+
+    Prints a table and one sentence per bit width from the numbers. Returns
+    [{"method", "bits", "val_loss", "perplexity"}], the fp32 row first (bits 32)."""
+    def row(method, b, m):
+        loss = validation_loss(m, val_tokens, batches=batches)
+        return {"method": method, "bits": b, "val_loss": loss, "perplexity": math.exp(loss)}
+
+    with cpu_threads(next(model.parameters()).device):
+        rows = [row("fp32", 32, model)]
+        for b in bits:
+            for method in METHODS:
+                rows.append(row(method, b, quantize_model(model, method, b, group_size, calib)))
+    print(tables.table(["method", "bits", "val loss (nats/byte)", "perplexity"],
+                       [[r["method"], r["bits"], f"{r['val_loss']:.4f}", f"{r['perplexity']:.3f}"] for r in rows]))
+    base = rows[0]["perplexity"]
+    for b in bits:
+        sel = {r["method"]: r["perplexity"] for r in rows if r["bits"] == b}
+        best = min(sel, key=sel.get)
+        parts = ", ".join(f"{m.upper()} {sel[m]:.3f} ({100 * (sel[m] / base - 1):+.2f}%)" for m in METHODS)
+        below = [m.upper() for m in METHODS if sel[m] < base]
+        tail = ""
+        if below:
+            drop = 100 * (1 - min(sel.values()) / base)
+            tail = (f". {' and '.join(below)} came out below fp32 (by at most {drop:.2f}%): rounding noise moves "
+                    f"the loss either way, and a drop{' this small' if drop < 1 else ''} on {batches} batches of "
+                    f"windows is no evidence that quantising helps")
+        print(f"{b}-bit: perplexity against fp32's {base:.3f}: {parts}; the lowest is {best.upper()}{tail}.")
+    return rows
+
+
+# ---------------------------------------------------------------- a grid of RTN and NF4 formats on the whole model
 
 def weight_bits(model: nn.Module, method: str, bits: int = 4, group: "str | int" = 64) -> float:
     """Storage bits per parameter of the block linears under `method`, from each weight's quantised state
@@ -183,54 +274,6 @@ def grid(model: nn.Module, specs, evaluate) -> dict[tuple, dict]:
     return out
 
 
-def block_param_count(model: nn.Module) -> tuple[int, int]:
-    """(parameters in block linears' weights, all parameters): the share a weight-only method quantises."""
-    inner = sum(l.weight.numel() for l in block_linears(model).values())
-    return inner, sum(p.numel() for p in model.parameters())
-
-
-# ---------------------------------------------------------------- memory formulas
-
-FINETUNE = ("full (bf16, Adam)", "LoRA (bf16 base)", "QLoRA (NF4+DQ base)")
-
-
-def lora_params(d_model: int, d_ff: int, n_layer: int, rank: int) -> int:
-    """LoRA parameters with rank `rank` on every linear of a Llama-style block: q, k, v, o (d x d each)
-    and gate, up, down (d x d_ff): rank * (in + out) per matrix."""
-    return n_layer * rank * (4 * 2 * d_model + 3 * (d_model + d_ff))
-
-
-# Llama-65B's shape (Touvron et al., 2023, "LLaMA: Open and Efficient Foundation Language Models", Table 2:
-# dimension 8192, 80 layers; the SwiGLU hidden size 2/3 * 4d rounded up to a multiple of 256 is 22016)
-LLAMA_SHAPES = {7: (4096, 11008, 32), 13: (5120, 13824, 40), 33: (6656, 17920, 60), 65: (8192, 22016, 80)}
-
-
-def finetune_gb(params_b: float, method: str, rank: int = 64, shape: tuple | None = None) -> dict[str, float]:
-    """GB (1e9 bytes) of weights, gradients and optimizer state to fine-tune a model of `params_b` billion
-    parameters, activations not counted.
-
-    full: bf16 weights and gradients (2 + 2 bytes) and Adam's two fp32 moments (8 bytes): 12 bytes a
-    parameter. LoRA / QLoRA: the frozen base in bf16 / NF4 with double quantisation, plus adapters of
-    `rank` (from `shape` = (d_model, d_ff, n_layer), else the nearest LLAMA_SHAPES entry) with bf16 weights
-    and gradients and fp32 Adam moments (12 bytes an adapter parameter). Every parameter counts as a
-    quantisable weight. Computed by `lora.memory_formula` (the one formula; bytes / 1e9), adapters split out.
-    Raises ValueError for an unknown method.
-    """
-    if method not in FINETUNE:
-        raise ValueError(f"method must be one of {FINETUNE}, not {method!r}")
-    n = params_b * 1e9
-    if method.startswith("full"):
-        a = 0
-    elif shape is None:
-        nearest = min(LLAMA_SHAPES, key=lambda k: abs(k - params_b))
-        a = lora_params(*LLAMA_SHAPES[nearest], rank) * params_b / nearest  # scaled to this size
-    else:
-        a = lora_params(*shape, rank)
-    kind = {"full": "full", "LoRA": "lora", "QLoRA": "qlora"}[method.split()[0]]
-    parts = memory_formula(n, 0, a, kind, weight_bytes=2, optimizer_bytes=8, adapter_bytes=2, split_adapters=True)
-    return {k: parts[k] / GB for k in ("weights", "gradients", "optimizer", "adapters")}
-
-
 # ---------------------------------------------------------------- decode speed (GPU)
 
 def _decode_step(model, batch: int, prompt: int, device: str):
@@ -246,9 +289,9 @@ def weight_only_copy(base: torch.nn.Module, bits: int, backend: str, group_size:
     """A deep copy of `base` whose block linears are our weight-only int8 / int4 linears (bits 8 or 4) running
     `backend` ("torch", "compile" for int8, "triton" for int4: see quant_linear.WeightOnlyLinear)."""
     model = copy.deepcopy(base)
-    ql.swap_linears(model, lambda lin: ql.WeightOnlyLinear.from_linear(lin, bits, group_size))
+    quant_linear.swap_linears(model, lambda lin: quant_linear.WeightOnlyLinear.from_linear(lin, bits, group_size))
     for m in model.modules():
-        if isinstance(m, ql.WeightOnlyLinear):
+        if isinstance(m, quant_linear.WeightOnlyLinear):
             m.backend = backend
     return model
 
@@ -259,8 +302,6 @@ def decode_speed(preset: str = "1.3b", batches=(1, 32), prompt: int = 64, reps: 
     linears as bf16, our int8 / int4 weight-only linears, or torchao's configs; and the achieved
     bandwidth = (bytes of all weights read once + KV cache read) / step time. A variant that cannot run
     gives a row with its reason. Raises RuntimeError without CUDA."""
-    from helpers.measure.bench import benchmark
-    from helpers.gpt.model import GPT, GPTConfig
     if not torch.cuda.is_available():
         raise RuntimeError("decode speed is measured on a GPU only")
     torch.manual_seed(0)
@@ -278,7 +319,8 @@ def decode_speed(preset: str = "1.3b", batches=(1, 32), prompt: int = 64, reps: 
             else:
                 model = copy.deepcopy(base)
             if name.startswith("torchao"):
-                from torchao.quantization import Int4WeightOnlyConfig, Int8WeightOnlyConfig, quantize_
+                from torchao.quantization import (  # heavy: only the GPU comparison needs torchao
+                    Int4WeightOnlyConfig, Int8WeightOnlyConfig, quantize_)
                 cfg = Int8WeightOnlyConfig() if name.endswith("int8") else Int4WeightOnlyConfig(group_size=group_size)
                 for blk in model.blocks:
                     quantize_(blk, cfg)
@@ -313,11 +355,11 @@ BNB_STATE_BLOCK = 256  # bitsandbytes' blockwise 8-bit optimizer state: one fp32
 def threshold_probe(sizes=(MIN_8BIT_SIZE - 1, MIN_8BIT_SIZE), device: str = "cpu") -> dict[int, str]:
     """The dtype of bitsandbytes AdamW8bit's first moment after one step on a 1-D tensor of each size:
     {numel: "float32" or "uint8"}; finds where the 32-bit threshold (min_8bit_size) falls."""
-    import bitsandbytes as bnb
+    import bitsandbytes as bnb  # heavy: it imports triton, and only this section needs it
 
     out = {}
     for n in sizes:
-        p = nn.Parameter(torch.zeros(_positive_int("size", n), device=device))
+        p = nn.Parameter(torch.zeros(positive("size", n), device=device))
         opt = bnb.optim.AdamW8bit([p])
         p.grad = torch.ones_like(p)
         opt.step()
@@ -329,11 +371,11 @@ def update_gap(steps: int = 5, shape=(64, 128), lr: float = 1e-3, seed: int = 0,
     """||Δp(AdamW8bit) − Δp(AdamW)|| / ||Δp(AdamW)|| after `steps` steps of both optimizers on one
     tensor of `shape` with the same random gradients (no weight decay): how far 8-bit state moves the
     update."""
-    import bitsandbytes as bnb
+    import bitsandbytes as bnb  # heavy: it imports triton, and only this section needs it
 
     g = torch.Generator().manual_seed(seed)
     p0 = torch.randn(shape, generator=g)
-    grads = [torch.randn(shape, generator=g) for _ in range(_positive_int("steps", steps))]
+    grads = [torch.randn(shape, generator=g) for _ in range(positive("steps", steps))]
     moved = {}
     for name, cls in (("adamw", torch.optim.AdamW), ("adamw8bit", bnb.optim.AdamW8bit)):
         p = nn.Parameter(p0.clone().to(device))
@@ -354,7 +396,7 @@ def optimizer_section(model: nn.Module, steps: int = 5, *, lr: float = 1e-3, bat
     {"losses": {"adamw": [...], "adamw8bit": [...]}, "bytes_per_param": {name: float},
     "tensors": [{"name", "numel", "adamw", "adamw8bit", "dtypes8"}], "state_bytes": {name: int},
     "threshold": `threshold_probe()`, "update_gap": `update_gap()`}."""
-    _positive_int("steps", steps)
+    positive("steps", steps)
     tune, _ = finetune_split()
     res = {"losses": {}, "state_bytes": {}, "bytes_per_param": {}}
     per = {}

@@ -18,10 +18,14 @@
   bytes per weight is fewer seconds per token; at large batch the matmul becomes compute-bound and the
   dequantisation work is pure overhead.
 * **`int4_matmul`**: a Triton kernel that unpacks the nibbles, applies scale and zero per group and
-  accumulates x @ w^T in fp32 tiles. Without CUDA it runs in Triton's interpreter (importing this module
-  sets TRITON_INTERPRET=1 before triton loads, as `helpers.fusion.triton_softmax` does): correct, slow, untimed.
+  accumulates x @ w^T in fp32 tiles. Without CUDA it runs in Triton's interpreter, which this module
+  switches on for itself when it is imported (`helpers.measure.triton_mode`): correct, slow, untimed.
+  `BROKEN` says why the kernel cannot run in this process (e.g. triton imported earlier in compiled
+  mode, as `import bitsandbytes` does), or is None.
 """
 from __future__ import annotations
+
+import copy
 
 import torch
 import torch.nn.functional as F
@@ -80,7 +84,7 @@ def llm_int8_matmul(x: torch.Tensor, w: torch.Tensor, threshold: float = 6.0,
 
 def bnb_int8_linear(w: torch.Tensor, threshold: float = 6.0):
     """bitsandbytes' `Linear8bitLt` (no bias, int8 weights, eval mode) holding `w` (out, in); a module."""
-    import bitsandbytes as bnb
+    import bitsandbytes as bnb  # heavy: it imports triton, and only this comparison needs it
     m = bnb.nn.Linear8bitLt(w.shape[1], w.shape[0], bias=False, has_fp16_weights=False, threshold=threshold)
     m.load_state_dict({"weight": w.detach().float().clone()})
     return m.to(w.device).eval()
@@ -156,6 +160,7 @@ class WeightOnlyLinear(nn.Module):
 
 
 def _int8_linear(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """x (..., in) @ q (out, in) int8, converted to x's dtype inside F.linear, times the per-row scale (out,)."""
     return F.linear(x, q.to(x.dtype)) * scale.to(x.dtype)
 
 
@@ -253,11 +258,11 @@ def torchao_weight_only(linear: nn.Linear, bits: int, group_size: int = 64) -> "
     """A copy of `linear` quantised by torchao's weight-only config (int8: Int8WeightOnlyConfig; int4:
     Int4WeightOnlyConfig(group_size)), or one sentence saying why it cannot run here (torchao missing,
     no CUDA: its int4 weight-only kernels need a GPU)."""
-    import copy
     if not torch.cuda.is_available():
         return "torchao's weight-only kernels are compared on a GPU only (its int4 path needs CUDA); this run has none"
     try:
-        from torchao.quantization import Int4WeightOnlyConfig, Int8WeightOnlyConfig, quantize_
+        from torchao.quantization import (  # heavy: only the GPU comparison needs torchao
+            Int4WeightOnlyConfig, Int8WeightOnlyConfig, quantize_)
     except ImportError as err:
         return f"torchao is not importable here ({err})"
     model = nn.Sequential(copy.deepcopy(linear)).to("cuda", torch.bfloat16)

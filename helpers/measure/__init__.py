@@ -1,1 +1,15 @@
-"""placeholder"""
+"""What every notebook measures with, and where it writes what it measured. Imports only `show`.
+
+`hardware`     what the device is: name, capabilities, library versions, datasheet peaks with their
+               sources, and the matmul each format (fp32, tf32, fp16, bf16, fp8) runs as
+`ceilings`     what the device does: measured matmul throughput and copy bandwidth, and the ceilings
+               notebook 00 records for the later notebooks
+`bench`        the one timer (warm-up, median and IQR, interleaved comparisons), plausibility bounds,
+               peak CUDA memory and bytes saved for backward
+`results`      records: one JSON file per measurement, written atomically; the headline summaries
+`claims`       verdicts on the claims the course tests, for the report's ledger
+`params`       notebook parameters: validation, profiles, the one setup call of each notebook
+`profiling`    torch.profiler's top ops, Perfetto traces, CUDA memory snapshots
+`triton_mode`  whether Triton compiles for the GPU or runs in its interpreter, switched by each
+               kernel module for itself
+"""

@@ -6,6 +6,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
+from helpers.measure import results
+from helpers.show import widgets
+
 PROFILES = ("auto", "smoke", "full")
 
 
@@ -51,7 +54,7 @@ def resolve_profile(profile: str) -> str:
     choose("PROFILE", profile, PROFILES)
     if profile != "auto":
         return profile
-    import torch
+    import torch  # heavy: imported only when a profile is resolved
 
     return "full" if torch.cuda.is_available() else "smoke"
 
@@ -93,9 +96,7 @@ class Setup:
 def setup(profile: str = "auto", seed: int = 0, interactive: bool = True,
           results_dir: str | None = None, device: str = "auto") -> Setup:
     """Validate the common parameters, seed every RNG and point `record` at the results folder."""
-    import torch
-
-    from helpers.measure import results
+    import torch  # heavy: the runner imports this module for PROFILES without needing torch
 
     resolved = resolve_profile(profile)
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
@@ -116,7 +117,5 @@ def setup(profile: str = "auto", seed: int = 0, interactive: bool = True,
     except ImportError:  # numpy is a dependency, but seeding must never be the thing that fails
         pass
     folder = results.configure(results_dir=results_dir, profile=resolved)
-    from helpers.show import widgets
-
     widgets.set_interactive(interactive)
     return Setup(profile=resolved, device=device, seed=seed, interactive=interactive, results_dir=folder)

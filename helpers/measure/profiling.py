@@ -14,10 +14,18 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
+
+import torch
+from torch.profiler import ProfilerActivity
+from torch.profiler import profile as torch_profile
+
+from helpers.measure import results
+from helpers.show.tables import table
 
 
 @dataclass
@@ -33,8 +41,6 @@ class Profile:
 
     def table(self) -> str:
         """The rows as a printable table, with where the trace was saved."""
-        from helpers.show.tables import table
-
         unit = "device" if self.device == "cuda" else "CPU"
         text = table(["op", f"self {unit} ms/step", "calls/step", "share"],
                      [[name, f"{ms:.3f}", f"{calls:g}", f"{share:.1%}"] for name, ms, calls, share in self.rows])
@@ -65,8 +71,6 @@ def is_matmul(op: str) -> bool:
 @contextlib.contextmanager
 def quiet_stderr():
     """Send what native code writes to file descriptor 2 to /dev/null for the duration."""
-    import sys
-
     sys.stderr.flush()
     saved = os.dup(2)
     try:
@@ -93,10 +97,6 @@ def profile(fn: Callable[[], Any], *, steps: int = 3, warmup: int = 1, top: int 
     `trace_dir=None` saves into the run's results folder (`helpers.measure.results.results_dir()/traces`).
     Raises ValueError for steps < 1, warmup < 0 or top < 1.
     """
-    import torch
-    from torch.profiler import ProfilerActivity
-    from torch.profiler import profile as torch_profile
-
     if steps < 1 or warmup < 0 or top < 1:
         raise ValueError(f"steps={steps}, warmup={warmup}, top={top}: need steps >= 1, warmup >= 0, top >= 1")
     on_cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
@@ -120,9 +120,7 @@ def profile(fn: Callable[[], Any], *, steps: int = 3, warmup: int = 1, top: int 
     rows = [(e.key, _self_us(e, on_cuda) / steps / 1e3, e.count / steps, _self_us(e, on_cuda) / total if total else 0.0)
             for e in events[:top]]
     if trace_dir is None:
-        from helpers.measure.results import results_dir
-
-        trace_dir = results_dir() / "traces"
+        trace_dir = results.results_dir() / "traces"
     folder = Path(trace_dir)
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{name}.json"
@@ -142,8 +140,6 @@ def memory_snapshot(fn: Callable[[], Any], path: str | os.PathLike, *, max_entri
 
     Returns the path, or None (after printing one sentence) when CUDA is not available.
     """
-    import torch
-
     if not torch.cuda.is_available():
         print("memory snapshot skipped: the allocator history it draws is CUDA's, and this run has no CUDA device")
         return None

@@ -27,6 +27,7 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
+from helpers.measure.params import positive
 from helpers.parallel.distributed import all_gather_single, reduce_scatter_single
 
 
@@ -53,13 +54,13 @@ class DDP(nn.Module):
     ready. overlap: False waits until `finish_gradient_synchronization()` to start any communication
     (the naive baseline).
     Wrap a module once: the hooks stay on its parameters, so a second wrapper would reduce twice.
-    Raises ValueError for a bad bucket_mb.
+    Raises ValueError for a bucket_mb that is neither None nor a positive number.
     """
 
     def __init__(self, module: nn.Module, bucket_mb: float | None = None, overlap: bool = True):
         super().__init__()
-        if bucket_mb is not None and (isinstance(bucket_mb, bool) or not bucket_mb > 0):
-            raise ValueError(f"bucket_mb={bucket_mb!r} must be None or a positive number of MiB")
+        if bucket_mb is not None:
+            positive("bucket_mb", float(bucket_mb) if type(bucket_mb) is int else bucket_mb, float)
         self.module, self.overlap, self.world = module, overlap, dist.get_world_size()
         self.params = unique_params(module)
         with torch.no_grad():

@@ -1,19 +1,32 @@
-"""Notebook 13's and its tests' work on ranks: each function runs as `fn(rank, world, ...)` under
-`helpers.parallel.distributed.run_on_ranks`, does every check of one section inside that process group, and
-returns plain numbers (rank 0's, or every rank's where they differ).
+"""Notebook 13's and its tests' work on ranks: each function taking `(rank, world, ...)` runs under
+`helpers.parallel.distributed.run_on_ranks`, does every check or measurement of one section inside that
+process group, and returns plain numbers (rank 0's, or every rank's where they differ).
+
+* checks against single-process training or the dense layers: `check_collectives`,
+  `check_data_parallel`, `check_tensor_parallel`;
+* timing on ranks: `time_collective`, `ping_pong`, `comm_sweep` (ping-pong, our ring and
+  `dist.all_reduce` per message size), `measure_ddp`, `run_pipeline` / `measure_pipeline` (a schedule
+  executed with a fixed compute time per step, and its bubble);
+* memory per rank: `measure_memory` (stages 0-3);
+* the notebook's sentences, formulas and figure: `bucketing_sentence`, `collectives_notes`, `plan`,
+  `plan_figure`; its parameter checks: `at_least_2`, `positive_number`, `positive_ints`;
+* for the tests and `scripts/ddp_torchrun.py`: `small_config`, `global_batches`, `fail_on`,
+  `sleep_forever`.
 """
 from __future__ import annotations
 
+import ast
 import time
+from statistics import median
+from typing import Any, Callable, Sequence
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from helpers.parallel import distributed as D
-from helpers.parallel import model_parallel as MP
-from helpers.parallel import data_parallel as P
 from helpers.gpt.model import GPT, GPTConfig
+from helpers.measure.params import positive, positives
+from helpers.parallel import data_parallel, distributed, model_parallel
 
 
 def small_config(**overrides) -> GPTConfig:
@@ -95,7 +108,7 @@ def check_data_parallel(rank: int, world: int, steps: int = 3, seed: int = 0) ->
 
     for name, kw in (("ddp per-parameter", {}), ("ddp bucketed", {"bucket_mb": 0.02}),
                      ("ddp after backward", {"overlap": False})):
-        ddp = P.DDP(fresh(), **kw)
+        ddp = data_parallel.DDP(fresh(), **kw)
         _train(ddp, None, batches, rank, world, torch.optim.SGD(ddp.parameters(), lr=0.1))
         out[name] = _max_diff(ddp.module.state_dict(), ref_sgd)
         if name == "ddp bucketed":
@@ -103,27 +116,27 @@ def check_data_parallel(rank: int, world: int, steps: int = 3, seed: int = 0) ->
     torch_ddp = nn.parallel.DistributedDataParallel(fresh())
     _train(torch_ddp, None, batches, rank, world, torch.optim.SGD(torch_ddp.parameters(), lr=0.1), sync=lambda: None)
     out["torch ddp"] = _max_diff(torch_ddp.module.state_dict(), ref_sgd)
-    ddp = P.DDP(fresh(), bucket_mb=0.02)
+    ddp = data_parallel.DDP(fresh(), bucket_mb=0.02)
     _train(ddp, None, batches, rank, world, torch.optim.SGD(ddp.parameters(), lr=0.1))
     out["ours vs torch ddp"] = _max_diff(ddp.module.state_dict(), torch_ddp.module.state_dict())
-    acc = P.DDP(fresh())
+    acc = data_parallel.DDP(fresh())
     _train(acc, None, batches, rank, world, torch.optim.SGD(acc.parameters(), lr=0.1), micro=2)
     out["no_sync accumulation"] = _max_diff(acc.module.state_dict(), ref_sgd)
 
-    z1 = P.DDP(fresh())
-    opt = P.ShardedOptimizer(z1.parameters(), torch.optim.AdamW, lr=1e-2)
+    z1 = data_parallel.DDP(fresh())
+    opt = data_parallel.ShardedOptimizer(z1.parameters(), torch.optim.AdamW, lr=1e-2)
     _train(z1, None, batches, rank, world, opt)
     out["zero-1"] = _max_diff(z1.module.state_dict(), ref_adam)
     m2 = fresh()
     with torch.no_grad():
-        for p in P.unique_params(m2):
+        for p in data_parallel.unique_params(m2):
             dist.broadcast(p, 0)
-    opt2 = P.ShardedOptimizer(m2.parameters(), torch.optim.AdamW, lr=1e-2)
+    opt2 = data_parallel.ShardedOptimizer(m2.parameters(), torch.optim.AdamW, lr=1e-2)
     _train(m2, None, batches, rank, world, opt2, sync=opt2.reduce_gradients)
     out["zero-2"] = _max_diff(m2.state_dict(), ref_adam)
 
     for name, dtype in (("fsdp fp32", None), ("fsdp bf16 compute", torch.bfloat16)):
-        f = P.FSDP(fresh(), compute_dtype=dtype)
+        f = data_parallel.FSDP(fresh(), compute_dtype=dtype)
         _train(f, None, batches, rank, world, torch.optim.AdamW(f.parameters(), lr=1e-2))
         full = f.gather_full_params()
         out[name] = _max_diff(full, ref_adam)
@@ -137,12 +150,13 @@ def check_data_parallel(rank: int, world: int, steps: int = 3, seed: int = 0) ->
 def _fsdp2(fresh, batches, rank, world, ref):
     """PyTorch's FSDP2 `fully_shard` on the same model and batches, or why it could not run."""
     try:
+        # optional: FSDP2 is not in every torch build, and on CPU/gloo it may fail to import or to run
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
 
         m = fresh()
         with torch.no_grad():
-            for p in P.unique_params(m):
+            for p in data_parallel.unique_params(m):
                 dist.broadcast(p, 0)
         mesh = init_device_mesh("cpu", (world,))
         for block in m.blocks:
@@ -155,17 +169,82 @@ def _fsdp2(fresh, batches, rank, world, ref):
         return f"{type(err).__name__}: {str(err).splitlines()[0][:160]}"
 
 
+# ---------------------------------------------------------------- timing on ranks
+
+def _device() -> str:
+    """Where this rank's buffers live: its GPU under NCCL, else the CPU."""
+    return f"cuda:{torch.cuda.current_device()}" if dist.get_backend() == "nccl" else "cpu"
+
+
+def _sync() -> None:
+    if dist.get_backend() == "nccl":
+        torch.cuda.synchronize()
+
+
+def time_collective(fn: Callable[[], Any], reps: int, warmup: int = 2) -> dict[str, float]:
+    """Median and quartiles (seconds) of `fn()` on this rank, each call between two barriers (and GPU syncs)."""
+    for _ in range(warmup):
+        fn()
+    xs = []
+    for _ in range(reps):
+        _sync()
+        dist.barrier()
+        t0 = time.perf_counter()
+        fn()
+        _sync()
+        xs.append(time.perf_counter() - t0)
+    xs.sort()
+    return {"median": median(xs), "q25": xs[len(xs) // 4], "q75": xs[(3 * len(xs)) // 4]}
+
+
+def ping_pong(nbytes: int, reps: int) -> float | None:
+    """One-way time (s, median of `reps` round trips / 2) of `nbytes` between ranks 0 and 1; None elsewhere."""
+    rank = dist.get_rank()
+    buf = torch.zeros(max(1, nbytes // 4), dtype=torch.float32, device=_device())
+    xs = []
+    for i in range(reps + 2):
+        _sync()
+        dist.barrier()
+        t0 = time.perf_counter()
+        if rank == 0:
+            dist.send(buf, 1)
+            dist.recv(buf, 1)
+        elif rank == 1:
+            dist.recv(buf, 0)
+            dist.send(buf, 0)
+        _sync()
+        if i >= 2:
+            xs.append((time.perf_counter() - t0) / 2)
+    return median(xs) if rank == 0 else None
+
+
+def comm_sweep(rank: int, world_size: int, sizes: Sequence[int], reps: int) -> dict[str, Any] | None:
+    """On ranks: ping-pong and all-reduce (ours and dist.all_reduce) medians for each size in bytes.
+
+    Returns, on rank 0, {"sizes", "ping", "ring", "torch", "ring_iqr", "torch_iqr"} (seconds); None elsewhere.
+    """
+    rows: dict[str, list] = {k: [] for k in ("ping", "ring", "torch", "ring_iqr", "torch_iqr")}
+    for nbytes in sizes:
+        x = torch.ones(max(1, nbytes // 4), device=_device())
+        rows["ping"].append(ping_pong(nbytes, reps))
+        for name, op in (("ring", distributed.ring_all_reduce), ("torch", dist.all_reduce)):
+            t = time_collective(lambda: op(x), reps)
+            rows[name].append(t["median"])
+            rows[name + "_iqr"].append((t["q75"] - t["q25"]) / t["median"])
+    return {"sizes": list(sizes), **rows} if rank == 0 else None
+
+
 def check_collectives(rank: int, world: int, seed: int = 0) -> dict:
     """Our ring all-reduce against dist.all_reduce: integer (exact) and float tensors of awkward sizes."""
     out = {"int exact": True, "float max err": 0.0}
     g = torch.Generator().manual_seed(seed + rank)
     for n in (1, world - 1 if world > 1 else 1, 7, 1000, 4099):
         x = torch.randint(-1000, 1000, (n,), generator=g)
-        ours, ref = D.ring_all_reduce(x.clone()), x.clone()
+        ours, ref = distributed.ring_all_reduce(x.clone()), x.clone()
         dist.all_reduce(ref)
         out["int exact"] &= bool(torch.equal(ours, ref))
         y = torch.randn(3, n, generator=g)
-        ours, ref = D.ring_all_reduce(y.clone()), y.clone()
+        ours, ref = distributed.ring_all_reduce(y.clone()), y.clone()
         dist.all_reduce(ref)
         out["float max err"] = max(out["float max err"], float((ours - ref).abs().max()))
     return out if rank == 0 else {}
@@ -178,7 +257,8 @@ def check_tensor_parallel(rank: int, world: int, seed: int = 0) -> dict:
     block = GPT(cfg).blocks[0]
     x = torch.randn(2, cfg.seq_len, cfg.d_model)
     out = {}
-    for name, dense, tp in (("mlp", block.mlp, MP.TPMLP(block.mlp)), ("attention", block.attn, MP.TPAttention(block.attn))):
+    for name, dense, tp in (("mlp", block.mlp, model_parallel.TPMLP(block.mlp)),
+                            ("attention", block.attn, model_parallel.TPAttention(block.attn))):
         xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
         ya, yb = dense(xa), tp(xb)
         ya.pow(2).sum().backward()
@@ -202,11 +282,13 @@ def measure_ddp(rank: int, world: int, width: int, depth: int, rows: list[int], 
     """
     names = ["compute only", "after backward", "overlapped", "bucketed"]
     models = {n: _tower(width, depth, seed) for n in names}  # one model each: a wrapper's hooks fire for its own only
-    modes = {"compute only": models["compute only"], "after backward": P.DDP(models["after backward"], overlap=False),
-             "overlapped": P.DDP(models["overlapped"]), "bucketed": P.DDP(models["bucketed"], bucket_mb=bucket_mb)}
+    modes = {"compute only": models["compute only"],
+             "after backward": data_parallel.DDP(models["after backward"], overlap=False),
+             "overlapped": data_parallel.DDP(models["overlapped"]),
+             "bucketed": data_parallel.DDP(models["bucketed"], bucket_mb=bucket_mb)}
     grads_numel = sum(p.numel() for p in models["compute only"].parameters())
     buf = torch.zeros(grads_numel)
-    res = {"rows": rows, "params": grads_numel, "comm": D.time_collective(lambda: dist.all_reduce(buf), reps)["median"],
+    res = {"rows": rows, "params": grads_numel, "comm": time_collective(lambda: dist.all_reduce(buf), reps)["median"],
            "bucket_mb": bucket_mb, "tensors": len(list(models["compute only"].parameters())),
            "largest tensor bytes": max(p.numel() * p.element_size() for p in models["compute only"].parameters()),
            "messages": {n: len(modes[n].buckets) for n in names[1:]}}  # all-reduces per step, per mode
@@ -228,7 +310,7 @@ def measure_ddp(rank: int, world: int, width: int, depth: int, rows: list[int], 
                 t0 = time.perf_counter()
                 step(n)
                 samples[n].append(time.perf_counter() - t0)
-        times = {n: D._median(samples[n]) for n in names}
+        times = {n: median(samples[n]) for n in names}
         q = {n: sorted(samples[n]) for n in names}
         times["iqr"] = max((q[n][(3 * reps) // 4] - q[n][reps // 4]) / times[n] for n in names)
         res[r] = times
@@ -257,7 +339,7 @@ def measure_ddp(rank: int, world: int, width: int, depth: int, rows: list[int], 
             t0 = time.perf_counter()
             accumulate(every)
             acc[every].append(time.perf_counter() - t0)
-    res["accumulation"] = {"micro": micro, "no_sync": D._median(acc[False]), "every micro-step": D._median(acc[True]),
+    res["accumulation"] = {"micro": micro, "no_sync": median(acc[False]), "every micro-step": median(acc[True]),
                            "bytes no_sync": sent_once, "bytes every": sent_every}
     return res if rank == 0 else None
 
@@ -301,29 +383,76 @@ def measure_memory(rank: int, world: int, cfg_kwargs: dict, seed: int = 0) -> li
         torch.manual_seed(seed)
         model = GPT(cfg)
         if stage == 3:
-            wrap = P.FSDP(model)
+            wrap = data_parallel.FSDP(model)
             params = list(wrap.parameters())
             opt = torch.optim.AdamW(params, lr=1e-3)
             sync, state = wrap.finish_gradient_synchronization, lambda: opt.state
         else:
-            wrap = P.DDP(model) if stage < 2 else model
-            params = P.unique_params(model)
+            wrap = data_parallel.DDP(model) if stage < 2 else model
+            params = data_parallel.unique_params(model)
             if stage == 0:
                 opt = torch.optim.AdamW(params, lr=1e-3)
                 sync, state = wrap.finish_gradient_synchronization, lambda: opt.state
             else:
-                opt = P.ShardedOptimizer(params, torch.optim.AdamW, lr=1e-3)
+                opt = data_parallel.ShardedOptimizer(params, torch.optim.AdamW, lr=1e-3)
                 sync = wrap.finish_gradient_synchronization if stage == 1 else opt.reduce_gradients
                 state = lambda: opt.optimizer.state  # noqa: E731
         _loss(wrap, _local(rows, rank, world)).backward()
         sync()
         opt.step()
         st = [t for s in state().values() for t in s.values() if torch.is_tensor(t) and t.dim() > 0]
-        out.append({"stage": stage, "params": P.tensor_bytes(params), "grads": P.tensor_bytes(p.grad for p in params),
-                    "state": P.tensor_bytes(st), "n_params": sum(p.numel() for p in P.unique_params(GPT(cfg)))})
+        out.append({"stage": stage, "params": data_parallel.tensor_bytes(params),
+                    "grads": data_parallel.tensor_bytes(p.grad for p in params),
+                    "state": data_parallel.tensor_bytes(st),
+                    "n_params": sum(p.numel() for p in data_parallel.unique_params(GPT(cfg)))})
         out[-1]["total"] = out[-1]["params"] + out[-1]["grads"] + out[-1]["state"]
         del wrap, model, opt
     return out
+
+
+def run_pipeline(rank: int, world: int, kind: str, micro: int, forward_ms: float, width: int = 64) -> dict:
+    """On ranks (one stage each): one training step of the schedule; activations and gradients really sent.
+
+    Each step does a small real linear and then waits out `forward_ms` (forward) or 2x (backward), a
+    fixed-duration stand-in for a stage's compute, so that p ranks sharing a few cores still show the
+    schedule's own bubble. Returns {"busy_s", "wall_s", "bubble", "peak_in_flight"} for this stage.
+    """
+    steps = model_parallel.pipeline_schedule(kind, world, micro)[rank]
+    w = torch.randn(width, width) / width ** 0.5
+    acts: dict[int, torch.Tensor] = {}
+    busy, peak, sends = 0.0, 0, []  # sends are asynchronous: 1F1B would deadlock on blocking sends
+    dist.barrier()
+    t0 = time.perf_counter()
+    for op, i in steps:
+        buf = torch.empty(8, width)
+        if op == "F":
+            if rank > 0:
+                dist.recv(buf, rank - 1)
+            else:
+                buf = torch.randn(8, width)
+            s = time.perf_counter()
+            acts[i] = buf @ w
+            time.sleep(forward_ms / 1e3)
+            busy += time.perf_counter() - s
+            peak = max(peak, len(acts))
+            if rank < world - 1:
+                sends.append(dist.isend(acts[i].clone(), rank + 1))
+        else:
+            if rank < world - 1:
+                dist.recv(buf, rank + 1)
+            else:
+                buf = torch.ones(8, width)
+            s = time.perf_counter()
+            g = buf @ w.t()
+            del acts[i]
+            time.sleep(2 * forward_ms / 1e3)
+            busy += time.perf_counter() - s
+            if rank > 0:
+                sends.append(dist.isend(g, rank - 1))
+    for req in sends:
+        req.wait()
+    wall = time.perf_counter() - t0
+    return {"busy_s": busy, "wall_s": wall, "bubble": 1 - busy / wall, "peak_in_flight": peak}
 
 
 def measure_pipeline(rank: int, world: int, micros: list[int], forward_ms: float) -> list[dict] | None:
@@ -331,14 +460,15 @@ def measure_pipeline(rank: int, world: int, micros: list[int], forward_ms: float
     rows = []
     for kind in ("gpipe", "1f1b"):
         for m in micros:
-            r = MP.run_pipeline(rank, world, kind, m, forward_ms)
+            r = run_pipeline(rank, world, kind, m, forward_ms)
             stats = torch.tensor([r["busy_s"], r["wall_s"], float(r["peak_in_flight"])], dtype=torch.float64)
             every = [torch.zeros_like(stats) for _ in range(world)]
             dist.all_gather(every, stats)
             busy = [float(s[0]) for s in every]
             wall = max(float(s[1]) for s in every)
             rows.append({"kind": kind, "micro": m, "stages": world, "bubble": 1 - sum(busy) / (world * wall),
-                         "formula": MP.bubble_formula(world, m), "peak_in_flight": [int(s[2]) for s in every],
+                         "formula": model_parallel.bubble_formula(world, m),
+                         "peak_in_flight": [int(s[2]) for s in every],
                          "wall_s": wall})
     return rows if rank == 0 else None
 
@@ -360,13 +490,13 @@ def sleep_forever(rank: int, world: int) -> None:
 def section_collectives(rank: int, world: int, sizes: list[int], reps: int) -> dict | None:
     """Notebook 13's first section on one process group: the ring check, then the size sweep."""
     check = check_collectives(rank, world)
-    sweep = D.comm_sweep(rank, world, sizes, reps)
+    sweep = comm_sweep(rank, world, sizes, reps)
     return {"check": check, "sweep": sweep} if rank == 0 else None
 
 
 def plan(ranks: int, n_params: float, stage: int) -> dict[str, float]:
     """Memory per rank (bytes, fp32 AdamW) and bytes each rank sends per step at a ZeRO stage, from formulas."""
-    mem = P.zero_formula(stage, n_params, ranks)
+    mem = data_parallel.zero_formula(stage, n_params, ranks)
     ring = (ranks - 1) / ranks  # a ring moves (n-1)/n of a buffer per reduce-scatter or all-gather
     sent = {0: 2, 1: 2, 2: 2, 3: 3}[stage] * ring * 4 * n_params
     return {**mem, "sent": sent}
@@ -377,7 +507,7 @@ def plan_figure(ranks: int, n_params: float, stage: int, title: str = "", unit: 
 
     `unit`: "GiB" or "MiB" for the y axis (match the table beside it). Raises ValueError for another unit.
     """
-    from helpers.show import plots
+    from helpers.show import plots  # heavy: matplotlib, kept out of the ranks' fork server (it preloads this module)
 
     if unit not in ("GiB", "MiB"):
         raise ValueError(f"unit={unit!r}; choose 'GiB' or 'MiB'")
@@ -399,8 +529,6 @@ def plan_figure(ranks: int, n_params: float, stage: int, title: str = "", unit: 
 
 def at_least_2(name: str, value) -> int:
     """A world size: an int >= 2 (one rank has nobody to talk to). Raises ValueError naming the parameter."""
-    from helpers.measure.params import positive
-
     if positive(name, value) < 2:
         raise ValueError(f"{name}={value!r} must be an int >= 2")
     return value
@@ -408,8 +536,6 @@ def at_least_2(name: str, value) -> int:
 
 def positive_number(name: str, value) -> float:
     """A positive int or float, as a float. Raises ValueError naming the parameter."""
-    from helpers.measure.params import positive
-
     return positive(name, float(value) if type(value) is int else value, float)
 
 
@@ -417,10 +543,6 @@ def positive_ints(name: str, value) -> list[int]:
     """A non-empty list of positive ints; a string such as "[1, 2]" (what papermill's `-p` passes for a
     list) is read as a Python literal first. Raises ValueError naming the parameter, and for a string
     that is not a list literal, says that a string was received and to pass lists with `-y`."""
-    import ast
-
-    from helpers.measure.params import positives
-
     if isinstance(value, str):
         try:
             parsed = ast.literal_eval(value.strip())
@@ -442,7 +564,7 @@ def collectives_notes(sweep: dict, world: int, alpha: float, beta: float) -> lis
     notes.append(f"spread (IQR/median) of the all-reduce times up to {spread:.0%}: "
                  + ("noisy, rerun when the machine is idle before trusting small differences" if spread > 0.25
                     else "steady enough to compare the columns"))
-    a_ar, b_ar = D.alpha_beta_fit(sweep["sizes"], sweep["torch"])
+    a_ar, b_ar = distributed.alpha_beta_fit(sweep["sizes"], sweep["torch"])
     pred = 2 * (n - 1) / n * beta
     slope = b_ar / pred if pred > 0 else float("inf")
     head = (f"dist.all_reduce's fitted line: intercept {1e6 * a_ar:.0f} µs (the ring predicts 2(n-1)α = "
@@ -457,7 +579,7 @@ def collectives_notes(sweep: dict, world: int, alpha: float, beta: float) -> lis
                      "single ping-pong cannot (a likely cause, not measured here)")
     else:
         notes.append(head + ": within 30%, as the model says")
-    floor = sweep["ring"][0] / D.ring_model_time(sweep["sizes"][0], n, alpha, beta)
+    floor = sweep["ring"][0] / distributed.ring_model_time(sweep["sizes"][0], n, alpha, beta)
     if floor > 2:
         notes.append(f"our ring's smallest message took {floor:.1f}x the α-β model's time: each of its 2(n-1) = "
                      f"{2 * (n - 1)} steps likely pays Python overhead (splitting the tensor, a send/recv pair, "

@@ -1,18 +1,20 @@
-"""Ranks on one machine, and collectives built from point-to-point messages.
+"""Ranks on one machine, collectives built from point-to-point messages, and the models that price them.
 
 Launch: `run_on_ranks(fn, world_size, *args)` starts `world_size` processes, joins them into one
 `torch.distributed` process group (gloo on a CPU, NCCL when `backend="nccl"`), calls
 `fn(rank, world_size, *args)` in each and returns the list of their results, rank by rank. `fn` must
 be importable (a module-level function in `helpers`): the processes are forked from a fork server
-that imported torch once, so the first launch in a Python process pays one `import torch`
-(~3-5 s on 2 cores) and later ones a fraction of a second. A rank that raises stops the launch:
-every other rank is killed and `RankError` names the failed rank with its traceback. Ctrl-C kills
-every rank too. Nothing is left behind.
+that imported torch and the first launch's module once, so only the first launch in a Python process
+pays for `import torch`. A rank that raises stops the launch: every other rank is killed and
+`RankError` names the failed rank with its traceback. Ctrl-C kills every rank too. Nothing is left
+behind. `torchrun_two_nodes` starts torchrun launchers that meet at a local rendezvous, one per
+stand-in machine.
 
 Collectives: `ring_all_reduce` is reduce-scatter then all-gather around a ring, from `isend`/`irecv`
-only; `ring_schedule` is its index arithmetic as a pure function. `alpha_beta_fit` fits the
-latency-bandwidth model t = alpha + n * beta to measured (bytes, seconds); `bus_bandwidth` follows
-the nccl-tests convention (all-reduce algorithm bandwidth x 2(n-1)/n).
+only; `ring_schedule` is its index arithmetic as a pure function, and `simulate_ring` runs a schedule
+in one process. `alpha_beta_fit` fits the latency-bandwidth model t = alpha + n * beta to measured
+(bytes, seconds), `ring_model_time` prices a ring all-reduce with it, and `bus_bandwidth` follows the
+nccl-tests convention (all-reduce algorithm bandwidth x 2(n-1)/n).
 """
 from __future__ import annotations
 
@@ -29,6 +31,8 @@ from typing import Any, Callable, Sequence
 
 import torch
 import torch.distributed as dist
+
+from helpers.measure.params import positive
 
 ROOT = Path(__file__).resolve().parents[2]
 _CTX = None
@@ -49,13 +53,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _context():
+def _context(module: str):
+    """The fork-server context; the first call starts it with torch, FSDP2 and `module` imported."""
     global _CTX
     if _CTX is None:
         _CTX = mp.get_context("forkserver")  # forks from a clean server: safe with threads and CUDA
-        # imported once in the server, not in every rank (FSDP2's modules alone take ~3 s on 2 cores)
-        _CTX.set_forkserver_preload(["torch", "torch.distributed", "torch.distributed.fsdp",
-                                     "torch.distributed.device_mesh", "helpers.parallel.distributed", "helpers.parallel.dist_lab"])
+        # imported once in the server, not in every rank: torch and FSDP2's modules are slow to import
+        preload = ["torch", "torch.distributed", "torch.distributed.fsdp", "torch.distributed.device_mesh", __name__]
+        if module not in ("__main__", __name__):
+            preload.append(module)
+        _CTX.set_forkserver_preload(preload)
     return _CTX
 
 
@@ -118,8 +125,7 @@ def run_on_ranks(fn: Callable, world_size: int, *args: Any, backend: str = "gloo
     bad world_size/backend, RankError for the first rank that raised (with its traceback), TimeoutError
     when the ranks take longer than `timeout` seconds; in every case no rank is left running.
     """
-    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
-        raise ValueError(f"world_size={world_size!r} must be a positive int")
+    positive("world_size", world_size)
     if backend not in ("gloo", "nccl"):
         raise ValueError(f"backend={backend!r}; choose 'gloo' or 'nccl'")
     if backend == "nccl" and torch.cuda.device_count() < world_size:
@@ -127,7 +133,7 @@ def run_on_ranks(fn: Callable, world_size: int, *args: Any, backend: str = "gloo
                          f"{torch.cuda.device_count()} GPU(s) visible")
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     threads = threads or max(1, cores // world_size)
-    ctx = _context()
+    ctx = _context(getattr(fn, "__module__", None) or "__main__")
     results = ctx.Queue()
     port = free_port()
     procs = [ctx.Process(target=_worker, args=(r, world_size, port, backend, threads, fn, args, results),
@@ -232,60 +238,7 @@ def ring_all_reduce(tensor: torch.Tensor, group=None) -> torch.Tensor:
     return tensor
 
 
-# ---------------------------------------------------------------- timing and the alpha-beta model
-
-def _median(xs: list[float]) -> float:
-    xs = sorted(xs)
-    m = len(xs) // 2
-    return xs[m] if len(xs) % 2 else 0.5 * (xs[m - 1] + xs[m])
-
-
-def _device() -> str:
-    """Where this rank's buffers live: its GPU under NCCL, else the CPU."""
-    return f"cuda:{torch.cuda.current_device()}" if dist.get_backend() == "nccl" else "cpu"
-
-
-def _sync() -> None:
-    if dist.get_backend() == "nccl":
-        torch.cuda.synchronize()
-
-
-def time_collective(fn: Callable[[], Any], reps: int, warmup: int = 2) -> dict[str, float]:
-    """Median and quartiles (seconds) of `fn()` on this rank, each call between two barriers (and GPU syncs)."""
-    for _ in range(warmup):
-        fn()
-    xs = []
-    for _ in range(reps):
-        _sync()
-        dist.barrier()
-        t0 = time.perf_counter()
-        fn()
-        _sync()
-        xs.append(time.perf_counter() - t0)
-    xs.sort()
-    return {"median": _median(xs), "q25": xs[len(xs) // 4], "q75": xs[(3 * len(xs)) // 4]}
-
-
-def ping_pong(nbytes: int, reps: int) -> float | None:
-    """One-way time (s, median of `reps` round trips / 2) of `nbytes` between ranks 0 and 1; None elsewhere."""
-    rank = dist.get_rank()
-    buf = torch.zeros(max(1, nbytes // 4), dtype=torch.float32, device=_device())
-    xs = []
-    for i in range(reps + 2):
-        _sync()
-        dist.barrier()
-        t0 = time.perf_counter()
-        if rank == 0:
-            dist.send(buf, 1)
-            dist.recv(buf, 1)
-        elif rank == 1:
-            dist.recv(buf, 0)
-            dist.send(buf, 0)
-        _sync()
-        if i >= 2:
-            xs.append((time.perf_counter() - t0) / 2)
-    return _median(xs) if rank == 0 else None
-
+# ---------------------------------------------------------------- the alpha-beta model
 
 def alpha_beta_fit(nbytes: Sequence[float], seconds: Sequence[float]) -> tuple[float, float]:
     """Least-squares (alpha s, beta s/byte) of t = alpha + n * beta, weighting each point by 1/t.
@@ -312,26 +265,11 @@ def bus_bandwidth(nbytes: float, seconds: float, world_size: int) -> float:
     """All-reduce bus bandwidth in GB/s, nccl-tests' convention: (nbytes / seconds) x 2(n-1)/n.
 
     It is comparable with a link's bandwidth: a ring all-reduce moves 2(n-1)/n of the buffer per rank.
+    Raises ValueError unless seconds is a positive number and world_size a positive int.
     """
-    if seconds <= 0 or world_size < 1:
-        raise ValueError(f"seconds={seconds} must be > 0 and world_size={world_size} >= 1")
+    positive("seconds", float(seconds) if type(seconds) is int else seconds, float)
+    positive("world_size", world_size)
     return nbytes / seconds * 2 * (world_size - 1) / world_size / 1e9
-
-
-def comm_sweep(rank: int, world_size: int, sizes: Sequence[int], reps: int) -> dict[str, Any] | None:
-    """On ranks: ping-pong and all-reduce (ours and dist.all_reduce) medians for each size in bytes.
-
-    Returns, on rank 0, {"sizes", "ping", "ring", "torch", "ring_iqr", "torch_iqr"} (seconds); None elsewhere.
-    """
-    rows: dict[str, list] = {k: [] for k in ("ping", "ring", "torch", "ring_iqr", "torch_iqr")}
-    for nbytes in sizes:
-        x = torch.ones(max(1, nbytes // 4), device=_device())
-        rows["ping"].append(ping_pong(nbytes, reps))
-        for name, op in (("ring", ring_all_reduce), ("torch", dist.all_reduce)):
-            t = time_collective(lambda: op(x), reps)
-            rows[name].append(t["median"])
-            rows[name + "_iqr"].append((t["q75"] - t["q25"]) / t["median"])
-    return {"sizes": list(sizes), **rows} if rank == 0 else None
 
 
 # ---------------------------------------------------------------- torchrun

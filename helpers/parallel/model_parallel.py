@@ -6,19 +6,20 @@ by rows (each rank's partial product is summed by one all-reduce); `TPAttention`
 n_head/n query heads (and n_kv_head/n key/value heads) and all-reduces after the output
 projection. Backward mirrors it: the all-reduce `f` on the block's input gradient.
 
+`tp_comm_per_layer` counts the bytes a layer's all-reduces send per rank.
+
 Pipeline parallelism: `pipeline_schedule("gpipe"|"1f1b", p, m)` lists each stage's forward and
-backward micro-batch steps; `run_pipeline` executes it on p ranks with real send/recv of
-activations and gradients and a fixed compute time per step, and measures the bubble (the share of
-the wall time a stage waits), to compare with GPipe's (p - 1)/(m + p - 1) (Huang et al., 2019).
+backward micro-batch steps; `bubble_formula` is GPipe's idle share of a step, (p - 1)/(m + p - 1)
+(Huang et al., 2019).
 """
 from __future__ import annotations
-
-import time
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
+
+from helpers.measure.params import positive
 
 
 class _CopyToTP(torch.autograd.Function):
@@ -134,12 +135,12 @@ def pipeline_schedule(kind: str, stages: int, micro: int) -> list[list[tuple[str
     "gpipe": all m forwards, then all m backwards (Huang et al., 2019). "1f1b": stage s runs
     p - s warm-up forwards, then alternates one forward and one backward, then drains (Narayanan et
     al., 2019, PipeDream-Flush): the same bubble, at most p - s micro-batches' activations held.
-    Raises ValueError for an unknown kind or sizes < 1.
+    Raises ValueError for an unknown kind, or stages or micro that is not a positive int.
     """
     if kind not in ("gpipe", "1f1b"):
         raise ValueError(f"kind={kind!r}; choose 'gpipe' or '1f1b'")
-    if stages < 1 or micro < 1:
-        raise ValueError(f"stages={stages} and micro={micro} must be >= 1")
+    positive("stages", stages)
+    positive("micro", micro)
     out = []
     for s in range(stages):
         if kind == "gpipe":
@@ -161,48 +162,3 @@ def pipeline_schedule(kind: str, stages: int, micro: int) -> list[list[tuple[str
 def bubble_formula(stages: int, micro: int) -> float:
     """GPipe's idle share of a step: (p - 1) / (m + p - 1)."""
     return (stages - 1) / (micro + stages - 1)
-
-
-def run_pipeline(rank: int, world: int, kind: str, micro: int, forward_ms: float, width: int = 64) -> dict:
-    """On ranks (one stage each): one training step of the schedule; activations and gradients really sent.
-
-    Each step does a small real linear and then waits out `forward_ms` (forward) or 2x (backward), a
-    fixed-duration stand-in for a stage's compute, so that p ranks sharing a few cores still show the
-    schedule's own bubble. Returns {"busy_s", "wall_s", "bubble", "peak_in_flight"} for this stage.
-    """
-    steps = pipeline_schedule(kind, world, micro)[rank]
-    w = torch.randn(width, width) / width ** 0.5
-    acts: dict[int, torch.Tensor] = {}
-    busy, peak, sends = 0.0, 0, []  # sends are asynchronous: 1F1B would deadlock on blocking sends
-    dist.barrier()
-    t0 = time.perf_counter()
-    for op, i in steps:
-        buf = torch.empty(8, width)
-        if op == "F":
-            if rank > 0:
-                dist.recv(buf, rank - 1)
-            else:
-                buf = torch.randn(8, width)
-            s = time.perf_counter()
-            acts[i] = buf @ w
-            time.sleep(forward_ms / 1e3)
-            busy += time.perf_counter() - s
-            peak = max(peak, len(acts))
-            if rank < world - 1:
-                sends.append(dist.isend(acts[i].clone(), rank + 1))
-        else:
-            if rank < world - 1:
-                dist.recv(buf, rank + 1)
-            else:
-                buf = torch.ones(8, width)
-            s = time.perf_counter()
-            g = buf @ w.t()
-            del acts[i]
-            time.sleep(2 * forward_ms / 1e3)
-            busy += time.perf_counter() - s
-            if rank > 0:
-                sends.append(dist.isend(g, rank - 1))
-    for req in sends:
-        req.wait()
-    wall = time.perf_counter() - t0
-    return {"busy_s": busy, "wall_s": wall, "bubble": 1 - busy / wall, "peak_in_flight": peak}

@@ -10,6 +10,8 @@ import os
 import threading
 from typing import Any, Callable, Iterable, Sequence
 
+from tqdm.auto import tqdm
+
 HEADLESS_ENV = "COURSE_HEADLESS"
 # JupyterLab 4.6 delivers widget messages on a kernel subshell (another thread), while ipykernel
 # redraws open figures after each message: panels draw one at a time, with interactive mode off.
@@ -23,34 +25,32 @@ def headless() -> bool:
 
 def progress(iterable: Iterable, **kwargs: Any):
     """A tqdm progress bar (notebook-aware) that is silent in headless runs."""
-    from tqdm.auto import tqdm
-
     kwargs.setdefault("disable", headless())
     return tqdm(iterable, **kwargs)
 
 
 def dropdown(options: Sequence[Any], value: Any = None, description: str = ""):
     """A dropdown over `options`."""
-    import ipywidgets as w
+    import ipywidgets  # optional: only a panel needs it (the lent GPU's image has no ipywidgets)
 
-    return w.Dropdown(options=list(options), value=options[0] if value is None else value,
+    return ipywidgets.Dropdown(options=list(options), value=options[0] if value is None else value,
                       description=description, style={"description_width": "initial"})
 
 
 def choice_slider(options: Sequence[Any], value: Any = None, description: str = ""):
     """A slider over a list of values (e.g. powers of two); updates on release, not while dragging."""
-    import ipywidgets as w
+    import ipywidgets  # optional: as in dropdown
 
-    return w.SelectionSlider(options=list(options), value=options[0] if value is None else value,
+    return ipywidgets.SelectionSlider(options=list(options), value=options[0] if value is None else value,
                              description=description, continuous_update=False,
                              style={"description_width": "initial"})
 
 
 def int_slider(lo: int, hi: int, value: int | None = None, step: int = 1, description: str = ""):
     """An integer slider that updates on release."""
-    import ipywidgets as w
+    import ipywidgets  # optional: as in dropdown
 
-    return w.IntSlider(min=lo, max=hi, step=step, value=lo if value is None else value,
+    return ipywidgets.IntSlider(min=lo, max=hi, step=step, value=lo if value is None else value,
                        description=description, continuous_update=False,
                        style={"description_width": "initial"})
 
@@ -69,11 +69,11 @@ def panel(update: Callable[..., Any], controls: dict[str, Any], title: str = "")
 
     Drawn once on creation when the notebook is interactive. Headless (INTERACTIVE=False: papermill,
     the runner) nobody can see it or move a control and the notebook has drawn its static figure
-    already, so it is drawn only if a control changes: the drawing on creation, into an Output widget
-    nobody displays, hung nbclient now and then (2 of 3 parallel runs of notebook 11, 2026-12-01).
+    already, so it is drawn only if a control changes: nothing is drawn into an Output widget that
+    nobody displays, which can stall nbclient.
     """
-    import ipywidgets as w
-    import matplotlib.pyplot as plt
+    import ipywidgets  # optional: as in dropdown
+    import matplotlib.pyplot as plt  # heavy: params (and so every notebook and the runner) imports this module
 
     def draw(**values: Any) -> None:
         with _DRAW_LOCK, plt.ioff():
@@ -84,9 +84,9 @@ def panel(update: Callable[..., Any], controls: dict[str, Any], title: str = "")
         if hasattr(control, "continuous_update"):
             control.continuous_update = False
     if _INTERACTIVE["on"]:
-        out = w.interactive_output(draw, controls)
+        out = ipywidgets.interactive_output(draw, controls)
     else:
-        out = w.Output()
+        out = ipywidgets.Output()
 
         def redraw(_change: Any) -> None:
             with out:
@@ -95,7 +95,8 @@ def panel(update: Callable[..., Any], controls: dict[str, Any], title: str = "")
 
         for control in controls.values():
             control.observe(redraw, names="value")
-    header = [w.HTML(f"<b>{title}</b>")] if title else []
-    box = w.VBox(header + [w.HBox(list(controls.values()), layout=w.Layout(flex_flow="row wrap")), out])
+    header = [ipywidgets.HTML(f"<b>{title}</b>")] if title else []
+    row = ipywidgets.HBox(list(controls.values()), layout=ipywidgets.Layout(flex_flow="row wrap"))
+    box = ipywidgets.VBox(header + [row, out])
     box.add_class("course-panel")
     return box

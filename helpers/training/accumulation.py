@@ -21,14 +21,12 @@ Dropout would draw different masks for different splits; the course presets have
 """
 from __future__ import annotations
 
-import dataclasses
 from typing import Callable, Sequence
 
 import torch
 
-from helpers.show import plots
-from helpers.measure import profiling
-from helpers.measure.bench import benchmark, benchmark_interleaved, peak_cuda_memory, release_memory, saved_tensor_bytes
+from helpers.measure.params import positive
+
 
 IGNORE_INDEX = -1  # the course GPT's cross_entropy(ignore_index=-1): padded targets count for nothing
 WEIGHTINGS = ("mean", "tokens")
@@ -37,8 +35,9 @@ MicroBatch = tuple[torch.Tensor, torch.Tensor]
 
 def split_batch(x: torch.Tensor, y: torch.Tensor, accum_steps: int) -> list[MicroBatch]:
     """Cut a (B, T) batch of inputs and targets into `accum_steps` equal micro-batches along B."""
-    if accum_steps < 1 or x.size(0) % accum_steps:
-        raise ValueError(f"accum_steps={accum_steps} must be >= 1 and divide the batch size {x.size(0)}")
+    positive("accum_steps", accum_steps)
+    if x.size(0) % accum_steps:
+        raise ValueError(f"accum_steps={accum_steps} must divide the batch size {x.size(0)}")
     return list(zip(x.chunk(accum_steps), y.chunk(accum_steps)))
 
 
@@ -85,6 +84,19 @@ def accumulate_gradients(model: torch.nn.Module, micro_batches: Sequence[MicroBa
         total = total.to(loss.device) + loss.detach().float() * w  # no host sync per micro-batch
     return float(total)
 
+
+def accumulation_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                      micro_batches: Sequence[MicroBatch],
+                      autocast_dtype: torch.dtype | None = None) -> Callable[[], None]:
+    """One optimizer step over the micro-batches (equal-sized, so weighting 'mean'), then zero_grad."""
+    def step() -> None:
+        accumulate_gradients(model, micro_batches, weighting="mean", autocast_dtype=autocast_dtype)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    return step
+
+
+# ---------------------------------------------------------------- comparing gradients
 
 def gradients(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """A detached copy of every parameter's gradient, by name (zeros where there is none)."""
@@ -160,8 +172,7 @@ def pad_to_lengths(y: torch.Tensor, lengths: torch.Tensor | Sequence[int],
 def effective_batch(micro_batch: int, accum_steps: int, dp_ranks: int = 1, seq_len: int | None = None) -> dict:
     """Sequences (and tokens, given seq_len) per optimizer step: micro-batch x accumulation x ranks."""
     for name, v in (("micro_batch", micro_batch), ("accum_steps", accum_steps), ("dp_ranks", dp_ranks)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"{name}={v!r} must be a positive int")
+        positive(name, v)
     sequences = micro_batch * accum_steps * dp_ranks
     out = {"micro_batch": micro_batch, "accum_steps": accum_steps, "dp_ranks": dp_ranks, "sequences": sequences,
            "per_rank_sequences": micro_batch * accum_steps}
@@ -176,269 +187,3 @@ def accum_steps_for(target_sequences: int, micro_batch: int, dp_ranks: int = 1) 
     if target_sequences % per_pass:
         raise ValueError(f"target_sequences={target_sequences} is not a multiple of micro_batch x dp_ranks = {per_pass}")
     return target_sequences // per_pass
-
-
-# ---------------------------------------------------------------- measuring it
-
-def accumulation_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                      micro_batches: Sequence[MicroBatch],
-                      autocast_dtype: torch.dtype | None = None) -> Callable[[], None]:
-    """One optimizer step over the micro-batches (equal-sized, so weighting 'mean'), then zero_grad."""
-    def step() -> None:
-        accumulate_gradients(model, micro_batches, weighting="mean", autocast_dtype=autocast_dtype)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-    return step
-
-
-def _prepare(model, optimizer, micro_batch, accum_steps, seq_len, device, autocast_dtype, seed):
-    g = torch.Generator().manual_seed(seed)
-    vocab = model.config.vocab_size
-    mbs = [(torch.randint(0, vocab, (micro_batch, seq_len), generator=g).to(device),
-            torch.randint(0, vocab, (micro_batch, seq_len), generator=g).to(device)) for _ in range(accum_steps)]
-    return accumulation_step(model, optimizer, mbs, autocast_dtype), mbs
-
-
-def _row(model, step, mbs, timing, seq_len, device, autocast_dtype, flops_per_token) -> dict:
-    """Throughput from the timed samples, then the memory of one step and of one micro-batch's forward."""
-    med = timing.median
-    peak = peak_cuda_memory(step) if device == "cuda" else None
-
-    def one_forward():
-        with torch.autocast(device_type=device, dtype=autocast_dtype or torch.bfloat16,
-                            enabled=autocast_dtype is not None):
-            return model(*mbs[0])[1]
-    saved = saved_tensor_bytes(one_forward, ignore=list(model.parameters()))
-    micro_batch, accum_steps = mbs[0][0].size(0), len(mbs)
-    tokens = micro_batch * accum_steps * seq_len
-    out = {"micro_batch": micro_batch, "accum_steps": accum_steps, "seconds": med, "spread": timing.spread,
-           "seconds_q25": timing.q25, "seconds_q75": timing.q75, "tokens_per_s": tokens / med,
-           "tokens_per_s_q25": tokens / timing.q75, "tokens_per_s_q75": tokens / timing.q25,  # slow step = low rate
-           "peak_bytes": peak, "saved_bytes": saved}
-    if flops_per_token is not None:
-        out["tflops"] = flops_per_token * tokens / med / 1e12
-    return out
-
-
-def measure_accumulation(model: torch.nn.Module, optimizer: torch.optim.Optimizer, micro_batch: int,
-                         accum_steps: int, seq_len: int, *, device: str = "cpu",
-                         autocast_dtype: torch.dtype | None = None, flops_per_token: float | None = None,
-                         reps: int = 3, warmup: int = 1, seed: int = 0) -> dict:
-    """Time optimizer steps of micro_batch x accum_steps random sequences; tokens/s and memory.
-
-    Memory is the CUDA peak of one step above what was allocated before it (None on a CPU) and,
-    on every device, the bytes one micro-batch's forward saves for backward (parameters left out).
-    """
-    step, mbs = _prepare(model, optimizer, micro_batch, accum_steps, seq_len, device, autocast_dtype, seed)
-    t = benchmark(step, warmup=warmup, reps=reps, device=device)
-    return _row(model, step, mbs, t, seq_len, device, autocast_dtype, flops_per_token)
-
-
-def sweep_micro_batches(model: torch.nn.Module, optimizer: torch.optim.Optimizer, micro_batches: Sequence[int],
-                        effective_batch: int, seq_len: int, *, device: str = "cpu",
-                        autocast_dtype: torch.dtype | None = None, flops_per_token: float | None = None,
-                        reps: int = 3, warmup: int = 1, seed: int = 0) -> list[dict]:
-    """`measure_accumulation` for each micro-batch size b at k = effective_batch / b, timed interleaved.
-
-    One shared-timer call per (repetition, b), cycling through the sizes, so a burst of other work
-    on the machine slows every size alike instead of one of them. Each size first runs one step
-    alone: a size that runs out of GPU memory is left out of the rows (so compare the rows'
-    micro_batch values with the sizes asked for).
-    """
-    for b in micro_batches:
-        if effective_batch % b:
-            raise ValueError(f"micro-batch {b} does not divide effective_batch={effective_batch}")
-    runs = []
-    for b in micro_batches:
-        step, mbs = _prepare(model, optimizer, b, effective_batch // b, seq_len, device, autocast_dtype, seed)
-        try:
-            step()
-            fits = True
-        except torch.cuda.OutOfMemoryError:
-            fits = False
-        if fits:
-            runs.append((step, mbs))
-        else:  # after the except block, so the failed step's tensors are gone
-            optimizer.zero_grad(set_to_none=True)
-            release_memory()
-    timings = benchmark_interleaved({str(i): step for i, (step, _) in enumerate(runs)}, reps=reps, warmup=warmup,
-                                    device=device)
-    return [_row(model, step, mbs, timings[str(i)], seq_len, device, autocast_dtype, flops_per_token)
-            for i, (step, mbs) in enumerate(runs)]
-
-
-def _overlap(a: dict, b: dict) -> bool:
-    """True when the IQRs of tokens/s of two rows overlap (their difference is within this run's noise)."""
-    return a["tokens_per_s_q25"] <= b["tokens_per_s_q75"] and b["tokens_per_s_q25"] <= a["tokens_per_s_q75"]
-
-
-def sweep_summary(rows: Sequence[dict], effective_batch: int) -> tuple[dict, list[str]]:
-    """The sweep's verdict from its own numbers: (numbers to record, sentences to print).
-
-    rows: `sweep_micro_batches` rows (in any order), each with "of_ceiling" (achieved
-    over the measured matmul ceiling). Differences whose IQRs overlap are called noise, not a trend.
-    Raises ValueError for no rows.
-    """
-    if not rows:
-        raise ValueError("no rows: every micro-batch size ran out of memory")
-    rows = sorted(rows, key=lambda r: r["micro_batch"])
-    best = max(rows, key=lambda r: r["tokens_per_s"])
-    first, last = rows[0], rows[-1]
-    enough = next(r for r in rows if r["tokens_per_s"] >= 0.9 * best["tokens_per_s"])
-    mem_first, label = memory_of(first)
-    mem_ratio, b_ratio = memory_of(last)[0] / mem_first, last["micro_batch"] / first["micro_batch"]
-    out = {"best_micro_batch": best["micro_batch"], "best_tokens_per_s": best["tokens_per_s"],
-           "first_fraction_of_best": first["tokens_per_s"] / best["tokens_per_s"],
-           "first_vs_best_within_noise": _overlap(first, best), "smallest_b_within_10pct": enough["micro_batch"],
-           "memory_ratio_last_first": mem_ratio, "micro_batch_ratio_last_first": b_ratio}
-    lines = [f"b={first['micro_batch']} (k={first['accum_steps']}): {first['tokens_per_s']:.4g} tokens/s, "
-             f"{out['first_fraction_of_best']:.0%} of the best ({best['tokens_per_s']:.4g} tokens/s at "
-             f"b={best['micro_batch']}); {first['of_ceiling']:.1%} vs {best['of_ceiling']:.1%} of the ceiling"]
-    if len(rows) == 1:
-        lines.append("only one micro-batch size was measured, so there is nothing to compare it with")
-    elif best is first:
-        lines.append("the smallest micro-batch was the fastest: splitting cost nothing measurable in this run")
-    elif out["first_vs_best_within_noise"]:
-        lines.append(f"their IQRs overlap, so this run cannot tell b={first['micro_batch']} from "
-                     f"b={best['micro_batch']}: the difference is within the timing noise")
-    else:
-        lines.append(f"their IQRs do not overlap: b={first['micro_batch']} is slower beyond this run's noise")
-    lines.append(f"the smallest micro-batch within 10% of the best median: b={enough['micro_batch']}")
-    if abs(mem_ratio / b_ratio - 1) < 0.1:
-        shape = "in proportion to b"
-    elif mem_ratio < b_ratio:
-        shape = f"less than in proportion to b (x{b_ratio:g}): a part of it does not depend on b"
-    else:
-        shape = f"more than in proportion to b (x{b_ratio:g})"
-    lines.append(f"memory from b={first['micro_batch']} to b={last['micro_batch']}: x{mem_ratio:.1f}, {shape} "
-                 f"({label.split(' (')[0]}), for the same {effective_batch}-sequence update")
-    above = [r["micro_batch"] for r in rows if r.get("of_ceiling", 0) > 1]
-    if above:
-        lines.append(f"b={above} ran above 100% of the 'ceiling': that ceiling was under-measured (too few sizes "
-                     f"or repetitions, or a busier machine when it was measured), not beaten")
-    return out, lines
-
-
-def profile_splits(model: torch.nn.Module, optimizer: torch.optim.Optimizer, splits: Sequence[tuple[int, int]],
-                   seq_len: int, *, device: str = "cpu", autocast_dtype: torch.dtype | None = None,
-                   seed: int = 0, warmup: int = 1) -> list[dict]:
-    """Profile one optimizer step for each (micro_batch, accum_steps); where its op self time goes.
-
-    `warmup` unprofiled steps come first (0 when these shapes already ran). Each row: micro_batch,
-    accum_steps, the Profile of its top 8 ops (`.table()`, trace saved for
-    Perfetto), total_ms (self time of every op in the step), matmul_ms, matmul_calls and
-    matmul_share (the matrix multiplies among all ops, see `profiling.is_matmul`; attention kernels such as SDPA
-    are not counted as matmuls). Raises ValueError for no splits.
-    """
-    if not splits:
-        raise ValueError("splits is empty: give at least one (micro_batch, accum_steps)")
-    rows = []
-    for micro_batch, accum_steps in splits:
-        step, _ = _prepare(model, optimizer, micro_batch, accum_steps, seq_len, device, autocast_dtype, seed)
-        prof = profiling.profile(step, steps=1, warmup=warmup, top=1000, name=f"accumulation_b{micro_batch}_k{accum_steps}")
-        mm = [r for r in prof.rows if profiling.is_matmul(r[0])]
-        rows.append({"micro_batch": micro_batch, "accum_steps": accum_steps, "device": prof.device,
-                     "total_ms": prof.total_ms,
-                     "matmul_ms": sum(r[1] for r in mm), "matmul_calls": sum(r[2] for r in mm),
-                     "matmul_share": sum(r[3] for r in mm),
-                     "profile": dataclasses.replace(prof, rows=prof.rows[:8])})
-    return rows
-
-
-def split_profile_lines(rows: Sequence[dict]) -> list[str]:
-    """Sentences comparing the first and last profiled split, generated from their numbers."""
-    small, big = rows[0], rows[-1]
-    what = "GPU kernel time" if small.get("device") == "cuda" else "op self time"
-    lines = [f"b={r['micro_batch']} (k={r['accum_steps']}): {r['matmul_calls']:.0f} matmul calls per step, "
-             f"{r['matmul_ms']:.1f} ms in them = {r['matmul_share']:.0%} of the {r['total_ms']:.1f} ms "
-             f"of {what}" for r in ((small, big) if len(rows) > 1 else (small,))]
-    if len(rows) > 1 and big["matmul_calls"] > 0:
-        calls = small["matmul_calls"] / big["matmul_calls"]
-        mm, rest = small["matmul_ms"] / big["matmul_ms"], \
-            (small["total_ms"] - small["matmul_ms"]) / max(big["total_ms"] - big["matmul_ms"], 1e-9)
-        lines.append(f"the same FLOPs in x{calls:.1f} as many matmul calls: matmul time x{mm:.2f}, "
-                     f"the other ops' time x{rest:.2f} at b={small['micro_batch']} against b={big['micro_batch']}")
-        if max(mm, rest) < 1.1:
-            lines.append("neither grew by 10%: in this profile the small micro-batch paid no visible price")
-        else:
-            extra_mm = small["matmul_ms"] - big["matmul_ms"]
-            extra_rest = (small["total_ms"] - small["matmul_ms"]) - (big["total_ms"] - big["matmul_ms"])
-            where = "the matmuls themselves (small matmuls run further below the ceiling)" if extra_mm >= extra_rest else \
-                "the ops around the matmuls (per-call overheads, elementwise and normalisation ops)"
-            lines.append(f"most of the extra time is in {where}; one profiled step each, so read it as a sketch")
-    return lines
-
-
-def memory_of(row: dict) -> tuple[float, str]:
-    """The memory figure a row reports, in MiB, and what it is."""
-    if row.get("peak_bytes") is not None:
-        return row["peak_bytes"] / 2**20, "peak CUDA memory of a step (MiB)"
-    return row["saved_bytes"] / 2**20, "activations saved per micro-batch (MiB)"
-
-
-def draw_sweep(rows: Sequence[dict], ax_t, ax_m, label: str = "sweep") -> None:
-    """Tokens/s (median, bars from the first to the third quartile) and memory against micro-batch size.
-
-    Tokens/s on a log2 x-axis (the sizes double); memory on linear axes from 0, where memory that
-    grows in proportion to b is a straight line through the origin.
-    """
-    rows = sorted(rows, key=lambda r: r["micro_batch"])
-    xs = [r["micro_batch"] for r in rows]
-    med = [r["tokens_per_s"] for r in rows]
-    low = [m - r.get("tokens_per_s_q25", m) for m, r in zip(med, rows)]
-    high = [r.get("tokens_per_s_q75", m) - m for m, r in zip(med, rows)]
-    ax_t.errorbar(xs, med, yerr=[low, high], marker="o", capsize=3, color=plots.COLORS[0],
-                  label=f"{label} (median, IQR bars)")
-    ax_t.set_xscale("log", base=2)
-    ax_t.set_ylim(bottom=0)
-    ax_m.plot(xs, [memory_of(r)[0] for r in rows], marker="o", color=plots.COLORS[0], label=label)
-    ax_m.set_xlim(0, max(xs) * 1.08)
-    ax_m.set_ylim(bottom=0)
-    for ax, ylabel in ((ax_t, "tokens/s"), (ax_m, memory_of(rows[0])[1])):
-        ax.set_xlabel("micro-batch b (sequences)")
-        ax.set_ylabel(ylabel)
-
-
-def plot_sweep(rows: Sequence[dict], title: str):
-    """Notebook 05's figure of `sweep_micro_batches` rows: tokens/s with IQR bars, and memory (see draw_sweep)."""
-    if not rows:
-        raise ValueError("no rows to plot: every micro-batch size ran out of memory")
-    fig, (ax_t, ax_m) = plots.figure(2, figsize=(10, 4))
-    draw_sweep(rows, ax_t, ax_m)
-    ax_t.legend()
-    ax_t.set_title("throughput")
-    ax_m.set_title("memory")
-    fig.suptitle(title)
-    fig.tight_layout()
-    return fig
-
-
-def accumulation_panel(micro_batch: int, accum_steps: int, *, model: torch.nn.Module,
-                       optimizer: torch.optim.Optimizer, seq_len: int, device: str = "cpu",
-                       autocast_dtype: torch.dtype | None = None, background: Sequence[dict] = (),
-                       reps: int = 3):
-    """Notebook 05: measure one (micro-batch, accumulation steps) setting; tokens/s and memory beside the sweep."""
-
-    row = measure_accumulation(model, optimizer, micro_batch, accum_steps, seq_len, device=device,
-                               autocast_dtype=autocast_dtype, reps=reps, warmup=1)
-    mem, mem_label = memory_of(row)
-    eff = effective_batch(micro_batch, accum_steps, seq_len=seq_len)
-    print(f"micro-batch {micro_batch} x {accum_steps} steps = {eff['sequences']} sequences ({eff['tokens']} tokens) "
-          f"per optimizer step: {row['tokens_per_s']:.4g} tokens/s, {mem_label.split(' (')[0]} {mem:.4g} MiB")
-    fig, (ax_t, ax_m) = plots.figure(2, figsize=(10, 4))
-    if background:
-        draw_sweep(background, ax_t, ax_m)
-    for ax, here, label in ((ax_t, row["tokens_per_s"], "tokens/s"), (ax_m, mem, mem_label)):
-        ax.scatter([micro_batch], [here], s=90, marker="*", color=plots.COLORS[1], zorder=3,
-                   label=f"b={micro_batch}, k={accum_steps}")
-        ax.set_xlabel("micro-batch b (sequences)")
-        ax.set_ylabel(label)
-        ax.set_ylim(bottom=0)
-        ax.legend()
-    if not background:
-        ax_m.set_xlim(0, micro_batch * 1.1)
-    else:
-        ax_m.set_xlim(0, max(micro_batch, *[b["micro_batch"] for b in background]) * 1.08)
-    fig.suptitle(f"micro-batch {micro_batch} x {accum_steps} accumulation steps, T={seq_len}")
-    fig.tight_layout()
-    return fig

@@ -1,4 +1,8 @@
-"""Number formats, dynamic loss scaling and fp32 master weights: mixed precision built by hand (notebook 03).
+"""Number formats and mixed precision's two repairs, written from scratch (notebook 03).
+
+A binary floating-point format with e exponent bits and m mantissa bits stores
+x = (-1)^s · 2^(E - bias) · 1.f (normal) or (-1)^s · 2^(1 - bias) · 0.f (subnormal, E = 0), with
+bias = 2^(e-1) - 1: the exponent sets the range, the mantissa the precision eps = 2^-m.
 
 * `FORMATS` / `facts(name)`: sign, exponent and mantissa bits, largest finite value, smallest normal
   and subnormal, machine epsilon, and the thresholds where a value rounds to 0 or overflows; derived
@@ -6,19 +10,27 @@
 * `round_to(x, name)`: an fp32 tensor rounded to a format (round to nearest, ties to even) and
   returned in fp32; overflow is ±inf in every format, so it is visible even for e4m3fn, which has no
   inf encoding (real conversions saturate to ±448 or give NaN, depending on the kernel).
-* `DynamicLossScaler`: the state machine of `torch.amp.GradScaler` (Micikevicius et al., 2018),
-  written from scratch with the same method names, so the two can be swapped.
-* `MasterWeights`: fp32 copies of a low-precision model's parameters for the optimizer to update.
+  `classify` counts where a tensor's values land: 0, subnormal, normal, overflow.
+* `DynamicLossScaler`: the state machine of `torch.amp.GradScaler` (Micikevicius et al., 2018,
+  *Mixed Precision Training*), with the same method names, so the two can be swapped: backpropagate
+  S·L, unscale by 1/S in fp32, skip the step and shrink S after an inf/NaN, grow S after a run of
+  clean steps.
+* `MasterWeights`: fp32 copies of a low-precision model's parameters for the optimizer to update, so
+  that updates below half a 16-bit gap (|Δw| < eps/2 · |w|) accumulate instead of vanishing.
 
-The training variants notebook 03 compares, and their measurements, are in `helpers.training.mixed_precision`.
+The training variants built on these are in `mixed_precision`; notebook 03's measurements, figures
+and panel are in `precision_lab`.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any
 
 import torch
+
+from helpers.measure.params import positive
+
 
 # ---------------------------------------------------------------- formats
 
@@ -167,8 +179,7 @@ class DynamicLossScaler:
             raise ValueError(f"growth_factor={growth_factor} must be > 1")
         if not 0.0 < backoff_factor < 1.0:
             raise ValueError(f"backoff_factor={backoff_factor} must be in (0, 1)")
-        if isinstance(growth_interval, bool) or not isinstance(growth_interval, int) or growth_interval < 1:
-            raise ValueError(f"growth_interval={growth_interval!r} must be a positive int")
+        positive("growth_interval", growth_interval)
         self._enabled = enabled
         self._scale = _fp32(init_scale)
         self._growth_factor, self._backoff_factor = growth_factor, backoff_factor
@@ -306,87 +317,3 @@ class MasterWeights:
     def nbytes(self) -> int:
         """Bytes held by the fp32 copies."""
         return sum(m.nbytes for m in self.params)
-
-
-# ---------------------------------------------------------------- figures and the panel
-
-def bit_layout_figure(names: Iterable[str] = FORMATS):
-    """One horizontal bar per format: sign, exponent and mantissa bits, to scale."""
-
-    from helpers.show import plots
-
-    names = list(names)
-    fig, ax = plots.figure(figsize=(7.0, 0.45 * len(names) + 0.8))
-    for row, name in enumerate(reversed(names)):
-        f = facts(name)
-        start = 0
-        for width, color, label in ((1, plots.COLORS[1], "sign"), (f.exponent_bits, plots.COLORS[0], "exponent"),
-                                    (f.mantissa_bits, plots.COLORS[2], "mantissa")):
-            ax.barh(row, width, left=start, color=color, edgecolor="white", label=label if row == 0 else None)
-            if width > 1:
-                ax.text(start + width / 2, row, str(width), ha="center", va="center", color="white", fontsize=8)
-            start += width
-    ax.set_yticks(range(len(names)), list(reversed(names)))
-    ax.set_xlabel("bits")
-    ax.set_title("bit layout: sign | exponent | mantissa")
-    ax.grid(False)
-    ax.legend(ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.25))
-    fig.tight_layout()
-    return fig
-
-
-def visible_span(lo: float, hi: float, view: tuple[float, float]) -> tuple[float, float] | None:
-    """The part of the interval [lo, hi] inside `view` = (left, right), or None when they do not overlap.
-
-    Bands whose bounds mix a format's constants with the data's extent (everything below the
-    underflow threshold, down to the smallest value in the data) are empty or reversed whenever the
-    data lies entirely on one side; clipping to the view and dropping empty spans draws only what exists.
-    """
-    a, b = max(lo, view[0]), min(hi, view[1])
-    return (a, b) if a < b else None
-
-
-def range_panel(fmt: str, distribution: str, log2_scale: int = 0, *, samples: dict[str, torch.Tensor]):
-    """Notebook 03: values of `distribution` × 2**log2_scale rounded to `fmt`: what survives, underflows, overflows.
-
-    The scaling is done in fp64, so a value scaled past fp32's range is counted as overflow (or
-    underflow) of `fmt` instead of being lost as an fp32 inf (or 0) before it is classified.
-    Shaded bands (rounds to 0, subnormal, overflows) are drawn only where they overlap the data's range;
-    the printed line names the bands that lie outside it. Returns the figure.
-    """
-
-    from helpers.show import plots
-
-    if distribution not in samples:
-        raise ValueError(f"distribution={distribution!r} is unknown; choose one of {list(samples)}")
-    if isinstance(log2_scale, bool) or not isinstance(log2_scale, int) or abs(log2_scale) > 512:
-        raise ValueError(f"log2_scale={log2_scale!r} must be an int in -512..512")
-    f = facts(fmt)
-    x = samples[distribution].flatten().double()
-    x = x[torch.isfinite(x) & (x != 0)] * 2.0**log2_scale  # fp64: no intermediate overflow or underflow
-    c = classify(x, fmt)
-    fig, ax = plots.figure()
-    logs = x.abs().log2()
-    view = (logs.min().item() - 1, logs.max().item() + 1) if logs.numel() else (-1.0, 1.0)
-    ax.hist(logs.numpy(), bins=120, color=plots.COLORS[0], alpha=0.8)
-    lo, sub, top = math.log2(f.smallest_subnormal), math.log2(f.smallest_normal), math.log2(f.max)
-    outside = []
-    for (a, b), color, alpha, label in (((-math.inf, lo - 1), 1, 0.15, "rounds to 0"),
-                                        ((lo - 1, sub), 3, 0.2, "subnormal (fewer bits)"),
-                                        ((top, math.inf), 4, 0.15, "overflows")):
-        span = visible_span(a, b, view)
-        if span:
-            ax.axvspan(*span, color=plots.COLORS[color], alpha=alpha, label=label)
-        else:
-            outside.append(label.split(" (")[0])
-    ax.set_xlim(*view)
-    print(f"{distribution} × 2^{log2_scale} in {fmt}: {c['underflow']:.2%} underflow to 0, "
-          f"{c['subnormal']:.2%} subnormal, {c['normal']:.2%} normal, {c['overflow']:.2%} overflow (n={c['n']})"
-          + (f"; outside these values' range, not drawn: {', '.join(outside)}" if outside else ""))
-    ax.set_xlabel("log2 |value|")
-    ax.set_ylabel("count")
-    ax.set_title(f"{distribution} × 2^{log2_scale} in {fmt}")
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    return fig

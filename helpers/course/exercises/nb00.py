@@ -18,19 +18,19 @@ import statistics
 
 from helpers.course import check
 from helpers.measure import hardware
+from helpers.measure.params import positive, positives
 
 
 class FakeDevice:
     """A simulated asynchronous device: `fn` enqueues, `sync` waits, `clock` reads the time.
 
     `durations[k]` is the device time (seconds) of the k-th call of `fn`; calls past the end of the
-    list repeat its last entry. `launch` is the host time each call of `fn` costs.
+    list repeat its last entry. `launch` is the host time each call of `fn` costs. Raises ValueError
+    unless `durations` is a non-empty list of positive floats and `launch` a positive float.
     """
 
     def __init__(self, durations: list[float], launch: float = 5e-6):
-        if not durations or any(d <= 0 for d in durations) or launch <= 0:
-            raise ValueError("durations must be a non-empty list of positive seconds and launch positive")
-        self.durations, self.launch = list(durations), launch
+        self.durations, self.launch = positives("durations", durations, float), positive("launch", launch, float)
         self.now = 0.0          # the host's clock, seconds
         self.busy_until = 0.0   # when the device finishes what is queued
         self.calls = 0

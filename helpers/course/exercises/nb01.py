@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch.utils.flop_counter import FlopCounterMode
 
 from helpers.course import check
 from helpers.measure import hardware
@@ -26,6 +25,7 @@ def swiglu(x: torch.Tensor, w1: torch.Tensor, w3: torch.Tensor, w2: torch.Tensor
 def reference_counts(tokens: int, dim: int, hidden: int, dtype: torch.dtype) -> tuple[int, int]:
     """(FLOPs, minimum bytes) of `swiglu` on (tokens, dim) inputs with hidden size `hidden`, counted
     from FlopCounterMode (matmuls, on meta tensors) plus the elementwise convention, and tensor sizes."""
+    from torch.utils.flop_counter import FlopCounterMode  # heavy: it imports triton (see measure.triton_mode)
     x = torch.empty(tokens, dim, dtype=dtype, device="meta")
     w1, w3 = (torch.empty(dim, hidden, dtype=dtype, device="meta") for _ in range(2))
     w2 = torch.empty(hidden, dim, dtype=dtype, device="meta")

@@ -6,7 +6,10 @@ runs, forward and forward + backward, so a formula passes only if it equals the 
 """
 from __future__ import annotations
 
+import torch
+
 from helpers.course.check import Case, register
+from helpers.gpt.model import Block, GPTConfig, naive_attention
 
 H100_BF16_DENSE = 989.4e12  # FLOP/s, hardware.PEAKS["h100"] (NVIDIA H100 SXM datasheet, dense)
 TORCHTITAN_TOKENS_PER_S = 5762  # torchtitan's Llama 3.1 8B benchmark on 8 x H100, FSDP, per GPU
@@ -20,11 +23,7 @@ def counted_block_flops_per_token(d_model: int, n_head: int, n_kv_head: int, d_f
     scores) -> LN -> MLP, every parameter and the input trainable. Raises ValueError for a shape
     GPTConfig refuses (d_model not divisible by n_head, n_head not by n_kv_head).
     """
-    import torch
-    from torch.utils.flop_counter import FlopCounterMode
-
-    from helpers.gpt.model import Block, GPTConfig, naive_attention
-
+    from torch.utils.flop_counter import FlopCounterMode  # heavy: it imports triton (see measure.triton_mode)
     cfg = GPTConfig(n_layer=1, n_head=n_head, n_kv_head=n_kv_head, d_model=d_model, d_ff=d_ff,
                     seq_len=seq_len)
     with torch.device("meta"):  # shapes only: the counter needs no data

@@ -8,7 +8,7 @@ import math
 import torch
 
 from helpers.course import check
-from helpers.training import precision as P
+from helpers.training import precision
 
 GRADIENT = 3e-9  # the gradient magnitude exercise "03.scale_for_normal" asks about
 ADAMW_UPDATE = 1e-3  # the update size exercise "03.bf16_vanish" asks about
@@ -16,7 +16,7 @@ ADAMW_UPDATE = 1e-3  # the update size exercise "03.bf16_vanish" asks about
 
 def _scale_for_normal() -> int:
     """log2 of the smallest power-of-two S with S * GRADIENT >= fp16's smallest normal."""
-    return math.ceil(math.log2(P.facts("fp16").smallest_normal / GRADIENT))
+    return math.ceil(math.log2(precision.facts("fp16").smallest_normal / GRADIENT))
 
 
 def _bf16_vanish() -> float:

@@ -23,6 +23,8 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from helpers.course.check import Case, register
+from helpers.gpt.model import GPT, Block, GPTConfig
+from helpers.measure.bench import saved_breakdown
 from helpers.training.checkpointing import korthikanti_bytes
 
 RECOMPUTE_BUDGET = 0.1  # at most this share of the block's forward FLOPs may be recomputed
@@ -90,14 +92,10 @@ def _no_grad_mlp(block, x):
 
 def _whole_block(block, x):
     """Planted wrong: the whole block recomputed (fewer bytes, right gradients, not selective)."""
-    from helpers.gpt.model import Block
-
     return checkpoint(Block.forward, block, x, use_reentrant=False)
 
 
 def _block(cfg_kwargs: dict, seed: int):
-    from helpers.gpt.model import GPT, GPTConfig
-
     torch.manual_seed(seed)
     cfg = GPTConfig(n_layer=1, vocab_size=32, **cfg_kwargs)
     block = GPT(cfg, attn_impl="naive").blocks[0]  # naive: FlopCounterMode sees its matmuls on every device
@@ -118,10 +116,7 @@ def _cases() -> list[Case]:
 
 def _measure(fn, block, x):
     """(output, gradients, saved bytes, backward FLOPs) of out = fn(block, x) under a fixed RNG state."""
-    from torch.utils.flop_counter import FlopCounterMode
-
-    from helpers.measure.bench import saved_breakdown
-
+    from torch.utils.flop_counter import FlopCounterMode  # heavy: it imports triton (see measure.triton_mode)
     block.zero_grad(set_to_none=True)
     x = x.detach().requires_grad_()
     held = {}
@@ -144,8 +139,7 @@ def _measure(fn, block, x):
 
 def _run(fn, case: Case):
     """Output and gradients of fn(block, x), and verdicts on its kept bytes and recompute FLOPs."""
-    from torch.utils.flop_counter import FlopCounterMode
-
+    from torch.utils.flop_counter import FlopCounterMode  # heavy: it imports triton (see measure.triton_mode)
     block, cfg = _block(case.kwargs["cfg"], case.kwargs["seed"])
     B, T = case.args
     x = torch.randn(B, T, cfg.d_model, generator=torch.Generator().manual_seed(case.kwargs["seed"] + 100))

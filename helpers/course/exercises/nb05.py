@@ -10,6 +10,8 @@ from __future__ import annotations
 import torch
 
 from helpers.course.check import Case, register
+from helpers.gpt.model import GPT, GPTConfig
+from helpers.training.accumulation import pad_to_lengths
 
 IGNORE_INDEX = -1  # the course GPT's cross_entropy ignore_index: padded targets count for nothing
 _VOCAB, _SEQ = 32, 16
@@ -59,8 +61,6 @@ def one_batch_reference(model: torch.nn.Module, micro_batches) -> float:
 
 
 def _model(seed: int) -> torch.nn.Module:
-    from helpers.gpt.model import GPT, GPTConfig
-
     torch.manual_seed(seed)
     cfg = GPTConfig(n_layer=1, n_head=2, d_model=16, d_ff=32, vocab_size=_VOCAB, seq_len=_SEQ)
     return GPT(cfg, attn_impl="naive")
@@ -68,8 +68,6 @@ def _model(seed: int) -> torch.nn.Module:
 
 def _batch(seed: int, sizes: list[int], T: int, lengths: list[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Micro-batches of the given sizes; row r keeps lengths[r] counted targets, the rest is padding."""
-    from helpers.training.accumulation import pad_to_lengths  # here, not at the top: it imports matplotlib
-
     g = torch.Generator().manual_seed(seed)
     B = sum(sizes)
     x = torch.randint(0, _VOCAB, (B, T), generator=g)  # (B, T)

@@ -11,7 +11,6 @@ from helpers.lowbit import quant
 from helpers.course.check import Case, register
 
 
-
 class WrongDtype(TypeError):
     """Raised by a runner when a learner's tensor has the right values in the wrong dtype."""
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from helpers.decode import speculative as sp
+from helpers.decode import speculative
 from helpers.course.check import Case, register
 
 # ---------------------------------------------------------------- 11.rule (code)
@@ -12,7 +12,7 @@ from helpers.course.check import Case, register
 
 def _reference_rule(p, q):
     """accept (..., V) = min(1, p / q) (1 where q = 0), resample (..., V) = norm(max(0, p − q))."""
-    return sp.accept_probability(p, q), sp.residual(p, q)
+    return speculative.accept_probability(p, q), speculative.residual(p, q)
 
 
 def _run(fn, case: Case):
@@ -24,7 +24,7 @@ def _run(fn, case: Case):
         raise NotImplementedError("the function returns None")
     accept, resample = out
     accept, resample = torch.as_tensor(accept, dtype=torch.float64), torch.as_tensor(resample, dtype=torch.float64)
-    return sp.emitted_distribution(p, q, accept, resample), (q * accept).sum(-1)
+    return speculative.emitted_distribution(p, q, accept, resample), (q * accept).sum(-1)
 
 
 def _dirichlet(shape, seed, zeros=0):
@@ -57,7 +57,7 @@ def _rule_cases() -> list[Case]:
 
 def _accept_when_larger(p, q):
     """Planted wrong: the tempting rule, accept whenever p(x) >= q(x)."""
-    return (p >= q).double(), sp.residual(p, q)
+    return (p >= q).double(), speculative.residual(p, q)
 
 
 def _never_accept(p, q):
@@ -67,7 +67,7 @@ def _never_accept(p, q):
 
 def _unnormalised(p, q):
     """Planted wrong: the residual max(0, p − q) left unnormalised."""
-    return sp.accept_probability(p, q), (p - q).clamp_min(0)
+    return speculative.accept_probability(p, q), (p - q).clamp_min(0)
 
 
 register(

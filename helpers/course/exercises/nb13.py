@@ -12,9 +12,8 @@ from __future__ import annotations
 
 import torch
 
-from helpers.parallel import distributed as D
-from helpers.parallel import data_parallel as P
 from helpers.course.check import Case, register
+from helpers.parallel import data_parallel, dist_lab, distributed
 
 
 def _ring_cases() -> list[Case]:
@@ -55,11 +54,11 @@ def _ring_reference(rank, world_size, step, phase):
 
 def _run_ring(schedule, case):
     """Every rank's result of a ring all-reduce of the case's inputs under `schedule`."""
-    _refuse_course_answer(schedule, (D.ring_schedule,), "distributed.ring_schedule")
+    _refuse_course_answer(schedule, (distributed.ring_schedule,), "distributed.ring_schedule")
     probe = schedule(0, 2, 0, "reduce-scatter")
     if probe is None:
         return None
-    return D.simulate_ring(case.args[0], schedule)
+    return distributed.simulate_ring(case.args[0], schedule)
 
 
 def _wrong_direction(rank, world_size, step, phase):
@@ -102,7 +101,7 @@ def _zero_total(stage, n_params, world_size, b_param=4, b_grad=4, b_state=8):
 
 
 def _zero_reference(stage, n_params, world_size):
-    """The reference (the same formula as parallel.zero_formula(...)["total"])."""
+    """The reference (the same formula as data_parallel.zero_formula(...)["total"])."""
     return _zero_total(stage, n_params, world_size)
 
 
@@ -118,9 +117,8 @@ def _zero_paper_bytes(stage, n_params, world_size):
 
 def _run_zero(fn, case):
     """The learner's bytes for the case, after refusing the course's own formula."""
-    from helpers.parallel import dist_lab
-
-    _refuse_course_answer(fn, (P.zero_formula, dist_lab.plan), "parallel.zero_formula or dist_lab.plan")
+    _refuse_course_answer(fn, (data_parallel.zero_formula, dist_lab.plan),
+                          "data_parallel.zero_formula or dist_lab.plan")
     return fn(*case.args, **case.kwargs)
 
 

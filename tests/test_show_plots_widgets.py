@@ -1,3 +1,5 @@
+"""helpers.show.plots (sweeps, bars, rooflines, log axes) and helpers.show.widgets (panels interactive and headless,
+the progress bar)."""
 import matplotlib.pyplot as plt
 import pytest
 

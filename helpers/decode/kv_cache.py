@@ -1,14 +1,19 @@
-"""Key/value caches beyond the course GPT's contiguous one (`helpers.gpt.generation.KVCache`): their
-size per token, published models' caches, and an MLA-style latent cache.
+"""Key/value caches beyond the course GPT's contiguous one (`helpers.gpt.generation.KVCache`; the paged
+cache is `helpers.decode.paged`): their size per token, published models' caches, a static cache for
+compiled decode, and an MLA-style latent cache.
 
 * `kv_bytes_per_token` (2 · layers · kv_heads · head_dim · bytes) and `REAL_MODELS`, published
-  configurations with their sources.
+  configurations with their sources; `real_model_rows` their bytes per token and at a context.
+* `StaticKVCache` and `static_step`: a cache whose shapes and position never change between steps,
+  so that `torch.compile` can capture one decode step as a CUDA graph (gpt-fast's design, PyTorch
+  Labs, 2023); `decode_compile_options` are the Inductor options that step is compiled with.
 * `LatentKVCache` and `factorise_kv`: an MLA-style cache (DeepSeek-AI, 2024, DeepSeek-V2) on the course
   GPT: the k/v projection is factorised by a truncated SVD, W ≈ U (Σ Vᵀ), only the rank-r latent
   c = Σ Vᵀ x is cached, and the up-projection U is absorbed into the query and the output at decode.
 """
 from __future__ import annotations
 
+import copy
 import math
 
 import torch
@@ -17,6 +22,7 @@ import torch.nn.functional as F
 
 from helpers.gpt.generation import causal_offset_mask
 from helpers.gpt.model import GPT, GPTConfig
+from helpers.lowbit.quant_linear import FUSED_MATVEC
 
 # ---------------------------------------------------------------- bytes per token, real models
 
@@ -51,6 +57,68 @@ def real_model_rows(bytes_per_element: int = 2, context: int = 4096) -> list[lis
     return rows
 
 
+# ---------------------------------------------------------------- a static cache for compiled decode
+
+
+class StaticKVCache(nn.Module):
+    """A KVCacheLike for one-token decode with static shapes, as compiled decode needs (gpt-fast's design):
+    buffers k, v (n_layer, B, n_kv_head, max_len, head_dim) and the position `pos` live on the device as
+    module buffers; every step attends over all max_len slots with a mask of those filled, so no shape
+    and no Python number changes between steps."""
+
+    def __init__(self, config: GPTConfig, batch: int, max_len: int, *, dtype=torch.float32, device="cpu"):
+        super().__init__()
+        shape = (config.n_layer, batch, config.n_kv_head, max_len, config.head_dim)
+        self.register_buffer("k", torch.zeros(shape, dtype=dtype, device=device))
+        self.register_buffer("v", torch.zeros(shape, dtype=dtype, device=device))
+        self.register_buffer("pos", torch.zeros((), dtype=torch.long, device=device))
+        self.register_buffer("slots", torch.arange(max_len, device=device))
+        self.group = config.n_head // config.n_kv_head
+
+    def positions(self, T: int) -> torch.Tensor:
+        """(B, T) absolute positions of T new tokens, from the device-side `pos`."""
+        return (self.pos + self.slots[:T]).expand(self.k.size(1), T)
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Write k, v (B, n_kv_head, T, head_dim) at slots pos .. pos + T - 1 and return attention
+        (B, n_head, T, head_dim) of q over every slot, masked to those filled up to each new token."""
+        T = q.size(2)
+        idx = self.pos + self.slots[:T]  # (T,)
+        self.k[layer].index_copy_(2, idx, k.to(self.k.dtype))
+        self.v[layer].index_copy_(2, idx, v.to(self.v.dtype))
+        mask = self.slots[None, :] <= idx[:, None]  # (T, max_len): filled slots up to each new token
+        keys, values = self.k[layer], self.v[layer]
+        if self.group > 1:
+            keys, values = keys.repeat_interleave(self.group, 1), values.repeat_interleave(self.group, 1)
+        return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
+
+    def advance(self, T: int) -> None:
+        """Count T more tokens as cached (on the device: `pos` += T)."""
+        self.pos += T
+
+
+def static_step(model: GPT, token: torch.Tensor, cache: StaticKVCache) -> torch.Tensor:
+    """GPT.forward for one token per sequence against a StaticKVCache, without the Python-side bounds check
+    (a device-to-host sync that would break a compiled graph): logits (B, vocab)."""
+    x = model.wte(token.reshape(-1, 1)) + model.wpe(cache.positions(1))
+    for i, block in enumerate(model.blocks):
+        x = block(x, cache, i)
+    cache.advance(1)
+    return model.lm_head(model.ln_f(x))[:, -1]
+
+
+def decode_compile_options(mode: str = "reduce-overhead") -> dict:
+    """Inductor options for the compiled decode step: `mode`'s own ("reduce-overhead" is Inductor's
+    {"triton.cudagraphs": True}, "default" none) plus FUSED_MATVEC (coordinate_descent_tuning), under which
+    a one-row matmul becomes a multiply-and-sum that Inductor writes itself, so an int8 or int4 weight is
+    converted inside the kernel that reads it (gpt-fast sets the same option for every variant it times,
+    bf16 included). torch.compile takes a mode or options, not both, hence the dict. Raises ValueError for
+    another mode."""
+    if mode not in ("default", "reduce-overhead"):
+        raise ValueError(f"mode={mode!r}; choose 'default' or 'reduce-overhead'")
+    return {**({"triton.cudagraphs": True} if mode == "reduce-overhead" else {}), **FUSED_MATVEC}
+
+
 # ---------------------------------------------------------------- an MLA-style latent cache
 
 
@@ -77,8 +145,6 @@ def factorise_kv(model: GPT, rank: int) -> tuple[GPT, list[float]]:
     approximation U_r (Σ_r V_rᵀ) from the SVD (Eckart–Young), as a `LowRankKV`. Returns the copy and each
     layer's relative reconstruction error ‖W − W_r‖_F / ‖W‖_F. Raises ValueError for a rank outside
     1 .. min(W's shape)."""
-    import copy
-
     full = 2 * model.config.n_kv_head * model.config.head_dim
     if isinstance(rank, bool) or not isinstance(rank, int) or not 1 <= rank <= min(full, model.config.d_model):
         raise ValueError(f"rank={rank!r} must be an int in 1..{min(full, model.config.d_model)}")

@@ -1,0 +1,360 @@
+"""Notebook 04's measurements, figures, panel and generated sentences.
+
+* bytes kept for backward: `saved_by` (any forward), `block_saved_bytes` (one block);
+* one strategy measured: `train_step`, `gradients`, `step_flops` (FlopCounterMode, forward and
+  backward), `measure_strategy` (bytes, step time, CUDA peak);
+* the comparison: `dominators` and `pareto_front` (noise-aware: overlapping quartile ranges are ties),
+  `pareto_figure`, and the panel `strategy_panel`;
+* the overhead: `profile_interleaved` (medians of round-robin profiles), `added_self_time` and
+  `added_summary` (matmuls against the rest), `overhead_range`, and `rule_verdict` (the "+33%" rule);
+* the CUDA allocator's view: `cuda_step_peak` and `cuda_batch_fit` (the largest batch in a budget).
+
+The strategies and the arithmetic of what they save are in `checkpointing`.
+"""
+from __future__ import annotations
+
+import copy
+import statistics
+from typing import Any
+
+import torch
+
+from helpers.gpt import data
+from helpers.gpt.model import GPT
+from helpers.measure import bench, profiling
+from helpers.measure.params import positive
+from helpers.measure.profiling import is_matmul
+from helpers.show import plots
+from helpers.training.checkpointing import apply_strategy, max_batch, remove_strategy
+
+
+# ---------------------------------------------------------------- bytes kept for backward
+
+def saved_by(fn, ignore=()) -> dict[str, int]:
+    """Bytes `fn()` saves for backward: activations, and 16-bit copies of weights made by autocast."""
+    return bench.saved_breakdown(fn, list(ignore))
+
+
+def block_saved_bytes(block: torch.nn.Module, x: torch.Tensor, autocast: torch.dtype | None = None) -> dict[str, int]:
+    """What one block keeps for backward for input x (which must require grad, as inside the model)."""
+    ctx = torch.autocast(x.device.type, dtype=autocast) if autocast else torch.autocast(x.device.type, enabled=False)
+
+    def run():
+        with ctx:
+            block(x)
+
+    return saved_by(run, block.parameters())
+
+
+# ---------------------------------------------------------------- measuring a strategy
+
+def train_step(model: GPT, idx: torch.Tensor, tgt: torch.Tensor, autocast: torch.dtype | None = None) -> torch.Tensor:
+    """Forward and backward (no optimizer): gradients land in .grad; returns the loss."""
+    model.zero_grad(set_to_none=True)
+    ctx = torch.autocast(idx.device.type, dtype=autocast) if autocast else torch.autocast(idx.device.type, enabled=False)
+    with ctx:
+        loss = model(idx, tgt)[1]
+    loss.backward()
+    return loss.detach()
+
+
+def gradients(model: GPT, idx, tgt, autocast=None) -> dict[str, torch.Tensor]:
+    """Every parameter's gradient after one forward and backward."""
+    train_step(model, idx, tgt, autocast)
+    return {n: p.grad.detach().clone() for n, p in model.named_parameters()}
+
+
+def step_flops(model: GPT, idx, tgt) -> dict[str, int]:
+    """FLOPs FlopCounterMode counts for forward and backward (use attn_impl='naive' on a CPU)."""
+    from torch.utils.flop_counter import FlopCounterMode  # heavy: it imports triton (see measure.triton_mode)
+    model.zero_grad(set_to_none=True)
+    with FlopCounterMode(display=False) as fwd:
+        loss = model(idx, tgt)[1]
+    with FlopCounterMode(display=False) as bwd:
+        loss.backward()
+    model.zero_grad(set_to_none=True)
+    return {"forward": fwd.get_total_flops(), "backward": bwd.get_total_flops()}
+
+
+def measure_strategy(model: GPT, idx, tgt, strategy: str, k: int = 2, *, autocast=None, reps: int = 3,
+                     warmup: int = 1, device: str = "cpu") -> dict[str, Any]:
+    """Apply `strategy`, measure saved activation bytes, step time and (CUDA) absolute peak memory; undo it."""
+    text = apply_strategy(model, strategy, k)
+    try:
+        params = list(model.parameters())
+        ctx = (lambda: torch.autocast(idx.device.type, dtype=autocast)) if autocast else \
+            (lambda: torch.autocast(idx.device.type, enabled=False))
+
+        def forward():
+            with ctx():
+                model(idx, tgt)
+
+        saved = saved_by(forward, params)
+        timing = bench.benchmark(lambda: train_step(model, idx, tgt, autocast), warmup=warmup, reps=reps,
+                                 device=device)
+        peak = None
+        if idx.is_cuda:  # absolute peak: what was allocated before (weights, ...) plus the step's rise
+            torch.cuda.synchronize()
+            before = torch.cuda.memory_allocated()
+            peak = before + bench.peak_cuda_memory(lambda: train_step(model, idx, tgt, autocast))
+    finally:
+        remove_strategy(model)
+    return {"strategy": strategy, "k": k, "description": text, "activation_bytes": saved["activations"],
+            "weight_copy_bytes": saved["weight_copies"], "seconds": timing.median, "timing": timing,
+            "cuda_peak_bytes": peak}
+
+
+# ---------------------------------------------------------------- the Pareto front and the panel
+
+def dominators(points: dict[str, tuple[float, float]],
+               intervals: dict[str, tuple[float, float]] | None = None) -> dict[str, list[str]]:
+    """For each name, the names that beat it: no more memory and faster (and not equal in both).
+
+    points: name -> (seconds, bytes). Without `intervals`, any difference of the times counts. With
+    intervals (name -> (low, high) seconds, e.g. the quartiles of the timed steps), a point beats
+    another only when it keeps no more memory and is *measurably* faster, its whole interval below the
+    other's: overlapping intervals are a tie, and a tie removes neither, so no verdict rests on a
+    difference inside the measured noise. Memory (counted bytes) is exact.
+    Raises ValueError when `intervals` misses a name or has low > high.
+    """
+    if intervals is not None:
+        for name in points:
+            if name not in intervals or intervals[name][0] > intervals[name][1]:
+                raise ValueError(f"intervals[{name!r}] must be (low, high) with low <= high")
+    out = {}
+    for b, (tb, mb) in points.items():
+        if intervals is None:
+            out[b] = [a for a, (ta, ma) in points.items() if a != b and ma <= mb and ta <= tb and (ma < mb or ta < tb)]
+        else:
+            out[b] = [a for a, (_, ma) in points.items() if a != b and ma <= mb and intervals[a][1] < intervals[b][0]]
+    return out
+
+
+def pareto_front(points: dict[str, tuple[float, float]],
+                 intervals: dict[str, tuple[float, float]] | None = None) -> list[str]:
+    """Names no other point beats (see `dominators`; exact ties in both keep both), fastest first.
+
+    Without `intervals` every difference in time counts; with them only differences beyond the
+    measured spread do, so the front keeps every strategy this run cannot rule out.
+    """
+    dom = dominators(points, intervals)
+    return sorted([n for n, by in dom.items() if not by], key=lambda n: points[n][0])
+
+
+def pareto_figure(points: dict[str, tuple[float, float]], *, intervals: dict[str, tuple[float, float]] | None = None,
+                  title: str = "activation memory against step time"):
+    """Step time (ms) against activation memory (MiB), one labelled point per strategy, the front joined.
+
+    With `intervals` (seconds), each point carries a horizontal bar over its measured spread and
+    the front is the noise-aware one. Both axes start at 0, and the legend sits outside the data.
+    """
+    fig, ax = plots.figure(figsize=(8.2, 4.2))
+    front = pareto_front(points, intervals)
+    for i, (name, (t, m)) in enumerate(points.items()):
+        color = plots.COLORS[i % len(plots.COLORS)]
+        if intervals is not None:
+            lo, hi = intervals[name]
+            ax.errorbar([t * 1e3], [m / 2**20], xerr=[[(t - lo) * 1e3], [(hi - t) * 1e3]], fmt="none",
+                        ecolor=color, elinewidth=1, capsize=3, zorder=2)
+        ax.scatter([t * 1e3], [m / 2**20], color=color, s=40, zorder=3, marker="o" if name in front else "x")
+        ax.annotate(name, (t * 1e3, m / 2**20), textcoords="offset points", xytext=(5, 4 if i % 2 == 0 else -12),
+                    fontsize=8)  # labels alternate above and below, so that close points stay readable
+    ax.plot([points[n][0] * 1e3 for n in front], [points[n][1] / 2**20 for n in front], ls="--", lw=1,
+            color=plots.COLORS[-1], label="Pareto front" + (" (overlapping spreads are ties)" if intervals else ""))
+    ax.scatter([], [], marker="o", color=plots.COLORS[-1], label="on the front")
+    ax.scatter([], [], marker="x", color=plots.COLORS[-1], label="dominated")
+    if intervals is not None:
+        ax.plot([], [], color=plots.COLORS[-1], lw=1, label="bar: quartiles of the timed steps")
+    ax.set_xlim(left=0, right=1.15 * max(hi for _, hi in (intervals or {n: (0, p[0]) for n, p in points.items()}).values()) * 1e3)
+    ax.set_ylim(bottom=0, top=1.12 * max(m for _, m in points.values()) / 2**20)
+    ax.set_xlabel("step time, forward + backward (ms)")
+    ax.set_ylabel("activation memory kept for backward (MiB)")
+    ax.set_title(title)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def strategy_panel(strategy: str, k: int, *, model: GPT, idx, tgt, autocast=None, reps: int = 2,
+                   device: str = "cpu"):
+    """Notebook 04: apply one strategy (and k) to a copy of `model`; bars of its memory and time beside none.
+
+    Both are measured in the same call (steps timed round-robin), so background load hits both alike.
+    """
+    chosen = copy.deepcopy(model)
+    remove_strategy(model)
+    text = apply_strategy(chosen, strategy, k)
+    ctx = (lambda: torch.autocast(idx.device.type, dtype=autocast)) if autocast else \
+        (lambda: torch.autocast(idx.device.type, enabled=False))
+
+    def kept(m):
+        def forward():
+            with ctx():
+                m(idx, tgt)
+        return saved_by(forward, m.parameters())["activations"]
+
+    label = f"{strategy} (k={k})" if strategy == "every-k" else strategy
+    mem = {"none": kept(model), label: kept(chosen)}
+    t = bench.benchmark_interleaved({"none": lambda: train_step(model, idx, tgt, autocast),
+                                     label: lambda: train_step(chosen, idx, tgt, autocast)}, reps=reps, device=device)
+    ms = {name: timing.ms for name, timing in t.items()}
+    print(f"{label}: {text}; activations {mem[label] / 2**20:.2f} MiB ({mem[label] / mem['none']:.2f}× none), "
+          f"step {ms[label]:.1f} ms ({ms[label] / ms['none']:.2f}× none, ±{50 * t[label].spread:.0f}%)")
+    fig, (ax_m, ax_t) = plots.figure(2, figsize=(8.0, 3.6))
+    plots.bars({n: v / 2**20 for n, v in mem.items()}, ylabel="MiB kept for backward", title="activation memory",
+               ax=ax_m, logy=False)
+    plots.bars(ms, ylabel="ms per step (median; whiskers: quartiles)", title="step time", ax=ax_t, logy=False)
+    for bar, name in zip(ax_t.patches, ms):  # the quartiles the printed ± comes from, beside the value label
+        x = bar.get_x() + 0.8 * bar.get_width()
+        ax_t.errorbar([x], [ms[name]], yerr=[[ms[name] - t[name].q25 * 1e3], [t[name].q75 * 1e3 - ms[name]]],
+                      fmt="none", ecolor="black", elinewidth=1, capsize=4)
+    fig.tight_layout()
+    return fig
+
+
+# ---------------------------------------------------------------- what the run says about the overhead
+
+def profile_interleaved(fns: dict[str, Any], *, rounds: int = 3, steps: int = 2, top: int = 60,
+                        prefix: str = "trace") -> dict[str, Any]:
+    """Profile each callable `rounds` times, round-robin, and keep per op the median over the rounds.
+
+    One profile of a few steps on a shared machine can be off by a factor of two; alternating the
+    candidates and taking medians (ops missing from a round's top list count 0 there) makes their
+    difference usable. Returns name -> `helpers.measure.profiling.Profile` whose trace is the last round's,
+    saved as `<prefix>_<name>.json`. Raises ValueError for rounds < 1 (steps and top: see `profile`).
+    """
+    positive("rounds", rounds)
+    runs: dict[str, list] = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            runs[name].append(profiling.profile(fn, steps=steps, top=top, name=f"{prefix}_{name}"))
+    out = {}
+    for name, profiles in runs.items():
+        ops = {op for p in profiles for op, *_ in p.rows}
+        per = {op: [next((r for r in p.rows if r[0] == op), (op, 0.0, 0.0, 0.0)) for p in profiles] for op in ops}
+        total = statistics.median(p.total_ms for p in profiles)
+        rows = [(op, statistics.median(r[1] for r in rs), statistics.median(r[2] for r in rs)) for op, rs in per.items()]
+        rows = sorted(((op, ms, calls, ms / total if total else 0.0) for op, ms, calls in rows), key=lambda r: -r[1])
+        last = profiles[-1]
+        out[name] = profiling.Profile(rows[:top], last.device, steps, total, last.trace_path,
+                                      [f"(medians over {rounds} profiles taken round-robin)"])
+    return out
+
+
+def added_self_time(base, other) -> dict[str, Any]:
+    """Where `other`'s extra time goes: self ms per step it adds over `base`, in matmuls and in the rest.
+
+    base, other: `helpers.measure.profiling.Profile`s of the same step with two strategies (profile them with
+    a large `top` so most ops are listed). "total_ms" is the difference of all self time; "matmul_ms"
+    the part in matmul ops (`is_matmul`); "other_ms" the rest (ops outside both top lists land here);
+    "top" the five ops that grew most, as (op, added ms per step).
+    """
+    b = {name: ms for name, ms, _, _ in base.rows}
+    o = {name: ms for name, ms, _, _ in other.rows}
+    diff = {name: o.get(name, 0.0) - b.get(name, 0.0) for name in {*b, *o}}
+    total = other.total_ms - base.total_ms
+    matmul = sum(v for name, v in diff.items() if is_matmul(name))
+    top = sorted(((n, v) for n, v in diff.items() if v > 0), key=lambda nv: -nv[1])[:5]
+    return {"total_ms": total, "matmul_ms": matmul, "other_ms": total - matmul, "top": top}
+
+
+def added_summary(name: str, added: dict[str, Any]) -> str:
+    """One line from `added_self_time`: the added self ms per step, split into matmuls and the rest."""
+    return (f"{name} adds {added['total_ms']:.2f} ms of self time per profiled step: {added['matmul_ms']:.2f} ms in "
+            f"matmuls, {added['other_ms']:.2f} ms in everything else; grew most: "
+            + (", ".join(f"{n} {v:+.2f} ms" for n, v in added["top"]) or "nothing"))
+
+
+def overhead_range(timing, base) -> tuple[float, float, float]:
+    """(low, median, high) of timing / base - 1 from two `bench.Timing`s: quartiles against quartiles."""
+    return timing.q25 / base.q75 - 1, timing.median / base.median - 1, timing.q75 / base.q25 - 1
+
+
+def rule_verdict(low: float, mid: float, high: float, flop_overhead: float, added: dict | None = None,
+                 rule: float = 1 / 3) -> str:
+    """One paragraph on checkpointing every block against the "+33%" rule, generated from this run's numbers.
+
+    low/mid/high: the step-time overhead's range (`overhead_range`); flop_overhead: counted extra
+    FLOPs over a step's; added: `added_self_time(none, every)` or None when nothing was profiled.
+    """
+    where = ("exceeded" if low > rule else "stayed below" if high < rule else
+             "matched, within its measured spread,")
+    text = (f"Checkpointing every block cost {mid:+.0%} step time (quartiles give {low:+.0%} to {high:+.0%}) for "
+            f"{flop_overhead:+.1%} counted FLOPs: this run {where} the \"+33%\" rule of thumb.")
+    if low > flop_overhead:
+        text += " Time grew more than the counted FLOPs, so the excess is work that FLOP counts leave out"
+        if added and added["total_ms"] <= 0:
+            text += (f"; the profiled steps show no added self time ({added['total_ms']:+.2f} ms per step), so this "
+                     "run's profile is too noisy to say where it went")
+        elif added:
+            share = max(0.0, added["other_ms"]) / added["total_ms"]
+            names = [n for n, _ in added["top"][:3] if not is_matmul(n)]
+            text += (f": the profiler puts {share:.0%} of the {added['total_ms']:.2f} ms of added self time per step "
+                     f"outside the matmuls (grew most outside them: {', '.join(names) or 'none in the top rows'})")
+            if any("Backward" in n for n in names):
+                text += (". An autograd node's own time grows because the recompute is started from inside it: the "
+                         "Python and dispatch work of re-running the blocks' forward is no op of its own and lands there")
+        text += "."
+    elif high < flop_overhead:
+        text += " Time grew less than the counted FLOPs: the recomputed work ran faster than the step's average."
+    else:
+        text += " Time grew about as much as the counted FLOPs (within the measured spread)."
+    if flop_overhead < rule:
+        text += (" The counted FLOPs stay below a full extra forward because the LM head is never recomputed and "
+                 "early stop skips each block's last matmul.")
+    return text
+
+
+# ---------------------------------------------------------------- the CUDA allocator's view
+
+def cuda_step_peak(model: GPT, idx, tgt, autocast=None, others=()) -> int:
+    """Peak bytes of one forward + backward of `model` on CUDA: its weights plus the allocator's rise.
+
+    `others`: models whose gradients are freed first, so that they do not occupy the GPU.
+    """
+    for m in (model, *others):
+        m.zero_grad(set_to_none=True)
+    torch.cuda.empty_cache()
+    rise = bench.peak_cuda_memory(lambda: train_step(model, idx, tgt, autocast))
+    return rise + sum(p.nbytes for p in model.parameters())
+
+
+def cuda_batch_fit(models: dict[str, GPT], idx, tgt, tokens, *, autocast, budget: float,
+                   label: dict[str, str] | None = None, confirm_tokens: int = 2_000_000) -> dict[str, dict]:
+    """Peak memory at batch B/2 and B for each strategy, a linear fit, and the largest batch in `budget` bytes.
+
+    idx, tgt: (B, T) int64 on CUDA; tokens: the corpus to draw a confirming batch from. The fit adds
+    AdamW's 8 bytes per parameter (a bare forward + backward does not allocate it). The predicted
+    batch of "none" and of the best strategy is then run once, unless it is below 1 or exceeds
+    `confirm_tokens` tokens; an out-of-memory error there is reported, not raised. Returns, per
+    strategy: cuda_peak, cuda_per_sample, max_batch_cuda and (when run) confirmed_peak, in bytes.
+    """
+    label = label or {s: s for s in models}
+    B, T = idx.shape
+    half = max(1, B // 2)
+    n_params = sum(p.numel() for p in next(iter(models.values())).parameters())
+    out = {}
+    for s, m in models.items():
+        others = [o for o in models.values() if o is not m]
+        p1, p2 = (cuda_step_peak(m, idx[:half], tgt[:half], autocast, others),
+                  cuda_step_peak(m, idx, tgt, autocast, others))
+        slope = (p2 - p1) / (B - half) if B > half else p2 / B
+        intercept = p2 - slope * B + 8 * n_params  # + AdamW state
+        out[s] = {"cuda_peak": p2, "cuda_per_sample": slope, "max_batch_cuda": max_batch(budget, intercept, slope)}
+    best = max(models, key=lambda s: out[s]["max_batch_cuda"])
+    for s in dict.fromkeys(["none", best]):
+        b = out[s]["max_batch_cuda"]
+        if b < 1 or b * T > confirm_tokens:
+            print(f"{label[s]}: predicted batch {b} is not confirmed (too small or too costly to run here)")
+            continue
+        i, t = data.get_batch(tokens, b, T, idx.device.type, generator=torch.Generator().manual_seed(1))
+        try:
+            peak = cuda_step_peak(models[s], i, t, autocast, [o for o in models.values() if o is not models[s]])
+            out[s]["confirmed_peak"] = peak + 8 * n_params
+            print(f"{label[s]}: batch {b} ran; peak {out[s]['confirmed_peak'] / 2**30:.2f} GiB (+ AdamW state) "
+                  f"vs budget {budget / 2**30:.2f} GiB")
+        except torch.cuda.OutOfMemoryError:
+            print(f"{label[s]}: batch {b} ran out of memory: the linear fit was optimistic")
+        del i, t
+        bench.release_memory()
+    return out

@@ -1,0 +1,131 @@
+"""helpers.decode.kv_cache and notebook 10's measurements of one sequence's cache (helpers.decode.kv_lab): bytes
+per token equal the allocation, the latent and static caches equal the full forward, the compile options,
+and the decode measurements' counts and timings."""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch._inductor import list_mode_options
+
+from helpers.decode import kv_cache, kv_lab
+from helpers.gpt import generation
+from helpers.gpt.model import GPT, GPTConfig
+from helpers.lowbit.quant_linear import FUSED_MATVEC
+
+
+def _model(n_kv_head: int, seed: int = 0) -> GPT:
+    torch.manual_seed(seed)
+    cfg = GPTConfig(n_layer=2, n_head=4, n_kv_head=n_kv_head, d_model=32, d_ff=64, seq_len=48)
+    model = GPT(cfg).eval()
+    with torch.no_grad():  # larger weights than the init so that logits are far from ties
+        for p in model.parameters():
+            p.mul_(3.0)
+    return model
+
+
+@pytest.mark.parametrize("n_kv_head,dtype", [(4, torch.float32), (2, torch.bfloat16), (1, torch.float16)])
+def test_kv_bytes_formula_equals_allocated(n_kv_head, dtype):
+    cfg = _model(n_kv_head).config
+    cache = generation.KVCache(cfg, batch=3, max_len=17, dtype=dtype)
+    per_token = kv_cache.kv_bytes_per_token(cfg.n_layer, cfg.n_kv_head, cfg.head_dim, torch.finfo(dtype).bits // 8)
+    assert cache.nbytes == per_token * 3 * 17
+    assert cache.nbytes == sum(t.numel() * t.element_size() for t in (cache.k, cache.v))
+
+
+@pytest.mark.parametrize("n_kv_head", [4, 1])
+def test_latent_cache_equals_low_rank_model(n_kv_head):
+    model = _model(n_kv_head)
+    full_rank = 2 * model.config.n_kv_head * model.config.head_dim
+    low, errors = kv_cache.factorise_kv(model, min(full_rank, 32))
+    assert max(errors) < 1e-6  # full rank: W is reproduced
+    low, errors = kv_cache.factorise_kv(model, 6)
+    assert all(0 < e < 1 for e in errors)
+    seq = torch.randint(0, 256, (2, 16), generator=torch.Generator().manual_seed(5))
+    ref = low(seq)[0]
+    cache = kv_cache.LatentKVCache(low, 2, 16)
+    got = torch.cat([low(seq[:, :5], cache=cache)[0]] + [generation.decode_one(low, seq[:, t], cache)[:, None]
+                                                        for t in range(5, 16)], 1)
+    torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4)
+    assert cache.nbytes == model.config.n_layer * 2 * 16 * 6 * 4
+    with pytest.raises(ValueError, match="factorise_kv"):
+        kv_cache.LatentKVCache(model, 1, 4)
+    with pytest.raises(ValueError, match="rank"):
+        kv_cache.factorise_kv(model, 0)
+
+
+def test_real_model_rows():
+    rows = {r[0]: r for r in kv_cache.real_model_rows(2, 4096)}
+    assert rows["Llama 2 7B (MHA)"][4] == 512  # 2*32*32*128*2 bytes = 512 KiB per token
+    assert rows["Llama 3 8B (GQA)"][4] == 128
+    assert rows["DeepSeek-V2 (MLA)"][3] == 576
+
+
+@pytest.mark.parametrize("n_kv_head", [4, 1])
+def test_static_cache_step_equals_full_forward(n_kv_head):
+    model = _model(n_kv_head)
+    seq = torch.randint(0, 256, (2, 14), generator=torch.Generator().manual_seed(6))
+    cache = kv_cache.StaticKVCache(model.config, 2, 14)
+    with torch.no_grad():
+        first = model(seq[:, :6], cache=cache)[0][:, -1:]
+        steps = [kv_cache.static_step(model, seq[:, t], cache)[:, None] for t in range(6, 14)]
+        ref = model(seq)[0][:, 5:]
+    torch.testing.assert_close(torch.cat([first] + steps, 1), ref, rtol=1e-5, atol=1e-4)
+    assert int(cache.pos) == 14
+
+
+def test_compiled_decode_options_fuse_the_matvec_under_cuda_graphs():
+    assert kv_cache.decode_compile_options() == {"triton.cudagraphs": True, **FUSED_MATVEC}
+    assert kv_cache.decode_compile_options("default") == FUSED_MATVEC
+    assert FUSED_MATVEC == {"coordinate_descent_tuning": True}
+    # the mode's own options are Inductor's: what torch.compile(mode="reduce-overhead") would set
+    assert list_mode_options("reduce-overhead").items() <= kv_cache.decode_compile_options().items()
+    with pytest.raises(ValueError, match="mode"):
+        kv_cache.decode_compile_options("max-autotune")
+
+
+def test_weight_bytes_and_bandwidth_row():
+    model = _model(2)
+    n = sum(p.numel() for p in model.parameters())  # the tied head counted once
+    assert kv_lab.weight_bytes(model) == 4 * (n - model.wpe.weight.numel() + model.config.d_model)
+    row = kv_lab.bandwidth_row(model, 10, 3, 1, "m")
+    cfg = model.config
+    kv = kv_cache.kv_bytes_per_token(cfg.n_layer, cfg.n_kv_head, cfg.head_dim, 4)
+    assert row["bytes"] == kv_lab.weight_bytes(model) + 3 * 11 * kv
+    assert row["flops"] > 0 and row["tokens_per_s"] > 0
+    rows = kv_lab.prefill_decode(model, 12, 1)
+    assert [r["phase"] for r in rows] == ["prefill", "decode"]
+    assert rows[0]["intensity"] > rows[1]["intensity"]  # prefill reuses every weight 12 times
+
+
+def test_budget_rows():
+    cfg = GPTConfig.preset("1.3b")
+    var = kv_lab.variant_configs(cfg, 512)
+    rows = {r[0]: r for r in kv_lab.budget_rows(cfg, var, 80e9, 2.6e9, 2)}
+    assert rows["MHA"][1] == 2 * 24 * 32 * 64 * 2
+    assert rows["MQA"][2] == pytest.approx(32 * rows["MHA"][2], rel=1e-4)
+
+
+def test_bandwidth_rows_interleaved_and_sequential_agree_on_counts():
+    m1, m2 = _model(4), _model(1)
+    cases = [("mha", m1, 8, 2), ("mqa", m2, 8, 3)]
+    a, b = kv_lab.bandwidth_rows(cases, 2, True), kv_lab.bandwidth_rows(cases, 2, False)
+    for x, y in zip(a, b):
+        assert (x["model"], x["bytes"], x["flops"], x["batch"]) == (y["model"], y["bytes"], y["flops"], y["batch"])
+        assert x["seconds"] > 0 and x["tokens_per_s"] == x["batch"] / x["seconds"]
+
+
+def test_variant_speeds_times_every_case_round_robin():
+    models = {"mha": _model(4), "mqa": _model(1)}
+    low, _ = kv_cache.factorise_kv(models["mha"], 4)
+    rows = kv_lab.variant_speeds(models, ("latent", low), 8, 2, warmup=1)
+    assert [r["variant"] for r in rows] == ["mha", "mqa", "latent"]
+    assert all(r["seconds"] > 0 and r["spread"] >= 0 for r in rows)
+    assert rows[0]["kv_share"] > rows[1]["kv_share"] and rows[2]["kv_share"] is None
+    with pytest.raises(ValueError):
+        kv_lab.variant_speeds(models, None, 8, 0)
+
+
+def test_per_position_reports_spreads():
+    spreads = {}
+    out = kv_lab.per_position(_model(2), [4, 8], 2, warmup=1, spreads=spreads)
+    assert set(spreads) == set(out) and all(len(v) == 2 for v in spreads.values())

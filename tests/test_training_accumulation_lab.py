@@ -1,0 +1,191 @@
+"""helpers.training.accumulation_lab: measured rows and their memory, the sweep at one effective batch,
+the panel and the sweep figure, the sweep's and the profile's sentences, and notebook 05's parameters."""
+import json
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import pytest
+import torch
+
+from helpers.gpt.model import GPT, GPTConfig
+from helpers.training import accumulation_lab
+
+
+def model_and_batch(batch=8, T=24, seed=0, attn_impl="naive"):
+    torch.manual_seed(seed)
+    cfg = GPTConfig.preset("tiny", seq_len=32)
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randint(0, 256, (batch, T), generator=g)
+    y = torch.randint(0, 256, (batch, T), generator=g)
+    return GPT(cfg, attn_impl=attn_impl), x, y
+
+
+def test_measure_accumulation_memory_follows_micro_batch():
+    m, _, _ = model_and_batch()
+    opt = torch.optim.AdamW(m.parameters())
+    small = accumulation_lab.measure_accumulation(m, opt, 1, 4, 16, reps=1, warmup=0, flops_per_token=1e6)
+    large = accumulation_lab.measure_accumulation(m, opt, 4, 1, 16, reps=1, warmup=0)
+    assert small["peak_bytes"] is None and large["peak_bytes"] is None  # no CUDA here
+    assert large["saved_bytes"] == pytest.approx(4 * small["saved_bytes"], rel=0.05)
+    assert small["tokens_per_s"] == pytest.approx(64 / small["seconds"])
+    assert small["tflops"] == pytest.approx(1e6 * 64 / small["seconds"] / 1e12)
+    assert accumulation_lab.memory_of(small) == (small["saved_bytes"] / 2**20, "activations saved per micro-batch (MiB)")
+    assert accumulation_lab.memory_of({"peak_bytes": 2**21, "saved_bytes": 1})[0] == 2.0
+
+
+def test_sweep_micro_batches_keeps_the_effective_batch():
+    m, _, _ = model_and_batch()
+    opt = torch.optim.AdamW(m.parameters())
+    rows = accumulation_lab.sweep_micro_batches(m, opt, [1, 2, 4], 4, 16, reps=2, warmup=0, flops_per_token=1e6)
+    assert [(r["micro_batch"], r["accum_steps"]) for r in rows] == [(1, 4), (2, 2), (4, 1)]
+    assert all(r["tokens_per_s"] == pytest.approx(64 / r["seconds"]) for r in rows)
+    assert rows[2]["saved_bytes"] == pytest.approx(4 * rows[0]["saved_bytes"], rel=0.05)
+    with pytest.raises(ValueError, match="divide"):
+        accumulation_lab.sweep_micro_batches(m, opt, [3], 4, 16)
+
+
+def test_accumulation_panel_reflects_the_controls(capsys):
+    m, _, _ = model_and_batch()
+    opt = torch.optim.AdamW(m.parameters())
+    background = [accumulation_lab.measure_accumulation(m, opt, b, 4 // b, 16, reps=1, warmup=0) for b in (1, 2, 4)]
+    fig = accumulation_lab.accumulation_panel(2, 3, model=m, optimizer=opt, seq_len=16, background=background, reps=1)
+    ax_t, ax_m = fig.axes
+    star = ax_m.collections[-1].get_offsets()[0]
+    assert star[0] == 2 and star[1] == pytest.approx(background[1]["saved_bytes"] / 2**20, rel=0.05)
+    assert list(ax_t.containers[0].lines[0].get_xdata()) == [1, 2, 4]  # the background sweep, with error bars
+    assert ax_m.get_xscale() == "linear" and ax_m.get_yscale() == "linear"
+    assert "micro-batch 2 x 3 steps = 6 sequences (96 tokens)" in capsys.readouterr().out
+    fig4 = accumulation_lab.accumulation_panel(4, 1, model=m, optimizer=opt, seq_len=16, reps=1)
+    assert fig4.axes[1].collections[-1].get_offsets()[0][1] > star[1]  # more memory at a bigger micro-batch
+    plt.close("all")
+
+
+def test_plot_sweep_has_iqr_bars_and_linear_memory_axes():
+    """Memory grows linearly with b, so it is drawn on linear axes from 0; tokens/s carry IQR bars."""
+    rows = [{"micro_batch": b, "tokens_per_s": 100.0 * b, "tokens_per_s_q25": 90.0 * b, "tokens_per_s_q75": 120.0 * b,
+             "peak_bytes": None, "saved_bytes": b * 2**20} for b in (1, 2, 4, 8)]
+    fig = accumulation_lab.plot_sweep(rows, "t")
+    ax_t, ax_m = fig.axes
+    assert ax_t.get_xscale() == "log" and ax_t.get_ylim()[0] == 0
+    assert ax_m.get_xscale() == "linear" and ax_m.get_yscale() == "linear"
+    assert ax_m.get_xlim()[0] == 0 and ax_m.get_ylim()[0] == 0
+    assert list(ax_m.lines[0].get_ydata()) == [1.0, 2.0, 4.0, 8.0]
+    bars = ax_t.containers[0]
+    segments = bars.lines[2][0].get_segments()  # one vertical bar per point, from q25 to q75 of tokens/s
+    assert [tuple(s[:, 1]) for s in segments] == [(90.0 * b, 120.0 * b) for b in (1, 2, 4, 8)]
+    with pytest.raises(ValueError, match="no rows"):
+        accumulation_lab.plot_sweep([], "t")
+    plt.close("all")
+
+
+def test_rows_carry_the_quartiles_of_tokens_per_s():
+    m, _, _ = model_and_batch()
+    opt = torch.optim.AdamW(m.parameters())
+    r = accumulation_lab.measure_accumulation(m, opt, 2, 2, 16, reps=4, warmup=0)
+    assert r["tokens_per_s_q25"] == pytest.approx(64 / r["seconds_q75"])
+    assert r["tokens_per_s_q25"] <= r["tokens_per_s"] <= r["tokens_per_s_q75"]
+
+
+def test_sweep_micro_batches_leaves_out_a_size_that_runs_out_of_memory(monkeypatch):
+    m, _, _ = model_and_batch()
+    opt = torch.optim.AdamW(m.parameters())
+    prepare = accumulation_lab.prepared_step
+
+    def failing_at_4(model, optimizer, micro_batch, *args):
+        step, mbs = prepare(model, optimizer, micro_batch, *args)
+        if micro_batch < 4:
+            return step, mbs
+
+        def step_out_of_memory():
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory (simulated)")
+        return step_out_of_memory, mbs
+    monkeypatch.setattr(accumulation_lab, "prepared_step", failing_at_4)
+    rows = accumulation_lab.sweep_micro_batches(m, opt, [1, 2, 4], 4, 16, reps=1, warmup=0)
+    assert [r["micro_batch"] for r in rows] == [1, 2]
+
+
+def _row(b, k, median, q25, q75, saved, of_ceiling=0.1):
+    return {"micro_batch": b, "accum_steps": k, "tokens_per_s": median, "tokens_per_s_q25": q25,
+            "tokens_per_s_q75": q75, "peak_bytes": None, "saved_bytes": saved, "of_ceiling": of_ceiling}
+
+
+def test_sweep_summary_calls_overlapping_iqrs_noise_and_flags_a_ceiling_above_100_percent():
+    apart = [_row(1, 4, 100, 95, 105, 2**20), _row(2, 2, 150, 140, 160, 2 * 2**20), _row(4, 1, 200, 190, 210, 4 * 2**20)]
+    out, lines = accumulation_lab.sweep_summary(apart[::-1], 4)  # any order: the smallest micro-batch is compared with the best
+    assert out["best_micro_batch"] == 4 and out["first_fraction_of_best"] == pytest.approx(0.5)
+    assert not out["first_vs_best_within_noise"] and "beyond this run's noise" in lines[1]
+    assert out["smallest_b_within_10pct"] == 4 and "in proportion to b" in lines[3]
+    assert not any("100%" in line for line in lines)
+    close = [_row(1, 4, 190, 150, 230, 2**20), _row(2, 2, 200, 160, 240, 3 * 2**20, of_ceiling=1.2)]
+    out, lines = accumulation_lab.sweep_summary(close, 4)
+    assert out["first_vs_best_within_noise"] and "cannot tell b=1 from b=2" in lines[1]
+    assert out["smallest_b_within_10pct"] == 1
+    assert out["memory_ratio_last_first"] == pytest.approx(3.0) and "more than in proportion to b (x2)" in lines[3]
+    assert "b=[2] ran above 100%" in lines[-1] and "under-measured" in lines[-1]
+    out, lines = accumulation_lab.sweep_summary([_row(1, 2, 300, 290, 310, 2**20), _row(2, 1, 200, 190, 210, 2**20)], 2)
+    assert out["best_micro_batch"] == 1 and "smallest micro-batch was the fastest" in lines[1]
+    assert "less than in proportion" in lines[3]
+    out, lines = accumulation_lab.sweep_summary([_row(4, 1, 300, 290, 310, 2**20)], 4)
+    assert "only one micro-batch size" in lines[1]
+    with pytest.raises(ValueError, match="no rows"):
+        accumulation_lab.sweep_summary([], 4)
+
+
+def test_profile_splits_counts_k_times_the_matmul_calls(results_tmp):
+    m, _, _ = model_and_batch()
+    opt = torch.optim.AdamW(m.parameters())
+    rows = accumulation_lab.profile_splits(m, opt, [(1, 4), (4, 1)], 16)
+    small, big = rows
+    assert small["matmul_calls"] == 4 * big["matmul_calls"] > 0  # the same FLOPs in k times the calls
+    assert 0 < small["matmul_share"] <= 1 and small["matmul_ms"] <= small["total_ms"]
+    assert len(small["profile"].rows) == 8 and small["profile"].trace_path.exists()
+    assert small["profile"].trace_path.parent == results_tmp / "traces"
+    with pytest.raises(ValueError, match="splits"):
+        accumulation_lab.profile_splits(m, opt, [], 16)
+
+
+def test_split_profile_lines_follow_the_numbers():
+    def row(b, k, calls, mm, total):
+        return {"micro_batch": b, "accum_steps": k, "matmul_calls": calls, "matmul_ms": mm, "total_ms": total,
+                "matmul_share": mm / total}
+    lines = accumulation_lab.split_profile_lines([row(1, 16, 320, 30.0, 60.0), row(16, 1, 20, 10.0, 30.0)])
+    assert lines[0] == "b=1 (k=16): 320 matmul calls per step, 30.0 ms in them = 50% of the 60.0 ms of op self time"
+    assert "x16.0 as many matmul calls: matmul time x3.00, the other ops' time x1.50" in lines[2]
+    assert "the matmuls themselves" in lines[3]
+    lines = accumulation_lab.split_profile_lines([row(1, 16, 320, 11.0, 60.0), row(16, 1, 20, 10.0, 30.0)])
+    assert "the ops around the matmuls" in lines[3]
+    lines = accumulation_lab.split_profile_lines([row(1, 16, 320, 10.5, 31.0), row(16, 1, 20, 10.0, 30.0)])
+    assert "paid no visible price" in lines[3]
+    assert len(accumulation_lab.split_profile_lines([row(4, 4, 80, 10.0, 30.0)])) == 1  # one split: described, not compared
+
+
+# ---------------------------------------------------------------- notebook 05's parameters fail fast
+
+def _validate(**overrides):
+    """Run notebook 05's parameters cell, the overrides (as papermill would inject them), then its validation cell."""
+    cells = json.loads((Path(__file__).resolve().parent.parent / "notebooks" / "05_grad_accumulation.ipynb").read_text())
+    code = ["".join(c["source"]) for c in cells["cells"] if c["cell_type"] == "code"]
+    assert code[0].startswith("PROFILE") and "S = params.setup" in code[1]
+    scope = {}
+    exec(code[0], scope)
+    scope.update({"PROFILE": "smoke", "INTERACTIVE": False, **overrides})
+    exec(code[1], scope)
+    return scope
+
+
+@pytest.mark.parametrize("name, value", [("REPS", 0), ("REPS", -2), ("SEQ_LEN", 0), ("EFFECTIVE_BATCH", 0),
+                                         ("MICRO_BATCHES", []), ("MICRO_BATCHES", [0]), ("MICRO_BATCHES", [3]),
+                                         ("CHECK_MICRO_BATCH", 0), ("CHECK_ACCUM_STEPS", 1), ("PRESET", "huge"),
+                                         ("SEQ_LEN", 4096)])
+def test_notebook_parameters_fail_at_once_naming_the_parameter(results_tmp, name, value):
+    """None is the only 'use the default'; 0, [] or a bad value fails in the validation cell, by name."""
+    with pytest.raises(ValueError, match=name):
+        _validate(**{name: value})
+
+
+def test_notebook_parameters_resolve_none_to_the_profile_default(results_tmp, capsys):
+    scope = _validate()
+    assert (scope["PRESET"], scope["SEQ_LEN"], scope["EFFECTIVE_BATCH"], scope["REPS"]) == ("tiny", 64, 16, 3)
+    assert scope["MICRO_BATCHES"] == [1, 2, 4, 8, 16]
+    assert (scope["CHECK_MICRO_BATCH"], scope["CHECK_ACCUM_STEPS"]) == (2, 4)
+    assert _validate(REPS=7, MICRO_BATCHES=[8, 2])["MICRO_BATCHES"] == [2, 8]  # smallest first

@@ -1,0 +1,163 @@
+"""helpers.training.checkpointing_lab: measuring a strategy and its panel, the noise-aware Pareto front
+and its figure, the "+33%" verdict, the profiler's added self time, the CUDA batch fit, and
+notebook 04's parameters."""
+import json
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import pytest
+import torch
+
+from helpers.gpt.model import GPT, GPTConfig
+from helpers.measure import profiling
+from helpers.measure.profiling import Profile
+from helpers.training import checkpointing_lab
+
+
+def tiny(**overrides) -> GPTConfig:
+    return GPTConfig.preset("tiny", **{"n_layer": 4, "seq_len": 32, **overrides})
+
+
+def batch(cfg, b=2, t=32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randint(0, cfg.vocab_size, (b, t), generator=g), torch.randint(0, cfg.vocab_size, (b, t), generator=g))
+
+
+def test_measure_strategy_and_panel_change_with_the_controls(capsys):
+    torch.manual_seed(0)
+    cfg = tiny()
+    m = GPT(cfg, attn_impl="naive")
+    idx, tgt = batch(cfg)
+    base = checkpointing_lab.measure_strategy(m, idx, tgt, "none", reps=1, warmup=0)
+    assert base["cuda_peak_bytes"] is None  # CPU tensors: no CUDA peak
+    every = checkpointing_lab.measure_strategy(m, idx, tgt, "every", reps=1, warmup=0)
+    assert every["activation_bytes"] < base["activation_bytes"] and m.checkpointed_layers == []
+    heights = {}
+    for strategy, k in (("every-k", 1), ("every-k", 4), ("selective-mlp", 2)):
+        fig = checkpointing_lab.strategy_panel(strategy, k, model=m, idx=idx, tgt=tgt, reps=1)
+        heights[(strategy, k)] = fig.axes[0].patches[1].get_height()
+        assert len(fig.axes[1].containers) == 1 + 2  # the bars, and an error bar (quartiles) on each
+        assert fig.axes[0].patches[0].get_height() == pytest.approx(base["activation_bytes"] / 2**20)
+        plt.close(fig)
+    assert heights[("every-k", 1)] < heights[("every-k", 4)] < base["activation_bytes"] / 2**20
+    out = capsys.readouterr().out
+    assert "every-k (k=4)" in out and "selective-mlp" in out
+
+
+def test_pareto_front_and_its_figure():
+    points = {"none": (1.0, 10.0), "every": (1.3, 2.0), "bad": (1.4, 5.0), "tie": (1.3, 2.0), "mid": (1.1, 6.0)}
+    assert checkpointing_lab.pareto_front(points) == ["none", "mid", "every", "tie"]
+    fig = checkpointing_lab.pareto_figure(points)
+    assert len(fig.axes[0].texts) == 5
+    plt.close(fig)
+
+
+def test_noise_aware_front_treats_overlapping_spreads_as_ties():
+    points = {"none": (1.00, 10.0), "every": (1.40, 1.0), "every-2": (1.20, 5.0), "sqrt-L": (1.18, 4.9),
+              "selective": (1.10, 8.0)}
+    assert checkpointing_lab.pareto_front(points) == ["none", "selective", "sqrt-L", "every"]  # medians alone drop every-2
+    wide = {"none": (0.95, 1.05), "every": (1.31, 1.5), "every-2": (1.1, 1.3), "sqrt-L": (1.1, 1.3),
+            "selective": (1.04, 1.2)}
+    # every-2 and sqrt-L overlap: a tie keeps both; selective overlaps none: neither removes the other
+    assert checkpointing_lab.pareto_front(points, wide) == ["none", "selective", "sqrt-L", "every-2", "every"]
+    beaten = {"none": (0.95, 1.0), "every": (1.31, 1.5), "every-2": (1.21, 1.3), "sqrt-L": (1.1, 1.2),
+              "selective": (1.04, 1.09)}
+    assert checkpointing_lab.dominators(points, beaten)["every-2"] == ["sqrt-L"]  # less memory and its range lies below
+    assert checkpointing_lab.dominators(points, beaten)["selective"] == []  # faster than all with less memory: not beaten
+    assert checkpointing_lab.pareto_front(points, beaten) == ["none", "selective", "sqrt-L", "every"]
+    narrow = {n: (t * 0.999, t * 1.001) for n, (t, _) in points.items()}
+    assert checkpointing_lab.pareto_front(points, narrow) == checkpointing_lab.pareto_front(points)
+    with pytest.raises(ValueError, match="every"):
+        checkpointing_lab.dominators(points, {**wide, "every": (1.5, 1.3)})
+    fig = checkpointing_lab.pareto_figure(points, intervals=wide)
+    ax = fig.axes[0]
+    assert ax.get_xlim()[0] == 0 and ax.get_ylim()[0] == 0  # no truncated axes
+    fig.canvas.draw()
+    assert ax.get_legend().get_window_extent().x0 >= ax.get_window_extent().x1  # legend outside the data
+    assert len(ax.containers) == 5  # one error bar (the quartiles) per point
+    plt.close(fig)
+
+
+def test_rule_verdict_follows_the_numbers():
+    def verdict(low, mid, high, flops, added=None):
+        return checkpointing_lab.rule_verdict(low, mid, high, flops, added)
+
+    above = verdict(0.54, 0.63, 0.83, 0.222, {"total_ms": 10.0, "matmul_ms": 3.6, "other_ms": 6.4,
+                                              "top": [("AddmmBackward0", 5.0), ("aten::addmm", 3.0)]})
+    assert "exceeded" in above and "64% of the 10.00 ms" in above and "AddmmBackward0" in above
+    assert "autograd node" in above and "early stop" in above
+    below = verdict(0.20, 0.25, 0.30, 0.28)
+    assert "stayed below" in below and "about as much as the counted FLOPs" in below
+    tie = verdict(0.30, 0.34, 0.40, 0.34)
+    assert "this run matched, within its measured spread, the" in tie and "exceeded" not in tie
+    faster = verdict(0.05, 0.10, 0.15, 0.222)
+    assert "grew less than the counted FLOPs" in faster
+
+
+def test_added_self_time_splits_matmuls_from_the_rest():
+    base = Profile([("aten::mm", 10.0, 4, 0.5), ("aten::gelu", 2.0, 1, 0.1)], "cpu", 2, 20.0)
+    other = Profile([("aten::mm", 13.0, 6, 0.4), ("aten::gelu", 4.0, 2, 0.1), ("AddmmBackward0", 5.0, 2, 0.1)],
+                    "cpu", 2, 30.0)
+    added = checkpointing_lab.added_self_time(base, other)
+    assert added["total_ms"] == 10.0 and added["matmul_ms"] == 3.0 and added["other_ms"] == 7.0
+    assert [n for n, _ in added["top"]] == ["AddmmBackward0", "aten::mm", "aten::gelu"]
+    assert profiling.is_matmul("sm90_xmma_gemm_bf16") and profiling.is_matmul("aten::bmm") and not profiling.is_matmul("aten::gelu")
+    assert profiling.is_matmul("nvjet_hsh_128x256_64x4_2x1_v_bz_coopB_TNT")  # cuBLAS's GEMM kernels on Hopper
+    assert "+5.00 ms" in checkpointing_lab.added_summary("every", added)
+
+
+def test_cuda_batch_fit_fits_a_line_confirms_and_survives_out_of_memory(monkeypatch, capsys):
+    """The logic of the CUDA-only section, with the allocator's peak replaced by a known linear law."""
+    cfg = tiny(n_layer=1)
+    models = {"none": GPT(cfg), "every": GPT(cfg)}
+    n_params = sum(p.numel() for p in models["none"].parameters())
+    per = {id(models["none"]): 400, id(models["every"]): 100}  # bytes per sample
+
+    def fake_peak(model, idx, tgt, autocast=None, others=()):
+        if idx.shape[0] > 50 and model is models["every"]:
+            raise torch.cuda.OutOfMemoryError("fake")
+        return 1_000 + per[id(model)] * idx.shape[0]
+
+    monkeypatch.setattr(checkpointing_lab, "cuda_step_peak", fake_peak)
+    idx, tgt = batch(cfg, b=4, t=8)
+    tokens = torch.randint(0, cfg.vocab_size, (1000,))
+    budget = 1_000 + 8 * n_params + 10_000
+    fit = checkpointing_lab.cuda_batch_fit(models, idx, tgt, tokens, autocast=None, budget=budget)
+    assert fit["none"]["cuda_per_sample"] == 400 and fit["every"]["cuda_per_sample"] == 100
+    assert fit["none"]["max_batch_cuda"] == 25 and fit["every"]["max_batch_cuda"] == 100
+    assert fit["none"]["confirmed_peak"] == 1_000 + 400 * 25 + 8 * n_params <= budget
+    assert "confirmed_peak" not in fit["every"]
+    out = capsys.readouterr().out
+    assert "none: batch 25 ran" in out and "every: batch 100 ran out of memory" in out
+
+
+# ---------------------------------------------------------------- notebook 04's parameters fail fast
+
+def _validate_04(tmp_path, **overrides):
+    """Run notebook 04's parameters cell, the overrides, then its validation cell, in a plain namespace."""
+    nb = Path(__file__).resolve().parent.parent / "notebooks" / "04_activation_checkpointing.ipynb"
+    cells = [c for c in json.loads(nb.read_text())["cells"] if c["cell_type"] == "code"]
+    ns = {}
+    exec("".join(cells[0]["source"]), ns)
+    ns.update(RESULTS_DIR=str(tmp_path), INTERACTIVE=False, **overrides)
+    exec("".join(cells[1]["source"]), ns)
+    return ns
+
+
+@pytest.mark.parametrize("name, value", [("REPS", 0), ("REPS", -2), ("BATCH", 0), ("N_LAYER", 2.5), ("K", 0),
+                                         ("DTYPE", "auto"), ("MODEL", "gpt5"), ("BUDGET_MB", 0),
+                                         ("PROFILE_STEPS", 0), ("CPU_THREADS", 0), ("ATTN", "flash")])
+def test_notebook_parameters_fail_at_once_naming_the_parameter(tmp_path, name, value):
+    with pytest.raises(ValueError, match=name):
+        _validate_04(tmp_path, **{name: value})
+
+
+def test_notebook_parameters_none_means_the_profile_default(tmp_path):
+    threads = torch.get_num_threads()
+    try:
+        ns = _validate_04(tmp_path, PROFILE="smoke")
+    finally:
+        torch.set_num_threads(threads)
+    assert (ns["MODEL"], ns["N_LAYER"], ns["BATCH"], ns["SEQ_LEN"], ns["REPS"], ns["PROFILE_STEPS"]) == \
+        ("tiny", 4, 4, 64, 10, 2)
+    assert ns["BUDGET_MB"] == 48.0 and ns["DTYPE"] == ("fp32" if not torch.cuda.is_available() else ns["HALF"])
