@@ -2,6 +2,8 @@
 notebook 00 records for the later notebooks (the best of that record and a measurement made now)."""
 from __future__ import annotations
 
+import torch
+
 from helpers.measure.bench import benchmark
 from helpers.measure.hardware import capabilities, matmul_fn, matmul_unsupported
 from helpers.measure.results import device_name, load_results, results_dir
@@ -23,8 +25,6 @@ def measure_matmul_tflops(n: int, dtype: str = "fp32", device: str | None = None
 def measure_copy_bandwidth(nbytes: int = 2**28, device: str | None = None,
                            reps: int = 10, warmup: int = 3) -> float:
     """Measured GB/s of a device-to-device copy (bytes read plus bytes written)."""
-    import torch
-
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     src = torch.empty(nbytes // 4, dtype=torch.float32, device=device).uniform_()
     dst = torch.empty_like(src)

@@ -2,6 +2,9 @@
 peaks with their sources, and the matmul each format runs as. What it does in practice is `ceilings`."""
 from __future__ import annotations
 
+# torch is imported inside the functions that need it (heavy): the runner's worker processes import
+# this module and never load torch.
+
 import importlib.util
 import os
 import platform

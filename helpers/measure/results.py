@@ -1,6 +1,9 @@
 """Recording measurements: one JSON file per record, written atomically, read back by the report."""
 from __future__ import annotations
 
+# torch is imported inside the functions that need it (heavy): the runner's worker processes import
+# this module and never load torch.
+
 import datetime as _dt
 import json
 import math

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from typing import Mapping, Sequence
 
+import numpy as np
 import matplotlib
 import matplotlib.pyplot as plt
 
@@ -89,8 +90,6 @@ def roofline(ceilings_tflops: Mapping[str, float], bandwidth_gbs: float,
              points: Sequence[tuple[str, float, float]] = (), *, title: str | None = None,
              intensity_range: tuple[float, float] | None = None, ax=None):
     """Log-log roofline: one roof per compute ceiling, one labelled marker per (name, FLOP/B, TFLOP/s)."""
-    import numpy as np
-
     fig, ax = axes(ax, title)
     ridges = [c * 1e3 / bandwidth_gbs for c in ceilings_tflops.values()]
     xs_pts = [p[1] for p in points]
