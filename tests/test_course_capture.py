@@ -1,7 +1,14 @@
-"""The GPU capture: priority order, the time budget (fake clock), atomic packs, and the importer."""
+"""The GPU capture: priority order, the time budget (fake clock), atomic packs, the importer (and damaged packs),
+SIGINT and SIGTERM, and one-line errors for bad options."""
 import json
+import os
+import signal
+import subprocess
+import sys
 import tarfile
+import time
 
+import psutil
 import pytest
 
 from helpers.course import capture as C
@@ -151,3 +158,140 @@ def test_a_real_run_is_stopped_at_its_limit_and_leaves_no_process(tmp_path):
     time.sleep(1)
     with pytest.raises(ProcessLookupError):
         os.kill(kernel, 0)  # the notebook's kernel went with its runner
+
+
+class _Signalled:
+    """A stand-in for worker.Stop whose signal comes while notebook `at` runs."""
+
+    def __init__(self):
+        self.why, self.signum = "", 0
+
+
+def test_a_signal_packs_what_finished_and_marks_the_rest_not_run(tmp_path):
+    clock, stop = FakeClock(), _Signalled()
+    inner = _fake_runner(clock, {"00": 3.0, "01": 4.0, "02": 5.0})
+
+    def runner(nb, work, profile, limit_s, log=print):
+        status = inner(nb, work, profile, limit_s, log)
+        if nb == "01":
+            stop.why, stop.signum = "SIGTERM", 15
+            return "interrupted", "interrupted by SIGTERM; see run.log"
+        return status
+    out = C.capture(["00", "01", "02"], tmp_path / "out", 1e6, runner=runner, clock=clock, log=lambda s: None,
+                    work=tmp_path / "work", estimates={}, stop=stop)
+    assert [(o.notebook, o.status) for o in out] == [("00", "ok"), ("01", "interrupted"), ("02", "not run")]
+    assert out[2].note == "not run (SIGTERM)"
+    with tarfile.open(tmp_path / "out" / "capture-1.tgz") as tar:
+        manifest = json.load(tar.extractfile("manifest.json"))
+    assert {nb: v["status"] for nb, v in manifest["notebooks"].items()} == {"00": "ok", "01": "interrupted",
+                                                                           "02": "not run"}
+
+
+def _pack(tmp_path):
+    clock = FakeClock()
+    C.capture(["00"], tmp_path / "out", 1e6, runner=_fake_runner(clock, {"00": 1.0}), clock=clock,
+              log=lambda s: None, work=tmp_path / "work", estimates={})
+    return tmp_path / "out" / "capture-1.tgz"
+
+
+@pytest.mark.parametrize("damage", ["truncated", "not gzip", "empty", "torn record", "torn manifest"])
+def test_a_damaged_pack_is_one_line_and_nothing_is_imported(tmp_path, capsys, damage):
+    import gzip
+    import io
+
+    good = _pack(tmp_path)
+    bad = tmp_path / "bad.tgz"
+    data = good.read_bytes()
+    if damage == "truncated":
+        bad.write_bytes(data[: len(data) // 2])
+    elif damage == "not gzip":
+        bad.write_bytes(gzip.decompress(data))  # a plain tar
+    elif damage == "empty":
+        bad.write_bytes(b"")
+    else:
+        name = "00/results/rec00.json" if damage == "torn record" else "manifest.json"
+        buf = io.BytesIO()
+        with tarfile.open(good) as src, tarfile.open(fileobj=buf, mode="w:gz") as dst:
+            for m in src.getmembers():
+                body = src.extractfile(m).read()
+                body = body[: len(body) // 2] if m.name == name else body
+                m.size = len(body)
+                dst.addfile(m, io.BytesIO(body))
+        bad.write_bytes(buf.getvalue())
+    (tmp_path / "goals.json").write_text(json.dumps({"goals": [], "machine": {"gpu": "NVIDIA H200"}}))
+    into = tmp_path / "results"
+    assert C.main(["import", str(good), str(bad), "--into", str(into)]) == 1
+    out = capsys.readouterr().out
+    assert out.count("\n") == 1 and str(bad) in out and "Traceback" not in out, out
+    assert not into.exists() or not any(into.rglob("*")), sorted(into.rglob("*"))  # nothing half-written
+
+
+@pytest.mark.parametrize("budget", ["nan", "inf", "0", "-1", "soon"])
+def test_a_bad_budget_is_one_line(tmp_path, capsys, budget):
+    for command in ("plan", "run"):
+        extra = ["--out", str(tmp_path / "out")] if command == "run" else []
+        with pytest.raises(SystemExit) as exit_:
+            C.main([command, *extra, f"--budget-s={budget}"])
+        err = capsys.readouterr().err
+        assert exit_.value.code == 2 and err.count("\n") == 1 and budget in err and "--budget-s" in err, err
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_unwritable_out_is_one_line(tmp_path, capsys):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")  # a folder under a regular file cannot be made, even by root
+    assert C.main(["run", "--out", str(blocker / "out"), "00"]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.count("\n") == 1 and "--out" in captured.err and str(blocker) in captured.err
+    assert "Traceback" not in captured.err + captured.out
+
+
+@pytest.mark.notebook
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_stops_the_runner_its_worker_and_kernel_and_packs_what_finished(tmp_path, sig):
+    folder = tmp_path / "nbs"
+    folder.mkdir()
+    marker = tmp_path / "kernel.pid"
+    _tiny_notebook(folder / "00_quick.ipynb", "import json, pathlib\n"
+                   "pathlib.Path(RESULTS_DIR, 'quick.json').write_text(json.dumps({'name': 'quick', 'device': 'cpu'}))")
+    _tiny_notebook(folder / "01_slow.ipynb", f"import os, time\nopen({str(marker)!r}, 'w').write(str(os.getpid()))\n"
+                   "time.sleep(600)")
+    _tiny_notebook(folder / "02_later.ipynb", "x = 1")
+    out, refs = tmp_path / "out", tmp_path / "refs"
+    refs.mkdir()
+    cmd = [sys.executable, "-m", "helpers.course.capture", "run", "--out", str(out), "--profile", "smoke",
+           "--references", str(refs), "--notebooks-dir", str(folder), "--budget-s", "500"]
+    env = {**os.environ, "TMPDIR": str(tmp_path)}  # the capture's run folders, removed with tmp_path
+    main = subprocess.Popen(cmd, cwd=C.REPO_ROOT, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    below = []
+    try:
+        deadline = time.monotonic() + 240
+        while not (marker.exists() and marker.read_text()) and main.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert marker.exists(), "the slow notebook's kernel never started"
+        below = psutil.Process(main.pid).children(recursive=True)  # runner, worker, kernel, ...
+        kernel = psutil.Process(int(marker.read_text()))
+        main.send_signal(sig)  # to the capture alone, as a supervisor or Ctrl-C's handler would
+        text, _ = main.communicate(timeout=90)
+        alive = psutil.wait_procs(below, timeout=10)[1]
+    finally:  # whatever happened above, nothing this test started stays
+        if main.poll() is None:
+            main.kill()
+            main.wait()
+        for p in below:
+            try:
+                p.kill()
+            except psutil.Error:
+                pass
+    assert main.returncode == 128 + sig, text
+    assert len(below) >= 3 and kernel.pid in {p.pid for p in below}
+    assert not alive, f"outlived the capture: {alive}"
+    assert "Traceback" not in text and f"{signal.Signals(sig).name} received" in text
+    summary = {ln.split()[0]: ln.split()[1] for ln in text.splitlines() if ln[:3] in ("00 ", "01 ", "02 ")}
+    assert summary == {"00": "ok", "01": "interrupted", "02": "not"}  # the closing table: 02 "not run"
+    with tarfile.open(out / "capture-1.tgz") as tar:
+        names = tar.getnames()
+        manifest = json.load(tar.extractfile("manifest.json"))
+    assert {nb: v["status"] for nb, v in manifest["notebooks"].items()} == {"00": "ok", "01": "interrupted",
+                                                                           "02": "not run"}
+    assert "00/results/quick.json" in names and any(n.startswith("01/") and n.endswith("01_slow.ipynb") for n in names)

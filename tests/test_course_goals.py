@@ -1,15 +1,17 @@
 """helpers.course.goals: the registry of the course's GPU performance goals (keyed by notebook), the runner (own
-process per goal, time limits, goals.json after each goal) and its wiring into the GPU capture; goal_base's checks
-and results; goals_train's FP8 linear goal on a stand-in GPU."""
+process per goal, time limits, goals.json after each goal, SIGINT and SIGTERM, one-line errors for bad options) and
+its wiring into the GPU capture; goal_base's checks and results; goals_train's FP8 linear goal on a stand-in GPU."""
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import tarfile
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 import torch
 
@@ -221,3 +223,112 @@ def test_a_stopped_goal_keeps_what_it_measured_before_its_limit(tmp_path):
     assert "partial" not in quick  # a goal that finished reports its result, not its partial numbers
     assert "measured before that: first_tflops 1.25, second_tflops 2.5" in G.table(doc)
     assert goal_base.Ctx("smoke", tmp_path).partial(x=1) is None  # outside the runner: nothing kept, nothing raised
+
+
+SIGNAL_GOALS = '''
+import json, os, subprocess, sys, time
+from pathlib import Path
+
+from helpers.course.goal_base import check, result
+from helpers.course.goals import Goal
+
+
+def quick(ctx):
+    return result([check("quick ratio", 3.0, ">=", 2.0)], {"value": 3.0}, {"n": 1})
+
+
+def hang(ctx):
+    ctx.partial(first_tflops=1.5)
+    ignore = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"
+    a = subprocess.Popen([sys.executable, "-c", ignore])  # in the goal's session, deaf to SIGTERM
+    b = subprocess.Popen([sys.executable, "-c", ignore], start_new_session=True)  # one that left it
+    ctx.partial(second_tflops=2.5)
+    time.sleep(1)
+    Path(ctx.cache_dir, "hang.pids").write_text(json.dumps([os.getpid(), a.pid, b.pid]))
+    time.sleep(600)
+
+
+def after(ctx):
+    Path(ctx.cache_dir, "after.ran").write_text("ran")
+    return quick(ctx)
+
+
+GOALS = [Goal("99", "99.quick", "quick", quick, 1.0, "test", 1.0), Goal("99", "99.hang", "hang", hang, 1.0, "test", 1.0),
+         Goal("99", "99.after", "after", after, 1.0, "test", 1.0)]
+'''
+
+DRIVER = '''
+import sys
+import signal_goals
+from helpers.course import goals as G
+for g in signal_goals.GOALS:
+    G.GOALS.append(g)
+    G.BY_KEY[g.key] = g
+    G.ORDER.append(g.key)
+sys.exit(G.main(["run", "--out", sys.argv[1], "--profile", "smoke", "--budget-s", "300", "99.quick", "99.hang",
+                 "99.after"]))
+'''
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_stops_the_running_goal_and_all_it_started_and_keeps_its_partial_numbers(tmp_path, sig):
+    (tmp_path / "signal_goals.py").write_text(SIGNAL_GOALS)
+    out = tmp_path / "out"
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}"}
+    main = subprocess.Popen([sys.executable, "-c", DRIVER, str(out)], cwd=tmp_path, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    pids = out / "cache" / "hang.pids"
+    below, started = [], []
+    try:
+        deadline = time.monotonic() + 180
+        while not pids.exists() and main.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert pids.exists(), "the hanging goal never started"
+        below = psutil.Process(main.pid).children(recursive=True)  # forkserver, goal, its children
+        started = [psutil.Process(p) for p in json.loads(pids.read_text())]
+        main.send_signal(sig)  # to the command alone, as a supervisor or Ctrl-C's handler would
+        text, _ = main.communicate(timeout=90)
+        alive = psutil.wait_procs(below + started, timeout=10)[1]
+    finally:  # whatever happened above, nothing this test started stays
+        if main.poll() is None:
+            main.kill()
+            main.wait()
+        for p in below + started:
+            try:
+                p.kill()
+            except psutil.Error:
+                pass
+    assert main.returncode == 128 + sig, text
+    assert {p.pid for p in started} <= {p.pid for p in below}
+    assert not alive, f"outlived the command: {alive}"
+    assert "Traceback" not in text and f"{signal.Signals(sig).name} received" in text
+    doc = json.loads((out / "goals.json").read_text())
+    quick, hang, after = doc["goals"]
+    assert quick["status"] == "measured" and quick["met"] is True
+    assert hang["status"] == "interrupted" and signal.Signals(sig).name in hang["reason"]
+    assert hang["partial"] == {"first_tflops": 1.5, "second_tflops": 2.5}
+    assert after["status"] == "not run" and not (out / "cache" / "after.ran").exists()
+    assert doc["interrupted"] == signal.Signals(sig).name and doc["finished"] is False
+    assert "interrupted" in text and "measured before that: first_tflops 1.5" in text  # the table of what finished
+
+
+@pytest.mark.parametrize("budget", ["nan", "inf", "0", "-10", "lots"])
+def test_a_bad_budget_is_one_line_before_anything_runs(tmp_path, capsys, budget):
+    with pytest.raises(SystemExit) as exit_:
+        G.main(["run", "--out", str(tmp_path / "out"), "--budget-s", budget, "12.pinned"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and err.count("\n") == 1 and "--budget-s" in err and budget in err, err
+    assert G.main(["run", "--out", str(tmp_path / "out"), "--budget-s", "3", "12.pinned"]) == 2
+    assert "must exceed" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("option", ["--out", "--cache-dir"])
+def test_an_unwritable_out_or_cache_dir_is_one_line(tmp_path, capsys, option):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")  # a folder under a regular file cannot be made, even by root
+    folders = {"--out": tmp_path / "out", "--cache-dir": tmp_path / "cache"} | {option: blocker / "sub"}
+    code = G.main(["run", "--out", str(folders["--out"]), "--cache-dir", str(folders["--cache-dir"]), "12.pinned"])
+    captured = capsys.readouterr()
+    assert code == 2 and captured.err.count("\n") == 1 and option in captured.err and str(blocker) in captured.err
+    assert "Traceback" not in captured.err + captured.out and not (tmp_path / "out" / "goals.json").exists()

@@ -121,16 +121,26 @@ def test_a_signal_stops_workers_and_kernels_and_keeps_what_finished(tmp_path, si
     runner = subprocess.Popen([sys.executable, "-m", "helpers.course.run", "--notebooks-dir", str(nbs), "--out",
                                str(tmp_path / "runs"), "-p", f"MARK={str(mark)!r}"], cwd=ROOT,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    below = []
     try:
         assert _wait_for(lambda: mark.exists() and mark.read_text(), 180), "the sleeping cell never started"
         kernel, worker = (psutil.Process(pid) for pid in json.loads(mark.read_text()))
+        below = psutil.Process(runner.pid).children(recursive=True)  # the worker, the kernel, all they started
         runner.send_signal(sig)  # to the runner alone, as a supervisor or Ctrl-C's handler would
         out, _ = runner.communicate(timeout=60)
-    finally:
+        alive = psutil.wait_procs(below, timeout=5)[1]
+    finally:  # whatever happened above, nothing this test started stays
         if runner.poll() is None:
             runner.kill()
+            runner.wait()
+        for p in below:
+            try:
+                p.kill()
+            except psutil.Error:
+                pass
     assert runner.returncode == 128 + sig, out
-    assert _wait_for(lambda: not kernel.is_running() and not worker.is_running(), 5), "a process outlived the runner"
+    assert {kernel.pid, worker.pid} <= {p.pid for p in below}
+    assert not alive, f"a process outlived the runner: {alive}"
     assert "Traceback" not in out and f"{signal.Signals(sig).name} received" in out
     (run_dir,) = (tmp_path / "runs").iterdir()
     summary = {s["notebook"]: s for s in json.loads((run_dir / "summary.json").read_text())}
@@ -260,3 +270,75 @@ def test_every_kernel_of_a_run_shares_one_inductor_cache(fixture_dir, tmp_path, 
     monkeypatch.setattr(run, "_run_all", lambda notebooks, routed, base, workers, *rest: seen.append(workers.env) or [])
     run.main(["--notebooks-dir", str(fixture_dir), "--out", str(tmp_path / "runs"), "--no-report", "10"])
     assert seen and seen[0]["TORCHINDUCTOR_CACHE_DIR"] == str((tmp_path / "cache" / "inductor").resolve())
+
+
+@pytest.mark.parametrize("death", ["os._exit(1)", "os.kill(os.getpid(), signal.SIGKILL)"])
+def test_a_kernel_that_dies_is_reported_at_its_cell_and_the_cells_after_it_did_not_run(tmp_path, capsys, death):
+    """The dying cell prints first, so the kernel may have numbered it before it died: the report must still
+    name it, not the next one, and the executed notebook must not call the later cells completed."""
+    nbs = tmp_path / "nbs"
+    nbs.mkdir()
+    pid_file = tmp_path / "kernel.pid"
+    _notebook(nbs / "10_dies.ipynb", "x = 1",
+              f"import os, signal, time\nopen({str(pid_file)!r}, 'w').write(str(os.getpid()))\n"
+              f"print('about to die', flush=True)\ntime.sleep(0.5)\n{death}", "y = 2", "z = 3")
+    code = run.main(["--notebooks-dir", str(nbs), "--out", str(tmp_path / "runs"), "--no-report"])
+    out = capsys.readouterr().out
+    assert code == 1
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    (summary,) = json.loads((run_dir / "summary.json").read_text())
+    assert (summary["status"], summary["cell"]) == ("failed", 3), summary
+    assert "DeadKernelError" in summary["error"] and "cells after it did not run" in summary["error"]
+    assert "cell 3: DeadKernelError" in out
+    executed = nbformat.read(run_dir / "notebooks" / "10_dies.ipynb", 4)
+    statuses = [c.metadata.get("papermill", {}).get("status") for c in executed.cells
+                if c.cell_type == "code" and "injected-parameters" not in c.metadata.get("tags", [])]
+    assert statuses == ["completed", "completed", "failed", "pending", "pending"]
+    assert executed.metadata["course_run"]["cell"] == 3
+    assert not psutil.pid_exists(int(pid_file.read_text())) or \
+        psutil.Process(int(pid_file.read_text())).status() == psutil.STATUS_ZOMBIE
+
+
+@pytest.mark.parametrize("value", ["1e999", "-1e999", "[1, 1e999]", "{'a': 1e999}", "1e999j", "(1, 2)", "..."])
+def test_a_parameter_json_cannot_hold_is_refused_in_one_line(fixture_dir, tmp_path, capsys, value):
+    out = tmp_path / "runs"
+    with pytest.raises(SystemExit) as exit_:
+        run.main(["40", "--notebooks-dir", str(fixture_dir), "--out", str(out), "-p", f"N={value}"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and err.count("\n") == 1 and f"-p N={value}" in err, err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("option", [["--timeout", "0"], ["--timeout", "nan"], ["--timeout", "-5"], ["--jobs", "0"],
+                                    ["--jobs", "inf"], ["--jobs", "two"]])
+def test_a_bad_number_is_refused_in_one_line_before_anything_runs(fixture_dir, tmp_path, capsys, option):
+    out = tmp_path / "runs"
+    with pytest.raises(SystemExit) as exit_:
+        run.main(["10", "--notebooks-dir", str(fixture_dir), "--out", str(out), *option])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and err.count("\n") == 1 and option[0] in err and option[1] in err, err
+    assert not out.exists()
+
+
+def test_an_unwritable_course_cache_falls_back_to_a_temporary_inductor_cache(fixture_dir, tmp_path, monkeypatch,
+                                                                            capsys):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")  # a cache under a regular file: unwritable, even for root
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    monkeypatch.setenv("COURSE_CACHE_DIR", str(blocker / "cache"))
+    said = []
+    folder = Path(run.inductor_cache_dir({}, say=said.append))
+    try:
+        assert folder.is_dir() and not str(folder).startswith(str(blocker))
+        (folder / "probe").write_text("x")  # writable
+        assert len(said) == 1 and str(blocker) in said[0] and str(folder) in said[0]
+        seen = []
+        monkeypatch.setattr(run, "_run_all", lambda notebooks, routed, base, workers, *rest: seen.append(workers.env) or [])
+        run.main(["--notebooks-dir", str(fixture_dir), "--out", str(tmp_path / "runs"), "--no-report", "10"])
+        used = Path(seen[0]["TORCHINDUCTOR_CACHE_DIR"])
+        assert used.is_dir() and not str(used).startswith(str(blocker))
+        lines = [ln for ln in capsys.readouterr().out.splitlines() if "compile cache" in ln]
+        assert len(lines) == 1 and str(used) in lines[0]
+        shutil.rmtree(used)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)

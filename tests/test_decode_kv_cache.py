@@ -1,6 +1,7 @@
 """helpers.decode.kv_cache and notebook 10's measurements of one sequence's cache (helpers.decode.kv_lab): bytes
-per token equal the allocation, the latent and static caches equal the full forward, the compile options,
-and the decode measurements' counts and timings."""
+per token equal the allocation, the latent and static caches equal the full forward (and, in every dtype under
+a model of every dtype, stay within a stated tolerance of their fp32 cache), the compile options, and the decode
+measurements' counts and timings."""
 from __future__ import annotations
 
 import pytest
@@ -51,6 +52,74 @@ def test_latent_cache_equals_low_rank_model(n_kv_head):
         kv_cache.LatentKVCache(model, 1, 4)
     with pytest.raises(ValueError, match="rank"):
         kv_cache.factorise_kv(model, 0)
+
+
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+
+
+def _tolerance(*dtypes) -> float:
+    """The stated tolerance, relative to the largest |logit|: 4 x the machine epsilon of the narrowest dtype
+    involved (bf16: 2^-7, fp16: 2^-10, fp32: 2^-23)."""
+    return 4 * max(torch.finfo(d).eps for d in dtypes)
+
+
+def _assert_close_to_reference(got, ref, tol):
+    """Logits within tol of the reference's scale, and the same greedy token wherever the reference's top
+    two logits lie further apart than twice the error seen (a closer pair may swap within it)."""
+    got, ref = got.float(), ref.float()
+    err, scale = float((got - ref).abs().max()), float(ref.abs().max())
+    assert err <= tol * scale
+    top2 = ref.topk(2, dim=-1).values
+    sure = top2[..., 0] - top2[..., 1] > 2 * err
+    assert torch.equal(got.argmax(-1)[sure], ref.argmax(-1)[sure])
+
+
+def _teacher_forced(model, seq, cache, step, split=6):
+    """Logits (B, S, vocab) of seq through the cache: a prefill of `split` tokens, then step() token by token."""
+    with torch.no_grad():
+        first = model(seq[:, :split], cache=cache)[0]
+        rest = [step(model, seq[:, t], cache)[:, None] for t in range(split, seq.size(1))]
+    return torch.cat([first] + rest, 1)
+
+
+@pytest.mark.parametrize("model_dtype", DTYPES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_static_cache_in_any_dtype_under_a_model_of_any_dtype(model_dtype, dtype):
+    model = _model(2).to(model_dtype)
+    seq = torch.randint(0, 256, (2, 14), generator=torch.Generator().manual_seed(6))
+    cache = kv_cache.StaticKVCache(model.config, 2, 14, dtype=dtype)
+    got = _teacher_forced(model, seq, cache, kv_cache.static_step)
+    ref = _teacher_forced(model, seq, kv_cache.StaticKVCache(model.config, 2, 14), kv_cache.static_step)
+    assert cache.k.dtype == cache.v.dtype == dtype  # stores in its own dtype
+    assert got.dtype == model_dtype  # and hands the model back its own
+    _assert_close_to_reference(got, ref, _tolerance(model_dtype, dtype))
+
+
+@pytest.mark.parametrize("model_dtype", DTYPES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_latent_cache_in_any_dtype_under_a_model_of_any_dtype(model_dtype, dtype):
+    low, _ = kv_cache.factorise_kv(_model(2).to(model_dtype), 6)
+    assert all(p.dtype == model_dtype for p in low.parameters())  # the factorised copy keeps the model's dtype
+    seq = torch.randint(0, 256, (2, 14), generator=torch.Generator().manual_seed(7))
+    cache = kv_cache.LatentKVCache(low, 2, 14, dtype=dtype)
+    got = _teacher_forced(low, seq, cache, generation.decode_one)
+    ref = _teacher_forced(low, seq, kv_cache.LatentKVCache(low, 2, 14), generation.decode_one)
+    assert cache.c.dtype == dtype and got.dtype == model_dtype
+    _assert_close_to_reference(got, ref, _tolerance(model_dtype, dtype))
+
+
+def test_static_and_latent_caches_refuse_a_dtype_no_cache_may_hold():
+    model = _model(2)
+    low, _ = kv_cache.factorise_kv(model, 4)
+    for bad in (torch.int8, torch.float8_e4m3fn, "fp16"):
+        with pytest.raises(ValueError, match="cannot hold a KV cache; choose one of torch.float32"):
+            kv_cache.StaticKVCache(model.config, 1, 4, dtype=bad)
+        with pytest.raises(ValueError, match="cannot hold a KV cache; choose one of torch.float32"):
+            kv_cache.LatentKVCache(low, 1, 4, dtype=bad)
+    with pytest.raises(ValueError, match="max_len=0 must be a positive int"):
+        kv_cache.StaticKVCache(model.config, 1, 0)
+    with pytest.raises(ValueError, match="batch=0 must be a positive int"):
+        kv_cache.LatentKVCache(low, 0, 4)
 
 
 def test_real_model_rows():

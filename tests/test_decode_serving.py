@@ -348,3 +348,76 @@ def test_generation_on_the_paged_cache_equals_the_contiguous_cache(block_size):
             a, b = generation.decode_one(model, token, contiguous), generation.decode_one(model, token, pag)
     want = generation.generate(model, prompt, 6)
     assert torch.equal(generation.generate(model, prompt, 6, make_cache=paged.factory(block_size)), want)
+
+
+# ------------------------------------------------------------------ cache dtypes
+
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+
+
+def _tolerance(*dtypes) -> float:
+    """The stated tolerance, relative to the largest |logit|: 4 x the machine epsilon of the narrowest dtype
+    involved (bf16: 2^-7, fp16: 2^-10, fp32: 2^-23)."""
+    return 4 * max(torch.finfo(d).eps for d in dtypes)
+
+
+def _teacher_forced(model, seq, cache, split):
+    """Logits (B, S, vocab) of seq through the cache: a prefill of `split` tokens, then one token at a time."""
+    with torch.no_grad():
+        first = model(seq[:, :split], cache=cache)[0]
+        rest = [generation.decode_one(model, seq[:, t], cache)[:, None] for t in range(split, seq.size(1))]
+    return torch.cat([first] + rest, 1)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("model_dtype", DTYPES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_paged_cache_in_any_dtype_under_a_model_of_any_dtype(impl, model_dtype, dtype):
+    model = _tiny(2)
+    with torch.no_grad():  # larger weights than the init so that logits are far from ties
+        for p in model.parameters():
+            p.mul_(3.0)
+    model = model.to(model_dtype)
+    seq = torch.randint(0, 256, (2, 10), generator=torch.Generator().manual_seed(8))
+    make = paged.factory(3, impl)
+    cache = make(model.config, 2, 10, dtype=dtype, device="cpu")
+    got = _teacher_forced(model, seq, cache, 6).float()
+    ref = _teacher_forced(model, seq, make(model.config, 2, 10, dtype=torch.float32, device="cpu"), 6).float()
+    assert cache.k_pool.dtype == cache.v_pool.dtype == dtype  # stores in its dtype
+    err, scale = float((got - ref).abs().max()), float(ref.abs().max())
+    assert err <= _tolerance(model_dtype, dtype) * scale
+    top2 = ref.topk(2, dim=-1).values  # greedy tokens agree wherever the error cannot swap the top two
+    sure = top2[..., 0] - top2[..., 1] > 2 * err
+    assert torch.equal(got.argmax(-1)[sure], ref.argmax(-1)[sure])
+    tokens = generation.generate(model, seq[:, :6], 3, dtype=dtype, make_cache=make)
+    assert tokens.shape == (2, 3)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("q_dtype,pool_dtype", [(torch.float32, torch.bfloat16), (torch.bfloat16, torch.float32),
+                                                (torch.float16, torch.bfloat16), (torch.bfloat16, torch.bfloat16)])
+def test_paged_decode_reads_query_and_pools_in_their_own_dtypes_and_computes_in_fp32(impl, q_dtype, pool_dtype):
+    lengths = [5, 9]
+    kp, vp, tables, rows = _pool_and_tables(lengths, 4, H_kv=2, hd=8)
+    q = torch.randn(2, 4, 8, generator=torch.Generator().manual_seed(3))
+    kp, vp, q = kp.to(pool_dtype), vp.to(pool_dtype), q.to(q_dtype)
+    lens = torch.tensor(lengths)
+    fn = paged_attention.paged_decode_triton if impl == "triton" else paged_attention.paged_decode_torch
+    got = fn(q, kp, vp, tables, lens)
+    want = paged_attention.paged_decode_torch(q.float(), kp.float(), vp.float(), tables, lens)  # same values, fp32
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_paged_cache_refuses_a_dtype_it_cannot_hold_or_compute_in():
+    for bad in (torch.int8, torch.float8_e4m3fn, "bf16"):
+        with pytest.raises(ValueError, match="cannot hold a KV cache; choose one of torch.float32"):
+            paged.PagedKVCache(1, 1, 4, num_blocks=2, block_size=2, dtype=bad)
+    paged.PagedKVCache(1, 1, 4, num_blocks=2, block_size=2, dtype=torch.float64)  # the PyTorch path: fp64
+    if paged_attention.TRITON_MISSING is None:
+        with pytest.raises(ValueError, match="float64 cannot run with impl='triton'"):
+            paged.PagedKVCache(1, 1, 4, num_blocks=2, block_size=2, dtype=torch.float64, impl="triton")
+        kp, vp, tables, _ = _pool_and_tables([3], 2, H_kv=1, hd=4)
+        with pytest.raises(ValueError, match="reads float32, bfloat16 or float16 tensors, not torch.float64"):
+            paged_attention.paged_decode_triton(torch.randn(1, 1, 4, dtype=torch.float64), kp, vp, tables,
+                                                torch.tensor([3]))

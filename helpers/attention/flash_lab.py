@@ -68,12 +68,35 @@ def _head_dims(name: str, values: Any) -> list:
 
 def _budget(value: Any, device: str) -> float | None:
     """MEMORY_BUDGET_GB: "auto" -> 0.05 GiB on a CPU (never fill the machine's RAM), None on CUDA (run to
-    the out-of-memory error); None -> no budget anywhere; a positive number -> that many GiB."""
+    the out-of-memory error); None -> no budget anywhere; a positive number (not NaN) -> that many GiB."""
     if value == "auto":
         return 0.05 if device == "cpu" else None
     if value is None:
         return None
-    return float(params.positive("MEMORY_BUDGET_GB", value, numbers.Real))
+    value = float(params.positive("MEMORY_BUDGET_GB", value, numbers.Real))
+    if value != value:  # NaN: every comparison with it is False, so nothing would be held back
+        raise ValueError("MEMORY_BUDGET_GB=nan is not a number of GiB; give a positive number, or None for no budget")
+    return value
+
+
+def triton_compiled(device: str) -> bool:
+    """Whether the traffic sweep tiles with the compiled Triton kernel here (a CUDA device, Triton installed and
+    not interpreted); otherwise it tiles with the PyTorch version, which takes any positive tile size."""
+    return device == "cuda" and not kernels.TRITON_MISSING and not kernels.flash_triton.INTERPRETED
+
+
+def _block_sizes(device: str):
+    """BLOCK_SIZES: positive ints; where the compiled Triton kernel tiles, powers of two from 16 (tl.arange
+    spans a power of two, and tl.dot needs at least 16 rows)."""
+    def check(name: str, values: Any) -> list:
+        values = params.positives(name, values)
+        if triton_compiled(device):
+            for b in values:
+                if b < 16 or b & (b - 1):
+                    raise ValueError(f"{name}={values!r}: entry {b!r} cannot be a query tile of the compiled Triton "
+                                     "kernel, whose tiles are powers of two from 16 (16, 32, 64, 128)")
+        return values
+    return check
 
 
 def resolve_parameters(S: params.Setup, *, DTYPE, SEQ_LENS, HEAD_DIMS, TOKENS, D_MODEL, MEMORY_SEQ_LENS,
@@ -81,7 +104,8 @@ def resolve_parameters(S: params.Setup, *, DTYPE, SEQ_LENS, HEAD_DIMS, TOKENS, D
     """Validate every parameter of notebook 06 (ValueError naming the first bad one) and fill in defaults.
 
     DTYPE "auto" is bf16 on CUDA (fp16 on a GPU without bf16 units), fp32 on a CPU; bf16 asked for on a
-    GPU without bf16 units becomes fp16, with a printed sentence.
+    GPU without bf16 units becomes fp16, with a printed sentence. Where the compiled Triton kernel tiles
+    the traffic sweep (`triton_compiled`), BLOCK_SIZES must be powers of two from 16.
     """
     params.choose("DTYPE", DTYPE, ("auto", *DTYPE_NAMES))
     bf16_ok = hardware.capabilities()["bf16"]
@@ -105,7 +129,7 @@ def resolve_parameters(S: params.Setup, *, DTYPE, SEQ_LENS, HEAD_DIMS, TOKENS, D
                           full=[4096, 8192, 16384, 32768, 65536, 131072], check=params.positives),
         memory_budget_gb=_budget(MEMORY_BUDGET_GB, S.device),
         block_sizes=R("BLOCK_SIZES", BLOCK_SIZES, smoke=[16, 32, 64, 128, 256], full=[16, 32, 64, 128],
-                      check=params.positives),
+                      check=_block_sizes(S.device)),
         pytorch_max_n=R("PYTORCH_MAX_N", PYTORCH_MAX_N, smoke=256, full=2048, check=params.positive),
         gpt_preset=R("GPT_PRESET", GPT_PRESET, smoke="tiny", full="gpt2",
                      check=lambda name, v: params.choose(name, v, PRESETS)),

@@ -1,4 +1,4 @@
-"""Notebook 00's lab: the matmul panel and the sentences generated from its ceiling sweeps.
+"""Notebook 00's lab: its parameters, the matmul panel and the sentences generated from its ceiling sweeps.
 
 The measuring primitives (the timer, the matmul per format, the ceilings) are in `helpers.measure`;
 this module turns their numbers into the notebook's panel and findings. A panel callback is a plain
@@ -8,10 +8,51 @@ it to `helpers.show.widgets.panel`; tests call it directly and inspect the figur
 from __future__ import annotations
 
 from helpers.cost.roofline import OPS, count
-from helpers.measure import ceilings, hardware
+from helpers.measure import ceilings, hardware, params
 from helpers.show import plots
 
 HALF_PRECISION_CPU_FLAGS = ("avx512_bf16", "amx_bf16", "avx512_fp16", "amx_fp16")
+FP32_MIB = 4 / 2**20  # one fp32 element, in MiB: the smallest copy `ceilings.measure_copy_bandwidth` moves
+SCALED_MM_MULTIPLE = 16  # torch._scaled_mm (the fp8 matmul) wants every dimension a multiple of 16
+
+
+def _floats(values):
+    """Ints of a list as floats (so that COPY_SIZES_MB=[1, 16] is accepted); anything else unchanged."""
+    return [float(x) if type(x) is int else x for x in values] if isinstance(values, (list, tuple)) else values
+
+
+def resolve_parameters(S: params.Setup, *, DTYPES, MATMUL_SIZES, COPY_SIZES_MB, REPS) -> dict:
+    """Notebook 00's parameters, validated at once and with the profile's defaults filled in: {name: value}.
+
+    Raises ValueError naming the parameter when a later cell could not use a value: a DTYPES list of
+    which no format runs on this device (nothing would be timed), an fp8 sweep here with a matmul size
+    that is not a multiple of 16 (torch._scaled_mm refuses it), a copy size below one fp32 element
+    (4 bytes: the copy would move nothing and its bandwidth would be 0 GB/s).
+    """
+    every = list(hardware.MATMUL_DTYPES)
+    dtypes = S.resolve("DTYPES", DTYPES, smoke=every, full=every, check=lambda n, v: params.choices(n, v, every))
+    runs = [d for d in dtypes if not hardware.matmul_unsupported(d, S.device)]
+    if not runs:
+        here = ", ".join(repr(d) for d in every if not hardware.matmul_unsupported(d, S.device))
+        raise ValueError(f"DTYPES={dtypes!r}: none of these formats runs on this {S.device} "
+                         f"({hardware.matmul_unsupported(dtypes[0], S.device)}), so nothing would be timed; "
+                         f"include one of {here}")
+    sizes = S.resolve("MATMUL_SIZES", MATMUL_SIZES, smoke=[64, 128, 256, 512],
+                      full=[512, 1024, 2048, 4096, 8192, 16384], check=params.positives)
+    odd = [n for n in sizes if n % SCALED_MM_MULTIPLE]
+    if "fp8" in runs and odd:
+        raise ValueError(f"MATMUL_SIZES={sizes!r}: the fp8 matmul (torch._scaled_mm) needs sizes that are multiples "
+                         f"of {SCALED_MM_MULTIPLE}, and {odd[0]} is not; round it to a multiple of "
+                         f"{SCALED_MM_MULTIPLE} or leave 'fp8' out of DTYPES")
+    copy_mb = S.resolve("COPY_SIZES_MB", COPY_SIZES_MB, smoke=[0.25, 1, 4, 16, 64], full=[1, 16, 64, 256, 1024, 4096],
+                        check=lambda n, v: params.positives(n, _floats(v), float))
+    tiny = [mb for mb in copy_mb if mb < FP32_MIB]
+    if tiny:
+        raise ValueError(f"COPY_SIZES_MB={copy_mb!r}: entry {tiny[0]!r} MiB is less than one fp32 element "
+                         f"(4 bytes = {FP32_MIB:.3g} MiB), so its copy would move nothing; use sizes of at least "
+                         f"{FP32_MIB:.3g} MiB")
+    reps = S.resolve("REPS", REPS, smoke=5, full=20, check=params.positive)
+    return {"DTYPES": dtypes, "MATMUL_SIZES": sizes, "COPY_SIZES_MB": copy_mb, "REPS": reps}
 
 
 def matmul_panel(dtype: str, n: int, *, device: str = "cpu", ceiling_tflops: dict | None = None,

@@ -1,4 +1,5 @@
-"""Notebook 02's lab: timed training steps and sub-blocks, the FLOPs panel, figures and verdict sentences.
+"""Notebook 02's lab: its parameters, timed training steps and sub-blocks, the FLOPs panel, figures and
+verdict sentences.
 
 The FLOP counts and the MFU arithmetic are in `helpers.cost.flops` and `helpers.cost.mfu`; this
 module puts time next to them. The timed path may use a faster kernel (SDPA, flash on a GPU) than
@@ -14,10 +15,36 @@ import torch
 
 from helpers.cost.flops import matmul_params, six_nd, transformer_flops
 from helpers.cost.mfu import SUBLAYERS, intensity_bounds, per_token_breakdown, sublayer_flops
-from helpers.gpt.model import GPT, Block, GPTConfig, resolve_attention
+from helpers.gpt.model import GPT, PRESETS, Block, GPTConfig, resolve_attention
+from helpers.measure import params
 from helpers.measure.bench import benchmark, benchmark_interleaved, quartiles, release_memory
 from helpers.show import plots
 from helpers.show.widgets import progress
+
+
+def resolve_parameters(S: params.Setup, *, MODELS, SEQ_LEN, BATCH_SIZES, SUB_PRESET, SUB_SEQ_LENS, SUB_BATCH_SIZES,
+                       SUB_PASS, REPS, ASSUMED_MFU, N_GPUS) -> dict:
+    """Notebook 02's parameters, validated at once and with the profile's defaults filled in: {name: value}
+    (the batch sizes and sequence lengths sorted). Raises ValueError naming the first bad parameter;
+    ASSUMED_MFU must be a float in (0, 1]."""
+    in_presets = lambda name, v: params.choices(name, v, PRESETS)  # noqa: E731
+    R = S.resolve
+    out = {"MODELS": R("MODELS", MODELS, smoke=["tiny", "small10m"], full=["small10m", "gpt2", "gpt2-medium"],
+                       check=in_presets),
+           "SEQ_LEN": R("SEQ_LEN", SEQ_LEN, smoke=64, full=1024, check=params.positive),
+           "BATCH_SIZES": sorted(R("BATCH_SIZES", BATCH_SIZES, smoke=[1, 2, 4], full=[8, 16, 32], check=params.positives)),
+           "SUB_PRESET": R("SUB_PRESET", SUB_PRESET, smoke="small10m", full="gpt2-medium",
+                           check=lambda name, v: params.choose(name, v, PRESETS)),
+           "SUB_SEQ_LENS": sorted(R("SUB_SEQ_LENS", SUB_SEQ_LENS, smoke=[64, 128, 256, 512],
+                                    full=[256, 512, 1024, 2048, 4096], check=params.positives)),
+           "SUB_BATCH_SIZES": sorted(R("SUB_BATCH_SIZES", SUB_BATCH_SIZES, smoke=[1, 2], full=[1, 8, 32],
+                                       check=params.positives)),
+           "SUB_PASS": params.choose("SUB_PASS", SUB_PASS, ("train", "forward")),
+           "REPS": R("REPS", REPS, smoke=5, full=20, check=params.positive)}
+    params.positive("ASSUMED_MFU", ASSUMED_MFU, float)
+    if not ASSUMED_MFU <= 1:  # NaN too
+        raise ValueError(f"ASSUMED_MFU={ASSUMED_MFU!r} must be in (0, 1]")
+    return {**out, "ASSUMED_MFU": ASSUMED_MFU, "N_GPUS": params.positive("N_GPUS", N_GPUS)}
 
 
 # ---------------------------------------------------------------- timing the two halves of a block

@@ -1,4 +1,4 @@
-"""Notebook 01's lab: timing the ops of `roofline`, the roofline panel, and the verdict sentences.
+"""Notebook 01's lab: its parameters, timing the ops of `roofline`, the roofline panel, and the verdict sentences.
 
 The ops, their counted FLOPs and bytes and the roofline formula are in `helpers.cost.roofline`;
 this module times them with the shared timer and says, from the numbers, where each one landed.
@@ -14,6 +14,23 @@ from helpers.measure.bench import benchmark, gbps, tflops
 from helpers.show import plots
 
 PANEL_DTYPES = ("fp32", "fp16", "bf16")
+
+
+def resolve_parameters(S: params.Setup, *, DTYPE, N, REPS) -> dict:
+    """Notebook 01's parameters, validated at once and with the profile's defaults filled in: {name: value},
+    plus "TORCH_DTYPE". Raises ValueError naming the first bad parameter.
+
+    DTYPE None is bf16 on CUDA (fp16 on a GPU without bf16 units) and fp32 on a CPU; bf16 asked for on a
+    GPU without bf16 units becomes fp16, with a printed sentence.
+    """
+    default = ("bf16" if hardware.capabilities()["bf16"] else "fp16") if S.device == "cuda" else "fp32"
+    dtype = S.resolve("DTYPE", DTYPE, smoke=default, full=default, check=lambda n, v: params.choose(n, v, PANEL_DTYPES))
+    if dtype == "bf16" and S.device == "cuda" and not hardware.capabilities()["bf16"]:
+        print("this GPU has no bf16 units (a T4?), so this notebook runs in fp16 instead of the requested bf16")
+        dtype = "fp16"
+    return {"DTYPE": dtype, "TORCH_DTYPE": hardware.torch_dtype(dtype),
+            "N": S.resolve("N", N, smoke=512, full=8192, check=params.positive),
+            "REPS": S.resolve("REPS", REPS, smoke=5, full=20, check=params.positive)}
 
 
 def measure(op: roofline.Op, *, reps: int = 10, warmup: int = 3, device: str = "cpu") -> dict:

@@ -16,32 +16,40 @@ of one such window:
 All notebooks of one capture share one results folder, so notebook 00's ceilings, when it ran, are
 reused by the others as in an ordinary run.
 
+SIGINT (Ctrl-C) or SIGTERM is passed on to the running notebook's runner, which stops its worker and
+kernel and writes what its notebook finished; every process below it is then sure to be gone. That
+notebook is packed as "interrupted", the rest are "not run", the summary is printed, and the command
+exits 130 or 143. A bad option value (`--budget-s nan`, an `--out` that cannot be written) is one line
+and exit status 2, before anything runs.
+
 `import` unpacks what came back into `results/<device>/`: the records, `capture.json` (per notebook:
 date, measured seconds, estimate, status) and a README.md naming the GPU, driver, CUDA, torch and
-Triton versions and the date; a `goals.json` beside the packs (`helpers.course.goals`, which
+Triton versions and the date (a torn or foreign pack is refused in one line naming it, exit status 1,
+before anything is written); a `goals.json` beside the packs (`helpers.course.goals`, which
 `scripts/gpu_capture.sh` runs first) is copied to `results/<device>/goals.json`. Commands::
 
     python -m helpers.course.capture plan  [--budget-s 540]          # the order and estimates, runs nothing
-    python -m helpers.course.capture run   --out DIR [--budget-s 540] [--profile full] [NOTEBOOK ...]
+    python -m helpers.course.capture run   --out DIR [--budget-s 540] [--profile full] [--notebooks-dir DIR] [NOTEBOOK ...]
     python -m helpers.course.capture import PACK.tgz [...] [goals.json] [--into results]
 """
 from __future__ import annotations
 
-import argparse
 import datetime as _dt
+import functools
 import io
 import json
-import os
 import signal
 import subprocess
 import sys
 import tarfile
 import tempfile
 import time
+import zlib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable
 
+from helpers.course.worker import Descendants, OneLineParser, Stop, end_group, folder_problem, positive_number
 from helpers.measure.results import REPO_ROOT, device_slug, slug, write_atomic
 from helpers.show.tables import table
 
@@ -49,6 +57,7 @@ NOTEBOOKS_DIR = REPO_ROOT / "notebooks"
 PACK_LIMIT = 12 * 2**20   # bytes per pack; the device tool returns files of up to 16 MiB
 MAX_PACKS = 5             # with gpu.txt, capture.log and goals.json (helpers.course.goals): the tool's 8 files
 MARGIN_S = 25.0           # kept back for packing and the tool's transfer
+RUNNER_GRACE_S = 15.0     # a stopped runner's time to stop its worker and kernel and write its summary
 
 # Full-profile seconds on one H200, each with its basis: for a notebook a capture has measured, that time
 # (results/nvidia-h200/capture.json) with ~15-25% added; otherwise the notebook's FLOP and byte counts
@@ -103,7 +112,7 @@ class Outcome:
     """What one notebook of a capture did."""
 
     notebook: str
-    status: str                      # ok | failed | stopped (budget) | skipped (budget)
+    status: str                      # ok | failed | stopped (budget) | skipped (budget) | interrupted | not run
     seconds: float = 0.0
     estimate_s: float | None = None
     records: list[str] = field(default_factory=list)
@@ -174,43 +183,63 @@ def _records(work: Path) -> list[Path]:
 
 
 def run_notebook(nb: str, work: Path, profile: str, limit_s: float, log: Callable[[str], None] = print,
-                 notebooks_dir: Path = NOTEBOOKS_DIR) -> tuple[str, str]:
+                 notebooks_dir: Path = NOTEBOOKS_DIR, stop: Stop | None = None) -> tuple[str, str]:
     """Run one notebook through the course runner (`--out work`) in its own process group, stopped
-    after `limit_s` seconds.
+    after `limit_s` seconds, or when `stop.why` names a signal (passed on to the runner).
 
-    Returns (status, note): "ok", "failed" (the runner's exit status) or "stopped" (over the limit).
+    A stopped runner gets RUNNER_GRACE_S to stop its worker and kernel and write its summary; then
+    whatever is left of its group, and every process ever seen below it, is killed.
+    Returns (status, note): "ok", "failed" (the runner's exit status), "stopped" (over the limit) or
+    "interrupted" (a signal).
     """
     cmd = [sys.executable, "-m", "helpers.course.run", nb, "--profile", profile, "--out", str(work),
            "--notebooks-dir", str(notebooks_dir)]
     with open(work / "run.log", "w") as fh:
         proc = subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            rc = proc.wait(timeout=max(1.0, limit_s))
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGTERM)  # the runner stops its kernels on SIGTERM
+    seen, start, next_watch = Descendants(proc.pid), time.monotonic(), 0.0
+    result = None
+    try:
+        while proc.poll() is None and result is None:
+            if time.monotonic() >= next_watch:  # a /proc scan, once a second: the worker and kernel
+                seen.watch()
+                next_watch = time.monotonic() + 1.0
+            if stop is not None and stop.why:
+                result = "interrupted", f"interrupted by {stop.why}; see run.log"
+                signum = stop.signum
+            elif time.monotonic() - start > max(1.0, limit_s):
+                result = "stopped", f"stopped after {limit_s:.0f} s: the budget ran out"
+                signum = signal.SIGTERM
+            else:
+                time.sleep(0.2)
+        if result is not None:  # the runner stops its workers and kernels on SIGINT and SIGTERM
+            seen.watch()
+            proc.send_signal(signum)
             try:
-                proc.wait(timeout=15)
+                proc.wait(timeout=RUNNER_GRACE_S)
             except subprocess.TimeoutExpired:
                 pass
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)  # whatever of the group is left, kernels included
-            except ProcessLookupError:
-                pass
-            proc.wait()
-            return "stopped", f"stopped after {limit_s:.0f} s: the budget ran out"
-    return ("ok", "") if rc == 0 else ("failed", f"runner exit status {rc}; see run.log")
+    finally:  # whatever of the group is left, and every process seen below the runner
+        seen.watch()
+        end_group(proc.pid, lambda: proc.poll() is None, 0.0)
+        proc.wait()
+        seen.kill()
+    if result is not None:
+        return result
+    return ("ok", "") if proc.returncode == 0 else ("failed", f"runner exit status {proc.returncode}; see run.log")
 
 
 def capture(notebooks: list[str], out: Path, budget_s: float, *, profile: str = "full",
             estimates: dict[str, tuple[float, str]] = ESTIMATES,
             runner: Callable[..., tuple[str, str]] = run_notebook,
             clock: Callable[[], float] = time.monotonic, log: Callable[[str], None] = print,
-            margin_s: float = MARGIN_S, work: Path | None = None) -> list[Outcome]:
+            margin_s: float = MARGIN_S, work: Path | None = None, stop: Stop | None = None) -> list[Outcome]:
     """Run `notebooks` in the given order within `budget_s`, packing each as it finishes into `out`.
 
     `work` (default: a new temporary folder) holds the runs themselves; only packs go into `out`,
     so the device tool's file limit is never passed by the run folders. Each notebook runs in its
-    own run folder and so measures its own ceilings, under the conditions of its own run.
+    own run folder and so measures its own ceilings, under the conditions of its own run. Once
+    `stop.why` names a signal (the runner, given the same `stop`, has stopped its notebook), the
+    notebooks not started are "not run".
     """
     start = clock()
     out = Path(out)
@@ -219,11 +248,17 @@ def capture(notebooks: list[str], out: Path, budget_s: float, *, profile: str = 
     work.mkdir(parents=True, exist_ok=True)
     packer = Packer(out, work)
     outcomes: list[Outcome] = []
+    packed = 0  # how many notebooks the manifest in the packs names
     manifest = {"started": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
                 "profile": profile, "budget_s": budget_s, "gpu": gpu_facts(), "notebooks": {}}
     for nb in notebooks:
         estimate = estimates.get(nb, (None, ""))[0]
         left = budget_s - margin_s - (clock() - start)
+        if stop is not None and stop.why:
+            o = Outcome(nb, "not run", 0.0, estimate, note=f"not run ({stop.why})")
+            outcomes.append(o)
+            manifest["notebooks"][nb] = asdict(o)
+            continue
         if left <= 0 or (estimate is not None and estimate > left):
             note = f"estimated {estimate:.0f} s > {max(left, 0):.0f} s left" if estimate is not None else "no time left"
             o = Outcome(nb, "skipped", 0.0, estimate, note=note)
@@ -245,9 +280,12 @@ def capture(notebooks: list[str], out: Path, budget_s: float, *, profile: str = 
         files += [(p, f"{nb}/{p.relative_to(nb_work)}") for p in sorted(nb_work.rglob("*"))
                   if p.is_file() and p.suffix in (".ipynb", ".log", ".md") and ".ipynb_checkpoints" not in p.parts]
         pack = packer.add(files, manifest)
+        packed = len(manifest["notebooks"])
         est = f"{estimate:.0f} s estimated" if estimate is not None else "no estimate"
         log(f"{nb}: {status} in {seconds:.1f} s ({est}); {len(records)} record(s) -> {pack.name}"
             + (f"; {note}" if note else ""))
+    if packer.packs[-1] and packed < len(manifest["notebooks"]):
+        packer.add([], manifest)  # the last pack's manifest names the notebooks skipped or not run after it too
     log(summary(outcomes))
     return outcomes
 
@@ -294,29 +332,52 @@ def _slug(device: str) -> str:
     return "cpu" if device.startswith("CPU") else slug(device)
 
 
-def import_packs(packs: list[Path], into: Path = REPO_ROOT / "results") -> Path:
-    """Unpack capture packs into `into/<device>/`: records, capture.json and README.md. Returns that folder.
+class BadPack(ValueError):
+    """A pack that cannot be read: not a gzip'd tar, cut short, or holding torn JSON (the message names it)."""
 
-    A notebook's older records are replaced by the new ones as a unit; notebooks that did not
-    finish ok keep their previous reference. Raises ValueError when the packs hold no manifest or
-    no records, or records from more than one device.
-    """
-    manifest, members = None, {}
-    for pack in packs:
+
+def read_pack(pack: Path) -> dict[str, bytes]:
+    """The regular files of one capture pack, {name inside the archive: bytes}, without absolute or '..' names.
+
+    Raises BadPack naming the file and what is wrong (not gzip'd, cut short, not a tar archive)."""
+    members = {}
+    try:
         with tarfile.open(pack, "r:gz") as tar:
             for m in tar.getmembers():
                 if not m.isfile() or m.name.startswith("/") or ".." in Path(m.name).parts:
                     continue
-                data = tar.extractfile(m).read()
-                if m.name == "manifest.json":
-                    candidate = json.loads(data)
-                    if manifest is None or len(candidate.get("notebooks", {})) >= len(manifest.get("notebooks", {})):
-                        manifest = candidate
-                else:
-                    members[m.name] = data
+                members[m.name] = tar.extractfile(m).read()
+    except EOFError as err:
+        raise BadPack(f"{pack}: cut short, not a whole capture pack ({err})") from None
+    except (tarfile.TarError, OSError, zlib.error) as err:  # gzip.BadGzipFile is an OSError
+        raise BadPack(f"{pack}: not a capture pack (a gzip'd tar archive): {err}") from None
+    return members
+
+
+def import_packs(packs: list[Path], into: Path = REPO_ROOT / "results") -> Path:
+    """Unpack capture packs into `into/<device>/`: records, capture.json and README.md. Returns that folder.
+
+    A notebook's older records are replaced by the new ones as a unit; notebooks that did not
+    finish ok keep their previous reference. Every pack is read and checked before anything is
+    written. Raises BadPack for a pack that cannot be read (cut short, not gzip'd, torn JSON inside),
+    ValueError when the packs hold no manifest or no records, or records from more than one device.
+    """
+    manifest, records = None, {}
+    for pack in packs:
+        for name, data in read_pack(pack).items():
+            try:
+                doc = json.loads(data) if name == "manifest.json" or "/results/" in name else None
+            except ValueError as err:
+                raise BadPack(f"{pack}: {name} is not valid JSON ({err})") from None
+            if name == "manifest.json":
+                if not isinstance(doc, dict) or not isinstance(doc.get("notebooks"), dict):
+                    raise BadPack(f"{pack}: manifest.json is not a capture manifest (no notebooks)")
+                if manifest is None or len(doc["notebooks"]) >= len(manifest["notebooks"]):
+                    manifest = doc
+            elif doc is not None:
+                records[name] = doc
     if manifest is None:
         raise ValueError(f"no manifest.json in {', '.join(map(str, packs))}: not a capture pack")
-    records = {name: json.loads(data) for name, data in members.items() if "/results/" in name}
     devices = {r.get("device") for r in records.values() if isinstance(r, dict)}
     if not records:
         raise ValueError("the packs hold no records: nothing finished")
@@ -376,14 +437,20 @@ def _readme(device: str, facts: dict, manifest: dict, index: dict) -> str:
 # ---------------------------------------------------------------- command line
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m helpers.course.capture", description=__doc__.splitlines()[0])
+    """`plan`, `run` or `import` (see the module docstring); exit status 0, 1 (a notebook failed or was
+    stopped, an import failed), 2 (a usage error), 130 / 143 (SIGINT / SIGTERM stopped the capture)."""
+    prog = "python -m helpers.course.capture"
+    parser = OneLineParser(prog=prog, description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     for name in ("plan", "run"):
         p = sub.add_parser(name)
         p.add_argument("notebooks", nargs="*", help="two-digit numbers (default: every notebook)")
-        p.add_argument("--budget-s", type=float, default=540.0, help="wall-clock budget in seconds (default 540)")
+        p.add_argument("--budget-s", type=positive_number(float), default=540.0,
+                       help=f"wall-clock budget in seconds, above {MARGIN_S:.0f} (default 540)")
         p.add_argument("--references", type=Path, default=None,
                        help="reference folder whose capture.json sets the order (default: results/<this device>)")
+        p.add_argument("--notebooks-dir", type=Path, default=NOTEBOOKS_DIR,
+                       help="where the notebooks are (default: notebooks/)")
         if name == "run":
             p.add_argument("--out", type=Path, required=True, help="folder for the packs (the device tool's $OUT)")
             p.add_argument("--profile", default="full", choices=("smoke", "full"))
@@ -393,35 +460,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--into", type=Path, default=REPO_ROOT / "results")
     args = parser.parse_args(argv)
     if args.command == "import":
-        for pack in args.packs:
-            if not pack.is_file():
-                print(f"no such pack: {pack}")
-                return 2
-        goals = [p for p in args.packs if p.name == "goals.json"]
-        packs = [p for p in args.packs if p.name != "goals.json"]
-        goals = goals or [p.parent / "goals.json" for p in packs[:1] if (p.parent / "goals.json").is_file()]
-        target, status = None, 0
-        try:
-            if packs:
-                target = import_packs(packs, args.into)
-                print(f"imported into {target}")
-        except ValueError as err:  # no notebook finished: the goals may still have
-            print(f"import failed: {err}")
-            status = 1
-        try:
-            for g in goals:
-                print(f"goals imported into {import_goals(g, args.into, None if target is None else target.name)}")
-        except ValueError as err:
-            print(f"goals import failed: {err}")
-            status = 1
-        return status
-    known = available_notebooks()
+        return _import(args)
+    known = available_notebooks(args.notebooks_dir)
     bad = [nb for nb in args.notebooks if nb not in known]
     if bad:
         print(f"unknown notebook(s) {bad}; these exist: {' '.join(known)}")
         return 2
     if args.budget_s <= MARGIN_S:
-        print(f"--budget-s must exceed the {MARGIN_S:.0f} s kept for packing")
+        print(f"{prog} {args.command}: --budget-s {args.budget_s:g} must exceed the {MARGIN_S:.0f} s kept for packing",
+              file=sys.stderr)
         return 2
     if args.references is None:
         args.references = REPO_ROOT / "results" / device_slug()
@@ -434,8 +481,54 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{nb}: {'?' if est is None else f'{est:.0f}'} s  ({basis})")
         print(f"total {total:.0f} s of {args.budget_s:.0f} s budget ({MARGIN_S:.0f} s kept for packing)")
         return 0
-    outcomes = capture(order, args.out, args.budget_s, profile=args.profile)
-    return exit_status(outcomes)
+    problem = folder_problem(args.out)
+    if problem:
+        print(f"{prog} run: --out {args.out} cannot be written: {problem}", file=sys.stderr)
+        return 2
+    try:
+        work = Path(tempfile.mkdtemp(prefix="capture-"))
+    except OSError as err:
+        print(f"{prog} run: cannot make a temporary folder for the runs: {err.strerror or err}", file=sys.stderr)
+        return 2
+    with Stop("the running notebook's runner, its worker and kernel") as stop:
+        runner = functools.partial(run_notebook, notebooks_dir=args.notebooks_dir, stop=stop)
+        outcomes = capture(order, args.out, args.budget_s, profile=args.profile, runner=runner, work=work, stop=stop)
+    return stop.code(exit_status(outcomes))
+
+
+def _import(args) -> int:
+    """`import`: the packs (all read and checked before anything is written), then the goals.json."""
+    for pack in args.packs:
+        if not pack.is_file():
+            print(f"no such pack: {pack}")
+            return 2
+    goals = [p for p in args.packs if p.name == "goals.json"]
+    packs = [p for p in args.packs if p.name != "goals.json"]
+    goals = goals or [p.parent / "goals.json" for p in packs[:1] if (p.parent / "goals.json").is_file()]
+    target, status = None, 0
+    try:
+        if packs:
+            target = import_packs(packs, args.into)
+            print(f"imported into {target}")
+    except BadPack as err:  # a torn pack: nothing is imported, the goals neither
+        print(f"import failed: {err}; nothing imported")
+        return 1
+    except ValueError as err:  # no notebook finished: the goals may still have
+        print(f"import failed: {err}")
+        status = 1
+    except OSError as err:
+        print(f"import failed: cannot write {err.filename or args.into}: {err.strerror or err}")
+        return 1
+    try:
+        for g in goals:
+            print(f"goals imported into {import_goals(g, args.into, None if target is None else target.name)}")
+    except ValueError as err:
+        print(f"goals import failed: {err}")
+        status = 1
+    except OSError as err:
+        print(f"goals import failed: cannot write {err.filename or args.into}: {err.strerror or err}")
+        status = 1
+    return status
 
 
 def exit_status(outcomes: list[Outcome]) -> int:

@@ -29,6 +29,11 @@ with the error's first line, "stopped" (over its time limit) or "skipped" (budge
 goal also records as "partial" what it measured before it ended (`Ctx.partial`). Trained models
 are cached in `DIR/cache/` (or `--cache-dir`) and shared between the goals of one run.
 
+SIGINT (Ctrl-C) or SIGTERM stops the running goal and every process it started, records it as
+"interrupted" with its partial numbers, the goals after it as "not run", writes goals.json (with
+"interrupted": the signal's name) and exits 130 or 143. A bad option value (`--budget-s nan`, an
+`--out` or `--cache-dir` that cannot be written) is one line and exit status 2, before anything runs.
+
 `--profile smoke` (the default without CUDA) uses tiny sizes, so the plumbing runs on a 2-core CPU in
 about a minute; the CUDA-only goals then say "not measurable". `full` uses the goals' stated sizes.
 
@@ -38,12 +43,11 @@ cache outside `$OUT` so that only `goals.json` comes back, then the notebooks wi
 """
 from __future__ import annotations
 
-import argparse
 import datetime as _dt
 import json
 import multiprocessing as mp
 import os
-import signal
+import shutil
 import sys
 import tempfile
 import time
@@ -63,11 +67,13 @@ from helpers.course.goals_train import (bucketed_ddp_speedup, compiled_train_ste
                                         float8_linear_speedup, fused_bandwidth, packing_speedup,
                                         pinned_copy_speedup, reduce_overhead_speedup, ring_all_reduce_ratio,
                                         scaled_mm_speedup, triton_softmax_speedup, zero_memory_deviation)
+from helpers.course.worker import Descendants, OneLineParser, Stop, end_group, folder_problem, positive_number
 from helpers.measure.results import write_atomic
 from helpers.show.tables import table as text_table
 
 DEFAULT_BUDGET_S = 360.0
 MARGIN_S = 5.0          # kept back to write goals.json after the last goal
+GRACE_S = 10.0          # a stopped goal's process group gets this long after SIGTERM before SIGKILL
 
 
 @dataclass
@@ -218,31 +224,46 @@ def _context():
     return _CTX
 
 
-def _stop(proc) -> None:
-    """Stop a goal's process and everything it started: SIGTERM to its session, then SIGKILL."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(proc.pid, sig)  # the goal's whole session: ranks, loader workers, compile workers
-        except (ProcessLookupError, PermissionError):
-            proc.kill() if sig == signal.SIGKILL else proc.terminate()
-        proc.join(timeout=10)
-        if not proc.is_alive():
-            return
+def _stop(proc, seen: Descendants | None = None) -> None:
+    """Stop a goal's process and everything it started: SIGTERM to it and its session, SIGKILL to what is
+    left of that session after GRACE_S (also once the goal itself has ended), and SIGKILL to every
+    descendant `seen` remembers (one that left the session)."""
+    seen = seen or Descendants(proc.pid)
+    seen.watch()
+    if proc.is_alive():
+        proc.terminate()  # the goal itself, should it not lead its session yet
+    end_group(proc.pid, proc.is_alive, GRACE_S)  # the goal's whole session: ranks, loader workers, compilers
+    if proc.is_alive():
+        proc.kill()
+    proc.join(timeout=GRACE_S)
+    seen.kill()
 
 
-def run_one(goal: Goal, ctx: Ctx, limit_s: float, work: Path) -> dict:
-    """Run one goal in its own process, stopped after `limit_s`; its record (without timing fields)."""
+def run_one(goal: Goal, ctx: Ctx, limit_s: float, work: Path, stop: Stop | None = None) -> dict:
+    """Run one goal in its own process, stopped after `limit_s` or when `stop` says a signal came; its record
+    (without timing fields): "interrupted" for a goal a signal stopped, with what it measured as "partial"."""
     path = Path(work) / f"{goal.key}.json"
     partial = Path(str(path) + ".partial")  # Ctx.partial's file: what the goal measured before it ended
     path.unlink(missing_ok=True)
     partial.unlink(missing_ok=True)
     proc = _context().Process(target=_child, args=(goal.fn, ctx, str(path)), daemon=False)
     proc.start()
-    proc.join(timeout=max(1.0, limit_s))
-    if proc.is_alive():
-        _stop(proc)
-        rec = {"status": "stopped", "reason": f"stopped after its time limit of {limit_s:.0f} s"}
-    else:
+    seen, start, next_watch = Descendants(proc.pid), time.monotonic(), 0.0
+    rec = None
+    try:
+        while proc.is_alive() and rec is None:
+            proc.join(timeout=0.2)
+            if time.monotonic() >= next_watch:  # a /proc scan, once a second
+                seen.watch()
+                next_watch = time.monotonic() + 1.0
+            if stop is not None and stop.why:
+                rec = {"status": "interrupted",
+                       "reason": f"interrupted by {stop.why} after {time.monotonic() - start:.0f} s"}
+            elif time.monotonic() - start > max(1.0, limit_s):
+                rec = {"status": "stopped", "reason": f"stopped after its time limit of {limit_s:.0f} s"}
+    finally:  # a signal, the budget, or an error in the runner itself: the goal's processes go with it
+        _stop(proc, seen)
+    if rec is None:
         try:
             rec = json.loads(path.read_text())
         except (OSError, ValueError):
@@ -264,10 +285,13 @@ def _limit(goal: Goal, profile: str) -> float:
 
 def run(goals: list[Goal], out: Path, *, profile: str, budget_s: float = DEFAULT_BUDGET_S,
         limit: Callable[[Goal, str], float] = _limit, log: Callable[[str], None] = print,
-        clock: Callable[[], float] = time.monotonic, cache_dir: Path | None = None) -> dict:
+        clock: Callable[[], float] = time.monotonic, cache_dir: Path | None = None,
+        stop: Stop | None = None) -> dict:
     """Run `goals` in order within `budget_s` seconds; rewrite `out/goals.json` after each. Returns its content.
 
-    `cache_dir` (default `out/cache`) holds the trained models the goals share."""
+    `cache_dir` (default `out/cache`) holds the trained models the goals share. Once `stop.why` names a
+    signal, the running goal is stopped ("interrupted", with its partial numbers), the rest are "not run",
+    and the document says "interrupted": the signal's name."""
     start = clock()
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -277,26 +301,39 @@ def run(goals: list[Goal], out: Path, *, profile: str, budget_s: float = DEFAULT
     doc = {"started": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), "profile": profile,
            "budget_s": budget_s, "machine": _facts(), "planned": [g.key for g in goals], "goals": [], "finished": False}
     write_atomic(out / "goals.json", json.dumps(doc, indent=1, default=_jsonable) + "\n")  # there even if cut at once
+    try:
+        _run_goals(goals, doc, out, work, cache, profile, budget_s, limit, log, clock, start, stop)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    if stop is not None and stop.why:
+        doc["interrupted"] = stop.why
+    else:
+        doc["finished"] = True
+    doc["seconds"] = round(clock() - start, 1)
+    write_atomic(out / "goals.json", json.dumps(doc, indent=1, default=_jsonable) + "\n")
+    return doc
+
+
+def _run_goals(goals, doc, out, work, cache, profile, budget_s, limit, log, clock, start, stop) -> None:
+    """The loop of `run`: each goal's record appended to `doc`, goals.json rewritten after each."""
     for goal in goals:
         est = goal.estimate(profile)
         left = budget_s - MARGIN_S - (clock() - start)
         rec = {"notebook": goal.notebook, "goal": goal.key, "title": goal.title, "estimate_s": est}
-        if est > left:
+        if stop is not None and stop.why:
+            rec |= {"status": "not run", "reason": f"not run ({stop.why})", "seconds": 0.0}
+        elif est > left:
             rec |= {"status": "skipped", "reason": f"estimated {est:.0f} s > {max(left, 0):.0f} s left of the budget",
                     "seconds": 0.0}
         else:
             log(f"{goal.key}: running (estimate {est:.0f} s, {left:.0f} s left)")
             t0 = clock()
-            rec |= run_one(goal, Ctx(profile, cache), min(limit(goal, profile), left), work)
+            rec |= run_one(goal, Ctx(profile, cache), min(limit(goal, profile), left), work, stop)
             rec["seconds"] = round(clock() - t0, 1)
         rec.setdefault("met", None)
         doc["goals"].append(rec)
         write_atomic(out / "goals.json", json.dumps(doc, indent=1, default=_jsonable) + "\n")
         log(f"{goal.key}: {rec['status']} in {rec['seconds']:.1f} s" + _short(rec))
-    doc["finished"] = True
-    doc["seconds"] = round(clock() - start, 1)
-    write_atomic(out / "goals.json", json.dumps(doc, indent=1, default=_jsonable) + "\n")
-    return doc
 
 
 def _short(rec: dict) -> str:
@@ -354,8 +391,10 @@ def _default_profile() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`plan` or `run` (see the module docstring); exit status 0, or 2 for a usage error."""
-    parser = argparse.ArgumentParser(prog="python -m helpers.course.goals", description=__doc__.splitlines()[0])
+    """`plan` or `run` (see the module docstring); exit status 0, 2 for a usage error, 130 / 143 when SIGINT /
+    SIGTERM stopped the run."""
+    prog = "python -m helpers.course.goals"
+    parser = OneLineParser(prog=prog, description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     for name in ("plan", "run"):
         p = sub.add_parser(name)
@@ -367,7 +406,8 @@ def main(argv: list[str] | None = None) -> int:
             p.add_argument("--out", type=Path, required=True, help="folder for goals.json")
             p.add_argument("--cache-dir", type=Path, default=None,
                            help="where trained models are shared between goals (default: OUT/cache)")
-            p.add_argument("--budget-s", type=float, default=DEFAULT_BUDGET_S, help="wall-clock budget (default 360)")
+            p.add_argument("--budget-s", type=positive_number(float), default=DEFAULT_BUDGET_S,
+                           help=f"wall-clock budget in seconds, above {MARGIN_S:.0f} (default 360)")
     args = parser.parse_args(argv)
     try:
         goals = select(args.goals)
@@ -379,11 +419,18 @@ def main(argv: list[str] | None = None) -> int:
         print(plan_text(goals, profile))
         return 0
     if args.budget_s <= MARGIN_S:
-        print(f"--budget-s must exceed {MARGIN_S:.0f} s")
+        print(f"{prog} run: --budget-s {args.budget_s:g} must exceed the {MARGIN_S:.0f} s kept to write goals.json",
+              file=sys.stderr)
         return 2
-    doc = run(goals, args.out, profile=profile, budget_s=args.budget_s, cache_dir=args.cache_dir)
-    print(table(doc))
-    return 0
+    for option, folder in (("--out", args.out), ("--cache-dir", args.cache_dir or args.out / "cache")):
+        problem = folder_problem(folder)
+        if problem:
+            print(f"{prog} run: {option} {folder} cannot be written: {problem}", file=sys.stderr)
+            return 2
+    with Stop("the running goal and the processes it started") as stop:
+        doc = run(goals, args.out, profile=profile, budget_s=args.budget_s, cache_dir=args.cache_dir, stop=stop)
+        print(table(doc))
+    return stop.code(0)
 
 
 if __name__ == "__main__":

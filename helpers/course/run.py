@@ -18,15 +18,18 @@ import ast
 import datetime as _dt
 import difflib
 import json
+import math
 import os
 import sys
+import tempfile
 import time
 from dataclasses import asdict
 from pathlib import Path
 
 from helpers.course import report
-from helpers.course.worker import Outcome, Stop, Workers, status_word, summary_table, worker_main
-from helpers.measure.params import PROFILES, positive, resolve_profile
+from helpers.course.worker import (OneLineParser, Outcome, Stop, Workers, folder_problem, positive_number,
+                                   status_word, summary_table, worker_main)
+from helpers.measure.params import PROFILES, resolve_profile
 from helpers.measure.results import REPO_ROOT, device_slug, read_records, write_atomic
 
 NOTEBOOKS_DIR = REPO_ROOT / "notebooks"
@@ -58,15 +61,39 @@ def find_notebooks(selection: list[str], folder: Path) -> list[Path]:
 
 
 def parse_parameter(text: str) -> tuple[str, object]:
-    """'NAME=VALUE' -> (NAME, python literal of VALUE, or the string itself)."""
+    """'NAME=VALUE' -> (NAME, python literal of VALUE, or the string itself).
+
+    A literal must be what papermill writes into a notebook and JSON holds: None, True/False, an int, a
+    finite float, a string, or lists and dicts (string keys) of them. Raises argparse.ArgumentTypeError
+    for anything else (1e999 is inf, a tuple would reach the notebook as a string), naming the value.
+    """
     if "=" not in text:
         raise argparse.ArgumentTypeError(f"parameter {text!r} must look like NAME=VALUE")
     name, raw = text.split("=", 1)
     try:
         value = ast.literal_eval(raw)
-    except (ValueError, SyntaxError):
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
         value = raw
+    problem = _not_json(value)
+    if problem:
+        raise argparse.ArgumentTypeError(f"-p {name.strip()}={raw}: {problem}")
     return name.strip(), value
+
+
+def _not_json(value) -> str:
+    """Why `value` cannot be a notebook parameter, or '' when it can (see parse_parameter)."""
+    if value is None or isinstance(value, (bool, int, str)):
+        return ""
+    if isinstance(value, float):
+        return "" if math.isfinite(value) else f"{value!r} is not a finite number; give a finite value"
+    if isinstance(value, list):
+        return next(filter(None, map(_not_json, value)), "")
+    if isinstance(value, dict):
+        if not all(isinstance(k, str) for k in value):
+            return "a dict's keys must be strings"
+        return next(filter(None, map(_not_json, value.values())), "")
+    return (f"a {type(value).__name__} cannot be a notebook parameter; give a number, a string, "
+            "True/False, None, or a list or dict of them")
 
 
 def notebook_parameters(path: Path) -> list[str]:
@@ -124,7 +151,7 @@ def conditions(jobs: int, threads: int, cuda: bool, explicit: bool) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     """The command line of the runner."""
-    p = argparse.ArgumentParser(
+    p = OneLineParser(
         prog="python -m helpers.course.run",
         description="Execute course notebooks headlessly with papermill and write a report of their results. "
                     "Failing cells are numbered as JupyterLab's [N] after 'Restart Kernel and Run All Cells'.",
@@ -136,7 +163,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-p", "--parameter", action="append", default=[], type=parse_parameter, metavar="NAME=VALUE",
                    help="notebook parameter (python literal), repeatable; e.g. -p SEED=1; a name must be in the "
                         "notebook's parameters cell and goes only to the notebooks that declare it")
-    p.add_argument("--jobs", type=int, default=None,
+    p.add_argument("--jobs", type=positive_number(int), default=None,
                    help="notebooks executed at once (default: 1, so that timings are not shared; more is faster "
                         "but each notebook's environment block and the report say that timings were shared)")
     p.add_argument("--out", type=Path, default=REPO_ROOT / "runs",
@@ -145,7 +172,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="where to look for notebooks (default: notebooks/)")
     p.add_argument("--references", type=Path, default=REPO_ROOT / "results",
                    help="folder of reference results, one sub-folder per GPU (default: results/)")
-    p.add_argument("--timeout", type=int, default=None, help="seconds allowed per cell (default: none)")
+    p.add_argument("--timeout", type=positive_number(int), default=None,
+                   help="seconds allowed per cell (default: none)")
     p.add_argument("--no-report", action="store_true", help="skip writing report.md and report.html")
     p.add_argument("--save-reference", action="store_true",
                    help="also copy this run's records into <references>/<device>/ (for reference GPU runs)")
@@ -202,11 +230,6 @@ def _main(args, stop: Stop) -> int:
     if not notebooks:
         print(f"no notebooks found in {args.notebooks_dir}")
         return 1
-    if args.jobs is not None:
-        try:
-            positive("--jobs", args.jobs)
-        except ValueError as err:
-            raise UsageError(str(err)) from None
     given = dict(args.parameter)
     asked = _profile(args, given)
     routed = route_parameters(notebooks, given)
@@ -223,7 +246,7 @@ def _main(args, stop: Stop) -> int:
     why = conditions(jobs, threads, cuda, args.jobs is not None)
     env = {**os.environ, "COURSE_HEADLESS": "1", "MPLBACKEND": "module://matplotlib_inline.backend_inline",
            "COURSE_RUN_CONDITIONS": why}
-    env["TORCHINDUCTOR_CACHE_DIR"] = inductor_cache_dir(env)
+    env["TORCHINDUCTOR_CACHE_DIR"] = inductor_cache_dir(env, say=print)
     if jobs > 1 and not cuda:
         env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(threads)
     base = {"PROFILE": profile, "INTERACTIVE": False, "RESULTS_DIR": str((run_dir / "results").resolve())}
@@ -253,19 +276,28 @@ def _main(args, stop: Stop) -> int:
     return stop.signum + 128 if stop.why else code
 
 
-def inductor_cache_dir(env: dict) -> str:
+def inductor_cache_dir(env: dict, say=lambda line: None) -> str:
     """The one Inductor cache folder (TORCHINDUCTOR_CACHE_DIR) every notebook kernel of a run shares.
 
     The caller's own setting in `env` wins; otherwise `inductor/` under the course cache folder
     (`helpers.gpt.data.resolve_cache_dir()`), which outlives the run: torch.compile's compiled graphs and
     kernels are then reused by later notebooks and later runs, which so skip the cold compiles, while a
-    notebook that measures a cold compile uses a folder of its own.
+    notebook that measures a cold compile uses a folder of its own. Where that folder cannot be written
+    (a read-only home, a path under a file), a new temporary folder for this run, and `say` gets one
+    line saying so: an unwritable cache would break every torch.compile of the run.
     """
     if env.get("TORCHINDUCTOR_CACHE_DIR"):
         return env["TORCHINDUCTOR_CACHE_DIR"]
     from helpers.gpt.data import resolve_cache_dir  # heavy: imports torch, which the runner's workers never load
 
-    return str((resolve_cache_dir() / "inductor").resolve())
+    folder = (resolve_cache_dir() / "inductor").resolve()
+    problem = folder_problem(folder)
+    if not problem:
+        return str(folder)
+    fallback = tempfile.mkdtemp(prefix="course-inductor-")
+    say(f"helpers.course.run: the course's compile cache cannot be written ({problem}); "
+        f"torch.compile caches in {fallback} for this run")
+    return fallback
 
 
 def _write(path: Path, text: str) -> bool:

@@ -5,22 +5,34 @@ executed notebook atomically, and leaves its Outcome as JSON. The runner's `Work
 sessions of their own, remembers every process they start (kernels included), and on SIGINT or
 SIGTERM (caught by `Stop`) ends them all: the worker ends its kernel, whatever remains is killed.
 `inspect_executed` reads where an executed notebook stopped, numbering code cells as JupyterLab's
-[N] after "Restart Kernel and Run All Cells" (see helpers.course.run).
+[N] after "Restart Kernel and Run All Cells" (see helpers.course.run); a kernel that dies, or a cell
+over its time limit, is reported at the cell that was running, and the cells after it as not run.
+
+What every command that starts processes shares (`helpers.course.run`, `.goals`, `.capture`): `Stop`
+(SIGINT and SIGTERM set a flag the command's loop reads; it ends what it started, writes what
+finished and exits 128 + the signal's number: 130, 143), `Descendants` (every process seen below
+one, so that none outlives it), `OneLineParser` and `positive_number` (a bad command-line value is
+one line, exit status 2), `folder_problem` (an output folder that cannot be written, in words).
 """
 from __future__ import annotations
 
+import argparse
 import ast
 import json
+import math
 import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Callable
 
 import psutil
 
+from helpers.measure.params import positive
 from helpers.measure.results import REPO_ROOT, write_atomic
 from helpers.show.tables import table
 
@@ -88,8 +100,30 @@ def inspect_executed(path: Path) -> dict:
     return {"state": "complete", "cell": None, "error": ""}
 
 
+def last_started(path: Path) -> int | None:
+    """The number of the last code cell papermill started in an executed notebook (None if none did).
+
+    Where a kernel died or a cell ran over its time limit, that is the cell that was running: papermill
+    stamps `start_time` on each cell as it starts it, and never on the cells after.
+    """
+    import nbformat  # heavy: as in inspect_executed
+
+    nb = nbformat.read(path, as_version=4)
+    started = [n for n, c in _code_cells(nb) if c.get("metadata", {}).get("papermill", {}).get("start_time")]
+    return started[-1] if started else None
+
+
 def mark_interrupted(path: Path, cell: int | None, why: str) -> None:
     """Make an executed notebook say it was interrupted: the cell it was in, and no false 'completed'."""
+    mark_stopped(path, cell, why)
+
+
+def mark_stopped(path: Path, cell: int | None, why: str, *, title: str = "Interrupted",
+                 status: str = "interrupted") -> None:
+    """Make an executed notebook say where it stopped and why: `cell` gets papermill status `status`, the
+    code cells after it that never ran 'pending' (papermill marks them 'completed'), and a note tagged
+    MARKER_TAG goes on top ("**Interrupted** (SIGTERM) in code cell 3: ..."). Raises nbformat's or
+    OSError's error for an unreadable or unwritable file."""
     import nbformat  # heavy: as in inspect_executed
 
     nb = nbformat.read(path, as_version=4)
@@ -97,14 +131,14 @@ def mark_interrupted(path: Path, cell: int | None, why: str) -> None:
     for number, c in _code_cells(nb):
         meta = c.setdefault("metadata", {}).setdefault("papermill", {})
         if number == cell or ((seen or cell is None) and c.get("execution_count") is None):
-            meta["status"] = "interrupted" if number == cell else "pending"
+            meta["status"] = status if number == cell else "pending"
             seen = True
     where = f"in code cell {cell}" if cell else "between cells"
-    note = nbformat.v4.new_markdown_cell(f"**Interrupted** ({why}) {where}: the cells after it did not run.")
+    note = nbformat.v4.new_markdown_cell(f"**{title}** ({why}) {where}: the cells after it did not run.")
     note.metadata["tags"] = [MARKER_TAG]
     nb.cells.insert(0, note)
     nb.metadata.setdefault("papermill", {})["exception"] = True
-    nb.metadata["course_run"] = {"status": "interrupted", "cell": cell, "why": why}
+    nb.metadata["course_run"] = {"status": status, "cell": cell, "why": why}
     write_atomic(path, nbformat.writes(nb), fsync=False)
 
 
@@ -142,6 +176,11 @@ def execute_one(notebook: str, output: str, parameters: dict, cwd: str, timeout:
     seconds = time.perf_counter() - start
     try:
         found = inspect_executed(Path(output))
+        if raised and found["state"] != "error":  # the kernel died, or a cell ran over its limit, inside a cell
+            found["cell"] = last_started(Path(output))
+            if found["cell"] is not None:
+                mark_stopped(Path(output), found["cell"], raised, title="Stopped", status="failed")
+                raised += " (the cells after it did not run)"
     except Exception as err:
         return Outcome(name, False, seconds, None, raised or f"executed notebook unreadable: {err}")
     ok = found["state"] == "complete" and not raised
@@ -265,17 +304,22 @@ def _quietly(action) -> None:
 
 
 def _signal_group(proc: subprocess.Popen, sig: int) -> None:
-    try:
-        os.killpg(proc.pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
+    _kill_group(proc.pid, sig)
 
+
+# ---------------------------------------------------------------------------------------------
+# what every command that starts processes shares: run, goals, capture
 
 class Stop:
-    """SIGINT and SIGTERM handlers that set a flag the run loop reads, instead of raising mid-write."""
+    """SIGINT and SIGTERM handlers that set a flag the run loop reads, instead of raising mid-write.
 
-    def __init__(self):
-        self.why, self.signum, self.old = "", 0, {}
+    `what` names what the command stops (printed when the signal arrives); `why` is the signal's name
+    once one came, `signum` its number, and `code(otherwise)` the exit status: 128 + signum after a
+    signal (130 for SIGINT, 143 for SIGTERM), else `otherwise`.
+    """
+
+    def __init__(self, what: str = "the running notebooks and their kernels"):
+        self.what, self.why, self.signum, self.old = what, "", 0, {}
 
     def __enter__(self):
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -288,11 +332,95 @@ class Stop:
     def handle(self, signum, frame):
         if not self.why:
             self.why, self.signum = signal.Signals(signum).name, signum
-            print(f"\n{self.why} received: stopping the running notebooks and their kernels...", flush=True)
+            print(f"\n{self.why} received: stopping {self.what}...", flush=True)
+
+    def code(self, otherwise: int) -> int:
+        """The exit status: 128 + the signal's number if one stopped the command, else `otherwise`."""
+        return 128 + self.signum if self.why else otherwise
 
     def __exit__(self, *exc):
         for sig, old in self.old.items():
             signal.signal(sig, old)
+
+
+class Descendants:
+    """Every process ever seen below process `pid` (those in sessions of their own, such as kernels and
+    goal processes, included), so that none outlives it: `watch` remembers them, `kill` ends those still
+    running (psutil checks each one's start time, so a reused PID is never hit)."""
+
+    def __init__(self, pid: int):
+        self.pid, self.known = pid, {}
+
+    def watch(self) -> None:
+        try:
+            for child in psutil.Process(self.pid).children(recursive=True):
+                self.known.setdefault(child.pid, child)
+        except psutil.Error:  # the root has exited: what it started is remembered already
+            pass
+
+    def kill(self, timeout: float = 5.0) -> None:
+        """SIGKILL every remembered process still running and wait up to `timeout` s for them to go."""
+        alive = [p for p in self.known.values() if p.is_running()]
+        for p in alive:
+            _quietly(p.kill)
+        psutil.wait_procs(alive, timeout=timeout)
+
+
+def end_group(pid: int, running: Callable[[], bool], grace: float) -> None:
+    """End process group `pid` (a process started in a session of its own, and what it started there):
+    SIGTERM, up to `grace` seconds while `running()` is true, then SIGKILL to whatever of the group is
+    left, even once its leader has exited."""
+    _kill_group(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while running() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    _kill_group(pid, signal.SIGKILL)
+
+
+def _kill_group(pid: int, sig: int) -> None:
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are one line on stderr, "PROG: error: MESSAGE (see --help)", exit status 2."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def positive_number(kind: type = float):
+    """An argparse `type`: a finite number of `kind` (float or int) > 0, else one sentence naming the text
+    (nan, inf, 0, a negative number and a word are all refused before anything runs)."""
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a {'whole ' if kind is int else ''}number") from None
+        if not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"{text!r} is not a finite number; give one above 0")
+        try:
+            return positive(text, value, kind)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text} must be above 0") from None
+    parse.__name__ = f"positive {kind.__name__}"
+    return parse
+
+
+def folder_problem(path: Path) -> str:
+    """'' if `path` is (or can be made) a folder this process can write a file into, else why not, in words.
+
+    It creates the folder and a file in it, then removes the file: permission bits alone do not answer
+    for root, a read-only mount or a path under a regular file."""
+    try:
+        Path(path).mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as err:
+        return f"{err.filename or path}: {err.strerror or err}"
+    return ""
 
 
 # ---------------------------------------------------------------------------------------------

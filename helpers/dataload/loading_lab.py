@@ -9,7 +9,8 @@
 * CUDA only: `h2d_bandwidth` (pageable, pinned, pinned on the fly) and `copy_overlap` (a copy on a
   side stream beside compute).
 * `breakdown_figure`: stacked wait / copy / compute bars of a sweep.
-* `check_nonnegative` / `check_worker_counts`: notebook 12's parameter checks.
+* `resolve_parameters`: notebook 12's parameters validated at once (with `check_nonnegative`,
+  `check_worker_counts`, and the documents every later cell takes), the profile's defaults filled in.
 """
 from __future__ import annotations
 
@@ -24,7 +25,9 @@ import psutil
 import torch
 
 from helpers.dataload import loading, packing
-from helpers.measure import bench
+from helpers.gpt import data
+from helpers.gpt.model import PRESETS
+from helpers.measure import bench, params
 from helpers.measure.params import positive
 from helpers.show import plots
 
@@ -304,3 +307,55 @@ def check_worker_counts(name: str, values) -> list[int]:
             type(w) is not int or w < 0 for w in values):
         raise ValueError(f"{name}={values!r} must be a non-empty list of ints >= 0")
     return list(values)
+
+
+MIN_DOC = 8  # notebook 12's documents are at least 8 tokens long (loading.document_lengths' min_len)
+PANEL_STEPS = 3  # timed steps of the panel's one-configuration sweep
+EXAMPLE_BATCHES = 4  # the packing checks and the packing-vs-padding step take 4 x BATCH documents
+
+
+def documents_needed(batch: int, steps: int, batches: Sequence[int], workers: Sequence[int]) -> int:
+    """The fewest documents notebook 12's cells can run on: each loader drops its last partial batch and must
+    give 1 warm-up + `steps` full batches (the panel's 1 + PANEL_STEPS), at `batch` and, when some worker count
+    is above 0, at every size of `batches`; the packing examples take EXAMPLE_BATCHES x `batch` documents."""
+    sizes = [batch] + ([b for b in batches if b != batch] if max(workers) > 0 else [])
+    return max(EXAMPLE_BATCHES * batch, batch * (1 + max(steps, PANEL_STEPS)), max(sizes) * (1 + steps))
+
+
+def resolve_parameters(S: params.Setup, *, MODEL, ROW_LEN, N_DOCS, MEDIAN_LEN, LATENCY_MS, BATCH, WORKERS, PREFETCH,
+                       BATCHES, STEPS, REPS) -> dict:
+    """Notebook 12's parameters, validated at once and with the profile's defaults filled in: {name: value}.
+
+    Raises ValueError naming the first bad parameter, and where a later cell could not use a value: a
+    ROW_LEN below MIN_DOC (documents are at least that long and clipped to one row), a MEDIAN_LEN not below
+    ROW_LEN, fewer documents than `documents_needed`, or more than the training corpus holds.
+    """
+    R = S.resolve
+    out = {"MODEL": R("MODEL", MODEL, smoke="tiny", full="small10m", check=lambda n, v: params.choose(n, v, PRESETS)),
+           "ROW_LEN": R("ROW_LEN", ROW_LEN, smoke=64, full=256, check=params.positive),
+           "N_DOCS": R("N_DOCS", N_DOCS, smoke=3000, full=40000, check=params.positive),
+           "MEDIAN_LEN": R("MEDIAN_LEN", MEDIAN_LEN, smoke=24, full=80, check=params.positive),
+           "LATENCY_MS": R("LATENCY_MS", LATENCY_MS, smoke=10.0, full=0.5, check=check_nonnegative),
+           "BATCH": R("BATCH", BATCH, smoke=8, full=64, check=params.positive),
+           "WORKERS": R("WORKERS", WORKERS, smoke=[0, 2], full=[0, 2, 4, 8], check=check_worker_counts),
+           "PREFETCH": R("PREFETCH", PREFETCH, smoke=[2, 4], full=[1, 2, 4, 8], check=params.positives),
+           "BATCHES": R("BATCHES", BATCHES, smoke=[4, 16], full=[16, 64, 256], check=params.positives),
+           "STEPS": R("STEPS", STEPS, smoke=4, full=30, check=params.positive),
+           "REPS": R("REPS", REPS, smoke=5, full=20, check=params.positive)}
+    row_len, n_docs, median = out["ROW_LEN"], out["N_DOCS"], out["MEDIAN_LEN"]
+    if row_len < MIN_DOC:
+        raise ValueError(f"ROW_LEN={row_len} must be at least {MIN_DOC}: documents are at least {MIN_DOC} tokens long "
+                         "and each must fit one row")
+    if median >= row_len:
+        raise ValueError(f"MEDIAN_LEN={median} must be below ROW_LEN={row_len}: documents are clipped to one row")
+    need = documents_needed(out["BATCH"], out["STEPS"], out["BATCHES"], out["WORKERS"])
+    if n_docs < need:
+        raise ValueError(f"N_DOCS={n_docs} is too few: each loader drops its last partial batch and must give 1 + "
+                         f"STEPS full batches (the panel 1 + {PANEL_STEPS}) of BATCH={out['BATCH']}"
+                         + (f" and of every size in BATCHES={out['BATCHES']}" if max(out["WORKERS"]) > 0 else "")
+                         + f", and the packing examples take {EXAMPLE_BATCHES} x BATCH; use at least {need}")
+    lengths = loading.document_lengths(n_docs, median=median, sigma=1.0, min_len=MIN_DOC, max_len=row_len, seed=S.seed)
+    corpus = len(data.load_corpus("train"))
+    if lengths.sum() > corpus:
+        raise ValueError(f"N_DOCS={n_docs} documents need {lengths.sum()} tokens; the corpus has {corpus}")
+    return out

@@ -20,9 +20,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from helpers.gpt.generation import causal_offset_mask
+from helpers.gpt.generation import cache_dtype, causal_offset_mask, compute_dtype
 from helpers.gpt.model import GPT, GPTConfig
 from helpers.lowbit.quant_linear import FUSED_MATVEC
+from helpers.measure.params import positive
 
 # ---------------------------------------------------------------- bytes per token, real models
 
@@ -64,10 +65,18 @@ class StaticKVCache(nn.Module):
     """A KVCacheLike for one-token decode with static shapes, as compiled decode needs (gpt-fast's design):
     buffers k, v (n_layer, B, n_kv_head, max_len, head_dim) and the position `pos` live on the device as
     module buffers; every step attends over all max_len slots with a mask of those filled, so no shape
-    and no Python number changes between steps."""
+    and no Python number changes between steps.
+
+    Stores in `dtype` (any of helpers.gpt.generation.CACHE_DTYPES, whatever the model's), computes in
+    compute_dtype(query, dtype), the wider of the two, and returns the query's dtype (with equal dtypes
+    nothing is converted, so the compiled step is the same). Raises ValueError for another dtype, and for
+    a batch or max_len that is not a positive int."""
 
     def __init__(self, config: GPTConfig, batch: int, max_len: int, *, dtype=torch.float32, device="cpu"):
         super().__init__()
+        positive("batch", batch)
+        positive("max_len", max_len)
+        cache_dtype(dtype)
         shape = (config.n_layer, batch, config.n_kv_head, max_len, config.head_dim)
         self.register_buffer("k", torch.zeros(shape, dtype=dtype, device=device))
         self.register_buffer("v", torch.zeros(shape, dtype=dtype, device=device))
@@ -87,10 +96,11 @@ class StaticKVCache(nn.Module):
         self.k[layer].index_copy_(2, idx, k.to(self.k.dtype))
         self.v[layer].index_copy_(2, idx, v.to(self.v.dtype))
         mask = self.slots[None, :] <= idx[:, None]  # (T, max_len): filled slots up to each new token
-        keys, values = self.k[layer], self.v[layer]
+        dt = compute_dtype(q.dtype, self.k.dtype)
+        out_dtype, q, keys, values = q.dtype, q.to(dt), self.k[layer].to(dt), self.v[layer].to(dt)
         if self.group > 1:
             keys, values = keys.repeat_interleave(self.group, 1), values.repeat_interleave(self.group, 1)
-        return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
+        return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask).to(out_dtype)
 
     def advance(self, T: int) -> None:
         """Count T more tokens as cached (on the device: `pos` += T)."""
@@ -142,8 +152,9 @@ class LowRankKV(nn.Module):
 
 def factorise_kv(model: GPT, rank: int) -> tuple[GPT, list[float]]:
     """A copy of `model` whose every k/v projection W (2·H_kv·hd, d_model) is replaced by its best rank-r
-    approximation U_r (Σ_r V_rᵀ) from the SVD (Eckart–Young), as a `LowRankKV`. Returns the copy and each
-    layer's relative reconstruction error ‖W − W_r‖_F / ‖W‖_F. Raises ValueError for a rank outside
+    approximation U_r (Σ_r V_rᵀ) from the SVD (Eckart–Young, computed in float64), as a `LowRankKV` in W's
+    dtype and on its device. Returns the copy and each layer's relative reconstruction error
+    ‖W − W_r‖_F / ‖W‖_F. Raises ValueError for a rank outside
     1 .. min(W's shape)."""
     full = 2 * model.config.n_kv_head * model.config.head_dim
     if isinstance(rank, bool) or not isinstance(rank, int) or not 1 <= rank <= min(full, model.config.d_model):
@@ -158,7 +169,7 @@ def factorise_kv(model: GPT, rank: int) -> tuple[GPT, list[float]]:
         errors.append(float(torch.linalg.norm(W - up @ down) / torch.linalg.norm(W)))
         dtype = lin.weight.dtype
         block.attn.kv_proj = LowRankKV(down.to(dtype), up.to(dtype), None if lin.bias is None else lin.bias.detach())
-        block.attn.kv_proj.to(lin.weight.device)
+        block.attn.kv_proj.to(device=lin.weight.device, dtype=dtype)
     return low, errors
 
 
@@ -169,11 +180,19 @@ class LatentKVCache:
     down(x), up's columns being orthonormal), and the up-projection is absorbed (DeepSeek-V2, sec. 2.1.2):
     scores = (q U_k)·c + q·b_k, output = (softmax · c) U_vᵀ + b_v, so keys and values are never materialised
     for the cached tokens.
+
+    Stores c in `dtype` (any of helpers.gpt.generation.CACHE_DTYPES, whatever the model's), computes in
+    compute_dtype(query, dtype), the wider of the two (q, c and the up-projection converted to it), and
+    returns the query's dtype. Raises ValueError for another dtype, a batch or max_len that is not a
+    positive int, a model not from factorise_kv, and when asked to hold more than max_len tokens.
     """
 
     def __init__(self, model: GPT, batch: int, max_len: int, *, dtype: torch.dtype = torch.float32,
                  device: str | torch.device = "cpu"):
         cfg = model.config
+        positive("batch", batch)
+        positive("max_len", max_len)
+        cache_dtype(dtype)
         projs = [b.attn.kv_proj for b in model.blocks]
         if not all(isinstance(p, LowRankKV) for p in projs):
             raise ValueError("LatentKVCache needs a model from factorise_kv (its kv projections are LowRankKV)")
@@ -197,21 +216,23 @@ class LatentKVCache:
         H_kv, g = cfg.n_kv_head, cfg.n_head // cfg.n_kv_head
         kv = torch.stack([k, v]).permute(1, 3, 0, 2, 4).reshape(B, T, 2 * H_kv * hd)  # the model's layout
         if up.bias is not None:
-            kv = kv - up.bias
+            kv = kv - up.bias.to(kv.dtype)
         end = self.length + T
         if end > self.max_len:
             raise ValueError(f"the cache holds max_len={self.max_len} tokens; {end} were asked for")
-        self.c[layer, :, self.length:end] = (kv @ up.weight).to(self.c.dtype)  # (B, T, r)
-        c = self.c[layer, :, :end].to(q.dtype)  # (B, S, r)
-        Wk, Wv = up.weight.view(2, H_kv, hd, self.rank)  # (H_kv, hd, r) each
-        bk, bv = (up.bias.view(2, H_kv, hd) if up.bias is not None else torch.zeros(2, H_kv, hd, device=q.device))
+        self.c[layer, :, self.length:end] = (kv @ up.weight.to(kv.dtype)).to(self.c.dtype)  # (B, T, r)
+        dt = compute_dtype(q.dtype, self.c.dtype)
+        out_dtype, q, c = q.dtype, q.to(dt), self.c[layer, :, :end].to(dt)  # c: (B, S, r)
+        Wk, Wv = up.weight.to(dt).view(2, H_kv, hd, self.rank)  # (H_kv, hd, r) each
+        bk, bv = (up.bias.to(dt).view(2, H_kv, hd) if up.bias is not None
+                  else torch.zeros(2, H_kv, hd, dtype=dt, device=q.device))
         Wk, Wv = Wk.repeat_interleave(g, 0), Wv.repeat_interleave(g, 0)  # (H, hd, r)
         bk, bv = bk.repeat_interleave(g, 0), bv.repeat_interleave(g, 0)  # (H, hd)
         q_lat = torch.einsum("bhtd,hdr->bhtr", q, Wk)  # the query, absorbed into latent space
         scores = (q_lat @ c.transpose(1, 2)[:, None] + (q * bk[:, None]).sum(-1, keepdim=True)) / math.sqrt(hd)
         scores = scores.masked_fill(~causal_offset_mask(T, end, q.device), float("-inf"))
         o_lat = scores.softmax(-1) @ c[:, None]  # (B, H, T, r)
-        return torch.einsum("bhtr,hdr->bhtd", o_lat, Wv) + bv[:, None]
+        return (torch.einsum("bhtr,hdr->bhtd", o_lat, Wv) + bv[:, None]).to(out_dtype)
 
     def advance(self, T: int) -> None:
         """Count T more tokens as cached."""

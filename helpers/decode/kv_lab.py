@@ -1,5 +1,6 @@
-"""Notebook 10's measurements of one sequence's cache: decode with and without a cache, prefill vs decode on
-the roofline, decode as bandwidth, attention variants against a memory budget, and compiled decode.
+"""Notebook 10's parameters (`resolve_parameters`) and measurements of one sequence's cache: decode with and
+without a cache, prefill vs decode on the roofline, decode as bandwidth, attention variants against a memory
+budget, and compiled decode.
 
 Every function here times with `helpers.measure.bench` and counts FLOPs with torch's FlopCounterMode (matmuls and
 attention, as torch counts them) and bytes by hand (stated in each docstring). The caches are
@@ -8,15 +9,17 @@ the KV-memory panel) are `helpers.decode.serving_lab`.
 """
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn as nn
 
 from helpers.decode.kv_cache import (LatentKVCache, StaticKVCache, decode_compile_options, factorise_kv,
                                      kv_bytes_per_token, static_step)
 from helpers.gpt.generation import KVCache, rewound_step
-from helpers.gpt.model import GPT, GPTConfig
+from helpers.gpt.model import GPT, PRESETS, GPTConfig
 from helpers.gpt.pretrained import validation_loss
-from helpers.measure import bench
+from helpers.measure import bench, params
 from helpers.measure.params import positive
 
 
@@ -251,3 +254,84 @@ def compiled_decode(model: GPT, context: int, reps: int, mode: str = "reduce-ove
                                                                        p.element_size())
     return {"eager_s": eager["seconds"], "compiled_s": t.median, "compiled_spread": t.spread, "bytes": nbytes,
             "compiled_gbps": nbytes / t.median / 1e9, "eager_gbps": eager["gbps"], "mode": mode}
+
+
+# ---------------------------------------------------------------- the parameters
+
+EXAMPLE_PROMPT = "    def __init__(self"  # the prompt of notebook 10's generation examples
+CHECK_EXTRA = 8  # the cache checks run PROMPT_LEN + 8 tokens: a prefill, then decode steps to compare
+BUDGET_PRESET, BUDGET_RANK = "1.3b", 512  # the model and latent rank of the budget table, in bf16
+
+
+def budget_need() -> tuple[int, int]:
+    """(bytes of the BUDGET_PRESET GPT's bf16 weights as `weight_bytes` counts them, bytes of one token of its
+    MHA cache in bf16): what the budget table subtracts, and what it divides the rest by. Shapes only: the
+    model is built on the meta device, where nothing is allocated and no random numbers are drawn."""
+    cfg = GPTConfig.preset(BUDGET_PRESET)
+    with torch.device("meta"):
+        model = GPT(cfg).to(torch.bfloat16)
+    return weight_bytes(model), budget_rows(cfg, variant_configs(cfg, BUDGET_RANK), 0.0, 0.0, 2)[0][1]
+
+
+def min_budget_gb() -> float:
+    """The smallest BUDGET_GB the budget table can use: the weights and one token of MHA's cache (`budget_need`),
+    so that every variant's longest context is at least one token (the table's ratios divide by MHA's)."""
+    weights, token = budget_need()
+    gb = (weights + token) / 1e9
+    while gb * 1e9 < weights + token:  # the division may round down by an ulp
+        gb = math.nextafter(gb, math.inf)
+    return gb
+
+
+def _budget(name: str, value) -> float:
+    """BUDGET_GB: a finite number of GB from `min_budget_gb()` up, as a float."""
+    value = positive(name, float(value) if type(value) is int else value, float)
+    weights, token = budget_need()
+    if not math.isfinite(value) or value * 1e9 - weights < token:
+        raise ValueError(f"{name}={value!r} GB cannot hold the {BUDGET_PRESET} GPT's bf16 weights "
+                         f"({weights / 1e9:.3f} GB) and one token of its MHA cache, so no attention variant would fit a "
+                         f"token; choose a finite budget of at least {min_budget_gb():.10g} GB")
+    return value
+
+
+def resolve_parameters(S: params.Setup, *, MODEL, TRAIN_STEPS, PROMPT_LEN, NEW_TOKENS, POSITIONS, SIZES, CONTEXT,
+                       BATCHES, RANKS, BUDGET_GB, REPS) -> dict:
+    """Notebook 10's parameters, validated at once and with the profile's defaults filled in: {name: value}.
+
+    Raises ValueError naming the first bad parameter, and where a later cell could not use a value, with
+    T = MODEL's seq_len: PROMPT_LEN below 2 (the cache check prefills half of it) or above T - 8 (the cache
+    checks run PROMPT_LEN + 8 tokens), PROMPT_LEN + NEW_TOKENS or max(POSITIONS) not below T, NEW_TOKENS
+    beyond T minus the examples' EXAMPLE_PROMPT, a rank of RANKS beyond what the k/v projections hold, a
+    BUDGET_GB below `min_budget_gb()`.
+    """
+    R = S.resolve
+    model = R("MODEL", MODEL, smoke="tiny", full="small10m", check=lambda n, v: params.choose(n, v, PRESETS))
+    out = {"MODEL": model,
+           "TRAIN_STEPS": None if TRAIN_STEPS is None else params.positive("TRAIN_STEPS", TRAIN_STEPS),  # the schedule's
+           "PROMPT_LEN": R("PROMPT_LEN", PROMPT_LEN, smoke=32, full=128, check=params.positive),
+           "NEW_TOKENS": R("NEW_TOKENS", NEW_TOKENS, smoke=32, full=96, check=params.positive),
+           "POSITIONS": R("POSITIONS", POSITIONS, smoke=[8, 32, 96], full=[16, 64, 128, 192, 250], check=params.positives),
+           "SIZES": R("SIZES", SIZES, smoke=["tiny", "small10m"], full=["small10m", "gpt2", "gpt2-medium", "1.3b"],
+                      check=lambda n, v: params.choices(n, v, PRESETS)),
+           "CONTEXT": R("CONTEXT", CONTEXT, smoke=64, full=512, check=params.positive),
+           "BATCHES": R("BATCHES", BATCHES, smoke=[1, 4, 16], full=[2**i for i in range(9)], check=params.positives),
+           "RANKS": R("RANKS", RANKS, smoke=[2, 8, 32], full=[16, 64, 128, 256], check=params.positives),
+           "BUDGET_GB": R("BUDGET_GB", BUDGET_GB, smoke=80.0, full=80.0, check=_budget),
+           "REPS": R("REPS", REPS, smoke=5, full=20, check=params.positive)}
+    cfg = GPTConfig.preset(model)
+    prompt_len, new = out["PROMPT_LEN"], out["NEW_TOKENS"]
+    for name, value in (("PROMPT_LEN + NEW_TOKENS", prompt_len + new), ("max(POSITIONS)", max(out["POSITIONS"]))):
+        if value >= cfg.seq_len:
+            raise ValueError(f"{name}={value} must stay below {model}'s seq_len={cfg.seq_len}")
+    if prompt_len < 2 or prompt_len + CHECK_EXTRA > cfg.seq_len:
+        raise ValueError(f"PROMPT_LEN={prompt_len}: the cache checks prefill half of the prompt and then run "
+                         f"{CHECK_EXTRA} more tokens, so it must be from 2 to {cfg.seq_len - CHECK_EXTRA} for {model} "
+                         f"(seq_len {cfg.seq_len})")
+    example = len(EXAMPLE_PROMPT.encode())
+    if example + new > cfg.seq_len:
+        raise ValueError(f"NEW_TOKENS={new}: the generation examples continue a {example}-byte prompt, so at most "
+                         f"{cfg.seq_len - example} new tokens fit {model}'s seq_len={cfg.seq_len}")
+    most = min(cfg.d_model, 2 * cfg.n_kv_head * cfg.head_dim)
+    if max(out["RANKS"]) > most:
+        raise ValueError(f"RANKS={out['RANKS']}: a rank cannot pass {most} for {model}")
+    return out

@@ -26,6 +26,7 @@ from collections.abc import Hashable, Sequence
 import torch
 
 from helpers.decode.paged_attention import TRITON_MISSING, paged_decode_torch, paged_decode_triton, paged_prefill_torch
+from helpers.gpt.generation import cache_dtype
 from helpers.measure.params import positive
 
 IMPLS = ("torch", "triton")
@@ -114,6 +115,11 @@ class PagedKVCache:
 
     `impl` picks the decode attention (T == 1): "torch" (gather through the block table) or
     "triton" (the kernel; in the interpreter without CUDA). Prefill (T > 1) always gathers in PyTorch.
+
+    Stores in `dtype` (any of helpers.gpt.generation.CACHE_DTYPES, whatever the model's), computes in
+    float32 (the PyTorch paths in float64 when the query or the pools are float64; the Triton kernel
+    always in float32, so it refuses float64 pools) and returns the query's dtype. Raises ValueError for
+    another dtype or impl.
     """
 
     def __init__(self, n_layer: int, n_kv_head: int, head_dim: int, *, num_blocks: int, block_size: int,
@@ -125,6 +131,9 @@ class PagedKVCache:
             raise ValueError(f"impl={impl!r} is unknown; choose one of {', '.join(map(repr, IMPLS))}")
         if impl == "triton" and TRITON_MISSING:
             raise ValueError(f"impl='triton' cannot run here: {TRITON_MISSING}")
+        if cache_dtype(dtype) == torch.float64 and impl == "triton":
+            raise ValueError("dtype=torch.float64 cannot run with impl='triton' (the kernel computes in float32); "
+                             "use impl='torch' or a float32, bfloat16 or float16 cache")
         self.allocator = BlockAllocator(num_blocks)
         self.block_size, self.n_layer, self.impl = block_size, n_layer, impl
         shape = (n_layer, num_blocks, block_size, n_kv_head, head_dim)

@@ -5,10 +5,12 @@ head_dim), a sequence's block table lists its blocks in order, and token positio
 `table[p // block_size]` at offset `p % block_size`. Nothing here allocates or frees blocks.
 
 * `paged_decode_torch`, `paged_prefill_torch`: gather each sequence's blocks into a contiguous view,
-  then masked (GQA-grouped) attention in fp32; decode is one new query per sequence, prefill T causal ones.
+  then masked (GQA-grouped) attention in fp32 (fp64 when q or the pool is fp64); decode is one new query per
+  sequence, prefill T causal ones. q and the pools may have different dtypes; both are converted to that one.
 * `paged_decode_triton`: the same decode as one Triton kernel. Each program looks each token's block up
   in the table as it loads a tile of keys, and long sequences are split over several programs whose
-  partial softmaxes a second kernel merges (the split-KV of FlashDecoding). It runs in Triton's
+  partial softmaxes a second kernel merges (the split-KV of FlashDecoding). It reads q and the pools in
+  their own dtypes (fp32, bf16 or fp16, which may differ) and computes in fp32. It runs in Triton's
   interpreter without CUDA and is compiled on a GPU; `compile_decode_kernel` compiles it for sm_90
   ahead of time without one; `decode_splits` and `decode_warps` choose its launch.
 * `dense_decode`: the contiguous reference. `flex_paged_decode`: PyTorch's FlexAttention paged helper
@@ -43,6 +45,10 @@ else:  # pragma: no cover - without a runnable triton only the PyTorch path exis
     triton = tl = None
 
 
+# the dtypes the Triton decode kernel reads q and the pools in (it computes in float32)
+KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
 def _gather(pool: torch.Tensor, tables: torch.Tensor) -> torch.Tensor:
     """(B, H_kv, max_blocks * block_size, hd): each sequence's blocks, in table order, from a layer's pool."""
     B, nb = tables.shape
@@ -50,14 +56,21 @@ def _gather(pool: torch.Tensor, tables: torch.Tensor) -> torch.Tensor:
     return g.reshape(B, nb * pool.size(1), pool.size(2), pool.size(3)).transpose(1, 2)
 
 
+def attention_dtype(q: torch.dtype, pool: torch.dtype) -> torch.dtype:
+    """The dtype the PyTorch paged paths compute in: float32, or float64 when q or the pool is float64."""
+    return torch.promote_types(torch.promote_types(q, pool), torch.float32)
+
+
 def _grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
-    """softmax(q kᵀ/sqrt(hd)) v in fp32 with GQA grouping: q (B, H, T, hd), k/v (B, H_kv, S, hd), keep (B, T, S)."""
+    """softmax(q kᵀ/sqrt(hd)) v in attention_dtype with GQA grouping: q (B, H, T, hd), k/v (B, H_kv, S, hd),
+    keep (B, T, S)."""
     B, H, T, hd = q.shape
     H_kv = k.size(1)
-    qg = q.float().reshape(B, H_kv, H // H_kv, T, hd)  # query heads h = g*(H/H_kv) + i share kv head g
-    scores = (qg / math.sqrt(hd)) @ k.float().unsqueeze(2).transpose(-2, -1)  # (B, H_kv, G, T, S)
+    dt = attention_dtype(q.dtype, k.dtype)
+    qg = q.to(dt).reshape(B, H_kv, H // H_kv, T, hd)  # query heads h = g*(H/H_kv) + i share kv head g
+    scores = (qg / math.sqrt(hd)) @ k.to(dt).unsqueeze(2).transpose(-2, -1)  # (B, H_kv, G, T, S)
     scores = scores.masked_fill(~keep[:, None, None], float("-inf"))
-    out = torch.softmax(scores, dim=-1) @ v.float().unsqueeze(2)  # (B, H_kv, G, T, hd)
+    out = torch.softmax(scores, dim=-1) @ v.to(dt).unsqueeze(2)  # (B, H_kv, G, T, hd)
     return out.reshape(B, H, T, hd)
 
 
@@ -67,7 +80,8 @@ def paged_decode_torch(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tens
 
     q (B, H, hd): one query per sequence; k_pool, v_pool (num_blocks, block_size, H_kv, hd) one layer's
     pool; tables (B, max_blocks) int block numbers; lengths (B,) keys per sequence (>= 1, including
-    the new token's). Returns (B, H, hd) in float32. H must be a multiple of H_kv (GQA/MQA).
+    the new token's). q and the pools may differ in dtype. Returns (B, H, hd) in attention_dtype (float32,
+    float64 when q or the pool is). H must be a multiple of H_kv (GQA/MQA).
     """
     k, v = _gather(k_pool, tables), _gather(v_pool, tables)  # (B, H_kv, S, hd)
     keep = torch.arange(k.size(2), device=q.device)[None, None, :] < lengths.to(q.device)[:, None, None]
@@ -79,7 +93,8 @@ def paged_prefill_torch(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Ten
     """Causal attention of T new queries per sequence over its cached and new keys, through the table.
 
     q (B, H, T, hd); cached (B,) tokens each sequence held before these T (new token t sits at position
-    cached + t and sees positions <= cached + t). Returns (B, H, T, hd) in float32.
+    cached + t and sees positions <= cached + t). Returns (B, H, T, hd) in attention_dtype (float32, float64
+    when q or the pool is).
     """
     T = q.size(2)
     k, v = _gather(k_pool, tables), _gather(v_pool, tables)  # (B, H_kv, S, hd)
@@ -89,7 +104,8 @@ def paged_prefill_torch(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Ten
 
 
 def dense_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-    """The contiguous reference: q (B, H, hd), k/v (B, H_kv, S_max, hd) padded; lengths (B,). -> (B, H, hd) fp32."""
+    """The contiguous reference: q (B, H, hd), k/v (B, H_kv, S_max, hd) padded; lengths (B,). -> (B, H, hd) in
+    attention_dtype (fp32, fp64 when q or k is)."""
     keep = torch.arange(k.size(2), device=q.device)[None, None, :] < lengths.to(q.device)[:, None, None]
     return _grouped_attention(q[:, :, None], k, v, keep)[:, :, 0]
 
@@ -222,15 +238,21 @@ def paged_decode_triton(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Ten
                         max_len: int | None = None) -> torch.Tensor:
     """`paged_decode_torch` as one Triton kernel: no gather, each program reads its tokens in place.
 
-    Same shapes and result (B, H, hd) float32. Each sequence is cut into `splits` pieces (None:
-    `decode_splits`), each piece handled by its own program, `tile` tokens (a power of two) at a
-    time; a second small kernel merges the pieces' partial softmaxes (FlashDecoding's split-KV).
+    Same shapes and result (B, H, hd) float32; q and the pools are read in their own dtypes (float32,
+    bfloat16 or float16, q's may differ from the pools') and converted to float32 as they load. Each
+    sequence is cut into `splits` pieces (None: `decode_splits`), each piece handled by its own program,
+    `tile` tokens (a power of two) at a time; a second small kernel merges the pieces' partial softmaxes
+    (FlashDecoding's split-KV).
     `max_len`: the longest length if the caller knows it on the host (saves a device sync). Runs in
     Triton's interpreter without CUDA (slow, correctness only). Raises RuntimeError when triton is
-    unavailable, ValueError on bad shapes or arguments.
+    unavailable, ValueError on bad shapes, dtypes or arguments.
     """
     if TRITON_MISSING:
         raise RuntimeError(f"the Triton paged decode cannot run here: {TRITON_MISSING}")
+    bad = [t.dtype for t in (q, k_pool, v_pool) if t.dtype not in KERNEL_DTYPES]
+    if bad:
+        raise ValueError(f"the Triton paged decode reads float32, bfloat16 or float16 tensors, not {bad[0]}; "
+                         f"paged_decode_torch (a PagedKVCache's impl='torch') takes it")
     B, H, hd = q.shape
     nb, bs, H_kv, hd_k = k_pool.shape
     if hd_k != hd or H % H_kv or v_pool.shape != k_pool.shape or tables.size(0) != B or lengths.numel() != B:

@@ -1,5 +1,6 @@
 """Notebook 11's measurements: speculative decoding on the course GPTs, timed and compared with its formula.
 
+* `resolve_parameters(S, ...)`: the notebook's parameters validated at once, the profile's defaults filled in.
 * `prompts(tokens, count, length, seed)`: prompts cut from the held-out corpus.
 * `model_pq(target, draft, prompt, k)`: a small "known" p and q taken from the two models themselves.
 * `rule_check(p, q, draws, seed, threshold)`: the exact and the wrong rule sampled, each chi-square tested.
@@ -20,7 +21,7 @@ import torch
 
 from helpers.decode import speculative
 from helpers.gpt.generation import KVCache, Sampler, generate, prefill, rewound_step
-from helpers.gpt.model import GPT
+from helpers.gpt.model import GPT, PRESETS, GPTConfig
 from helpers.measure import bench, params
 from helpers.show import plots
 
@@ -54,6 +55,36 @@ def check_fraction(name: str, value) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1:
         raise ValueError(f"{name}={value!r} must be a number strictly between 0 and 1")
     return float(value)
+
+
+def resolve_parameters(S: params.Setup, *, TARGET, DRAFT_LAYERS, DRAFT_WIDTH, NGRAM, PROMPT_LEN, NEW_TOKENS, GAMMAS,
+                       TEMPERATURES, ROUNDS, DRAWS, THRESHOLD, REPS) -> dict:
+    """Notebook 11's parameters, validated at once and with the profile's defaults filled in: {name: value}
+    (TEMPERATURES sorted and distinct). Raises ValueError naming the first bad parameter: an odd DRAFT_WIDTH
+    (the draft has 2 heads), or PROMPT_LEN + NEW_TOKENS + max(GAMMAS) + 1 beyond TARGET's seq_len (the last
+    verification pass scores max(GAMMAS) + 1 tokens after everything generated)."""
+    R = S.resolve
+    out = {"TARGET": R("TARGET", TARGET, smoke="tiny", full="small10m", check=lambda n, v: params.choose(n, v, PRESETS)),
+           "DRAFT_LAYERS": R("DRAFT_LAYERS", DRAFT_LAYERS, smoke=1, full=1, check=params.positive),
+           "DRAFT_WIDTH": R("DRAFT_WIDTH", DRAFT_WIDTH, smoke=64, full=128, check=params.positive),
+           "NGRAM": R("NGRAM", NGRAM, smoke=3, full=3, check=params.positive),
+           "PROMPT_LEN": R("PROMPT_LEN", PROMPT_LEN, smoke=32, full=64, check=params.positive),
+           "NEW_TOKENS": R("NEW_TOKENS", NEW_TOKENS, smoke=32, full=128, check=params.positive),
+           "GAMMAS": R("GAMMAS", GAMMAS, smoke=[1, 2, 4], full=[1, 2, 3, 4, 6, 8], check=check_gammas),
+           "TEMPERATURES": R("TEMPERATURES", TEMPERATURES, smoke=[0.0, 0.5, 1.0], full=[0.0, 0.5, 1.0],
+                             check=check_temperatures),
+           "ROUNDS": R("ROUNDS", ROUNDS, smoke=3, full=5, check=params.positive),
+           "DRAWS": R("DRAWS", DRAWS, smoke=100_000, full=1_000_000, check=params.positive),
+           "THRESHOLD": R("THRESHOLD", THRESHOLD, smoke=0.001, full=0.001, check=check_fraction),
+           "REPS": R("REPS", REPS, smoke=10, full=30, check=params.positive)}
+    if out["DRAFT_WIDTH"] % 2:
+        raise ValueError(f"DRAFT_WIDTH={out['DRAFT_WIDTH']} must be even (the draft has 2 heads)")
+    longest = out["PROMPT_LEN"] + out["NEW_TOKENS"] + max(out["GAMMAS"]) + 1
+    seq_len = GPTConfig.preset(out["TARGET"]).seq_len
+    if longest > seq_len:
+        raise ValueError(f"PROMPT_LEN + NEW_TOKENS + max(GAMMAS) + 1 = {longest} exceeds {out['TARGET']}'s "
+                         f"seq_len={seq_len}")
+    return out
 
 
 def prompts(tokens: torch.Tensor, count: int, length: int, seed: int = 0) -> list[torch.Tensor]:

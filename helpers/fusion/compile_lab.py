@@ -1,6 +1,7 @@
-"""Notebook 09's measurements: each workload eager vs compiled (time, GB/s, kernels), the cost of compiling
-(cold and warm, and the calls it takes to pay back), the softmax sweep with the Triton kernel, the course
-GPT's training step and one-token forward compiled, the sentences and the panel.
+"""Notebook 09's parameters (`resolve_parameters`) and measurements: each workload eager vs compiled (time,
+GB/s, kernels), the cost of compiling (cold and warm, and the calls it takes to pay back), the softmax sweep
+with the Triton kernel, the course GPT's training step and one-token forward compiled, the sentences and
+the panel.
 
 The compiler machinery and the workloads themselves are `helpers.fusion.compiler`; the Triton softmax is
 `helpers.fusion.triton_softmax`. Compiled functions are kept in `COMPILED`, one per workload, so a notebook
@@ -20,8 +21,8 @@ import torch
 
 from helpers.cost.flops import transformer_flops
 from helpers.fusion import compiler, triton_softmax
-from helpers.gpt.model import GPT
-from helpers.measure import bench, profiling
+from helpers.gpt.model import GPT, PRESETS
+from helpers.measure import bench, params, profiling
 from helpers.measure.params import choices, positive
 from helpers.show import plots
 
@@ -32,6 +33,7 @@ TOLERANCES = {torch.float32: (1e-5, 1e-5), torch.float16: (2e-3, 2e-3), torch.bf
 
 
 MODES = ("default", "reduce-overhead", "max-autotune")
+ALL_MODES = MODES  # the same, under a name that `resolve_parameters`' MODES argument does not hide
 
 
 def check_modes(name: str, value) -> list[str]:
@@ -48,6 +50,30 @@ def check_for_device(device: str, *, MODES: list[str], DTYPE: str) -> None:
         raise ValueError(f"MODES={MODES!r}: 'reduce-overhead' and 'max-autotune' need CUDA; use ['default'] or []")
     if device != "cuda" and DTYPE != "fp32":
         raise ValueError(f"DTYPE={DTYPE!r}: fp16 and bf16 are for a GPU here; use 'fp32' on a CPU")
+
+
+def resolve_parameters(S: params.Setup, *, ROWS, COLS, DTYPE, REPS, SOFTMAX_COLS, MODEL, N_LAYER, BATCH, SEQ_LEN,
+                       MODES) -> dict:
+    """Notebook 09's parameters, validated at once and with the profile's defaults filled in: {name: value}.
+
+    Raises ValueError naming the first bad parameter, and for what this device cannot run (`check_for_device`).
+    """
+    R = S.resolve
+    cuda, every = S.device == "cuda", list(ALL_MODES)  # the parameter MODES hides the module's constant here
+    out = {"ROWS": R("ROWS", ROWS, smoke=256, full=8192, check=params.positive),
+           "COLS": R("COLS", COLS, smoke=1024, full=4096, check=params.positive),
+           "DTYPE": R("DTYPE", DTYPE, smoke="fp32", full="bf16" if cuda else "fp32",
+                      check=lambda n, v: params.choose(n, v, ("fp32", "fp16", "bf16"))),
+           "REPS": R("REPS", REPS, smoke=10, full=50, check=params.positive)}
+    out["SOFTMAX_COLS"] = R("SOFTMAX_COLS", SOFTMAX_COLS, smoke=[out["COLS"]], full=[256, 1024, 4096, 16384],
+                            check=params.positives)
+    out["MODEL"] = R("MODEL", MODEL, smoke="tiny", full="small10m", check=lambda n, v: params.choose(n, v, PRESETS))
+    out["N_LAYER"] = R("N_LAYER", N_LAYER, smoke=1, full=PRESETS[out["MODEL"]]["n_layer"], check=params.positive)
+    out["BATCH"] = R("BATCH", BATCH, smoke=4, full=16, check=params.positive)
+    out["SEQ_LEN"] = R("SEQ_LEN", SEQ_LEN, smoke=32, full=256, check=params.positive)
+    out["MODES"] = R("MODES", MODES, smoke=every if cuda else [], full=every if cuda else ["default"], check=check_modes)
+    check_for_device(S.device, MODES=out["MODES"], DTYPE=out["DTYPE"])  # CUDA graphs, autotuning, fp16/bf16: a GPU
+    return out
 
 
 def compiled(name: str) -> Callable:

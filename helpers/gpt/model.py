@@ -41,6 +41,11 @@ class KVCacheLike(Protocol):
     k and v after what the layer holds for each sequence and returns causal attention (B, H, T, hd)
     of q over the cached and new keys (new token t sees the cached ones and new ones up to t);
     `advance(T)` is called once after the last layer.
+
+    Dtypes: a cache stores k and v in its own dtype, whatever the model's, and `attend` returns q's dtype
+    (the model's); attention computes in a dtype no narrower than q's or the cache's (the caches of
+    `helpers.gpt.generation` and `helpers.decode` compute in `generation.compute_dtype`, the wider of the
+    two; the paged cache in float32 at least). Each cache's docstring says "stores in X, computes in Y".
     """
 
     def positions(self, T: int) -> torch.Tensor: ...

@@ -1,4 +1,4 @@
-"""Notebook 07's measurements: formats side by side, quantisation error on the course GPT's tensors,
+"""Notebook 07's parameters and measurements: formats side by side, quantisation error on the course GPT's tensors,
 delayed vs current scaling, training with FP8, and speed on GPUs with FP8 tensor cores.
 
 The FP8 machinery itself (formats, recipes, Float8Linear) is `helpers.lowbit.fp8`.
@@ -11,7 +11,8 @@ from typing import Callable
 
 import torch
 
-from helpers.measure import bench, profiling
+from helpers.gpt.model import GPT, PRESETS, GPTConfig
+from helpers.measure import bench, params, profiling
 from helpers.lowbit import fp8
 from helpers.show import plots
 from helpers.measure.params import positive
@@ -20,6 +21,63 @@ from helpers.training import precision
 TRAIN_VARIANTS = ("fp32", "ours tensorwise", "ours delayed", "ours rowwise", "ours blockwise",
                   "torchao tensorwise", "torchao rowwise")  # the first is the baseline: "bf16" where it runs
 
+
+# ---------------------------------------------------------------- the parameters
+
+MAX_OUTLIER = 2.0**64  # OUTLIER x the activations' amax must stay finite in fp32 (max ~2**128)
+
+
+def _finite_positive(name: str, value) -> float:
+    """A finite positive int or float, as a float; ValueError naming the parameter otherwise."""
+    value = positive(name, float(value) if type(value) is int else value, float)
+    if not math.isfinite(value):
+        raise ValueError(f"{name}={value!r} must be a finite positive number")
+    return value
+
+
+def _outlier(name: str, value) -> float:
+    """The planted outlier, in multiples of the amax: a positive number up to MAX_OUTLIER."""
+    value = _finite_positive(name, value)
+    if value > MAX_OUTLIER:
+        raise ValueError(f"{name}={value!r} is too large: the planted value, {name} x the activations' amax, must stay "
+                         f"finite in fp32 (largest {torch.finfo(torch.float32).max:.3g}); choose at most 2.0**64 "
+                         "(tensorwise scaling already loses every ordinary entry from about 2.0**18)")
+    return value
+
+
+def resolve_parameters(S: params.Setup, *, MODEL, BATCH, SEQ_LEN, STEPS, LR, LAYER, OUTLIER, BLOCK, HISTORY_LEN,
+                       MATMUL_SIZES, REPS) -> dict:
+    """Notebook 07's parameters, validated at once and with the profile's defaults filled in: {name: value},
+    plus "CFG" (the GPTConfig trained) and "LINEARS" (its linears but the LM head, LAYER's choices).
+
+    Raises ValueError naming the first bad parameter, and where a later cell could not use a value:
+    STEPS below 2 (the noise of the last training losses is their standard deviation, which needs two),
+    a non-finite LR, an OUTLIER above 2**64 (planted into fp32 activations it would be inf, and every
+    error measured with it NaN). Builds the GPT once (on the CPU) to list its linears.
+    """
+    R = S.resolve
+    out = {"MODEL": R("MODEL", MODEL, smoke="tiny", full="small10m", check=lambda n, v: params.choose(n, v, PRESETS)),
+           "BATCH": R("BATCH", BATCH, smoke=4, full=16, check=params.positive),
+           "SEQ_LEN": R("SEQ_LEN", SEQ_LEN, smoke=64, full=256, check=params.positive),
+           "STEPS": R("STEPS", STEPS, smoke=12, full=300, check=params.positive)}
+    if out["STEPS"] < 2:
+        raise ValueError(f"STEPS={out['STEPS']} is too few: the training comparison measures the noise of the last "
+                         "losses as their standard deviation, which needs at least 2 steps")
+    out["LR"] = R("LR", LR, smoke=1e-3, full=1e-3, check=_finite_positive)
+    cfg = GPTConfig.preset(out["MODEL"], seq_len=out["SEQ_LEN"])
+    linears = [n for n, m in GPT(cfg).named_modules() if isinstance(m, torch.nn.Linear) and n != "lm_head"]
+    out["LAYER"] = R("LAYER", LAYER, smoke="blocks.0.mlp.down", full="blocks.0.mlp.down",
+                     check=lambda n, v: params.choose(n, v, linears))
+    out["OUTLIER"] = R("OUTLIER", OUTLIER, smoke=2.0**12, full=2.0**12, check=_outlier)
+    out["BLOCK"] = R("BLOCK", BLOCK, smoke=128, full=128, check=params.positive)
+    out["HISTORY_LEN"] = R("HISTORY_LEN", HISTORY_LEN, smoke=8, full=8, check=params.positive)
+    out["MATMUL_SIZES"] = R("MATMUL_SIZES", MATMUL_SIZES, smoke=[256, 512], full=[1024, 2048, 4096, 8192],
+                            check=params.positives)
+    out["REPS"] = R("REPS", REPS, smoke=3, full=20, check=params.positive)
+    return {**out, "CFG": cfg, "LINEARS": linears}
+
+
+# ---------------------------------------------------------------- the training variants
 
 def train_variants(baseline: str) -> tuple[str, ...]:
     """TRAIN_VARIANTS with the baseline first: "bf16" (autocast, on a GPU that has bf16) or "fp32".

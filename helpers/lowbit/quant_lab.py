@@ -1,4 +1,4 @@
-"""Notebook 08's quantisation measurements: error on a trained GPT's real weights and activations,
+"""Notebook 08's parameters and quantisation measurements: error on a trained GPT's real weights and activations,
 GPTQ and AWQ against RTN layer by layer and in held-out perplexity, a grid of RTN / NF4 formats, decode
 speed of weight-only linears on a GPU, and 8-bit optimizer state.
 
@@ -7,6 +7,8 @@ this module applies them to the course GPT. Every linear inside the blocks (atte
 up/down) is quantised; the embeddings and the output head stay in full precision (bitsandbytes' and
 torchao's defaults skip lm_head too).
 
+- `resolve_parameters`: the notebook's parameters validated at once (the group and block sizes against
+  the GPT's layer widths, the LLM.int8 threshold against the planted test input).
 - Weights and activations: `weight_error_rows` (each scheme, width and granularity on every block
   weight), `block_inputs`, `outlier_profile` and `activation_error_rows` (LLM.int8 on the real inputs).
 - GPTQ and AWQ: `layer_error_rows` / `layer_error_section`, the output error ||WX − ŴX|| / ||WX|| of
@@ -33,17 +35,114 @@ import torch
 from torch import nn
 
 from helpers.gpt.generation import KVCache, prefill, rewound_step
-from helpers.gpt.model import GPT, GPTConfig
+from helpers.gpt.model import GPT, PRESETS, GPTConfig
 from helpers.gpt.pretrained import validation_loss
 from helpers.lowbit import quant, quant_linear
 from helpers.lowbit.gptq import (METHODS, awq_quantize, block_linears, check_bits, collect_inputs, cpu_threads,
                                  gptq_quantize, hessian, output_error, quantize_model, rtn_quantize)
 from helpers.lowbit.lora import finetune_split, make_optimizer, optimizer_state_bytes, prepare, train_steps, trainable
+from helpers.measure import params
 from helpers.measure.bench import benchmark
 from helpers.measure.params import positive
 from helpers.show import tables
 
 GB = 1e9
+
+
+# ---------------------------------------------------------------- the parameters
+
+NF4_BLOCKS = (32, 64, 128, 256, 512, 1024, 2048, 4096)  # bitsandbytes' NF4 block sizes (quant.nf4_quantize's)
+PLANTED = dict(tokens=64, features=256, columns=3, size=20.0)  # notebook 08's LLM.int8 test input (planted_outliers)
+
+
+def layer_width(preset: str) -> int:
+    """The largest group size that divides the input width of every block linear of `preset`'s GPT (the gcd
+    of those widths): quantisation groups run along a weight's input dimension and must tile it."""
+    with torch.device("meta"):  # shapes only: nothing is allocated and no random numbers are drawn
+        model = GPT(GPTConfig.preset(preset))
+    return math.gcd(*(lin.in_features for lin in block_linears(model).values()))
+
+
+def int8_threshold_floor(seed: int) -> float:
+    """The smallest column max |x| of the planted LLM.int8 test input (`PLANTED`, drawn with `seed`): a
+    threshold at or below it sends every column to the full-precision path, leaving no int8 product."""
+    return float(quant_linear.planted_outliers(**PLANTED, seed=seed).abs().amax(0).min())
+
+
+def _groups(preset: str):
+    """GROUPS: a non-empty list of "tensor", "channel" or group sizes that tile every block linear of `preset`
+    (and, from 32 on, are NF4 block sizes too), whose last entry is not "tensor" (the grid panel starts there)."""
+    width = layer_width(preset)
+
+    def check(name: str, values) -> list:
+        if isinstance(values, (str, bytes)) or not isinstance(values, (list, tuple)) or not values or any(
+                not (v in ("tensor", "channel") or (isinstance(v, int) and not isinstance(v, bool) and v > 0))
+                for v in values):
+            raise ValueError(f"{name}={values!r} must be a non-empty list of 'tensor', 'channel' or positive group sizes")
+        for g in values:
+            if isinstance(g, int) and width % g:
+                raise ValueError(f"{name}={values!r}: group size {g} does not divide {width}, the input width every block "
+                                 f"linear of the {preset} GPT is a multiple of; choose divisors of {width}, e.g. 32 or 64")
+            if isinstance(g, int) and g >= 32 and g not in NF4_BLOCKS:
+                raise ValueError(f"{name}={values!r}: group size {g} is also measured as an NF4 block, and NF4 blocks "
+                                 f"are powers of two from 32 to 4096; choose {max(b for b in NF4_BLOCKS if b <= g)} "
+                                 "or a size below 32")
+        if values[-1] == "tensor":
+            raise ValueError(f"{name}={values!r}: the last entry is where the grid panel starts, and the grid has no "
+                             "'tensor' rows; end the list with 'channel' or a group size")
+        return list(values)
+    return check
+
+
+def _blocksize(preset: str):
+    """BLOCKSIZE: an NF4 block size that is also a group size of every block linear of `preset` (the table
+    quantises int4 RTN, GPTQ and AWQ in groups of BLOCKSIZE)."""
+    width = layer_width(preset)
+
+    def check(name: str, value) -> int:
+        params.choose(name, value, NF4_BLOCKS)
+        if width % value:
+            raise ValueError(f"{name}={value!r} does not divide {width}, the input width every block linear of the "
+                             f"{preset} GPT is a multiple of, and int4 RTN, GPTQ and AWQ are grouped by it; choose one "
+                             f"of {', '.join(str(b) for b in NF4_BLOCKS if width % b == 0)}")
+        return value
+    return check
+
+
+def _threshold(seed: int):
+    """THRESHOLD: a finite positive number above `int8_threshold_floor(seed)` once rounded to fp32 (the input's
+    dtype, in which llm_int8_matmul compares |x| with it)."""
+    def check(name: str, value) -> float:
+        value = positive(name, float(value) if type(value) is int else value, float)
+        floor = int8_threshold_floor(seed)
+        if not math.isfinite(value) or float(torch.tensor(value, dtype=torch.float32)) <= floor:  # compared in fp32
+            raise ValueError(f"{name}={value!r}: the planted LLM.int8 example needs a finite threshold above "
+                             f"{floor:.4g}, its smallest column max |x| (at or below it every column is an outlier, "
+                             "no int8 product is left and the error reduction divides by zero); 6.0 is the paper's")
+        return value
+    return check
+
+
+def resolve_parameters(S: params.Setup, *, MODEL, GROUPS, BLOCKSIZE, THRESHOLD, EVAL_BATCHES, DECODE_BATCHES, REPS,
+                       FT_STEPS) -> dict:
+    """Notebook 08's parameters, validated at once and with the profile's defaults filled in: {name: value}.
+
+    Raises ValueError naming the first bad parameter, and where a later cell could not use a value: a
+    group size or BLOCKSIZE that does not divide the input width of every block linear of MODEL's GPT
+    (`layer_width`: 128 for tiny, 384 for small10m), a group size from 32 up that is not an NF4 block size,
+    GROUPS ending in "tensor", a THRESHOLD at or below `int8_threshold_floor(S.seed)`.
+    """
+    R = S.resolve
+    model = R("MODEL", MODEL, smoke="tiny", full="small10m", check=lambda n, v: params.choose(n, v, PRESETS))
+    return {"MODEL": model,
+            "GROUPS": R("GROUPS", GROUPS, smoke=["tensor", "channel", 64], full=["tensor", "channel", 128, 64, 32],
+                        check=_groups(model)),
+            "BLOCKSIZE": R("BLOCKSIZE", BLOCKSIZE, smoke=64, full=64, check=_blocksize(model)),
+            "THRESHOLD": R("THRESHOLD", THRESHOLD, smoke=6.0, full=6.0, check=_threshold(S.seed)),
+            "EVAL_BATCHES": R("EVAL_BATCHES", EVAL_BATCHES, smoke=2, full=8, check=params.positive),
+            "DECODE_BATCHES": R("DECODE_BATCHES", DECODE_BATCHES, smoke=[1, 32], full=[1, 64], check=params.positives),
+            "REPS": R("REPS", REPS, smoke=5, full=30, check=params.positive),
+            "FT_STEPS": R("FT_STEPS", FT_STEPS, smoke=10, full=100, check=params.positive)}
 
 
 # ---------------------------------------------------------------- weights and activations

@@ -9,13 +9,16 @@ process group, and returns plain numbers (rank 0's, or every rank's where they d
   executed with a fixed compute time per step, and its bubble);
 * memory per rank: `measure_memory` (stages 0-3);
 * the notebook's sentences, formulas and figure: `bucketing_sentence`, `collectives_notes`, `plan`,
-  `plan_figure`; its parameter checks: `at_least_2`, `positive_number`, `positive_ints`;
+  `plan_figure`; its parameters: `resolve_parameters` (all at once), with the checks `at_least_2`,
+  `positive_number`, `positive_ints` and `message_sizes`;
 * for the tests and `scripts/ddp_torchrun.py`: `small_config`, `global_batches`, `fail_on`,
   `sleep_forever`.
 """
 from __future__ import annotations
 
 import ast
+import math
+import os
 import time
 from statistics import median
 from typing import Any, Callable, Sequence
@@ -24,7 +27,8 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from helpers.gpt.model import GPT, GPTConfig
+from helpers.gpt.model import GPT, PRESETS, GPTConfig
+from helpers.measure import params
 from helpers.measure.params import positive, positives
 from helpers.parallel import data_parallel, distributed, model_parallel
 
@@ -535,8 +539,11 @@ def at_least_2(name: str, value) -> int:
 
 
 def positive_number(name: str, value) -> float:
-    """A positive int or float, as a float. Raises ValueError naming the parameter."""
-    return positive(name, float(value) if type(value) is int else value, float)
+    """A finite positive int or float, as a float. Raises ValueError naming the parameter."""
+    value = positive(name, float(value) if type(value) is int else value, float)
+    if not math.isfinite(value):
+        raise ValueError(f"{name}={value!r} must be a finite positive number")
+    return value
 
 
 def positive_ints(name: str, value) -> list[int]:
@@ -553,6 +560,49 @@ def positive_ints(name: str, value) -> list[int]:
                              f"with -y, e.g. -y '{name}: [1, 2]', or write a list literal such as \"[1, 2]\"")
         value = parsed
     return positives(name, value)
+
+
+def message_sizes(name: str, value) -> list[int]:
+    """All-reduce message sizes in bytes (`positive_ints`): each a whole number of fp32 elements (a multiple of
+    4, as the sweep's buffers hold floats), and at least two distinct sizes, the fewest the α-β fit takes."""
+    sizes = positive_ints(name, value)
+    for n in sizes:
+        if n % 4:
+            raise ValueError(f"{name}={sizes!r}: entry {n} is not a whole number of fp32 elements; the sweep sends "
+                             f"float32 buffers, so give multiples of 4 bytes (e.g. {max(4, n - n % 4)})")
+    if len(set(sizes)) < 2:
+        raise ValueError(f"{name}={sizes!r}: the α-β fit of the latency needs at least two distinct message sizes, "
+                         f"e.g. [{sizes[0]}, {4 * sizes[0]}]")
+    return sizes
+
+
+def resolve_parameters(S: params.Setup, *, WORLD_SIZE, MEMORY_RANKS, MSG_SIZES, REPS, DDP_WIDTH, DDP_ROWS, MICROS,
+                       STAGE_MS, MEMORY_MODEL, TORCHRUN) -> dict:
+    """Notebook 13's parameters, validated at once and with the profile's defaults filled in: {name: value},
+    plus "CORES" (the CPU cores this process may use, which size the full profile's WORLD_SIZE).
+
+    Raises ValueError naming the first bad parameter: a world size below 2 (WORLD_SIZE or an entry of
+    MEMORY_RANKS; one rank has nobody to talk to), message sizes that the sweep cannot send or fit
+    (`message_sizes`), a STAGE_MS that is not a finite positive number.
+    """
+    cores = len(os.sched_getaffinity(0))
+    R = S.resolve
+    out = {"CORES": cores,
+           "WORLD_SIZE": R("WORLD_SIZE", WORLD_SIZE, smoke=2, full=max(2, min(8, cores // 2)), check=at_least_2),
+           "MEMORY_RANKS": R("MEMORY_RANKS", MEMORY_RANKS, smoke=[2], full=[2, 4], check=positive_ints),
+           "MSG_SIZES": R("MSG_SIZES", MSG_SIZES, smoke=[2 ** k for k in (10, 14, 18, 22)],
+                          full=[2 ** k for k in range(10, 27, 2)], check=message_sizes),
+           "REPS": R("REPS", REPS, smoke=5, full=15, check=params.positive),
+           "DDP_WIDTH": R("DDP_WIDTH", DDP_WIDTH, smoke=1024, full=1024, check=params.positive),
+           "DDP_ROWS": R("DDP_ROWS", DDP_ROWS, smoke=[4, 32], full=[16, 64, 256], check=positive_ints),
+           "MICROS": R("MICROS", MICROS, smoke=[1, 2, 4, 8], full=[1, 2, 4, 8, 16], check=positive_ints),
+           "STAGE_MS": R("STAGE_MS", STAGE_MS, smoke=10.0, full=20.0, check=positive_number),
+           "MEMORY_MODEL": R("MEMORY_MODEL", MEMORY_MODEL, smoke="tiny", full="small10m",
+                             check=lambda n, v: params.choose(n, v, PRESETS)),
+           "TORCHRUN": R("TORCHRUN", TORCHRUN, smoke=True, full=True, check=lambda n, v: params.choose(n, v, (True, False)))}
+    if min(out["MEMORY_RANKS"]) < 2:
+        raise ValueError(f"MEMORY_RANKS={out['MEMORY_RANKS']!r}: every world size must be >= 2")
+    return out
 
 
 def collectives_notes(sweep: dict, world: int, alpha: float, beta: float) -> list[str]:

@@ -1,5 +1,6 @@
 """Notebook 05's measurements, figures, panel and generated sentences.
 
+* the parameters: `resolve_parameters` validates all of them at once and fills in the profile's defaults;
 * timing optimizer steps of random micro-batches: `prepared_step`, `measure_accumulation` (one
   setting), `sweep_micro_batches` (micro-batch sizes at one effective batch, timed interleaved);
 * what the sweep says: `sweep_summary` (differences inside the IQRs are noise), `memory_of`;
@@ -15,10 +16,38 @@ from typing import Sequence
 
 import torch
 
-from helpers.measure import profiling
+from helpers.gpt.model import PRESETS
+from helpers.measure import params, profiling
 from helpers.measure.bench import benchmark, benchmark_interleaved, peak_cuda_memory, release_memory, saved_tensor_bytes
 from helpers.show import plots
 from helpers.training.accumulation import accumulation_step, effective_batch
+
+
+# ---------------------------------------------------------------- the parameters
+
+def resolve_parameters(S: params.Setup, *, PRESET, SEQ_LEN, EFFECTIVE_BATCH, MICRO_BATCHES, CHECK_MICRO_BATCH,
+                       CHECK_ACCUM_STEPS, REPS) -> dict:
+    """Notebook 05's parameters, validated at once and with the profile's defaults filled in: {name: value}
+    (MICRO_BATCHES sorted, duplicates dropped). Raises ValueError naming the first bad parameter: SEQ_LEN
+    beyond the preset's seq_len, a micro-batch that does not divide EFFECTIVE_BATCH, CHECK_ACCUM_STEPS below 2."""
+    R = S.resolve
+    preset = R("PRESET", PRESET, smoke="tiny", full="gpt2", check=lambda n, v: params.choose(n, v, PRESETS))
+    seq_len = R("SEQ_LEN", SEQ_LEN, smoke=64, full=1024, check=params.positive)
+    if seq_len > PRESETS[preset]["seq_len"]:
+        raise ValueError(f"SEQ_LEN={seq_len} must be at most {preset}'s seq_len={PRESETS[preset]['seq_len']}")
+    effective = R("EFFECTIVE_BATCH", EFFECTIVE_BATCH, smoke=16, full=32, check=params.positive)
+    micro = sorted(set(R("MICRO_BATCHES", MICRO_BATCHES, smoke=[1, 2, 4, 8, 16], full=[1, 2, 4, 8, 16, 32],
+                         check=params.positives)))  # smallest first
+    for b in micro:
+        if effective % b:
+            raise ValueError(f"MICRO_BATCHES={micro}: entry {b} must divide EFFECTIVE_BATCH={effective}")
+    check_micro = R("CHECK_MICRO_BATCH", CHECK_MICRO_BATCH, smoke=2, full=2, check=params.positive)
+    check_steps = R("CHECK_ACCUM_STEPS", CHECK_ACCUM_STEPS, smoke=4, full=4, check=params.positive)
+    if check_steps < 2:
+        raise ValueError(f"CHECK_ACCUM_STEPS={check_steps} must be at least 2 (one micro-batch accumulates nothing)")
+    return {"PRESET": preset, "SEQ_LEN": seq_len, "EFFECTIVE_BATCH": effective, "MICRO_BATCHES": micro,
+            "CHECK_MICRO_BATCH": check_micro, "CHECK_ACCUM_STEPS": check_steps,
+            "REPS": R("REPS", REPS, smoke=3, full=10, check=params.positive)}
 
 
 # ---------------------------------------------------------------- timing optimizer steps

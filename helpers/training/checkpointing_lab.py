@@ -1,5 +1,6 @@
 """Notebook 04's measurements, figures, panel and generated sentences.
 
+* the parameters: `resolve_parameters` validates all of them at once and fills in the profile's defaults;
 * bytes kept for backward: `saved_by` (any forward), `block_saved_bytes` (one block);
 * one strategy measured: `train_step`, `gradients`, `step_flops` (FlopCounterMode, forward and
   backward), `measure_strategy` (bytes, step time, CUDA peak);
@@ -14,18 +15,54 @@ The strategies and the arithmetic of what they save are in `checkpointing`.
 from __future__ import annotations
 
 import copy
+import math
 import statistics
 from typing import Any
 
 import torch
 
 from helpers.gpt import data
-from helpers.gpt.model import GPT
-from helpers.measure import bench, profiling
+from helpers.gpt.model import GPT, PRESETS
+from helpers.measure import bench, hardware, params, profiling
 from helpers.measure.params import positive
 from helpers.measure.profiling import is_matmul
 from helpers.show import plots
 from helpers.training.checkpointing import apply_strategy, max_batch, remove_strategy
+
+
+# ---------------------------------------------------------------- the parameters
+
+def _budget_mb(name: str, value: Any) -> float:
+    """A memory budget in MiB: a finite positive number, as a float."""
+    value = positive(name, float(value) if type(value) is int else value, float)
+    if not math.isfinite(value):
+        raise ValueError(f"{name}={value!r} must be a finite number of MiB")
+    return value
+
+
+def resolve_parameters(S: params.Setup, *, MODEL, N_LAYER, BATCH, SEQ_LEN, ATTN, DTYPE, K, BUDGET_MB, REPS,
+                       PROFILE_STEPS, CPU_THREADS) -> dict:
+    """Notebook 04's parameters, validated at once and with the profile's defaults filled in: {name: value},
+    plus "GPU_MIB" (this GPU's memory in MiB, None on a CPU) and "HALF" (the GPU's 16-bit format: "fp16" on
+    one without bf16 units, else "bf16"). Raises ValueError naming the first bad parameter."""
+    gpu_mib = torch.cuda.get_device_properties(0).total_memory / 2**20 if S.device == "cuda" else None
+    half = "bf16" if S.device != "cuda" or hardware.capabilities()["bf16"] else "fp16"  # a T4 has no bf16 units
+    R = S.resolve
+    out = {"GPU_MIB": gpu_mib, "HALF": half,
+           "MODEL": R("MODEL", MODEL, smoke="tiny", full="gpt2", check=lambda n, v: params.choose(n, v, PRESETS))}
+    out["N_LAYER"] = R("N_LAYER", N_LAYER, smoke=4, full=PRESETS[out["MODEL"]]["n_layer"], check=params.positive)
+    out["BATCH"] = R("BATCH", BATCH, smoke=4, full=8 if gpu_mib is None or gpu_mib >= 24 * 1024 else 4,  # 4 on a T4
+                     check=params.positive)
+    out["SEQ_LEN"] = R("SEQ_LEN", SEQ_LEN, smoke=64, full=1024, check=params.positive)
+    out["ATTN"] = params.choose("ATTN", ATTN, ("naive", "sdpa"))
+    dtype = "fp32" if S.device == "cpu" else half
+    out["DTYPE"] = R("DTYPE", DTYPE, smoke=dtype, full=dtype, check=lambda n, v: params.choose(n, v, ("fp32", "bf16", "fp16")))
+    out["K"] = params.positive("K", K)
+    out["BUDGET_MB"] = R("BUDGET_MB", BUDGET_MB, smoke=48.0, full=gpu_mib or 80.0 * 1024, check=_budget_mb)
+    out["REPS"] = R("REPS", REPS, smoke=10, full=10, check=params.positive)
+    out["PROFILE_STEPS"] = R("PROFILE_STEPS", PROFILE_STEPS, smoke=2, full=3, check=params.positive)
+    out["CPU_THREADS"] = R("CPU_THREADS", CPU_THREADS, smoke=1, full=torch.get_num_threads(), check=params.positive)
+    return out
 
 
 # ---------------------------------------------------------------- bytes kept for backward

@@ -1,5 +1,6 @@
 """Notebook 03's measurements, figures, panel and generated sentences.
 
+* the parameters: `resolve_parameters` validates all of them at once and fills in the profile's defaults;
 * the formats: `bit_layout_figure`, and `range_panel` (what of a set of values survives in a format
   at a loss scale), with `visible_span` to draw only the bands that overlap the data;
 * the gradients: `gradient_samples` (|g| of parameters and of linear layers' outputs, thinned by
@@ -18,10 +19,54 @@ from typing import Any, Iterable
 
 import torch
 
+from helpers.gpt.model import PRESETS
+from helpers.measure import params
 from helpers.measure.bench import peak_cuda_memory, saved_breakdown
 from helpers.show import plots
 from helpers.training.mixed_precision import Run
 from helpers.training.precision import FORMATS, DynamicLossScaler, classify, facts
+
+
+# ---------------------------------------------------------------- the parameters
+
+FP32_MAX = torch.finfo(torch.float32).max  # GradScaler keeps its scale in fp32: a larger one is inf
+
+
+def _finite_positive(name: str, value: Any) -> float:
+    """A finite positive int or float, as a float; ValueError naming the parameter otherwise."""
+    value = params.positive(name, float(value) if type(value) is int else value, float)
+    if not math.isfinite(value):
+        raise ValueError(f"{name}={value!r} must be a finite positive number")
+    return value
+
+
+def _loss_scale(name: str, value: Any) -> float:
+    """A first loss scale: a positive number that fp32, where the scalers keep it, holds as a finite value."""
+    value = _finite_positive(name, value)
+    if value > FP32_MAX:
+        raise ValueError(f"{name}={value!r} would be inf in fp32, where the loss scalers keep the scale; choose at "
+                         f"most fp32's largest value, {FP32_MAX:.8g} (2.0**127 is the largest power of two below it)")
+    return value
+
+
+def resolve_parameters(S: params.Setup, *, MODEL, BATCH, SEQ_LEN, STEPS, LR, INIT_SCALE, GROWTH_INTERVAL, LOG2_SCALES, REPS,
+                       CPU_THREADS) -> dict:
+    """Notebook 03's parameters, validated at once and with the profile's
+    defaults filled in: {name: value}. Raises ValueError naming the first bad parameter: LR must be finite,
+    INIT_SCALE finite in fp32 (at most its largest value, about 2**128), LOG2_SCALES ints in 0..100."""
+    R = S.resolve
+    out = {"MODEL": R("MODEL", MODEL, smoke="tiny", full="gpt2", check=lambda n, v: params.choose(n, v, PRESETS)),
+           "BATCH": R("BATCH", BATCH, smoke=4, full=16, check=params.positive),
+           "SEQ_LEN": R("SEQ_LEN", SEQ_LEN, smoke=32, full=512, check=params.positive),
+           "STEPS": R("STEPS", STEPS, smoke=12, full=200, check=params.positive)}
+    out["LR"] = R("LR", LR, smoke=1e-3, full=3e-4, check=_finite_positive)
+    out["INIT_SCALE"] = R("INIT_SCALE", INIT_SCALE, smoke=2.0**12, full=2.0**16, check=_loss_scale)
+    out["GROWTH_INTERVAL"] = R("GROWTH_INTERVAL", GROWTH_INTERVAL, smoke=out["STEPS"], full=50, check=params.positive)
+    out["LOG2_SCALES"] = R("LOG2_SCALES", LOG2_SCALES, smoke=list(range(0, 25, 4)), full=list(range(0, 33, 4)),
+                           check=check_log2_scales)
+    out["REPS"] = R("REPS", REPS, smoke=3, full=10, check=params.positive)
+    out["CPU_THREADS"] = R("CPU_THREADS", CPU_THREADS, smoke=1, full=torch.get_num_threads(), check=params.positive)
+    return out
 
 
 # ---------------------------------------------------------------- the formats: figures and the panel
