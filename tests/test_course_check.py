@@ -1,6 +1,13 @@
 """helpers.course.check's pieces on their own: the bands that say how far a number is off, the descriptions of
 a case's inputs, the comparison of returned values, the registry's look-ups and the command line. (The
-verdicts of whole exercises, and every registered exercise, are tested in test_course_exercises.py.)"""
+verdicts of whole exercises, and every registered exercise, are tested in test_course_exercises.py.) Also the
+time limit of a learner's call (SIGALRM in the main thread, a trace function elsewhere), the dtypes a task names,
+and tensors without values (meta) or of another layout (sparse)."""
+import signal
+import sys
+import threading
+import time
+
 import pytest
 import torch
 
@@ -57,3 +64,166 @@ def test_lookups_name_what_a_notebook_has():
 def test_the_command_line_says_how_to_use_it(capsys):
     assert check.main([]) == 2 and "usage" in capsys.readouterr().out
     assert check.main(["--help"]) == 0 and "NOTEBOOK" in capsys.readouterr().out
+
+
+# ---------------------------------------------------------------- time limits, dtypes, tensors without values
+
+SAFETY = 20.0  # seconds after which the "endless" learner functions below give up, so a broken limit fails, not hangs
+
+
+@pytest.fixture
+def toys():
+    """Throw-away code exercises under notebook number 98, removed afterwards."""
+    made = []
+
+    def make(name, **kw):
+        kw = {**dict(prompt="p", hint="h", solution=lambda x: x * 2, rtol=0, atol=0,
+                     cases=lambda: [check.Case("odd", (torch.arange(5.0),)), check.Case("one", (torch.ones(1),))]),
+              **kw}
+        made.append(check.register(f"98.{name}", "code", **kw))
+        return made[-1].name
+
+    yield make
+    for ex in made:
+        check.REGISTRY.pop(ex.name)
+        check._STATUS.pop(ex.name, None)
+
+
+def _endless(x):
+    """A learner's loop that never ends (until SAFETY), swallowing every Exception on the way."""
+    start = time.monotonic()
+    while time.monotonic() - start < SAFETY:
+        try:
+            x = x + 0
+        except Exception:
+            pass
+    return "gave up"
+
+
+def _sleeper(x):
+    time.sleep(SAFETY)
+    return "woke up"
+
+
+@pytest.mark.parametrize("learner", [_endless, _sleeper])
+def test_a_function_that_never_returns_fails_within_its_time_limit(capsys, toys, learner):
+    name = toys("forever", time_limit=1)
+    before = signal.getsignal(signal.SIGALRM)
+    check.exercise(name, learner)
+    out = capsys.readouterr().out
+    assert out.startswith(f"FAIL  {name}: case 1/2 (odd; inputs tensor(5,) float32) did not return within 1 s")
+    assert signal.getsignal(signal.SIGALRM) is before and signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+    assert check.get(name).time_limit == 1.0
+    assert check.get(toys("default")).time_limit == check.DEFAULT_TIME_LIMIT
+    check.exercise(name, lambda x: x + x)  # a function within its limit still passes
+    assert capsys.readouterr().out.startswith("PASS")
+
+
+def test_an_outer_alarm_is_put_back_with_its_remaining_time(capsys, toys):
+    name = toys("outer", time_limit=1)
+    fired = []
+    old = signal.signal(signal.SIGALRM, lambda signum, frame: fired.append(signum))
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 60.0)
+        check.exercise(name, _endless)
+        remaining, _ = signal.getitimer(signal.ITIMER_REAL)
+        assert 0 < remaining < 60.0 and signal.getsignal(signal.SIGALRM) is not check.TimeLimit._alarm
+        assert not fired and "did not return within 1 s" in capsys.readouterr().out
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def _in_a_thread(target) -> None:
+    worker = threading.Thread(target=target)
+    worker.start()
+    worker.join(SAFETY + 10)
+    assert not worker.is_alive()
+
+
+def test_outside_the_main_thread_a_trace_function_stops_a_loop(capsys, toys):
+    name = toys("thread", time_limit=1)
+    _in_a_thread(lambda: check.exercise(name, _endless))
+    assert "did not return within 1 s" in capsys.readouterr().out
+    assert sys.gettrace() is None
+
+
+def test_under_a_debugger_the_overrun_is_still_reported(capsys, toys):
+    name = toys("debugger", time_limit=1)
+
+    def traced():  # another tracer owns this thread (a debugger): nothing can stop the call, the clock still tells
+        sys.settrace(lambda frame, event, arg: None)
+        try:
+            check.exercise(name, lambda x: (time.sleep(1.2), x * 2)[1])
+        finally:
+            sys.settrace(None)
+
+    _in_a_thread(traced)
+    assert "case 1/2 (odd; inputs tensor(5,) float32) did not return within 1 s" in capsys.readouterr().out
+
+
+def test_bad_time_limits_are_refused(toys):
+    for bad in (0, -1, float("inf"), "5", True):
+        with pytest.raises(ValueError, match="time_limit"):
+            toys("bad", time_limit=bad)
+
+
+def test_the_dtypes_a_prompt_names():
+    assert check.named_dtypes("cast to e4m3fn") == {"float8_e4m3fn"}
+    assert check.named_dtypes("(int8 codes, float32 scales)") == {"int8", "float32"}
+    assert check.named_dtypes("(R, T, T) bool, True where") == {"bool"}
+    assert check.named_dtypes("swiglu_counts(tokens, dim, hidden, dtype)") == frozenset()
+    assert check.get("07.rowwise").dtypes == {"float8_e4m3fn"}
+
+
+def test_a_wrong_dtype_fails_where_the_task_names_one(capsys, toys):
+    named = toys("named", prompt="write it: (n,) int64 ids", solution=lambda x: x.long())
+    check.exercise(named, lambda x: x.clone())  # the right values, in float32
+    assert "case 1/2 (odd; inputs tensor(5,) float32): expected dtype int64, got float32" in capsys.readouterr().out
+    check.exercise(named, lambda x: x.long())
+    assert capsys.readouterr().out.startswith("PASS")
+    unnamed = toys("unnamed", prompt="write it", solution=lambda x: x.long())
+    check.exercise(unnamed, lambda x: x.clone())  # no dtype named: the values decide
+    assert capsys.readouterr().out.startswith("PASS")
+    explicit = toys("explicit", prompt="write it", solution=lambda x: x.long(), dtypes=(torch.int64,))
+    check.exercise(explicit, lambda x: x.clone())
+    assert "expected dtype int64, got float32" in capsys.readouterr().out
+    assert check.compare(torch.zeros(2), torch.zeros(2, dtype=torch.int8), 0, 0, dtypes=("int8",)) == \
+        "expected dtype int8, got float32"
+    assert check.compare((torch.ones(2), torch.zeros(2)), (torch.ones(2), torch.zeros(2).half()), 0, 0,
+                         names=("a", "b"), dtypes=(torch.float16,)) == "b: expected dtype float16, got float32"
+
+
+def test_the_fp8_cast_exercise_refuses_fp32_values(capsys):
+    from helpers.course.exercises import nb07
+
+    def in_fp32(x):
+        q, scale = nb07._rowwise_reference(x)
+        return q.float(), scale  # exactly the fp8 values, never cast
+
+    check.exercise("07.rowwise", in_fp32)
+    assert "item 0: expected dtype float8_e4m3fn, got float32" in capsys.readouterr().out
+
+
+@pytest.mark.filterwarnings("ignore:Sparse CSR tensor support is in beta")  # torch's own note on making one
+@pytest.mark.parametrize("make, words", [
+    (lambda x: (x * 2).to("meta"), "got a meta tensor of shape (5,), which has no values"),
+    (lambda x: (x * 2).to_sparse(), "got a tensor of layout sparse_coo; return an ordinary dense tensor"),
+    (lambda x: (x * 2).reshape(1, -1).to_sparse_csr(), "got a tensor of layout sparse_csr"),
+])
+def test_meta_and_sparse_tensors_fail_with_a_sentence(capsys, toys, make, words):
+    name = toys("odd_tensor")
+    check.exercise(name, make)
+    out = capsys.readouterr().out
+    assert out.startswith(f"FAIL  {name}: case 1/2 (odd; inputs tensor(5,) float32): ") and words in out
+
+
+def test_what_compare_cannot_read_fails_instead_of_raising(capsys, toys, monkeypatch):
+    name = toys("unreadable")
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("no kernel for this tensor")
+
+    monkeypatch.setattr(check, "compare", broken)
+    check.exercise(name, lambda x: x * 2)
+    assert "could not compare what it returned (tensor(5,) float32)" in capsys.readouterr().out

@@ -1,7 +1,18 @@
 """helpers.gpt.pretrained: checkpoints are cached per recipe and retrained when torn or of another recipe, the
-shipped weights load on any corpus and are copied into the cache, and the shipped smoke models are committed."""
+shipped weights load on any corpus and are copied into the cache, and the shipped smoke models are committed;
+unusable shipped weights are named with what training costs, a checkpoint without its loss has it measured again,
+and two processes asking for one model train it once (the lock beside the checkpoint)."""
 from __future__ import annotations
 
+import json
+import queue
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psutil
 import pytest
 import torch
 
@@ -60,3 +71,140 @@ def test_the_shipped_smoke_models_are_in_the_repository():
         config = pretrained.GPTConfig.preset(preset, **overrides)
         sched = pretrained.schedule_for(preset, None, config)
         assert pretrained.shipped_path(pretrained.checkpoint_key(config, sched, 0)).is_file(), (preset, overrides)
+
+
+# ---------------------------------------------------------------- unusable weights, torn checkpoints, two processes
+
+SMALL = dict(n_layer=1, d_model=32, d_ff=64, n_head=2)
+KW = dict(device="cpu", progress=False, **SMALL)
+
+
+@pytest.fixture
+def shipped(tmp_path, monkeypatch):
+    """Shipped weights of a 3-step recipe in a tmp folder, recorded as trained in 1049.75 s."""
+    monkeypatch.setattr(pretrained, "SHIPPED_DIR", tmp_path / "shipped")
+    monkeypatch.setitem(pretrained.SCHEDULES, "tiny", dict(steps=3, batch=2, seq_len=16, lr=1e-3))
+    path = pretrained.ship("tiny", progress=False, **SMALL)
+    payload = torch.load(path, weights_only=True)
+    torch.save({**payload, "seconds": 1049.75, "trained_on": "a test CPU"}, path)
+    return path
+
+
+def test_torn_shipped_weights_are_named_with_what_training_costs(tmp_path, shipped, capsys):
+    shipped.write_bytes(shipped.read_bytes()[:1000])  # torn: the zip's directory is gone
+    capsys.readouterr()
+    got = pretrained.pretrained("tiny", cache_dir=tmp_path / "cache", **KW)
+    out = capsys.readouterr().out
+    assert got.trained_now
+    assert f"the shipped weights {shipped} could not be read (" in out and "a torn or truncated file?" in out
+    assert "training 3 steps on cpu instead (how long the shipped run took is unknown" in out
+    assert "no checkpoint" not in out
+
+
+def test_shipped_weights_that_do_not_fit_say_what_the_shipped_run_took(tmp_path, shipped, capsys):
+    payload = torch.load(shipped, weights_only=True)
+    payload["state_dict"].pop(next(iter(payload["state_dict"])))
+    torch.save(payload, shipped)
+    capsys.readouterr()
+    assert pretrained.pretrained("tiny", cache_dir=tmp_path / "cache", **KW).trained_now
+    out = capsys.readouterr().out
+    assert f"the shipped weights {shipped} does not fit the model (RuntimeError); training 3 steps on cpu instead " \
+           f"(the shipped run took 1050 s, 17 min on a test CPU; later runs load the result)." in out
+
+
+def test_a_git_lfs_pointer_is_named_as_such(tmp_path, shipped, capsys):
+    shipped.write_text("version https://git-lfs.github.com/spec/v1\noid sha256:0123\nsize 1794115\n")
+    capsys.readouterr()
+    assert pretrained.pretrained("tiny", cache_dir=tmp_path / "cache", **KW).trained_now
+    assert "it is a Git LFS pointer, not the weights (fetch them with `git lfs pull`)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("val_loss", ["missing", float("nan"), "1.2"])
+def test_a_cached_checkpoint_without_its_validation_loss_is_measured_again(tmp_path, capsys, val_loss):
+    first = pretrained.pretrained("tiny", 3, cache_dir=tmp_path, **KW)
+    payload = torch.load(first.path, weights_only=True)
+    if val_loss == "missing":
+        del payload["val_loss"]
+    else:
+        payload["val_loss"] = val_loss
+    torch.save(payload, first.path)
+    capsys.readouterr()
+    again = pretrained.pretrained("tiny", 3, cache_dir=tmp_path, **KW)
+    out = capsys.readouterr().out
+    assert not again.trained_now and "holds the weights but no validation loss (a torn or partial write)" in out
+    assert again.val_loss == pytest.approx(first.val_loss)  # the same weights on the same held-out windows
+    assert torch.load(first.path, weights_only=True)["val_loss"] == again.val_loss  # and the file is whole again
+
+
+RACER = r"""
+import json, os, sys, time
+from pathlib import Path
+
+from helpers.gpt import pretrained
+
+cache, flags = Path(sys.argv[1]), Path(sys.argv[2])
+real = pretrained.train
+
+
+def held(*args, **kwargs):  # training waits for the test's go, so that the other process arrives meanwhile
+    (flags / f"training-{os.getpid()}").touch()
+    deadline = time.monotonic() + 120
+    while not (flags / "go").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return real(*args, **kwargs)
+
+
+pretrained.train = held
+got = pretrained.pretrained("tiny", 3, cache_dir=cache, device="cpu", progress=False, n_layer=1, d_model=32,
+                            d_ff=64, n_head=2)
+print(json.dumps({"pid": os.getpid(), "trained_now": got.trained_now, "path": str(got.path)}), flush=True)
+"""
+
+
+def test_two_processes_asking_for_one_model_train_it_once(tmp_path):
+    flags = tmp_path / "flags"
+    flags.mkdir()
+    cmd = [sys.executable, "-u", "-c", RACER, str(tmp_path / "cache"), str(flags)]
+    root = Path(__file__).resolve().parent.parent
+    lines: queue.Queue = queue.Queue()
+    procs, readers = [], []
+
+    def start():
+        proc = subprocess.Popen(cmd, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        procs.append(proc)
+        out = []
+        readers.append(threading.Thread(target=lambda: [(out.append(ln), lines.put((proc.pid, ln)))
+                                                        for ln in proc.stdout], daemon=True))
+        readers[-1].start()
+        return proc, out
+
+    try:
+        first, out_first = start()
+        deadline = time.monotonic() + 180
+        while not (flags / f"training-{first.pid}").exists():  # the first holds its training at the start
+            assert first.poll() is None and time.monotonic() < deadline, "".join(out_first)
+            time.sleep(0.05)
+        second, out_second = start()
+        while True:  # the second's first sentence: it waits for the lock (or, without one, trains as well)
+            pid, line = lines.get(timeout=max(1.0, deadline - time.monotonic()))
+            if pid == second.pid and ("waiting for it" in line or "no checkpoint" in line):
+                break
+        (flags / "go").touch()
+        for proc in procs:
+            assert proc.wait(timeout=180) == 0
+    finally:
+        (flags / "go").touch()
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait(timeout=30)
+    for reader in readers:  # each ends at its pipe's end, once it holds every line
+        reader.join(timeout=30)
+    results = [json.loads([ln for ln in out if ln.startswith("{")][-1]) for out in (out_first, out_second)]
+    assert [r["trained_now"] for r in results] == [True, False], (out_first, out_second)  # exactly one trained
+    assert results[0]["path"] == results[1]["path"]
+    assert f"another process (PID {first.pid}) is training or loading" in "".join(out_second)
+    assert not (flags / f"training-{second.pid}").exists()  # the second never started a training
+    assert pretrained.lock_path(Path(results[0]["path"])).is_file()
+    mine = {p.pid for p in procs}
+    assert not [c for c in psutil.Process().children(recursive=True) if c.pid in mine]

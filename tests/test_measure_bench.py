@@ -123,3 +123,31 @@ def test_plausible_bounds_per_device(monkeypatch):
 def test_timer_overhead_is_measured_once_and_positive():
     first = bench.timer_overhead("cpu")
     assert 0 < first < 1e-3 and bench.timer_overhead("cpu") == first
+
+
+# ---------------------------------------------------------------- the devices the timer accepts
+
+@pytest.mark.parametrize("name", ["cdua", "mps", "meta", "cpu:0", "CPU", "cuda:x", "cuda:-1", "", 0])
+def test_a_device_the_course_does_not_support_is_refused_in_one_sentence(name):
+    with pytest.raises(ValueError) as err:
+        bench.resolve_device(name)
+    text = str(err.value)
+    assert text.startswith(f"device={name!r} is not a device") and "\n" not in text
+    assert "'cpu', 'cuda', 'cuda:N'" in text and "None / 'auto'" in text
+    with pytest.raises(ValueError, match="is not a device"):  # the timer itself refuses it before timing anything
+        bench.benchmark(lambda: None, warmup=0, reps=1, device=name)
+
+
+def test_the_supported_devices(monkeypatch):
+    assert bench.resolve_device("cpu") == "cpu" and bench.resolve_device(torch.device("cpu")) == "cpu"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert bench.resolve_device(None) == bench.resolve_device("auto") == "cpu"
+    for name in ("cuda", "cuda:0", torch.device("cuda")):
+        with pytest.raises(ValueError, match="this machine has no CUDA GPU"):
+            bench.resolve_device(name)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert bench.resolve_device(None) == bench.resolve_device("cuda") == bench.resolve_device("cuda:1") == "cuda"
+    with pytest.raises(ValueError, match=r"device='cuda:2' does not exist: this machine has 2 CUDA GPUs; .*'cuda:0' "
+                                         r"to 'cuda:1'"):
+        bench.resolve_device("cuda:2")

@@ -1,6 +1,7 @@
 """helpers.training.precision: number formats, rounding, the hand-written loss scaler against
 torch.amp.GradScaler, master weights, and exercise 03.scaler_update against GradScaler."""
 import math
+import re
 
 import pytest
 import torch
@@ -161,6 +162,43 @@ def test_scaler_does_not_grow_past_fp32_and_state_dict_round_trips():
     fresh.load_state_dict(ref.state_dict())
     assert fresh.get_scale() == 2.0**127 and fresh.state_dict() == state
 
+
+
+def test_scaler_loads_what_gradscaler_saves_enabled_or_disabled():
+    enabled = torch.amp.GradScaler("cpu", init_scale=8.0, growth_interval=7)
+    disabled = torch.amp.GradScaler("cpu", enabled=False)
+    assert disabled.state_dict() == {}  # what a disabled scaler saves
+    ours = precision.DynamicLossScaler()
+    ours.load_state_dict(enabled.state_dict())
+    assert ours.get_scale() == 8.0 and ours.state_dict() == enabled.state_dict()
+    off = precision.DynamicLossScaler(enabled=False)
+    off.load_state_dict(disabled.state_dict())  # nothing to restore, as in GradScaler
+    off.load_state_dict(enabled.state_dict())
+    assert off.state_dict() == {} and off.get_scale() == 1.0 and not off.is_enabled()
+    with pytest.raises(ValueError, match=r"this state is empty, which is what a disabled scaler saves") as err:
+        precision.DynamicLossScaler().load_state_dict(disabled.state_dict())
+    assert "\n" not in str(err.value)
+    with pytest.raises(RuntimeError, match="empty"):  # GradScaler refuses it too
+        torch.amp.GradScaler("cpu").load_state_dict(disabled.state_dict())
+    untouched = precision.DynamicLossScaler(init_scale=4.0)
+    with pytest.raises(ValueError, match=r"the scaler state lacks 'scale', '_growth_tracker': a state_dict\(\)"):
+        untouched.load_state_dict({k: v for k, v in enabled.state_dict().items() if k not in ("scale", "_growth_tracker")})
+    assert untouched.get_scale() == 4.0  # a refused state changes nothing
+
+
+@pytest.mark.parametrize("key, value, words", [
+    ("scale", float("inf"), "scale=inf must be a positive finite number"),
+    ("scale", "big", "must be numbers"),
+    ("growth_factor", 1.0, "growth_factor=1.0 must be > 1"),
+    ("growth_interval", 0, "growth_interval=0 must be a positive int"),
+    ("_growth_tracker", -1, "_growth_tracker=-1 must be a non-negative int"),
+])
+def test_scaler_refuses_a_state_with_a_wrong_value(key, value, words):
+    state = {**torch.amp.GradScaler("cpu").state_dict(), key: value}
+    with pytest.raises(ValueError, match=re.escape(words)):
+        precision.DynamicLossScaler().load_state_dict(state)
+    with pytest.raises(TypeError, match="must be a dict"):
+        precision.DynamicLossScaler().load_state_dict(None)
 
 def test_scaler_scale_and_errors():
     s = precision.DynamicLossScaler(init_scale=4.0)

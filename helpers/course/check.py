@@ -15,7 +15,20 @@ registered in `helpers/course/exercises/nb<notebook>.py`. Three kinds:
 * **code**: the learner's function is called on every case (odd sizes, masked rows, infs, ...)
   beside the reference, and the outputs compared with `torch.testing.assert_close` at the stated
   tolerance. The first failing case is named with its input shapes and the error. An exception in
-  the learner's code is reported with its message and the case that raised it.
+  the learner's code is reported with its message and the case that raised it. A returned tensor must
+  have the dtype of the reference's where the task names that dtype (`dtypes`: by default every dtype
+  the prompt names, e.g. "int8 codes", "cast to e4m3fn"), and has to be an ordinary dense tensor with
+  values (a meta or sparse tensor FAILs with a sentence saying so).
+* **time limit**: every call of the learner's function on a case (through the exercise's runner) has
+  `time_limit` seconds (`DEFAULT_TIME_LIMIT` unless the exercise sets its own); one that runs longer
+  FAILs with "case k/n (...) did not return within N s". In the main thread on a POSIX system (a
+  Jupyter kernel runs cells there) a SIGALRM timer (`signal.setitimer`) stops the call, whatever it is
+  doing in Python: an endless loop, a sleep. Elsewhere (another thread; Windows, which has no
+  setitimer) a trace function (`sys.settrace`) stops a Python loop at its next line once time is up;
+  a call stuck inside one C function cannot be stopped there, and is reported when it returns. An
+  outer SIGALRM timer (pytest-timeout's, say) is put back with its remaining time. (A thread with a
+  timeout would only stop waiting: the learner's loop would go on in the background.) Nothing inside
+  the process stops a loop whose bare `except:` swallows every interruption.
 
 Nothing here raises for a wrong or missing answer: an unanswered exercise (`...`, or a function
 whose body is still `...` and so returns None) prints TODO, so a headless run never fails on one.
@@ -28,12 +41,19 @@ from __future__ import annotations
 import copy
 import importlib
 import math
+import re
+import signal
 import sys
+import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
 KINDS = ("value", "choice", "code")
+# seconds a learner's function may take on one case; ten times what the slowest reference case takes cold
+# on a 2-core CPU (about 1 s: 01.swiglu's first FLOP count imports torch's flop counter)
+DEFAULT_TIME_LIMIT = 10.0
 REGISTRY: dict[str, "Exercise"] = {}
 _STATUS: dict[str, str] = {}
 
@@ -65,6 +85,8 @@ class Exercise:
     run: Callable[[Callable, Case], Any] | None = None
     tolerance: str = ""
     outputs: tuple = ()
+    time_limit: float = DEFAULT_TIME_LIMIT
+    dtypes: frozenset = frozenset()
 
     def expected(self) -> Any:
         """The expected value (value and choice exercises only)."""
@@ -74,11 +96,16 @@ class Exercise:
 def register(name: str, kind: str, *, prompt: str, hint: str, solution: Callable[..., Any],
              wrong: Iterable[Any] = (), rtol: float = 1e-2, atol: float = 0.0, options: Iterable[str] = (),
              cases: Callable[[], Sequence[Case]] | None = None, run: Callable[[Callable, Case], Any] | None = None,
-             tolerance: str = "", outputs: Iterable[str] = ()) -> Exercise:
+             tolerance: str = "", outputs: Iterable[str] = (), time_limit: float = DEFAULT_TIME_LIMIT,
+             dtypes: Iterable[Any] | None = None) -> Exercise:
     """Add an exercise to the registry (called from `helpers/course/exercises/nbXX.py`).
 
+    time_limit: seconds the learner's function may take on one case (code exercises). dtypes: the dtypes
+    (torch dtypes or their names) a returned tensor must keep when the reference returns that dtype; None
+    means those the prompt names (`named_dtypes`), () means no dtype is checked.
+
     Raises ValueError for a malformed name or kind, a code exercise without cases, a choice
-    without options, or a name registered twice.
+    without options, a time limit that is not a positive number of seconds, or a name registered twice.
     """
     if "." not in name or not name.split(".", 1)[0].isdigit():
         raise ValueError(f"exercise name {name!r} must look like '06.merge' (notebook number, dot, key)")
@@ -88,12 +115,35 @@ def register(name: str, kind: str, *, prompt: str, hint: str, solution: Callable
         raise ValueError(f"code exercise {name!r} needs cases")
     if kind == "choice" and not options:
         raise ValueError(f"choice exercise {name!r} needs options")
+    if isinstance(time_limit, bool) or not isinstance(time_limit, (int, float)) or not 0 < time_limit < math.inf:
+        raise ValueError(f"exercise {name!r}: time_limit={time_limit!r} must be a positive number of seconds")
     if name in REGISTRY:
         raise ValueError(f"exercise {name!r} is registered twice")
+    names = named_dtypes(prompt) if dtypes is None else frozenset(_dtype_name(d) for d in dtypes)
     ex = Exercise(name, kind, prompt, hint, solution, tuple(wrong), rtol, atol, tuple(options), cases, run,
-                  tolerance, tuple(outputs))
+                  tolerance, tuple(outputs), float(time_limit), names)
     REGISTRY[name] = ex
     return ex
+
+
+# the words a prompt may use for a dtype, beside torch's own name of it (str(dtype) without "torch.")
+DTYPE_WORDS = {
+    "float32": ("float32", "fp32"), "float64": ("float64", "fp64"), "float16": ("float16", "fp16"),
+    "bfloat16": ("bfloat16", "bf16"), "float8_e4m3fn": ("float8_e4m3fn", "e4m3fn", "e4m3"),
+    "float8_e5m2": ("float8_e5m2", "e5m2"), "bool": ("bool",), "uint8": ("uint8",), "int8": ("int8",),
+    "int16": ("int16",), "int32": ("int32",), "int64": ("int64",),
+}
+
+
+def _dtype_name(dtype: Any) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def named_dtypes(prompt: str) -> frozenset:
+    """The dtypes (torch's names, e.g. 'float8_e4m3fn') that `prompt` names as a word ("int8 codes",
+    "cast to e4m3fn", "fp32 scales")."""
+    words = set(re.findall(r"[A-Za-z0-9_]+", prompt.lower()))
+    return frozenset(name for name, spellings in DTYPE_WORDS.items() if words & set(spellings))
 
 
 def load(notebook: str) -> list[Exercise]:
@@ -194,18 +244,23 @@ def describe(value: Any) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-def compare(got: Any, want: Any, rtol: float, atol: float, names: Sequence[str] = ()) -> str | None:
+def compare(got: Any, want: Any, rtol: float, atol: float, names: Sequence[str] = (),
+            dtypes: Iterable[Any] = ()) -> str | None:
     """None when `got` matches `want` (tensors, numbers, and tuples/lists/dicts of them), else why not.
 
     `names` name the items of a returned tuple in the message ("new_scale: ..." rather than "item 1").
+    `dtypes` (torch dtypes or their names): where `want` is a tensor of one of them, `got` must have the
+    same dtype ("expected dtype int8, got float32"). A meta tensor (no values) or a sparse one is refused
+    with a sentence, never compared.
     """
     import torch  # heavy: value and choice exercises, and the registry itself, need no torch
 
+    dtypes = frozenset(_dtype_name(d) for d in dtypes)
     if isinstance(want, (tuple, list)):
         if not isinstance(got, (tuple, list)) or len(got) != len(want):
             return f"expected a {type(want).__name__} of {len(want)} values, got {describe(got)}"
         for i, (g, w) in enumerate(zip(got, want)):
-            why = compare(g, w, rtol, atol)
+            why = compare(g, w, rtol, atol, dtypes=dtypes)
             if why:
                 return f"{names[i] if i < len(names) else f'item {i}'}: {why}"
         return None
@@ -213,7 +268,7 @@ def compare(got: Any, want: Any, rtol: float, atol: float, names: Sequence[str] 
         if not isinstance(got, dict) or set(got) != set(want):
             return f"expected a dict with keys {sorted(want)}, got {describe(got)}"
         for key in want:
-            why = compare(got[key], want[key], rtol, atol)
+            why = compare(got[key], want[key], rtol, atol, dtypes=dtypes)
             if why:
                 return f"[{key!r}]: {why}"
         return None
@@ -221,6 +276,15 @@ def compare(got: Any, want: Any, rtol: float, atol: float, names: Sequence[str] 
         return None if got == want else f"got {describe(got)}, which is not what a correct version returns here"
     if isinstance(want, torch.Tensor) and not isinstance(got, torch.Tensor):
         return f"expected a tensor of shape {tuple(want.shape)}, got {describe(got)}"
+    if isinstance(got, torch.Tensor):
+        if got.is_meta:
+            return (f"got a meta tensor of shape {tuple(got.shape)}, which has no values (it was made with "
+                    f"device='meta'); return a tensor on the CPU or the GPU")
+        if got.layout != torch.strided:
+            return (f"got a tensor of layout {str(got.layout).replace('torch.', '')}; return an ordinary dense "
+                    f"tensor (call .to_dense() on it)")
+        if isinstance(want, torch.Tensor) and _dtype_name(want.dtype) in dtypes and got.dtype != want.dtype:
+            return f"expected dtype {_dtype_name(want.dtype)}, got {_dtype_name(got.dtype)}"
     try:
         g = torch.as_tensor(got, dtype=torch.float64) if not isinstance(got, torch.Tensor) else got.double()
     except (TypeError, ValueError, RuntimeError):
@@ -278,6 +342,92 @@ def _call(fn: Callable, case: Case, run: Callable | None) -> Any:
     return run(fn, case) if run else fn(*case.args, **case.kwargs)
 
 
+class CaseTimeout(BaseException):
+    """Raised inside a learner's function when its case's time is up. A BaseException, so that a learner's
+    `except Exception:` inside a loop does not swallow it."""
+
+
+class TimeLimit:
+    """`with TimeLimit(seconds): ...` raises CaseTimeout in the block once `seconds` have passed.
+
+    In the main thread where `signal.setitimer` exists: a SIGALRM timer (`how == "signal"`), which stops
+    Python code whatever it does, repeated every 0.5 s until the block ends, so a learner's `except:` that
+    catches it once does not end the limit; an outer SIGALRM handler and timer are put back afterwards, the timer with
+    its remaining time (fired at once if it fell due meanwhile). Elsewhere, unless a debugger already traces
+    this thread: a trace function (`how == "trace"`) that raises at the first Python line run after the
+    deadline. Otherwise (`how == "clock"`) nothing can stop the block and only `overran` tells afterwards.
+    `overran` is True when the block took longer than `seconds`, however it ended.
+    """
+
+    def __init__(self, seconds: float):
+        self.seconds = float(seconds)
+        self.how = "clock"
+        self.active = False
+        self._start = 0.0
+        self._outer: tuple = ()
+        self._tracing = False
+
+    @property
+    def overran(self) -> bool:
+        return time.monotonic() - self._start > self.seconds
+
+    def _alarm(self, signum, frame):
+        if self.active:
+            raise CaseTimeout()
+
+    def _trace(self, frame, event, arg):
+        if self.active and time.monotonic() - self._start > self.seconds:
+            self.active = False  # raised once: an exception from a trace function also ends the tracing
+            raise CaseTimeout()
+        return self._trace
+
+    def __enter__(self) -> "TimeLimit":
+        self._start = time.monotonic()
+        main = threading.current_thread() is threading.main_thread()
+        if main and hasattr(signal, "setitimer"):
+            handler = signal.signal(signal.SIGALRM, self._alarm)
+            self._outer = (handler, signal.getitimer(signal.ITIMER_REAL), self._start)
+            self.how, self.active = "signal", True
+            signal.setitimer(signal.ITIMER_REAL, self.seconds, 0.5)
+        elif sys.gettrace() is None:
+            self.how, self.active, self._tracing = "trace", True, True
+            sys.settrace(self._trace)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.disarm()
+
+    def disarm(self) -> None:
+        """Stop the timer or the tracing and put back what was there before (safe to call twice)."""
+        self.active = False
+        if self.how == "signal" and self._outer:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            handler, (remaining, interval), start = self._outer
+            self._outer = ()
+            signal.signal(signal.SIGALRM, signal.SIG_DFL if handler is None else handler)  # None: set outside Python
+            if remaining > 0:  # an outer timer was running: give it the time it had left
+                left = remaining - (time.monotonic() - start)
+                signal.setitimer(signal.ITIMER_REAL, max(left, 1e-6), interval)
+        elif self._tracing:
+            self._tracing = False
+            sys.settrace(None)
+
+
+def _limited(fn: Callable, case: Case, run: Callable | None, seconds: float) -> tuple[bool, Any]:
+    """(True, the output) of the learner's call on `case`, or (False, None) when it ran past `seconds`."""
+    limit = TimeLimit(seconds)
+    try:
+        try:
+            with limit:
+                got = _call(fn, case, run)
+        finally:
+            limit.disarm()
+    except CaseTimeout:
+        limit.disarm()
+        return False, None
+    return (False, None) if limit.overran else (True, got)
+
+
 def _check_code(ex: Exercise, fn: Any) -> str:
     if not callable(fn):
         return _say(ex.name, "FAIL", f"expected a function, got {describe(fn)}", ex.hint)
@@ -288,7 +438,7 @@ def _check_code(ex: Exercise, fn: Any) -> str:
     for i, case in enumerate(cases):
         shapes = ", ".join(describe(a) for a in case.args) or "no arguments"
         try:
-            got = _call(watched, case, ex.run)
+            returned, got = _limited(watched, case, ex.run, ex.time_limit)
         except NotImplementedError:
             return _say(ex.name, "TODO", unwritten if watched.first is None else
                         "not written yet (it raises NotImplementedError)", ex.hint)
@@ -297,10 +447,17 @@ def _check_code(ex: Exercise, fn: Any) -> str:
                 return _say(ex.name, "TODO", unwritten, ex.hint)
             return _say(ex.name, "FAIL", f"case {i + 1}/{len(cases)} ({case.label}; inputs {shapes}) raised "
                                          f"{type(err).__name__}: {err}", ex.hint)
+        if not returned:
+            return _say(ex.name, "FAIL", f"case {i + 1}/{len(cases)} ({case.label}; inputs {shapes}) did not return "
+                                         f"within {ex.time_limit:g} s (a loop that never ends?)", ex.hint)
         if i == 0 and watched.first is None:
             return _say(ex.name, "TODO", unwritten, ex.hint)
         want = _call(ex.solution, case, ex.run)
-        why = compare(got, want, ex.rtol, ex.atol, ex.outputs)
+        try:
+            why = compare(got, want, ex.rtol, ex.atol, ex.outputs, ex.dtypes)
+        except Exception as err:  # something compare cannot read (an exotic tensor subclass): say so, never raise
+            why = f"could not compare what it returned ({describe(got)}) with a correct version's: " \
+                  f"{type(err).__name__}: {str(err).strip().splitlines()[0][:200] if str(err).strip() else ''}"
         if why:
             return _say(ex.name, "FAIL", f"case {i + 1}/{len(cases)} ({case.label}; inputs {shapes}): {why}",
                         ex.hint)

@@ -13,13 +13,21 @@ and saves {config, state_dict, key, val_loss} atomically (a temporary file renam
 name is a hash of everything the weights depend on: the config, the corpus split's own cache key, the
 training schedule (steps, batch, sequence length, learning rate), the seed and `FORMAT`. Later calls load
 it with `torch.load(weights_only=True)`; a file that cannot be read or whose stored key differs (a torn
-write, an older format) is trained again, after one sentence saying why.
+write, an older format) is trained again, after one sentence saying why; one whose weights load but whose
+validation loss is missing (a partial write) has the loss measured again and is rewritten. Finding,
+training and saving a checkpoint happen under an exclusive `fcntl.flock` on `<checkpoint>.lock` beside it
+(the file stays; it holds the owner's PID), so that two processes asking for the same model train it once:
+the second says that it waits, then loads what the first wrote. Without fcntl (Windows) or a writable
+cache folder there is no lock.
 
 The smoke models (the "tiny" preset, and notebook 11's one-layer draft: `SHIP`) would need minutes of
 CPU training to write recognisable Python, more than a smoke run may spend, so their weights are shipped
 in `helpers/gpt/weights/` (trained here by `python -m helpers.gpt.pretrained ship`). When the cache has no
 checkpoint, shipped weights of the same config, schedule and seed are loaded, their validation loss is
 measured on this machine's held-out files, and they are copied into the cache; other recipes are trained.
+Shipped weights that cannot be used (a torn file, a Git LFS pointer, weights that do not fit the model) are
+named with what is wrong before the training that replaces them, with its cost: the schedule's steps and,
+when the file still tells it, how long the shipped run trained.
 
 Validation loss is the mean cross-entropy over `VAL_BATCHES` fixed windows of the held-out split (files
 no training batch comes from; see `helpers.gpt.data`), so it is comparable between runs and between models
@@ -31,11 +39,19 @@ import hashlib
 import io
 import json
 import math
+import os
 import platform
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Iterator
+
+try:  # POSIX only: without it (Windows) checkpoints are found and written without a lock
+    import fcntl
+except ImportError:  # pragma: no cover - not on the course's Linux machines
+    fcntl = None
 
 import torch
 
@@ -165,30 +181,93 @@ def _loop(model, opt, tokens, schedule, warm, g, device, use_bf16, progress, con
         opt.step()
 
 
-def _load(path: Path, key: dict, device: str) -> tuple[GPT, dict] | str:
-    """(model, payload) from `path`, or the reason it cannot be used."""
+def _number(value) -> float | None:
+    """`value` as a finite float, or None (missing, not a number, NaN or infinite)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    return float(value)
+
+
+def _read_error(path: Path, err: Exception) -> str:
+    """Why torch.load could not read `path`, in words."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(64)
+    except OSError:
+        head = b""
+    if head.startswith(b"version https://git-lfs"):
+        return "could not be read: it is a Git LFS pointer, not the weights (fetch them with `git lfs pull`)"
+    first = (str(err).strip().splitlines() or [""])[0][:160]
+    return f"could not be read ({type(err).__name__}{': ' + first if first else ''}; a torn or truncated file?)"
+
+
+def _load(path: Path, key: dict, device: str) -> tuple[GPT | None, dict | None, str]:
+    """(model, payload, "") from `path`, or (None, the payload if it could be read, the reason it cannot be used)."""
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # a torn or corrupt file: pickle, zip or EOF errors alike
-        return f"could not be read ({type(err).__name__})"
-    if not isinstance(payload, dict) or payload.get("key") != json.loads(json.dumps(key)):
-        return "was written for another configuration or an older format"
+        return None, None, _read_error(path, err)
+    if not isinstance(payload, dict):
+        return None, None, f"holds a {type(payload).__name__}, not a checkpoint"
+    if payload.get("key") != json.loads(json.dumps(key)):
+        return None, payload, "was written for another configuration or an older format"
     try:
         model = GPT(GPTConfig(**payload["config"]))
         model.load_state_dict(payload["state_dict"])
     except Exception as err:
-        return f"does not fit the model ({type(err).__name__})"
-    return model.to(device).eval(), payload
+        return None, payload, f"does not fit the model ({type(err).__name__})"
+    return model.to(device).eval(), payload, ""
+
+
+def lock_path(path: Path) -> Path:
+    """The lock file beside the checkpoint `path` (`<name>.lock`)."""
+    return path.with_name(path.name + ".lock")
+
+
+@contextmanager
+def checkpoint_lock(path: Path, preset: str = "", quiet: bool = True) -> Iterator[bool]:
+    """Hold an exclusive `fcntl.flock` on `lock_path(path)` for the block; yields whether a lock is held.
+
+    When another process holds it, says so (unless quiet), naming its PID, and waits for it. No lock (False)
+    without fcntl or where the lock file cannot be created (a read-only cache). The lock ends with the block,
+    or with the process; the lock file stays (removing it would let a third process lock another file).
+    """
+    if fcntl is None:
+        yield False
+        return
+    lock = lock_path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)
+    except OSError:
+        yield False
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if not quiet:
+                owner = os.pread(fd, 32, 0).decode(errors="replace").strip()
+                print(f"pretrained {preset}: another process{f' (PID {owner})' if owner.isdigit() else ''} is "
+                      f"training or loading {path.name} (it holds {lock.name}); waiting for it, then loading what "
+                      f"it wrote.", flush=True)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        yield True
+    finally:
+        os.close(fd)  # releases the lock
 
 
 def pretrained(preset: str = "tiny", steps: int | None = None, *, seed: int = 0, device: str | None = None,
                cache_dir=None, progress: bool = True, quiet: bool = False, **overrides) -> Trained:
     """A course GPT of `preset` (helpers.gpt.model.PRESETS, fields overridable, e.g. n_kv_head=2) trained on the
-    stdlib corpus: loaded from the course cache when present, else trained once and saved atomically.
+    stdlib corpus: loaded from the course cache when present, else trained once and saved atomically, under a
+    lock that lets one process at a time find, train and save it (`checkpoint_lock`).
 
     steps: training steps (None: SCHEDULES' default for the preset); seed: initialisation and batches;
     device: where the returned model lives (None: CUDA when available); quiet: no sentence about
-    loading or training. Raises ValueError for an unknown preset, an invalid override or steps.
+    loading, waiting or training. Raises ValueError for an unknown preset, an invalid override or steps.
     """
     config = GPTConfig.preset(preset, **overrides)
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
@@ -197,39 +276,65 @@ def pretrained(preset: str = "tiny", steps: int | None = None, *, seed: int = 0,
     sched = schedule_for(preset, steps, config)
     key = checkpoint_key(config, sched, seed)
     path = checkpoint_path(key, cache_dir)
+    with checkpoint_lock(path, preset, quiet):
+        return _find_or_train(preset, config, sched, key, path, seed, device, progress, quiet)
+
+
+def _minutes(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds:.0f} s, {seconds / 60:.0f} min"
+
+
+def _find_or_train(preset: str, config: GPTConfig, sched: dict, key: dict, path: Path, seed: int, device: str,
+                   progress: bool, quiet: bool) -> Trained:
+    """The body of `pretrained`, run under the checkpoint's lock."""
+    say = (lambda text: None) if quiet else (lambda text: print(text, flush=True))
+    cached = ""  # why the cached checkpoint cannot be used ("" when there is none)
     if path.is_file():
-        got = _load(path, key, device)
-        if not isinstance(got, str):
-            model, payload = got
-            if not quiet:
-                print(f"pretrained {preset}: loaded {path.name} ({sched['steps']} steps; validation loss "
-                      f"{payload['val_loss']:.3f} nats/byte)")
-            return Trained(model, payload["val_loss"], math.exp(payload["val_loss"]), path, False,
-                           payload.get("seconds", float("nan")), sched)
-        if not quiet:
-            print(f"pretrained {preset}: the cached checkpoint {path.name} {got}; training it again.")
+        model, payload, cached = _load(path, key, device)
+        if model is not None:
+            seconds = _number(payload.get("seconds")) or float("nan")
+            val = _number(payload.get("val_loss"))
+            if val is None:
+                say(f"pretrained {preset}: the cached checkpoint {path.name} holds the weights but no validation "
+                    f"loss (a torn or partial write); measuring it again and rewriting the file.")
+                val = validation_loss(model)
+                _save(path, key, model, val, seconds, preset, quiet)
+            say(f"pretrained {preset}: loaded {path.name} ({sched['steps']} steps; validation loss "
+                f"{val:.3f} nats/byte)")
+            return Trained(model, val, math.exp(val), path, False, seconds, sched)
     shipped = shipped_path(key)
-    got = _load(shipped, _without_corpus(key), device) if shipped.is_file() else None
-    if got is not None and not isinstance(got, str):
-        model, payload = got
-        val = validation_loss(model)  # on this machine's held-out files, which the shipped run may not have had
-        _save(path, key, model, val, payload.get("seconds", float("nan")), preset, quiet)
-        if not quiet:
-            print(f"pretrained {preset}: weights shipped with the course ({sched['steps']} steps, trained once on "
-                  f"{payload.get('trained_on', 'a CPU')} in {payload.get('seconds', float('nan')):.0f} s); validation "
-                  f"loss on this machine's held-out files {val:.3f} nats/byte (perplexity {math.exp(val):.2f})")
-        return Trained(model, val, math.exp(val), path, False, payload.get("seconds", float("nan")), sched)
-    if not quiet:
-        print(f"pretrained {preset}: no checkpoint in {path.parent} yet; training {sched['steps']} steps once "
-              f"on {device} (later runs load it).")
+    unusable = ""  # why the shipped weights cannot be used, and what training instead costs
+    if shipped.is_file():
+        model, payload, why = _load(shipped, _without_corpus(key), device)
+        seconds = _number((payload or {}).get("seconds"))
+        if model is not None:
+            if cached:
+                say(f"pretrained {preset}: the cached checkpoint {path.name} {cached}; using the shipped weights.")
+            val = validation_loss(model)  # on this machine's held-out files, which the shipped run may not have had
+            _save(path, key, model, val, seconds or float("nan"), preset, quiet)
+            say(f"pretrained {preset}: weights shipped with the course ({sched['steps']} steps, trained once on "
+                f"{payload.get('trained_on', 'a CPU')} in {seconds or float('nan'):.0f} s); validation "
+                f"loss on this machine's held-out files {val:.3f} nats/byte (perplexity {math.exp(val):.2f})")
+            return Trained(model, val, math.exp(val), path, False, seconds or float("nan"), sched)
+        took = (f"the shipped run took {_minutes(seconds)} on {payload.get('trained_on', 'a CPU')}" if seconds
+                else "how long the shipped run took is unknown, as its file cannot tell")
+        unusable = f"the shipped weights {shipped} {why}; training {sched['steps']} steps on {device} instead " \
+                   f"({took}; later runs load the result)."
+    if cached:
+        again = "." if unusable else f" ({sched['steps']} steps on {device})."
+        say(f"pretrained {preset}: the cached checkpoint {path.name} {cached}; training it again{again}")
+    if unusable:
+        say(f"pretrained {preset}: {unusable}")
+    elif not cached:
+        say(f"pretrained {preset}: no checkpoint in {path.parent} yet; training {sched['steps']} steps once "
+            f"on {device} (later runs load it).")
     t0 = time.perf_counter()
     model = train(config, sched, seed=seed, device=device, progress=progress)
     seconds = time.perf_counter() - t0
     val = validation_loss(model)
     _save(path, key, model, val, seconds, preset, quiet)
-    if not quiet:
-        print(f"pretrained {preset}: trained in {seconds:.1f} s; validation loss {val:.3f} nats/byte "
-              f"(perplexity {math.exp(val):.2f})")
+    say(f"pretrained {preset}: trained in {seconds:.1f} s; validation loss {val:.3f} nats/byte "
+        f"(perplexity {math.exp(val):.2f})")
     return Trained(model, val, math.exp(val), path, True, seconds, sched)
 
 

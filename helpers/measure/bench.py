@@ -71,13 +71,34 @@ class _CacheFlusher:
         self.buf.fill_(1.0)
 
 
-def resolve_device(device: str | None) -> str:
-    """'cuda' if asked for or (when None/'auto') if available, else 'cpu'."""
-    if device in (None, "auto"):
+def resolve_device(device: "str | torch.device | None") -> str:
+    """The device the timer runs on, 'cpu' or 'cuda', for one the course supports: 'cpu'; 'cuda' or 'cuda:N'
+    (a GPU this machine has; the timer then records its CUDA events on the current device, so run on
+    another one after `torch.cuda.set_device(N)`); None or 'auto', meaning CUDA when available, else the CPU.
+    A `torch.device` is read by its name.
+
+    Raises ValueError, in one sentence naming the allowed values, for anything else ('cdua', 'mps', 'meta',
+    'cpu:0', a number), and for 'cuda' or 'cuda:N' on a machine without that GPU.
+    """
+    if isinstance(device, torch.device):
+        device = str(device)
+    if device is None or device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
-    if device.startswith("cuda"):
+    if device == "cpu":
+        return "cpu"
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    gpus = f"'cuda:0' to 'cuda:{count - 1}'" if count > 1 else "'cuda:0'" if count else "this machine has none"
+    allowed = f"use 'cpu', 'cuda', 'cuda:N' ({gpus}), or None / 'auto' (CUDA when available, else the CPU)"
+    index = device[5:] if isinstance(device, str) and device.startswith("cuda:") else None
+    if device == "cuda" or (index is not None and index.isdigit() and index.isascii()):
+        if not count:
+            raise ValueError(f"device={device!r} was asked for, but this machine has no CUDA GPU "
+                             f"(torch.cuda.is_available() is False); use 'cpu', or None / 'auto'")
+        if index is not None and int(index) >= count:
+            raise ValueError(f"device={device!r} does not exist: this machine has {count} CUDA GPU"
+                             f"{'s' if count > 1 else ''}; {allowed}")
         return "cuda"
-    return "cpu"
+    raise ValueError(f"device={device!r} is not a device the course's timer supports; {allowed}")
 
 
 class ImplausibleTiming(UserWarning):

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Mapping
 
 import torch
 
@@ -282,11 +282,45 @@ class DynamicLossScaler:
         return {"scale": self._scale, "growth_factor": self._growth_factor, "backoff_factor": self._backoff_factor,
                 "growth_interval": self._growth_interval, "_growth_tracker": self._growth_tracker}
 
+    STATE_KEYS = ("scale", "growth_factor", "backoff_factor", "growth_interval", "_growth_tracker")
+
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore from `state_dict()` (ours or GradScaler's)."""
-        self._scale = _fp32(float(state["scale"]))
+        """Restore from `state_dict()`, ours or GradScaler's, of an enabled or a disabled scaler.
+
+        A disabled scaler's state is {} (GradScaler's too): a disabled scaler loads it as nothing to restore,
+        and an enabled one refuses it, as GradScaler does, since it holds no scale to resume from. Any other
+        state must hold the five STATE_KEYS (other keys are ignored) with values the constructor accepts.
+        Raises ValueError naming what is missing or wrong (TypeError when `state` is not a dict).
+        """
+        if not isinstance(state, Mapping):
+            raise TypeError(f"state must be a dict from state_dict(), got {type(state).__name__}")
+        if not state:
+            if self._enabled:
+                raise ValueError("this state is empty, which is what a disabled scaler saves (DynamicLossScaler or "
+                                 "GradScaler with enabled=False): load it into a disabled scaler, or let this "
+                                 "enabled one start from its init_scale")
+            return
+        missing = [k for k in self.STATE_KEYS if k not in state]
+        if missing:
+            raise ValueError(f"the scaler state lacks {', '.join(map(repr, missing))}: a state_dict() of an enabled "
+                             f"scaler holds {', '.join(map(repr, self.STATE_KEYS))}")
+        try:
+            scale, growth, backoff = (float(state[k]) for k in ("scale", "growth_factor", "backoff_factor"))
+        except (TypeError, ValueError, RuntimeError):
+            raise ValueError(f"the state's scale, growth_factor and backoff_factor must be numbers, got "
+                             f"{state['scale']!r}, {state['growth_factor']!r}, {state['backoff_factor']!r}") from None
+        interval, tracker = state["growth_interval"], state["_growth_tracker"]
+        if not (math.isfinite(scale) and scale > 0):
+            raise ValueError(f"the state's scale={state['scale']!r} must be a positive finite number")
+        if growth <= 1.0 or not 0.0 < backoff < 1.0:
+            raise ValueError(f"the state's growth_factor={state['growth_factor']!r} must be > 1 and its "
+                             f"backoff_factor={state['backoff_factor']!r} in (0, 1)")
+        positive("growth_interval", interval)
+        if isinstance(tracker, bool) or not isinstance(tracker, int) or tracker < 0:
+            raise ValueError(f"the state's _growth_tracker={tracker!r} must be a non-negative int")
+        self._scale = _fp32(scale)
         self._growth_factor, self._backoff_factor = state["growth_factor"], state["backoff_factor"]
-        self._growth_interval, self._growth_tracker = state["growth_interval"], state["_growth_tracker"]
+        self._growth_interval, self._growth_tracker = interval, tracker
 
 
 # ---------------------------------------------------------------- master weights
