@@ -94,8 +94,8 @@ def test_last_started_is_the_cell_that_was_running_when_the_kernel_died(tmp_path
 
 def test_a_bad_number_on_the_command_line_is_one_line(capsys):
     parser = worker.OneLineParser(prog="prog")
-    parser.add_argument("--budget-s", type=worker.positive_number(float))
-    parser.add_argument("--jobs", type=worker.positive_number(int))
+    parser.add_argument("--budget-s", type=worker.positive_argument(float))
+    parser.add_argument("--jobs", type=worker.positive_argument(int))
     assert parser.parse_args(["--budget-s", "2.5", "--jobs", "3"]).budget_s == 2.5
     for argv in (["--budget-s", "nan"], ["--budget-s", "inf"], ["--budget-s=-1e999"], ["--budget-s", "0"],
                  ["--budget-s", "-3"], ["--budget-s", "soon"], ["--jobs", "1.5"], ["--jobs", "0"]):

@@ -12,21 +12,14 @@ from helpers.decode import kv_cache, kv_lab
 from helpers.gpt import generation
 from helpers.gpt.model import GPT, GPTConfig
 from helpers.lowbit.quant_linear import FUSED_MATVEC
+from kv_support import DTYPES, assert_close_to_reference, small_gpt, tolerance
 
 
-def _model(n_kv_head: int, seed: int = 0) -> GPT:
-    torch.manual_seed(seed)
-    cfg = GPTConfig(n_layer=2, n_head=4, n_kv_head=n_kv_head, d_model=32, d_ff=64, seq_len=48)
-    model = GPT(cfg).eval()
-    with torch.no_grad():  # larger weights than the init so that logits are far from ties
-        for p in model.parameters():
-            p.mul_(3.0)
-    return model
 
 
 @pytest.mark.parametrize("n_kv_head,dtype", [(4, torch.float32), (2, torch.bfloat16), (1, torch.float16)])
 def test_kv_bytes_formula_equals_allocated(n_kv_head, dtype):
-    cfg = _model(n_kv_head).config
+    cfg = small_gpt(n_kv_head).config
     cache = generation.KVCache(cfg, batch=3, max_len=17, dtype=dtype)
     per_token = kv_cache.kv_bytes_per_token(cfg.n_layer, cfg.n_kv_head, cfg.head_dim, torch.finfo(dtype).bits // 8)
     assert cache.nbytes == per_token * 3 * 17
@@ -35,7 +28,7 @@ def test_kv_bytes_formula_equals_allocated(n_kv_head, dtype):
 
 @pytest.mark.parametrize("n_kv_head", [4, 1])
 def test_latent_cache_equals_low_rank_model(n_kv_head):
-    model = _model(n_kv_head)
+    model = small_gpt(n_kv_head)
     full_rank = 2 * model.config.n_kv_head * model.config.head_dim
     low, errors = kv_cache.factorise_kv(model, min(full_rank, 32))
     assert max(errors) < 1e-6  # full rank: W is reproduced
@@ -54,26 +47,6 @@ def test_latent_cache_equals_low_rank_model(n_kv_head):
         kv_cache.factorise_kv(model, 0)
 
 
-DTYPES = [torch.float32, torch.bfloat16, torch.float16]
-
-
-def _tolerance(*dtypes) -> float:
-    """The stated tolerance, relative to the largest |logit|: 4 x the machine epsilon of the narrowest dtype
-    involved (bf16: 2^-7, fp16: 2^-10, fp32: 2^-23)."""
-    return 4 * max(torch.finfo(d).eps for d in dtypes)
-
-
-def _assert_close_to_reference(got, ref, tol):
-    """Logits within tol of the reference's scale, and the same greedy token wherever the reference's top
-    two logits lie further apart than twice the error seen (a closer pair may swap within it)."""
-    got, ref = got.float(), ref.float()
-    err, scale = float((got - ref).abs().max()), float(ref.abs().max())
-    assert err <= tol * scale
-    top2 = ref.topk(2, dim=-1).values
-    sure = top2[..., 0] - top2[..., 1] > 2 * err
-    assert torch.equal(got.argmax(-1)[sure], ref.argmax(-1)[sure])
-
-
 def _teacher_forced(model, seq, cache, step, split=6):
     """Logits (B, S, vocab) of seq through the cache: a prefill of `split` tokens, then step() token by token."""
     with torch.no_grad():
@@ -85,31 +58,31 @@ def _teacher_forced(model, seq, cache, step, split=6):
 @pytest.mark.parametrize("model_dtype", DTYPES)
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_static_cache_in_any_dtype_under_a_model_of_any_dtype(model_dtype, dtype):
-    model = _model(2).to(model_dtype)
+    model = small_gpt(2).to(model_dtype)
     seq = torch.randint(0, 256, (2, 14), generator=torch.Generator().manual_seed(6))
     cache = kv_cache.StaticKVCache(model.config, 2, 14, dtype=dtype)
     got = _teacher_forced(model, seq, cache, kv_cache.static_step)
     ref = _teacher_forced(model, seq, kv_cache.StaticKVCache(model.config, 2, 14), kv_cache.static_step)
     assert cache.k.dtype == cache.v.dtype == dtype  # stores in its own dtype
     assert got.dtype == model_dtype  # and hands the model back its own
-    _assert_close_to_reference(got, ref, _tolerance(model_dtype, dtype))
+    assert_close_to_reference(got, ref, tolerance(model_dtype, dtype))
 
 
 @pytest.mark.parametrize("model_dtype", DTYPES)
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_latent_cache_in_any_dtype_under_a_model_of_any_dtype(model_dtype, dtype):
-    low, _ = kv_cache.factorise_kv(_model(2).to(model_dtype), 6)
+    low, _ = kv_cache.factorise_kv(small_gpt(2).to(model_dtype), 6)
     assert all(p.dtype == model_dtype for p in low.parameters())  # the factorised copy keeps the model's dtype
     seq = torch.randint(0, 256, (2, 14), generator=torch.Generator().manual_seed(7))
     cache = kv_cache.LatentKVCache(low, 2, 14, dtype=dtype)
     got = _teacher_forced(low, seq, cache, generation.decode_one)
     ref = _teacher_forced(low, seq, kv_cache.LatentKVCache(low, 2, 14), generation.decode_one)
     assert cache.c.dtype == dtype and got.dtype == model_dtype
-    _assert_close_to_reference(got, ref, _tolerance(model_dtype, dtype))
+    assert_close_to_reference(got, ref, tolerance(model_dtype, dtype))
 
 
 def test_static_and_latent_caches_refuse_a_dtype_no_cache_may_hold():
-    model = _model(2)
+    model = small_gpt(2)
     low, _ = kv_cache.factorise_kv(model, 4)
     for bad in (torch.int8, torch.float8_e4m3fn, "fp16"):
         with pytest.raises(ValueError, match="cannot hold a KV cache; choose one of torch.float32"):
@@ -131,7 +104,7 @@ def test_real_model_rows():
 
 @pytest.mark.parametrize("n_kv_head", [4, 1])
 def test_static_cache_step_equals_full_forward(n_kv_head):
-    model = _model(n_kv_head)
+    model = small_gpt(n_kv_head)
     seq = torch.randint(0, 256, (2, 14), generator=torch.Generator().manual_seed(6))
     cache = kv_cache.StaticKVCache(model.config, 2, 14)
     with torch.no_grad():
@@ -153,7 +126,7 @@ def test_compiled_decode_options_fuse_the_matvec_under_cuda_graphs():
 
 
 def test_weight_bytes_and_bandwidth_row():
-    model = _model(2)
+    model = small_gpt(2)
     n = sum(p.numel() for p in model.parameters())  # the tied head counted once
     assert kv_lab.weight_bytes(model) == 4 * (n - model.wpe.weight.numel() + model.config.d_model)
     row = kv_lab.bandwidth_row(model, 10, 3, 1, "m")
@@ -175,7 +148,7 @@ def test_budget_rows():
 
 
 def test_bandwidth_rows_interleaved_and_sequential_agree_on_counts():
-    m1, m2 = _model(4), _model(1)
+    m1, m2 = small_gpt(4), small_gpt(1)
     cases = [("mha", m1, 8, 2), ("mqa", m2, 8, 3)]
     a, b = kv_lab.bandwidth_rows(cases, 2, True), kv_lab.bandwidth_rows(cases, 2, False)
     for x, y in zip(a, b):
@@ -184,7 +157,7 @@ def test_bandwidth_rows_interleaved_and_sequential_agree_on_counts():
 
 
 def test_variant_speeds_times_every_case_round_robin():
-    models = {"mha": _model(4), "mqa": _model(1)}
+    models = {"mha": small_gpt(4), "mqa": small_gpt(1)}
     low, _ = kv_cache.factorise_kv(models["mha"], 4)
     rows = kv_lab.variant_speeds(models, ("latent", low), 8, 2, warmup=1)
     assert [r["variant"] for r in rows] == ["mha", "mqa", "latent"]
@@ -196,5 +169,5 @@ def test_variant_speeds_times_every_case_round_robin():
 
 def test_per_position_reports_spreads():
     spreads = {}
-    out = kv_lab.per_position(_model(2), [4, 8], 2, warmup=1, spreads=spreads)
+    out = kv_lab.per_position(small_gpt(2), [4, 8], 2, warmup=1, spreads=spreads)
     assert set(spreads) == set(out) and all(len(v) == 2 for v in spreads.values())

@@ -11,6 +11,7 @@ import torch
 from helpers.decode import paged, paged_attention, serving, serving_lab
 from helpers.gpt import generation
 from helpers.gpt.model import GPT, GPTConfig
+from kv_support import DTYPES, tolerance
 
 
 def _pool_and_tables(lengths, block_size, H_kv=2, hd=16, seed=0):
@@ -352,15 +353,6 @@ def test_generation_on_the_paged_cache_equals_the_contiguous_cache(block_size):
 
 # ------------------------------------------------------------------ cache dtypes
 
-DTYPES = [torch.float32, torch.bfloat16, torch.float16]
-
-
-def _tolerance(*dtypes) -> float:
-    """The stated tolerance, relative to the largest |logit|: 4 x the machine epsilon of the narrowest dtype
-    involved (bf16: 2^-7, fp16: 2^-10, fp32: 2^-23)."""
-    return 4 * max(torch.finfo(d).eps for d in dtypes)
-
-
 def _teacher_forced(model, seq, cache, split):
     """Logits (B, S, vocab) of seq through the cache: a prefill of `split` tokens, then one token at a time."""
     with torch.no_grad():
@@ -385,7 +377,7 @@ def test_paged_cache_in_any_dtype_under_a_model_of_any_dtype(impl, model_dtype, 
     ref = _teacher_forced(model, seq, make(model.config, 2, 10, dtype=torch.float32, device="cpu"), 6).float()
     assert cache.k_pool.dtype == cache.v_pool.dtype == dtype  # stores in its dtype
     err, scale = float((got - ref).abs().max()), float(ref.abs().max())
-    assert err <= _tolerance(model_dtype, dtype) * scale
+    assert err <= tolerance(model_dtype, dtype) * scale
     top2 = ref.topk(2, dim=-1).values  # greedy tokens agree wherever the error cannot swap the top two
     sure = top2[..., 0] - top2[..., 1] > 2 * err
     assert torch.equal(got.argmax(-1)[sure], ref.argmax(-1)[sure])

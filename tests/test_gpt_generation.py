@@ -11,21 +11,14 @@ import torch
 
 from helpers.gpt import generation
 from helpers.gpt.model import GPT, GPTConfig
+from kv_support import DTYPES, assert_close_to_reference, small_gpt, tolerance
 
 
-def _model(n_kv_head: int, seed: int = 0) -> GPT:
-    torch.manual_seed(seed)
-    cfg = GPTConfig(n_layer=2, n_head=4, n_kv_head=n_kv_head, d_model=32, d_ff=64, seq_len=48)
-    model = GPT(cfg).eval()
-    with torch.no_grad():  # larger weights than the init so that logits are far from ties
-        for p in model.parameters():
-            p.mul_(3.0)
-    return model
 
 
 @pytest.mark.parametrize("n_kv_head", [4, 2, 1])  # MHA, GQA (a divisor), MQA
 def test_greedy_identical_with_and_without_cache(n_kv_head):
-    model = _model(n_kv_head)
+    model = small_gpt(n_kv_head)
     prompt = torch.randint(0, 256, (2, 7), generator=torch.Generator().manual_seed(1))
     with_cache = generation.generate(model, prompt, 30, cache=True)
     without = generation.generate(model, prompt, 30, cache=False)
@@ -35,7 +28,7 @@ def test_greedy_identical_with_and_without_cache(n_kv_head):
 
 @pytest.mark.parametrize("n_kv_head", [4, 2, 1])
 def test_cached_logits_match_full_forward(n_kv_head):
-    model = _model(n_kv_head)
+    model = small_gpt(n_kv_head)
     seq = torch.randint(0, 256, (3, 20), generator=torch.Generator().manual_seed(2))
     full = model(seq)[0]
     cache = generation.KVCache(model.config, 3, 20)
@@ -47,7 +40,7 @@ def test_cached_logits_match_full_forward(n_kv_head):
 
 @pytest.mark.parametrize("n_kv_head,dtype", [(4, torch.float32), (2, torch.bfloat16), (1, torch.float16)])
 def test_cache_allocates_two_tensors_of_layers_kv_heads_length_and_head_dim(n_kv_head, dtype):
-    cfg = _model(n_kv_head).config
+    cfg = small_gpt(n_kv_head).config
     cache = generation.KVCache(cfg, batch=3, max_len=17, dtype=dtype)
     per_token = 2 * cfg.n_layer * cfg.n_kv_head * cfg.head_dim * (torch.finfo(dtype).bits // 8)
     assert cache.nbytes == per_token * 3 * 17
@@ -55,7 +48,7 @@ def test_cache_allocates_two_tensors_of_layers_kv_heads_length_and_head_dim(n_kv
 
 
 def test_cache_overflow_and_bad_sizes_raise():
-    model = _model(2)
+    model = small_gpt(2)
     cache = generation.KVCache(model.config, 1, 4)
     with pytest.raises(ValueError, match="max_len=4"):
         model(torch.zeros(1, 5, dtype=torch.long), cache=cache)
@@ -69,7 +62,7 @@ def test_cache_overflow_and_bad_sizes_raise():
 
 @pytest.mark.parametrize("T", [1, 3])
 def test_rewound_step_runs_at_the_same_position_every_call(T):
-    model = _model(2)
+    model = small_gpt(2)
     seq = torch.randint(0, 256, (2, 10 + T), generator=torch.Generator().manual_seed(3))
     cache = generation.KVCache(model.config, 2, 10 + T)
     generation.prefill(model, seq[:, :10], cache)
@@ -80,7 +73,7 @@ def test_rewound_step_runs_at_the_same_position_every_call(T):
 
 
 def test_greedy_top1_and_seeded_sampling():
-    model = _model(2)
+    model = small_gpt(2)
     prompt = torch.randint(0, 256, (2, 12), generator=torch.Generator().manual_seed(4))
     greedy = generation.generate(model, prompt, 5)
     assert greedy.shape == (2, 5) and not model.training
@@ -105,7 +98,7 @@ def test_sampling_reproducible_and_restricted():
     draws = torch.stack([s(logits) for _ in range(50)])  # (50, 4)
     top5 = logits.topk(5).indices  # (4, 5)
     assert all(bool((draws[:, i, None] == top5[i]).any(-1).all()) for i in range(4))
-    model = _model(2)
+    model = small_gpt(2)
     prompt = torch.randint(0, 256, (1, 5), generator=torch.Generator().manual_seed(4))
     x = generation.generate(model, prompt, 12, generation.Sampler(temperature=1.0, top_p=0.9, seed=7))
     y = generation.generate(model, prompt, 12, generation.Sampler(temperature=1.0, top_p=0.9, seed=7))
@@ -116,26 +109,6 @@ def test_sampling_reproducible_and_restricted():
 
 
 # ---------------------------------------------------------------- cache dtypes
-
-DTYPES = [torch.float32, torch.bfloat16, torch.float16]
-
-
-def _tolerance(*dtypes) -> float:
-    """The stated tolerance, relative to the largest |logit|: 4 x the machine epsilon of the narrowest dtype
-    involved (bf16: 2^-7, fp16: 2^-10, fp32: 2^-23)."""
-    return 4 * max(torch.finfo(d).eps for d in dtypes)
-
-
-def _assert_close_to_reference(got, ref, tol):
-    """Logits within tol of the reference's scale, and the same greedy token wherever the reference's top
-    two logits lie further apart than twice the error seen (a closer pair may swap within it)."""
-    got, ref = got.float(), ref.float()
-    err, scale = float((got - ref).abs().max()), float(ref.abs().max())
-    assert err <= tol * scale
-    top2 = ref.topk(2, dim=-1).values
-    sure = top2[..., 0] - top2[..., 1] > 2 * err
-    assert torch.equal(got.argmax(-1)[sure], ref.argmax(-1)[sure])
-
 
 def _teacher_forced(model, seq, cache, split=6):
     """Logits (B, S, vocab) of seq through the cache: a prefill of `split` tokens, then one token at a time."""
@@ -148,14 +121,14 @@ def _teacher_forced(model, seq, cache, split=6):
 @pytest.mark.parametrize("model_dtype", DTYPES)
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_contiguous_cache_in_any_dtype_under_a_model_of_any_dtype(model_dtype, dtype):
-    model = _model(2).to(model_dtype)
+    model = small_gpt(2).to(model_dtype)
     seq = torch.randint(0, 256, (2, 16), generator=torch.Generator().manual_seed(5))
     cache = generation.KVCache(model.config, 2, 16, dtype=dtype)
     got = _teacher_forced(model, seq, cache)
     ref = _teacher_forced(model, seq, generation.KVCache(model.config, 2, 16, dtype=torch.float32))
     assert cache.k.dtype == cache.v.dtype == dtype  # stores in the cache's dtype
     assert got.dtype == model_dtype  # and hands the model back its own
-    _assert_close_to_reference(got, ref, _tolerance(model_dtype, dtype))
+    assert_close_to_reference(got, ref, tolerance(model_dtype, dtype))
     # computes in the wider of the two dtypes, returns the query's
     q = torch.randn(2, 4, 3, 8).to(model_dtype)
     keys, values = torch.randn(2, 2, 5, 8).to(dtype), torch.randn(2, 2, 5, 8).to(dtype)
@@ -169,7 +142,7 @@ def test_contiguous_cache_in_any_dtype_under_a_model_of_any_dtype(model_dtype, d
 @pytest.mark.parametrize("model_dtype", DTYPES)
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_generate_with_any_cache_dtype(model_dtype, dtype):
-    model = _model(2).to(model_dtype)
+    model = small_gpt(2).to(model_dtype)
     prompt = torch.randint(0, 256, (2, 7), generator=torch.Generator().manual_seed(6))
     got = generation.generate(model, prompt, 12, dtype=dtype)
     ref = generation.generate(model, prompt, 12, dtype=torch.float32)
@@ -177,7 +150,7 @@ def test_generate_with_any_cache_dtype(model_dtype, dtype):
     # the tokens agree until a step where the fp32-cache run's top two logits are within tolerance
     logits = _teacher_forced(model, torch.cat([prompt, ref], 1)[:, :-1],
                              generation.KVCache(model.config, 2, 18), split=7)[:, 6:].float()  # (2, 12, vocab)
-    tol, scale = _tolerance(model_dtype, dtype), float(logits.abs().max())
+    tol, scale = tolerance(model_dtype, dtype), float(logits.abs().max())
     top2 = logits.topk(2, dim=-1).values
     close = top2[..., 0] - top2[..., 1] <= 2 * tol * scale  # (2, 12)
     for b in range(2):
@@ -187,7 +160,7 @@ def test_generate_with_any_cache_dtype(model_dtype, dtype):
 
 
 def test_cache_dtypes_the_api_does_not_allow_are_refused():
-    model = _model(2)
+    model = small_gpt(2)
     prompt = torch.zeros(4, dtype=torch.long)
     for bad in (torch.int8, torch.float8_e4m3fn, torch.complex64, "bf16"):
         with pytest.raises(ValueError, match="cannot hold a KV cache; choose one of torch.float32"):

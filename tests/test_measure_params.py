@@ -44,3 +44,19 @@ def test_choose_and_positive():
     for bad in (0, -1, True, 2.0):
         with pytest.raises(ValueError, match="N="):
             params.positive("N", bad)
+
+
+def test_positive_refuses_nan_and_positive_number_refuses_what_is_not_finite():
+    import math
+
+    from helpers.measure.params import positive, positive_number
+
+    with pytest.raises(ValueError, match="X=nan must be a positive float"):
+        positive("X", math.nan, float)
+    assert positive_number("LR", 3) == 3.0 and isinstance(positive_number("LR", 3), float)
+    assert positive_number("LR", 5e-324) == 5e-324
+    for bad in (math.inf, math.nan, 0, -1.0, True, "1e-3"):
+        with pytest.raises(ValueError, match="LR="):
+            positive_number("LR", bad)
+    with pytest.raises(ValueError, match="finite positive number"):
+        positive_number("LR", math.inf)

@@ -9,15 +9,7 @@ import torch
 
 from helpers.gpt.model import GPT, GPTConfig
 from helpers.training import accumulation_lab
-
-
-def model_and_batch(batch=8, T=24, seed=0, attn_impl="naive"):
-    torch.manual_seed(seed)
-    cfg = GPTConfig.preset("tiny", seq_len=32)
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randint(0, 256, (batch, T), generator=g)
-    y = torch.randint(0, 256, (batch, T), generator=g)
-    return GPT(cfg, attn_impl=attn_impl), x, y
+from test_training_accumulation import model_and_batch
 
 
 def test_measure_accumulation_memory_follows_micro_batch():

@@ -49,7 +49,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable
 
-from helpers.course.worker import Descendants, OneLineParser, Stop, end_group, folder_problem, positive_number
+from helpers.course.worker import Descendants, OneLineParser, Stop, end_group, folder_problem, positive_argument
 from helpers.measure.results import REPO_ROOT, device_slug, slug, write_atomic
 from helpers.show.tables import table
 
@@ -445,7 +445,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("plan", "run"):
         p = sub.add_parser(name)
         p.add_argument("notebooks", nargs="*", help="two-digit numbers (default: every notebook)")
-        p.add_argument("--budget-s", type=positive_number(float), default=540.0,
+        p.add_argument("--budget-s", type=positive_argument(float), default=540.0,
                        help=f"wall-clock budget in seconds, above {MARGIN_S:.0f} (default 540)")
         p.add_argument("--references", type=Path, default=None,
                        help="reference folder whose capture.json sets the order (default: results/<this device>)")

@@ -67,7 +67,7 @@ from helpers.course.goals_train import (bucketed_ddp_speedup, compiled_train_ste
                                         float8_linear_speedup, fused_bandwidth, packing_speedup,
                                         pinned_copy_speedup, reduce_overhead_speedup, ring_all_reduce_ratio,
                                         scaled_mm_speedup, triton_softmax_speedup, zero_memory_deviation)
-from helpers.course.worker import Descendants, OneLineParser, Stop, end_group, folder_problem, positive_number
+from helpers.course.worker import Descendants, OneLineParser, Stop, end_group, folder_problem, positive_argument
 from helpers.measure.results import write_atomic
 from helpers.show.tables import table as text_table
 
@@ -406,7 +406,7 @@ def main(argv: list[str] | None = None) -> int:
             p.add_argument("--out", type=Path, required=True, help="folder for goals.json")
             p.add_argument("--cache-dir", type=Path, default=None,
                            help="where trained models are shared between goals (default: OUT/cache)")
-            p.add_argument("--budget-s", type=positive_number(float), default=DEFAULT_BUDGET_S,
+            p.add_argument("--budget-s", type=positive_argument(float), default=DEFAULT_BUDGET_S,
                            help=f"wall-clock budget in seconds, above {MARGIN_S:.0f} (default 360)")
     args = parser.parse_args(argv)
     try:

@@ -27,7 +27,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from helpers.course import report
-from helpers.course.worker import (OneLineParser, Outcome, Stop, Workers, folder_problem, positive_number,
+from helpers.course.worker import (OneLineParser, Outcome, Stop, Workers, folder_problem, positive_argument,
                                    status_word, summary_table, worker_main)
 from helpers.measure.params import PROFILES, resolve_profile
 from helpers.measure.results import REPO_ROOT, device_slug, read_records, write_atomic
@@ -163,7 +163,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-p", "--parameter", action="append", default=[], type=parse_parameter, metavar="NAME=VALUE",
                    help="notebook parameter (python literal), repeatable; e.g. -p SEED=1; a name must be in the "
                         "notebook's parameters cell and goes only to the notebooks that declare it")
-    p.add_argument("--jobs", type=positive_number(int), default=None,
+    p.add_argument("--jobs", type=positive_argument(int), default=None,
                    help="notebooks executed at once (default: 1, so that timings are not shared; more is faster "
                         "but each notebook's environment block and the report say that timings were shared)")
     p.add_argument("--out", type=Path, default=REPO_ROOT / "runs",
@@ -172,7 +172,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="where to look for notebooks (default: notebooks/)")
     p.add_argument("--references", type=Path, default=REPO_ROOT / "results",
                    help="folder of reference results, one sub-folder per GPU (default: results/)")
-    p.add_argument("--timeout", type=positive_number(int), default=None,
+    p.add_argument("--timeout", type=positive_argument(int), default=None,
                    help="seconds allowed per cell (default: none)")
     p.add_argument("--no-report", action="store_true", help="skip writing report.md and report.html")
     p.add_argument("--save-reference", action="store_true",

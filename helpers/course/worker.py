@@ -11,7 +11,7 @@ over its time limit, is reported at the cell that was running, and the cells aft
 What every command that starts processes shares (`helpers.course.run`, `.goals`, `.capture`): `Stop`
 (SIGINT and SIGTERM set a flag the command's loop reads; it ends what it started, writes what
 finished and exits 128 + the signal's number: 130, 143), `Descendants` (every process seen below
-one, so that none outlives it), `OneLineParser` and `positive_number` (a bad command-line value is
+one, so that none outlives it), `OneLineParser` and `positive_argument` (a bad command-line value is
 one line, exit status 2), `folder_problem` (an output folder that cannot be written, in words).
 """
 from __future__ import annotations
@@ -283,12 +283,12 @@ class Workers:
         """SIGTERM every worker (it shuts its kernel down), SIGKILL what remains after a grace period."""
         self.watch()
         for proc, *_ in self.running.values():
-            _signal_group(proc, signal.SIGTERM)
+            _kill_group(proc.pid, signal.SIGTERM)
         deadline = time.monotonic() + GRACE_SECONDS
         while time.monotonic() < deadline and any(p.poll() is None for p, *_ in self.running.values()):
             time.sleep(0.1)
         for proc, *_ in self.running.values():
-            _signal_group(proc, signal.SIGKILL)
+            _kill_group(proc.pid, signal.SIGKILL)
             proc.wait()
         outcomes = [self.collect(nb, why) for nb in list(self.running)]
         self.reap()
@@ -301,10 +301,6 @@ def _quietly(action) -> None:
         action()
     except psutil.Error:
         pass
-
-
-def _signal_group(proc: subprocess.Popen, sig: int) -> None:
-    _kill_group(proc.pid, sig)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -391,7 +387,7 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
 
-def positive_number(kind: type = float):
+def positive_argument(kind: type = float):
     """An argparse `type`: a finite number of `kind` (float or int) > 0, else one sentence naming the text
     (nan, inf, 0, a negative number and a word are all refused before anything runs)."""
     def parse(text: str):

@@ -1,6 +1,7 @@
 """Notebook parameters: validation, profiles and the one setup call each notebook makes."""
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,8 +23,16 @@ def choose(name: str, value: Any, allowed: Iterable[Any]) -> Any:
 
 def positive(name: str, value: Any, kind: type = int) -> Any:
     """Return `value` if it is a positive number of type `kind`, else raise a ValueError naming it."""
-    if isinstance(value, bool) or not isinstance(value, kind) or value <= 0:
+    if isinstance(value, bool) or not isinstance(value, kind) or not value > 0:  # `not >`: NaN is refused too
         raise ValueError(f"{name}={value!r} must be a positive {kind.__name__}")
+    return value
+
+
+def positive_number(name: str, value: Any) -> float:
+    """A finite positive int or float, returned as a float; else a ValueError naming the parameter."""
+    value = positive(name, float(value) if type(value) is int else value, float)
+    if not math.isfinite(value):
+        raise ValueError(f"{name}={value!r} must be a finite positive number")
     return value
 
 

@@ -10,14 +10,13 @@ process group, and returns plain numbers (rank 0's, or every rank's where they d
 * memory per rank: `measure_memory` (stages 0-3);
 * the notebook's sentences, formulas and figure: `bucketing_sentence`, `collectives_notes`, `plan`,
   `plan_figure`; its parameters: `resolve_parameters` (all at once), with the checks `at_least_2`,
-  `positive_number`, `positive_ints` and `message_sizes`;
+  `positive_ints` and `message_sizes`;
 * for the tests and `scripts/ddp_torchrun.py`: `small_config`, `global_batches`, `fail_on`,
   `sleep_forever`.
 """
 from __future__ import annotations
 
 import ast
-import math
 import os
 import time
 from statistics import median
@@ -29,7 +28,7 @@ import torch.nn as nn
 
 from helpers.gpt.model import GPT, PRESETS, GPTConfig
 from helpers.measure import params
-from helpers.measure.params import positive, positives
+from helpers.measure.params import positive, positive_number, positives
 from helpers.parallel import data_parallel, distributed, model_parallel
 
 
@@ -535,14 +534,6 @@ def at_least_2(name: str, value) -> int:
     """A world size: an int >= 2 (one rank has nobody to talk to). Raises ValueError naming the parameter."""
     if positive(name, value) < 2:
         raise ValueError(f"{name}={value!r} must be an int >= 2")
-    return value
-
-
-def positive_number(name: str, value) -> float:
-    """A finite positive int or float, as a float. Raises ValueError naming the parameter."""
-    value = positive(name, float(value) if type(value) is int else value, float)
-    if not math.isfinite(value):
-        raise ValueError(f"{name}={value!r} must be a finite positive number")
     return value
 
 

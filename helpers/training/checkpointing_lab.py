@@ -15,7 +15,6 @@ The strategies and the arithmetic of what they save are in `checkpointing`.
 from __future__ import annotations
 
 import copy
-import math
 import statistics
 from typing import Any
 
@@ -31,14 +30,6 @@ from helpers.training.checkpointing import apply_strategy, max_batch, remove_str
 
 
 # ---------------------------------------------------------------- the parameters
-
-def _budget_mb(name: str, value: Any) -> float:
-    """A memory budget in MiB: a finite positive number, as a float."""
-    value = positive(name, float(value) if type(value) is int else value, float)
-    if not math.isfinite(value):
-        raise ValueError(f"{name}={value!r} must be a finite number of MiB")
-    return value
-
 
 def resolve_parameters(S: params.Setup, *, MODEL, N_LAYER, BATCH, SEQ_LEN, ATTN, DTYPE, K, BUDGET_MB, REPS,
                        PROFILE_STEPS, CPU_THREADS) -> dict:
@@ -58,7 +49,7 @@ def resolve_parameters(S: params.Setup, *, MODEL, N_LAYER, BATCH, SEQ_LEN, ATTN,
     dtype = "fp32" if S.device == "cpu" else half
     out["DTYPE"] = R("DTYPE", DTYPE, smoke=dtype, full=dtype, check=lambda n, v: params.choose(n, v, ("fp32", "bf16", "fp16")))
     out["K"] = params.positive("K", K)
-    out["BUDGET_MB"] = R("BUDGET_MB", BUDGET_MB, smoke=48.0, full=gpu_mib or 80.0 * 1024, check=_budget_mb)
+    out["BUDGET_MB"] = R("BUDGET_MB", BUDGET_MB, smoke=48.0, full=gpu_mib or 80.0 * 1024, check=params.positive_number)
     out["REPS"] = R("REPS", REPS, smoke=10, full=10, check=params.positive)
     out["PROFILE_STEPS"] = R("PROFILE_STEPS", PROFILE_STEPS, smoke=2, full=3, check=params.positive)
     out["CPU_THREADS"] = R("CPU_THREADS", CPU_THREADS, smoke=1, full=torch.get_num_threads(), check=params.positive)

@@ -32,17 +32,9 @@ from helpers.training.precision import FORMATS, DynamicLossScaler, classify, fac
 FP32_MAX = torch.finfo(torch.float32).max  # GradScaler keeps its scale in fp32: a larger one is inf
 
 
-def _finite_positive(name: str, value: Any) -> float:
-    """A finite positive int or float, as a float; ValueError naming the parameter otherwise."""
-    value = params.positive(name, float(value) if type(value) is int else value, float)
-    if not math.isfinite(value):
-        raise ValueError(f"{name}={value!r} must be a finite positive number")
-    return value
-
-
 def _loss_scale(name: str, value: Any) -> float:
     """A first loss scale: a positive number that fp32, where the scalers keep it, holds as a finite value."""
-    value = _finite_positive(name, value)
+    value = params.positive_number(name, value)
     if value > FP32_MAX:
         raise ValueError(f"{name}={value!r} would be inf in fp32, where the loss scalers keep the scale; choose at "
                          f"most fp32's largest value, {FP32_MAX:.8g} (2.0**127 is the largest power of two below it)")
@@ -59,7 +51,7 @@ def resolve_parameters(S: params.Setup, *, MODEL, BATCH, SEQ_LEN, STEPS, LR, INI
            "BATCH": R("BATCH", BATCH, smoke=4, full=16, check=params.positive),
            "SEQ_LEN": R("SEQ_LEN", SEQ_LEN, smoke=32, full=512, check=params.positive),
            "STEPS": R("STEPS", STEPS, smoke=12, full=200, check=params.positive)}
-    out["LR"] = R("LR", LR, smoke=1e-3, full=3e-4, check=_finite_positive)
+    out["LR"] = R("LR", LR, smoke=1e-3, full=3e-4, check=params.positive_number)
     out["INIT_SCALE"] = R("INIT_SCALE", INIT_SCALE, smoke=2.0**12, full=2.0**16, check=_loss_scale)
     out["GROWTH_INTERVAL"] = R("GROWTH_INTERVAL", GROWTH_INTERVAL, smoke=out["STEPS"], full=50, check=params.positive)
     out["LOG2_SCALES"] = R("LOG2_SCALES", LOG2_SCALES, smoke=list(range(0, 25, 4)), full=list(range(0, 33, 4)),
