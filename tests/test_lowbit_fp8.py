@@ -105,6 +105,23 @@ def test_delayed_cast_uses_the_previous_scale_and_counts_overflow():
     assert fp8.cast_counts(torch.tensor([1e-9, 1.0]), 1.0) == {"overflow": 0, "underflow": 1}
 
 
+@pytest.mark.parametrize("dtype", [fp8.E4M3, fp8.E5M2])
+def test_an_amax_one_fp32_ulp_over_max_is_not_counted_as_saturated(dtype):
+    m = fp8.fmax(dtype)
+    assert fp8.saturation_threshold(fp8.E4M3) == 464.0 and fp8.saturation_threshold(fp8.E5M2) == 57344.0 + 4096.0
+    x = torch.tensor([1.0, 0.5])
+    scale = torch.tensor(m, dtype=torch.float32).nextafter(torch.tensor(math.inf))  # 1.0 * scale: one ulp over max
+    assert (x * scale)[0] > m and fp8.cast_counts(x, scale, dtype)["overflow"] == 0
+    assert fp8.cast(x * scale, dtype)[0].float() == m  # what a clamp and rounding give alike
+    assert fp8.cast_counts(x, 1.1 * m, dtype)["overflow"] == 1  # 1.1 x max: the clamp decided it
+
+
+def test_current_scaling_saturates_nothing_on_a_real_tensor():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(64, 96, generator=g) * 3.7
+    assert fp8.cast_counts(x, fp8.tensorwise(x)[1])["overflow"] == 0
+
+
 def test_scaled_mm_and_emulation_agree():
     g = torch.Generator().manual_seed(0)
     a, b = torch.randn(33, 64, generator=g), torch.randn(64, 48, generator=g)
@@ -405,3 +422,53 @@ def test_speed_sweep_leaves_out_just_the_torchao_recipe_that_cannot_run(monkeypa
     assert out["linear"]["torchao tensorwise"] == [32.0, 64.0] and out["matmul"]["rowwise"] == [64.0, 128.0]
     without = fp8_lab.speed_sweep([64], 1, False, False)
     assert without["skipped"] == {} and not any(v.startswith("torchao") for v in without["linear"])
+
+
+def _tiny_batches(n=2):
+    g = torch.Generator().manual_seed(0)
+    return [(torch.randint(0, 256, (2, 16), generator=g), torch.randint(0, 256, (2, 16), generator=g)) for _ in range(n)]
+
+
+@pytest.mark.parametrize("recipe", ["tensorwise", "delayed", "rowwise"])
+def test_our_emulated_training_matches_the_scaled_mm_path(recipe):
+    # where torch._scaled_mm runs (the CPU), emulating it changes no bit with rowwise's power-of-two scales,
+    # and at most fp32 rounding where a scale is not a power of two
+    if fp8.scaled_mm_refusal("cpu", rowwise=recipe == "rowwise"):
+        pytest.skip("torch._scaled_mm refuses these scales on this CPU")
+    torch.manual_seed(0)
+    base = GPT(GPTConfig.preset("tiny", n_layer=1))
+    runs = [fp8_lab.train(fp8_lab.make_variant(base, f"ours {recipe}", emulate=e)[0], _tiny_batches(), _tiny_batches(1),
+                          lr=1e-3, emulate=e) for e in (False, True)]
+    if recipe == "rowwise":
+        assert runs[0] == runs[1]
+    else:
+        assert runs[0]["losses"] + [runs[0]["val_loss"]] == pytest.approx(runs[1]["losses"] + [runs[1]["val_loss"]],
+                                                                         rel=1e-5, abs=0)
+
+
+def test_torchao_emulate_option_is_set_and_trains():
+    _skip_unless_torchao_runs("rowwise")
+    torch.manual_seed(0)
+    model, _ = fp8_lab.make_variant(GPT(GPTConfig.preset("tiny", n_layer=1)), "torchao rowwise", emulate=True)
+    converted = [m for m in model.modules() if type(m).__name__ == "Float8Linear"]
+    assert converted and all(m.config.emulate for m in converted)
+    out = fp8_lab.train(model, _tiny_batches(), _tiny_batches(1), lr=1e-3, emulate=True)
+    assert all(math.isfinite(v) for v in out["losses"] + [out["val_loss"]])
+
+
+def test_reference_kernel_cost_times_both_paths_or_says_none(monkeypatch):
+    cost = fp8_lab.reference_kernel_cost(32, 64, 48, reps=2)
+    if fp8.scaled_mm_refusal("cpu", rowwise=False):
+        assert cost is None
+    else:
+        assert len(cost["scaled_mm"].samples) == len(cost["emulated"].samples) == 2
+        assert cost["ratio"] == pytest.approx(cost["scaled_mm"].median / cost["emulated"].median)
+    monkeypatch.setitem(fp8._SCALED_MM_REFUSED, ("cpu", False, fp8.E4M3, fp8.E4M3, True), "refused.")
+    assert fp8_lab.reference_kernel_cost(32, 64, 48, reps=2) is None
+
+
+def test_mx_clipped_blocks_counts_the_blocks_whose_top_the_floor_rule_clamps():
+    x = torch.ones(2, 64)
+    x[0, 0], x[0, 40], x[1, 3] = 1.9, 1.8, 0.0  # 1.9: mantissa past 1.8125, clamped; 1.8: rounds to 448
+    assert fp8_lab.mx_clipped_blocks(x) == (1, 4)
+    assert fp8_lab.mx_clipped_blocks(torch.zeros(1, 32)) == (0, 0)

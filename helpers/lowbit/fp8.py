@@ -26,6 +26,7 @@ Measurements for the notebook (quantisation error, training, speed) are in `help
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import logging
 import math
@@ -200,12 +201,21 @@ def error_stats(x: torch.Tensor, xq: torch.Tensor) -> dict[str, float]:
     return {"rel_error": rel, "snr_db": db(rel), "row_rel_error": row_rel, "row_snr_db": db(row_rel)}
 
 
+def saturation_threshold(dtype: torch.dtype = E4M3) -> float:
+    """The |value| above which clamping to ±max changes an entry by more than rounding would: max plus half
+    the spacing of the format's top binade (e4m3fn: 448 + 16; e5m2: 57344 + 4096). A current-scaling amax
+    lands on max up to one fp32 rounding (448.00003), which rounds to 448 anyway: not saturated."""
+    f = torch.finfo(dtype)
+    return f.max + 2.0 ** math.floor(math.log2(f.max)) * f.eps / 2
+
+
 def cast_counts(x: torch.Tensor, scale: torch.Tensor | float, dtype: torch.dtype = E4M3) -> dict[str, int]:
-    """How a cast at `scale` treats x: entries that saturate (|x·scale| > max) and nonzero entries
-    that become 0 (underflow)."""
+    """How a cast at `scale` treats x: entries that saturate (|x·scale| beyond `saturation_threshold`, so
+    the clamp, not rounding, decided their value) and nonzero entries that become 0 (underflow)."""
     y = x.float() * scale
     q = cast(y, dtype).float()
-    return {"overflow": int((y.abs() > fmax(dtype)).sum()), "underflow": int(((q == 0) & (x != 0)).sum())}
+    return {"overflow": int((y.abs() > saturation_threshold(dtype)).sum()),
+            "underflow": int(((q == 0) & (x != 0)).sum())}
 
 
 def delayed_update(history: list, amax: float, scale: float, history_len: int, margin: int, algo: str,
@@ -570,11 +580,18 @@ def torchao_problem(recipe: str, device: str | torch.device = "cpu") -> str | No
     return _TORCHAO_PROBLEMS[key]
 
 
-def torchao_convert(model: nn.Module, recipe: str, skip: tuple[str, ...] = ("lm_head",)) -> nn.Module:
-    """torchao's convert_to_float8_training on `model` in place with its named recipe and our skips."""
+def torchao_convert(model: nn.Module, recipe: str, skip: tuple[str, ...] = ("lm_head",),
+                    emulate: bool = False) -> nn.Module:
+    """torchao's convert_to_float8_training on `model` in place with its named recipe and our skips.
+
+    emulate=True sets torchao's own `emulate` option: each fp8 product runs as an fp32 matmul of the
+    same fp8 values and scales (what `emulated()` does for ours), not torch._scaled_mm.
+    Raises RuntimeError saying why when torchao cannot be imported."""
     ao, why = import_torchao()
     if ao is None:
         raise RuntimeError(why)
     config = ao.Float8LinearConfig.from_recipe_name(recipe)
+    if emulate:
+        config = dataclasses.replace(config, emulate=True)
     keep = lambda mod, fqn: fqn.split(".")[-1] not in skip and fqn not in skip  # noqa: E731
     return ao.convert_to_float8_training(model, config=config, module_filter_fn=keep)

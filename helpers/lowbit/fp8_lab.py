@@ -5,6 +5,7 @@ The FP8 machinery itself (formats, recipes, Float8Linear) is `helpers.lowbit.fp8
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 from typing import Callable
@@ -15,7 +16,7 @@ from helpers.gpt.model import GPT, PRESETS, GPTConfig
 from helpers.measure import bench, params, profiling
 from helpers.lowbit import fp8
 from helpers.show import plots
-from helpers.measure.params import positive
+from helpers.measure.params import positive, positive_number
 from helpers.training import precision
 
 TRAIN_VARIANTS = ("fp32", "ours tensorwise", "ours delayed", "ours rowwise", "ours blockwise",
@@ -27,17 +28,9 @@ TRAIN_VARIANTS = ("fp32", "ours tensorwise", "ours delayed", "ours rowwise", "ou
 MAX_OUTLIER = 2.0**64  # OUTLIER x the activations' amax must stay finite in fp32 (max ~2**128)
 
 
-def _finite_positive(name: str, value) -> float:
-    """A finite positive int or float, as a float; ValueError naming the parameter otherwise."""
-    value = positive(name, float(value) if type(value) is int else value, float)
-    if not math.isfinite(value):
-        raise ValueError(f"{name}={value!r} must be a finite positive number")
-    return value
-
-
 def _outlier(name: str, value) -> float:
     """The planted outlier, in multiples of the amax: a positive number up to MAX_OUTLIER."""
-    value = _finite_positive(name, value)
+    value = positive_number(name, value)
     if value > MAX_OUTLIER:
         raise ValueError(f"{name}={value!r} is too large: the planted value, {name} x the activations' amax, must stay "
                          f"finite in fp32 (largest {torch.finfo(torch.float32).max:.3g}); choose at most 2.0**64 "
@@ -63,7 +56,7 @@ def resolve_parameters(S: params.Setup, *, MODEL, BATCH, SEQ_LEN, STEPS, LR, LAY
     if out["STEPS"] < 2:
         raise ValueError(f"STEPS={out['STEPS']} is too few: the training comparison measures the noise of the last "
                          "losses as their standard deviation, which needs at least 2 steps")
-    out["LR"] = R("LR", LR, smoke=1e-3, full=1e-3, check=_finite_positive)
+    out["LR"] = R("LR", LR, smoke=1e-3, full=1e-3, check=positive_number)
     cfg = GPTConfig.preset(out["MODEL"], seq_len=out["SEQ_LEN"])
     linears = [n for n, m in GPT(cfg).named_modules() if isinstance(m, torch.nn.Linear) and n != "lm_head"]
     out["LAYER"] = R("LAYER", LAYER, smoke="blocks.0.mlp.down", full="blocks.0.mlp.down",
@@ -137,6 +130,19 @@ def capture(model: torch.nn.Module, layer: str, x: torch.Tensor, y: torch.Tensor
     flat = lambda t: t.reshape(-1, t.shape[-1]).float().clone()  # noqa: E731
     return {"activations": flat(got["activations"]), "weights": mod.weight.detach().float().clone(),
             "output gradients": flat(got["output gradients"])}
+
+
+def mx_clipped_blocks(x: torch.Tensor, dtype: torch.dtype = fp8.E4M3) -> tuple[int, int]:
+    """(blocks whose top value MX's floor rule pushes past `fp8.saturation_threshold`, so the clamp cuts it;
+    all nonzero blocks) for x's MX blocks of 32 along the last dim. The spec's shared exponent
+    floor(log2 amax) - emax puts amax·scale in [2**emax, 2**(emax+1)): for e4m3 [256, 512), past the threshold
+    (464) when amax's mantissa exceeds 1.8125."""
+    q, scale = fp8.mx(x, dtype)
+    K = x.shape[-1]
+    tiles = torch.nn.functional.pad(x.float(), (0, -K % fp8.MX_BLOCK)).view(*x.shape[:-1], -1, fp8.MX_BLOCK)
+    top = tiles.abs().amax(dim=-1)
+    clipped = (top * scale > fp8.saturation_threshold(dtype)) & (top > 0)
+    return int(clipped.sum()), int((top > 0).sum())
 
 
 def plant_outlier(x: torch.Tensor, magnitude: float, channel: int = 7, every: int = 8) -> torch.Tensor:
@@ -298,8 +304,9 @@ def gpt_parity(base: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, recipe: 
 
 # ---------------------------------------------------------------- training
 
-def _convert(model: torch.nn.Module, variant: str) -> dict | None:
+def _convert(model: torch.nn.Module, variant: str, emulate: bool = False) -> dict | None:
     """Convert `model` in place for a variant "ours <recipe>" or "torchao <recipe>"; "fp32"/"bf16" leave it.
+    emulate=True sets torchao's emulate option (ours follows `fp8.emulated()` where it runs).
 
     Returns our `convert_to_float8` report for "ours", else None."""
     if variant in ("fp32", "bf16"):
@@ -307,7 +314,7 @@ def _convert(model: torch.nn.Module, variant: str) -> dict | None:
     who, recipe = variant.split()
     if who == "ours":
         return fp8.convert_to_float8(model, recipe)
-    fp8.torchao_convert(model, recipe)
+    fp8.torchao_convert(model, recipe, emulate=emulate)
     return None
 
 
@@ -319,12 +326,13 @@ def _bf16_linear(n: int, variant: str, device: str):
     return lin, x, torch.randn(n, n, device=device, dtype=torch.bfloat16)
 
 
-def make_variant(base: torch.nn.Module, variant: str) -> tuple[torch.nn.Module, str]:
-    """A deep copy of `base` converted for `variant` (one of TRAIN_VARIANTS); and what was converted."""
+def make_variant(base: torch.nn.Module, variant: str, emulate: bool = False) -> tuple[torch.nn.Module, str]:
+    """A deep copy of `base` converted for `variant` (one of TRAIN_VARIANTS); and what was converted.
+    emulate=True: torchao's products run as fp32 matmuls of the fp8 values (train with emulate=True too)."""
     model = copy.deepcopy(base)
     if variant in ("fp32", "bf16"):
         return model, "nothing (the baseline)"
-    rep = _convert(model, variant)
+    rep = _convert(model, variant, emulate)
     if rep is not None:
         return model, f"{len(rep['converted'])} linears; skipped {', '.join(rep['skipped']) or 'none'}"
     n = sum(type(m).__name__ == "Float8Linear" for m in model.modules())
@@ -342,22 +350,49 @@ def evaluate(model: torch.nn.Module, batches, autocast: torch.dtype | None = Non
 
 
 def train(model: torch.nn.Module, batches, val_batches, lr: float, progress: Callable = iter,
-          autocast: torch.dtype | None = None) -> dict:
+          autocast: torch.dtype | None = None, emulate: bool = False) -> dict:
     """AdamW over the given batches; training losses per step and the final validation loss.
 
     `autocast` (e.g. torch.bfloat16) runs each forward under torch.autocast on the batches' device,
     fp32 master weights kept: the GPU baseline, and its FP8 variants (Float8Linear follows autocast).
+    emulate=True runs our fp8 products (forward and backward) inside `fp8.emulated()`.
     """
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
     losses = []
-    for x, y in progress(batches):
-        with torch.autocast(x.device.type, dtype=autocast or torch.float32, enabled=autocast is not None):
-            loss = model(x, y)[1]
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-    return {"losses": losses, "val_loss": evaluate(model, val_batches, autocast)}
+    with fp8.emulated() if emulate else contextlib.nullcontext():
+        for x, y in progress(batches):
+            with torch.autocast(x.device.type, dtype=autocast or torch.float32, enabled=autocast is not None):
+                loss = model(x, y)[1]
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        return {"losses": losses, "val_loss": evaluate(model, val_batches, autocast)}
+
+
+def reference_kernel_cost(m: int, k: int, n: int, device: str = "cpu", reps: int = 3) -> dict | None:
+    """One fp8 product (M, K) @ (K, N) with per-tensor scales, timed through torch._scaled_mm and through
+    the fp32 emulation of the same fp8 values (`bench.benchmark_interleaved`, one warm-up call each):
+    {"scaled_mm": Timing, "emulated": Timing, "ratio": median over median}, or None where
+    torch._scaled_mm refuses the product on `device`.
+
+    On a device without FP8 tensor cores torch._scaled_mm, where it runs at all (as on a CPU), is a
+    reference kernel; this is what it would cost a training run against the emulation."""
+    g = torch.Generator().manual_seed(0)
+    a = torch.randn(m, k, generator=g).to(device=device, dtype=fp8.E4M3)
+    b = torch.randn(k, n, generator=g).to(device=device, dtype=fp8.E4M3)
+    one = torch.ones((), device=device)
+
+    def emulated():
+        with fp8.emulated():
+            return fp8.scaled_mm(a, b, one, one)
+
+    fp8.scaled_mm(a, b, one, one)  # records a refusal, if any
+    if fp8.scaled_mm_refusal(device, rowwise=False, aligned=fp8.mm_aligned(a.shape, b.shape)):
+        return None
+    t = bench.benchmark_interleaved({"scaled_mm": lambda: fp8.scaled_mm(a, b, one, one), "emulated": emulated},
+                                    reps=reps, warmup=1, device=device)
+    return {**t, "ratio": t["scaled_mm"].median / t["emulated"].median}
 
 
 def training_sentences(results: dict[str, dict], last: int) -> list[str]:
