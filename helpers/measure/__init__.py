@@ -6,6 +6,8 @@
                notebook 00 records for the later notebooks
 `bench`        the one timer (warm-up, median and IQR, interleaved comparisons), plausibility bounds,
                peak CUDA memory and bytes saved for backward
+`protocol`     the protocol for a headline: warm up until steady, interleaved rounds until the spread
+               can rank the variants, ratios with IQR bounds, sentences that rank only separated timings
 `results`      records: one JSON file per measurement, written atomically; the headline summaries
 `claims`       verdicts on the claims the course tests, for the report's ledger
 `params`       notebook parameters: validation, profiles, the one setup call of each notebook
