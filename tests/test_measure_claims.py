@@ -28,6 +28,7 @@ def test_a_verdict_is_recorded_and_read_back_as_a_ledger_row(tmp_path, monkeypat
     ("x", {"claim": " "}, "claim must be"),
     ("x", {"verdict": "not testable"}, "needs the reason"),
     ("x", {"value": "2x"}, "must be a number"),
+    ("x", {"basis": "guess"}, "basis"),
 ])
 def test_bad_verdicts_are_refused_at_once(claim_id, over, match):
     with pytest.raises(ValueError, match=match):
@@ -37,3 +38,29 @@ def test_bad_verdicts_are_refused_at_once(claim_id, over, match):
 def test_non_claim_and_incomplete_records_are_not_rows():
     records = {"mfu": {"metrics": {"id": "x"}}, "claim-x": {"metrics": {"id": "x"}}, "claim-y": {"metrics": None}}
     assert claims.from_records(records) == []
+
+
+@pytest.mark.parametrize("value, lo, hi, want", [
+    (4.60, 1.5, 2.0, "exceeded"), (2.0, 1.5, 2.0, "supported"), (1.5, 1.5, 2.0, "supported"),
+    (1.49, 1.5, 2.0, "contradicted"), (9.0, 1.7, None, "supported"), (1.0, 1.7, None, "contradicted"),
+])
+def test_judge_tells_exceeded_from_supported(value, lo, hi, want):
+    assert claims.judge(value, lo, hi) == want
+
+
+@pytest.mark.parametrize("args, match", [((float("nan"), 1.0, 2.0), "value"), ((1.0, 2.0, 1.0), "below"),
+                                         ((1.0, float("inf")), "lo")])
+def test_judge_refuses_what_it_cannot_judge(args, match):
+    with pytest.raises(ValueError, match=match):
+        claims.judge(*args)
+
+
+def test_a_formula_verdict_says_so_in_the_ledger_and_on_screen(tmp_path, monkeypatch, capsys):
+    from helpers.course import report
+    monkeypatch.setattr(claims, "record", lambda name, metrics, **kw: None)
+    row = claims.verdict("qlora-65b", **_ok(notebook="08", basis="formula"))
+    assert row["basis"] == "formula" and claims.shown(row) == "supported (by formula)"
+    assert "supported (by formula); measured 1.2x" in capsys.readouterr().out
+    assert report._verdict_text(row) == "supported (by formula)"
+    assert claims.shown({**row, "verdict": "not testable"}) == "not testable"
+    assert claims.shown(claims.verdict("b", **_ok(verdict="exceeded"))) == "exceeded"

@@ -140,7 +140,7 @@ def _record_blocks(name: str, rec: dict, refs: dict, run_device: str, run_profil
 
 
 def _verdict_text(row: dict) -> str:
-    return str(row.get("verdict", "?")) + (f" ({row['reason']})" if row.get("reason") else "")
+    return claims.shown(row) + (f" ({row['reason']})" if row.get("reason") else "")
 
 
 def _ledger_blocks(mine: dict, refs: dict, problems: list) -> tuple[list[Block], set[str]]:
@@ -176,8 +176,9 @@ def _ledger_blocks(mine: dict, refs: dict, problems: list) -> tuple[list[Block],
     refs_note = (" Beside it, the same claim's measurement and verdict on each reference GPU in results/<gpu>/."
                  if ref_rows else " No reference GPU in results/<gpu>/ has recorded a verdict yet.")
     return blocks + [("p", "Every claim a notebook tested (from the source texts and papers), with this run's "
-                           "measurement and verdict: supported, contradicted, or not testable on this device "
-                           "with the reason." + refs_note), ("table", header, table)], shown
+                           "measurement and verdict: exceeded (beyond the claim's range), supported, contradicted, or "
+                           "not testable on this device with the reason; '(by formula)' marks a verdict computed "
+                           "from formulas with this run's measured inputs." + refs_note), ("table", header, table)], shown
 
 
 def _stem_of(number: str, stems: Iterable[str]) -> str | None:
@@ -397,7 +398,7 @@ def to_markdown(blocks: list[Block]) -> str:
     return "\n".join(lines)
 
 
-VERDICT_CLASS = {"supported": "ok", "contradicted": "bad", "not testable": "na"}
+VERDICT_CLASS = {"supported": "ok", "exceeded": "ok", "contradicted": "bad", "not testable": "na"}
 CSS = ("body{font-family:system-ui,sans-serif;max-width:1150px;margin:2em auto;padding:0 1em;color:#222;"
        "line-height:1.45}h1{font-size:1.6em}h2{margin-top:1.8em;border-bottom:1px solid #ddd;padding-bottom:.2em}"
        ".scroll{overflow-x:auto}table{border-collapse:collapse;margin:.5em 0 1.5em}"

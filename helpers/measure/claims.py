@@ -9,6 +9,10 @@ A notebook that tests a claim (from the source texts or a paper) records one ver
                    verdict="contradicted" if ... else "supported", reason="...")
 
 The verdict is one of `VERDICTS`; "not testable" needs a reason (e.g. "needs FP8 tensor cores").
+A claim that states a range is judged by `judge`: "exceeded" above it (an H200's 4.60x bf16 step is
+not "supported" by a claim of 1.5-2x), "supported" within it, "contradicted" below it. A verdict
+computed from formulas, not timed or counted (QLoRA's "65B on one 48 GB GPU"), passes basis="formula"
+and the ledger shows it as, say, "supported (by formula)".
 It is written as an ordinary record named `claim-<id>`, so it travels with the run's results and the
 reference GPUs' (`results/<gpu>/`), and the report lists every such record in its ledger, beside the
 same claim's verdict on each reference GPU. New notebooks add rows by calling `verdict`; the report
@@ -21,19 +25,45 @@ from typing import Any
 
 from helpers.measure.results import record
 
-VERDICTS = ("supported", "contradicted", "not testable")
+VERDICTS = ("supported", "exceeded", "contradicted", "not testable")
+BASES = ("measured", "formula")
 PREFIX = "claim-"
 
 
+def judge(value: float, lo: float, hi: float | None = None) -> str:
+    """The verdict on a claim of "lo to hi" (hi None: "at least lo") for a measured value: "exceeded" above
+    hi, "supported" from lo to hi, "contradicted" below lo. Raises ValueError for a non-finite value or
+    bounds, or hi < lo."""
+    for name, x in (("value", value), ("lo", lo)) + ((("hi", hi),) if hi is not None else ()):
+        if isinstance(x, bool) or not isinstance(x, (int, float)) or x != x or x in (float("inf"), float("-inf")):
+            raise ValueError(f"{name}={x!r} must be a finite number")
+    if hi is not None and hi < lo:
+        raise ValueError(f"hi={hi!r} is below lo={lo!r}")
+    if hi is not None and value > hi:
+        return "exceeded"
+    return "supported" if value >= lo else "contradicted"
+
+
+def shown(row: dict[str, Any]) -> str:
+    """A ledger row's verdict as the report shows it: "supported (by formula)" for a formula-only one."""
+    v = str(row.get("verdict", "?"))
+    return v + " (by formula)" if row.get("basis") == "formula" and v != "not testable" else v
+
+
 def verdict(claim_id: str, *, notebook: str, claim: str, source: str, measured: str, verdict: str,
-            reason: str = "", value: float | None = None, unit: str = "", quiet: bool = False) -> dict[str, Any]:
+            reason: str = "", value: float | None = None, unit: str = "", basis: str = "measured",
+            quiet: bool = False) -> dict[str, Any]:
     """Record this run's verdict on one claim and return what was recorded.
 
     claim_id: short kebab-case key ("flash-speedup"), the same on every device so that runs match.
-    notebook: "02"; measured: this run's number(s) in words; value/unit: the headline number, if any.
-    Raises ValueError for a malformed id or notebook, an unknown verdict, an empty claim, source or
-    measured text, or "not testable" without a reason.
+    notebook: "02"; measured: this run's number(s) in words; value/unit: the headline number, if any;
+    basis: "measured" (timed or counted in this run) or "formula" (computed from formulas, with this
+    run's measured inputs).
+    Raises ValueError for a malformed id or notebook, an unknown verdict or basis, an empty claim, source
+    or measured text, or "not testable" without a reason.
     """
+    if basis not in BASES:
+        raise ValueError(f"basis={basis!r}; choose one of {', '.join(map(repr, BASES))}")
     if not re.fullmatch(r"[a-z0-9]+(-[a-z0-9]+)*", claim_id or ""):
         raise ValueError(f"claim id {claim_id!r} must be kebab-case letters and digits, e.g. 'flash-speedup'")
     if not re.fullmatch(r"\d\d", str(notebook)):
@@ -49,10 +79,10 @@ def verdict(claim_id: str, *, notebook: str, claim: str, source: str, measured: 
         raise ValueError(f"value={value!r} must be a number or None")
     metrics = {"id": claim_id, "notebook": str(notebook), "claim": claim.strip(), "source": source.strip(),
                "measured": measured.strip(), "value": value, "unit": unit, "verdict": verdict,
-               "reason": reason.strip()}
+               "reason": reason.strip(), "basis": basis}
     record(PREFIX + claim_id, metrics, quiet=True)
     if not quiet:
-        print(f"claim {claim_id!r} ({source}): {verdict}; measured {measured}" + (f" ({reason})" if reason else ""))
+        print(f"claim {claim_id!r} ({source}): {shown(metrics)}; measured {measured}" + (f" ({reason})" if reason else ""))
     return metrics
 
 
