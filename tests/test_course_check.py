@@ -17,7 +17,11 @@ from helpers.course import check
 @pytest.mark.parametrize("given, expected, words", [
     (1.05, 1.0, "close, but too high by less than 10%"),
     (0.8, 1.0, "too low by 10% to 50%"),
-    (2.0, 1.0, "too high by a factor of 1.5 to 2.5"),
+    (2.2, 1.0, "too high by a factor of 1.5 to 2.5"),
+    (2.0, 1.0, "too high by an exact power of two (a factor 2^k for a whole k): check each exponent, and the sign "
+               "of each exponent"),
+    (2.0**-6, 64.0, "too low by an exact power of two (a factor 2^k for a whole k): check each exponent, and the "
+                    "sign of each exponent"),
     (0.2, 1.0, "too low by a factor between 2.5 and 10"),
     (1000.0, 1.0, "too high by a factor of about 10^3: check the units and powers of ten"),
     (-1.0, 1.0, "the sign is wrong"),
@@ -27,6 +31,19 @@ from helpers.course import check
 ])
 def test_how_far_names_a_band_and_never_the_expected_value(given, expected, words):
     assert check.how_far(given, expected) == words
+
+
+def test_a_close_miss_is_told_the_precision_wanted():
+    assert check.how_far(0.11, 0.1111, rtol=1e-3) == ("close, but too low by less than 10%: give it to within 0.1% "
+                                                     "(relative), more digits than you gave")
+
+
+def test_a_finite_mismatch_is_not_called_an_infinity_when_another_entry_is_one():
+    got, want = torch.tensor([1.0, 2.0, float("nan")]), torch.tensor([1.5, 2.0, 3.0])
+    why = check.compare(got, want, 1e-5, 0.0)
+    assert "the first at index (0,) (yours there: 1)" in why and "at index (2,) you have nan" in why
+    why = check.compare(torch.tensor([0.0, 5.0]), torch.tensor([0.0, float("inf")]), 1e-5, 0.0)
+    assert why.endswith("at index (1,), where you have 5.0, where a correct version gives an infinity or NaN")
 
 
 def test_describe_gives_shapes_and_short_reprs():
@@ -173,7 +190,7 @@ def test_the_dtypes_a_prompt_names():
     assert check.named_dtypes("(int8 codes, float32 scales)") == {"int8", "float32"}
     assert check.named_dtypes("(R, T, T) bool, True where") == {"bool"}
     assert check.named_dtypes("swiglu_counts(tokens, dim, hidden, dtype)") == frozenset()
-    assert check.get("07.rowwise").dtypes == {"float8_e4m3fn"}
+    assert check.get("07.rowwise").dtypes == {"float8_e4m3fn", "float32"}
 
 
 def test_a_wrong_dtype_fails_where_the_task_names_one(capsys, toys):
@@ -202,7 +219,18 @@ def test_the_fp8_cast_exercise_refuses_fp32_values(capsys):
         return q.float(), scale  # exactly the fp8 values, never cast
 
     check.exercise("07.rowwise", in_fp32)
-    assert "item 0: expected dtype float8_e4m3fn, got float32" in capsys.readouterr().out
+    assert "q: expected dtype float8_e4m3fn, got float32" in capsys.readouterr().out
+
+
+def test_the_fp8_cast_exercise_refuses_fp64_scales(capsys):
+    from helpers.course.exercises import nb07
+
+    def fp64_scales(x):
+        q, scale = nb07._rowwise_reference(x)
+        return q, scale.double()
+
+    check.exercise("07.rowwise", fp64_scales)
+    assert "scale: expected dtype float32, got float64" in capsys.readouterr().out
 
 
 @pytest.mark.filterwarnings("ignore:Sparse CSR tensor support is in beta")  # torch's own note on making one
@@ -227,3 +255,26 @@ def test_what_compare_cannot_read_fails_instead_of_raising(capsys, toys, monkeyp
     monkeypatch.setattr(check, "compare", broken)
     check.exercise(name, lambda x: x * 2)
     assert "could not compare what it returned (tensor(5,) float32)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("notebook", [f"{i:02d}" for i in range(14)])
+def test_every_output_of_a_code_exercise_has_a_name(notebook):
+    # a failing case names the output that differs ("scale: ..."), never "item 1"
+    for ex in check.load(notebook):
+        if ex.kind != "code":
+            continue
+        case = ex.cases()[0]
+        out = ex.run(ex.solution, case) if ex.run else ex.solution(*case.args, **case.kwargs)
+        if isinstance(out, (tuple, list)) and len(out) > 1:
+            assert len(ex.outputs) >= len(out), f"{ex.name} returns {len(out)} outputs but names {len(ex.outputs)}"
+
+
+def test_a_count_the_task_states_is_said_outright():
+    assert check.compare((torch.ones(2), 2), (torch.ones(2), 1), 0, 0, ("the output", "graphs"),
+                         stated=("graphs",)) == "2 graphs; it must be 1"
+    assert check.compare((torch.ones(2), 1), (torch.ones(2), 1), 0, 0, ("the output", "graphs"),
+                         stated=("graphs",)) is None
+    with pytest.raises(ValueError, match="stated"):
+        check.register("97.x", "code", prompt="p", hint="h", solution=lambda: 1, cases=lambda: [],
+                       outputs=("a",), stated=("graphs",))
+    assert "97.x" not in check.REGISTRY

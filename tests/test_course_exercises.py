@@ -55,7 +55,7 @@ def test_value_verdicts(capsys, toy, answer, start):
 
 
 def test_a_wrong_value_is_told_how_far_off_without_the_answer(capsys, toy):
-    out = _verdict(capsys, "99.value", 25.0)
+    out = _verdict(capsys, "99.value", 24.0)
     assert "too high by a factor of 1.5 to 2.5" in out and "hint: think" in out and "12.5" not in out
     assert "too low by a factor of 1.5 to 2.5" in _verdict(capsys, "99.value", 12.5 / 1.6)  # 1.6 is not "about 2"
     assert "10^3" in _verdict(capsys, "99.value", 12500.0)

@@ -10,7 +10,8 @@ inputs a function is called on, the tolerance, the hint and planted wrong answer
 registered in `helpers/course/exercises/nb<notebook>.py`. Three kinds:
 
 * **value**: a number compared with a relative tolerance. A wrong number is told how far off it is
-  in words (a band such as "too high by a factor of 2 to 10"), never the expected value.
+  in words (a band such as "too high by a factor between 2.5 and 10", or "by an exact power of two"),
+  never the expected value; a close miss is told the precision the answer needs.
 * **choice**: one word out of a stated list (e.g. "memory" / "compute").
 * **code**: the learner's function is called on every case (odd sizes, masked rows, infs, ...)
   beside the reference, and the outputs compared with `torch.testing.assert_close` at the stated
@@ -18,7 +19,9 @@ registered in `helpers/course/exercises/nb<notebook>.py`. Three kinds:
   the learner's code is reported with its message and the case that raised it. A returned tensor must
   have the dtype of the reference's where the task names that dtype (`dtypes`: by default every dtype
   the prompt names, e.g. "int8 codes", "cast to e4m3fn"), and has to be an ordinary dense tensor with
-  values (a meta or sparse tensor FAILs with a sentence saying so).
+  values (a meta or sparse tensor FAILs with a sentence saying so). A returned tuple's items are named
+  by the exercise's `outputs` in every message; a count the task itself states (`stated`) is said
+  outright ("2 graphs; it must be 1").
 * **time limit**: every call of the learner's function on a case (through the exercise's runner) has
   `time_limit` seconds (`DEFAULT_TIME_LIMIT` unless the exercise sets its own); one that runs longer
   FAILs with "case k/n (...) did not return within N s". In the main thread on a POSIX system (a
@@ -87,6 +90,7 @@ class Exercise:
     outputs: tuple = ()
     time_limit: float = DEFAULT_TIME_LIMIT
     dtypes: frozenset = frozenset()
+    stated: tuple = ()
 
     def expected(self) -> Any:
         """The expected value (value and choice exercises only)."""
@@ -97,15 +101,16 @@ def register(name: str, kind: str, *, prompt: str, hint: str, solution: Callable
              wrong: Iterable[Any] = (), rtol: float = 1e-2, atol: float = 0.0, options: Iterable[str] = (),
              cases: Callable[[], Sequence[Case]] | None = None, run: Callable[[Callable, Case], Any] | None = None,
              tolerance: str = "", outputs: Iterable[str] = (), time_limit: float = DEFAULT_TIME_LIMIT,
-             dtypes: Iterable[Any] | None = None) -> Exercise:
+             dtypes: Iterable[Any] | None = None, stated: Iterable[str] = ()) -> Exercise:
     """Add an exercise to the registry (called from `helpers/course/exercises/nbXX.py`).
 
     time_limit: seconds the learner's function may take on one case (code exercises). dtypes: the dtypes
     (torch dtypes or their names) a returned tensor must keep when the reference returns that dtype; None
-    means those the prompt names (`named_dtypes`), () means no dtype is checked.
+    means those the prompt names (`named_dtypes`), () means no dtype is checked. stated: output names
+    (from `outputs`) whose whole-number expected value the task states, said outright on a mismatch.
 
     Raises ValueError for a malformed name or kind, a code exercise without cases, a choice
-    without options, a time limit that is not a positive number of seconds, or a name registered twice.
+    without options, a `stated` name that is not in `outputs`, a time limit that is not a positive number of seconds, or a name registered twice.
     """
     if "." not in name or not name.split(".", 1)[0].isdigit():
         raise ValueError(f"exercise name {name!r} must look like '06.merge' (notebook number, dot, key)")
@@ -120,8 +125,11 @@ def register(name: str, kind: str, *, prompt: str, hint: str, solution: Callable
     if name in REGISTRY:
         raise ValueError(f"exercise {name!r} is registered twice")
     names = named_dtypes(prompt) if dtypes is None else frozenset(_dtype_name(d) for d in dtypes)
+    stated, outputs = tuple(stated), tuple(outputs)
+    if set(stated) - set(outputs):
+        raise ValueError(f"exercise {name!r}: stated={stated!r} names outputs it does not have ({outputs!r})")
     ex = Exercise(name, kind, prompt, hint, solution, tuple(wrong), rtol, atol, tuple(options), cases, run,
-                  tolerance, tuple(outputs), float(time_limit), names)
+                  tolerance, outputs, float(time_limit), names, stated)
     REGISTRY[name] = ex
     return ex
 
@@ -173,8 +181,15 @@ def _unanswered(answer: Any) -> bool:
     return answer is None or answer is Ellipsis
 
 
-def how_far(given: float, expected: float) -> str:
-    """Say how far `given` is from `expected` in a band of words, without revealing `expected`."""
+def _power_of_two(factor: float) -> bool:
+    """Whether factor (>= 1) is 2**k for a whole k >= 1, to fp64 rounding of the two numbers' quotient."""
+    k = math.log2(factor)
+    return round(k) >= 1 and abs(k - round(k)) < 1e-9
+
+
+def how_far(given: float, expected: float, rtol: float | None = None) -> str:
+    """Say how far `given` is from `expected` in a band of words, without revealing `expected`. With `rtol`
+    (the exercise's relative tolerance), a close miss also says the precision the answer needs."""
     if expected == 0:
         return "too high" if given > 0 else "too low"
     if given == 0:
@@ -185,7 +200,11 @@ def how_far(given: float, expected: float) -> str:
     word = "too high" if ratio > 1 else "too low"
     factor = max(ratio, 1 / ratio)
     if factor < 1.1:
-        return f"close, but {word} by less than 10%"
+        precision = f": give it to within {100 * rtol:.2g}% (relative), more digits than you gave" if rtol else ""
+        return f"close, but {word} by less than 10%{precision}"
+    if _power_of_two(factor):
+        return (f"{word} by an exact power of two (a factor 2^k for a whole k): check each exponent, and the "
+                "sign of each exponent")
     if factor < 1.5:
         return f"{word} by 10% to 50%"
     if factor < 2.5:
@@ -216,7 +235,7 @@ def _check_value(ex: Exercise, answer: Any) -> str:
         return _say(ex.name, "FAIL", f"you gave {given}, which is not a finite number", ex.hint)
     if math.isclose(given, expected, rel_tol=ex.rtol, abs_tol=ex.atol):
         return _say(ex.name, "PASS", f"{given:.4g} is right (tolerance {ex.rtol:.0e} relative)")
-    return _say(ex.name, "FAIL", f"you gave {given:.4g}; {how_far(given, expected)}", ex.hint)
+    return _say(ex.name, "FAIL", f"you gave {given:.4g}; {how_far(given, expected, ex.rtol)}", ex.hint)
 
 
 def _check_choice(ex: Exercise, answer: Any) -> str:
@@ -245,10 +264,12 @@ def describe(value: Any) -> str:
 
 
 def compare(got: Any, want: Any, rtol: float, atol: float, names: Sequence[str] = (),
-            dtypes: Iterable[Any] = ()) -> str | None:
+            dtypes: Iterable[Any] = (), stated: Iterable[str] = ()) -> str | None:
     """None when `got` matches `want` (tensors, numbers, and tuples/lists/dicts of them), else why not.
 
     `names` name the items of a returned tuple in the message ("new_scale: ..." rather than "item 1").
+    `stated`: names of whole-number items whose expected value the task itself states (a count such as
+    "graphs", where the lesson is "it must be 1"): a mismatch there says "2 graphs; it must be 1".
     `dtypes` (torch dtypes or their names): where `want` is a tensor of one of them, `got` must have the
     same dtype ("expected dtype int8, got float32"). A meta tensor (no values) or a sparse one is refused
     with a sentence, never compared.
@@ -259,7 +280,13 @@ def compare(got: Any, want: Any, rtol: float, atol: float, names: Sequence[str] 
     if isinstance(want, (tuple, list)):
         if not isinstance(got, (tuple, list)) or len(got) != len(want):
             return f"expected a {type(want).__name__} of {len(want)} values, got {describe(got)}"
+        stated = frozenset(stated)
         for i, (g, w) in enumerate(zip(got, want)):
+            name = names[i] if i < len(names) else None
+            if name in stated and isinstance(w, int) and not isinstance(w, bool):
+                if g != w:
+                    return f"{describe(g)} {name}; it must be {w}"
+                continue
             why = compare(g, w, rtol, atol, dtypes=dtypes)
             if why:
                 return f"{names[i] if i < len(names) else f'item {i}'}: {why}"
@@ -316,7 +343,14 @@ def _difference(got, want, rtol: float, atol: float) -> str:
     nonfinite = ~(torch.isfinite(got) & torch.isfinite(want)) & ~close
     text = f"{len(bad)} of {got.numel()} values differ (tolerance rtol={rtol:g}, atol={atol:g}); the first at index {first}"
     if nonfinite.any():
-        return text + f", where you have {float(got[first])} (infinities or NaNs that a correct version does not give)"
+        where = tuple(nonfinite.nonzero()[0].tolist())
+        g = float(got[where])
+        phrase = (f"you have {g}, an infinity or NaN that a correct version does not give there"
+                  if not math.isfinite(g) else f"you have {g}, where a correct version gives an infinity or NaN")
+        count = int(nonfinite.sum())
+        at = f", where {phrase}" if where == first else \
+            f" (yours there: {float(got[first]):.6g}); at index {where} {phrase}"
+        return text + at + (f" ({count} such entries)" if count > 1 else "")
     text += f" (yours there: {float(got[first]):.6g})"  # the learner's own value, never the expected one
     diff = (got - want).abs()[~close]
     nonzero = want.abs()[~close] != 0  # a relative difference means nothing where the right value is 0
@@ -454,7 +488,7 @@ def _check_code(ex: Exercise, fn: Any) -> str:
             return _say(ex.name, "TODO", unwritten, ex.hint)
         want = _call(ex.solution, case, ex.run)
         try:
-            why = compare(got, want, ex.rtol, ex.atol, ex.outputs, ex.dtypes)
+            why = compare(got, want, ex.rtol, ex.atol, ex.outputs, ex.dtypes, ex.stated)
         except Exception as err:  # something compare cannot read (an exotic tensor subclass): say so, never raise
             why = f"could not compare what it returned ({describe(got)}) with a correct version's: " \
                   f"{type(err).__name__}: {str(err).strip().splitlines()[0][:200] if str(err).strip() else ''}"

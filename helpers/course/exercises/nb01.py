@@ -67,7 +67,8 @@ check.register(
          "x, the three weight matrices and the output, each once, at the dtype's element size",
     solution=reference_counts, wrong=(_one_flop_per_mac, _two_projections, _always_fp32),
     cases=_swiglu_cases, rtol=0.0, atol=0.0,
-    tolerance="exact: FlopCounterMode for the matmuls, tensor sizes for the bytes")
+    tolerance="exact: FlopCounterMode for the matmuls, tensor sizes for the bytes",
+    outputs=("FLOPs", "bytes"))
 
 
 def _skinny_intensity(rows: int, n: int, itemsize: int) -> float:

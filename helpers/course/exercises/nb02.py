@@ -80,6 +80,7 @@ register(
     solution=counted_block_flops_per_token, cases=_block_cases, rtol=1e-9, atol=0.0,
     tolerance="exact: FlopCounterMode's integer count divided by T, rtol 1e-9",
     wrong=(_mha_everywhere, _causal_half, _backward_only),
+    outputs=("forward FLOPs per token", "forward + backward FLOPs per token"),
 )
 
 register(

@@ -100,6 +100,7 @@ register(
     cases=_merge_cases,
     rtol=1e-5, atol=1e-6,
     tolerance="fp32: rtol=1e-5, atol=1e-6 against the same formula (only the order of two products differs)",
+    outputs=("m", "l", "o"),
 )
 
 
@@ -209,6 +210,7 @@ register(
     rtol=1e-4, atol=1e-4,
     tolerance="fp32 against dense float64 attention: rtol=atol=1e-4 (scores near 300 carry fp32 rounding "
               "of ~1e-5 into each exponent)",
+    outputs=("O", "L"),
 )
 
 

@@ -60,7 +60,8 @@ def _rounded_up(x):
 
 register(
     "07.rowwise", "code",
-    prompt="write torchao's rowwise scale-and-cast: per-row amax, power-of-two scale, clamp, cast to e4m3fn",
+    prompt="write torchao's rowwise scale-and-cast: per-row amax, power-of-two scale, clamp, cast to e4m3fn; "
+           "return (q, scale) with scale in fp32",
     hint="amax over the last dim with keepdim; scale = max / amax with amax floored at 1e-12 (compute it in "
          "fp64, return fp32); take the power of two at or BELOW that scale; multiply, clamp to ±max, then cast",
     solution=_rowwise_reference,
@@ -68,6 +69,7 @@ register(
     cases=_rowwise_cases,
     rtol=0.0, atol=0.0,
     tolerance="exact: the fp8 values and the power-of-two scales must be identical",
+    outputs=("q", "scale"),
 )
 
 
@@ -128,6 +130,7 @@ register(
     run=_replay,
     rtol=1e-9, atol=0.0,
     tolerance="the scale after every step, relative 1e-9",
+    outputs=tuple(f"the scale after step {k}" for k in range(1, 257)),
 )
 
 
