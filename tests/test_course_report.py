@@ -118,7 +118,7 @@ def _course_run(tmp_path, monkeypatch):
                    quiet=True)
     results.summary("02", "Measured MFU of training steps.", {"best MFU": (0.25, "%"), "ratio": (1.0, "x"),
                                                              "verdict": ("varies", "")}, noise="median IQR 6%")
-    results.summary("05", "Measured accumulation.", {"tokens/s, b=1": (1000, "tokens/s")})
+    results.summary("05", "Measured accumulation.", {"tokens/s, b=1": (1000, "tokens/s", (950, 1040))})
     results.record("mfu_train_step", {"tflops": 0.5}, quiet=True)
     (run_dir / "notebooks").mkdir()
     cells = [nbformat.v4.new_markdown_cell("# 02 · FLOPs and MFU"), nbformat.v4.new_markdown_cell("## Measure it: MFU"),
@@ -187,13 +187,14 @@ def test_headline_numbers_matched_to_references_by_record_name(tmp_path, monkeyp
     assert "| 02 | best MFU | 0.25 % | 50 % | 0.005x |" in versus          # matched by name and label, ratio
     assert "| 02 | ratio | 1 x | 2 | - |" in versus                     # units differ: no ratio
     assert "| 02 | verdict | varies | not in the reference | - |" in versus
-    assert "| 05 | tokens/s, b=1 | 1000 tokens/s | no reference | - |" in versus
+    assert "| 05 | tokens/s, b=1 | 1000 tokens/s (IQR 950-1040) | no reference | - |" in versus
     assert "Missing on the reference: summary-05 on nvidia-h200" in versus and "scripts/gpu_capture.sh" in versus
     assert "Run conditions: 1 notebook at a time, 1 thread." in text and "02: median IQR 6%" in text
     # the notebook's section: title, sentence, status, headline numbers, its measured figure with its caption
     section = text[text.index("## 02 · FLOPs and MFU"):]
     assert "Measured MFU of training steps. Status: ok in 3.0 s." in section and "| best MFU | 0.25 % |" in section
     assert "*Figure: 02_flops_mfu: Measure it: MFU (code cell 1)*" in section and "Play with it" not in section
+    assert "figures/02_flops_mfu-code-cell01-0.png" in section  # the file is named by the caption's cell number
     assert "## 05" in text and "Measured accumulation." in text  # a summary without an executed notebook
     # raw records collapsed in the appendix, summaries and claims not repeated there
     appendix = text[text.index("<details><summary>Appendix: raw metrics"):text.index("</details>")]
@@ -207,6 +208,7 @@ def test_no_reference_is_said_in_one_sentence_with_how_to_make_one(tmp_path, mon
     versus = text[text.index("## Your device vs reference"):text.index("## Notebooks")]
     assert "There is no reference GPU run in results/<gpu>/ yet" in versus and "scripts/gpu_capture.sh" in versus
     assert "| 02 | best MFU | 0.25 % |" in versus
+    assert "| 05 | tokens/s, b=1 | 1000 tokens/s (IQR 950-1040) |" in versus  # a headline shows its spread
     assert "No reference GPU in results/<gpu>/ has recorded a verdict yet." in text
 
 
@@ -218,6 +220,9 @@ def test_no_reference_is_said_in_one_sentence_with_how_to_make_one(tmp_path, mon
     (("02", "s", {"a": (float("nan"), "x")}), "finite"),
     (("02", "s", {"a": (None, "x")}), "finite"),
     (("02", "s", {"a": (1, None)}), "unit"),
+    (("02", "s", {"a": (1, "x", (2, 3))}), "lo <= value <= hi"),
+    (("02", "s", {"a": (1, "x", (0, float("inf")))}), "spread"),
+    (("02", "s", {"a": ("fast", "", (0, 1))}), "numeric value"),
 ])
 def test_summary_refuses_what_the_report_cannot_show(args, match, tmp_path, monkeypatch):
     from helpers.measure import results

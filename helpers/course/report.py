@@ -60,18 +60,30 @@ def _read_executed(notebook: Path, problems: list | None):
         return None
 
 
+def code_cell_numbers(nb) -> dict[int, int]:
+    """{cell index: code cell number} of the read notebook `nb`: its code cells counted from 1 as JupyterLab
+    labels them in the notebook a learner opens (papermill's injected-parameters cell not counted)."""
+    out, n = {}, 0
+    for i, cell in enumerate(nb.cells):
+        if isinstance(cell, dict) and cell.get("cell_type") == "code" and \
+                "injected-parameters" not in cell.get("metadata", {}).get("tags", []):
+            n += 1
+            out[i] = n
+    return out
+
+
 def _save_figures(nb, notebook: Path, figures_dir: Path, problems: list | None) -> list[tuple[int, Path]]:
     """(cell index, saved file) for every PNG output of the read notebook `nb`, each written atomically.
 
     An image that is not valid base64 PNG, or a figure that cannot be written, is appended to `problems` as
     (path, reason) when a list is given, else raised."""
-    saved = []
+    saved, numbers = [], code_cell_numbers(nb)
     for i, cell in enumerate(nb.cells):
         for k, out in enumerate(cell.get("outputs", []) if isinstance(cell, dict) else []):
             data = out.get("data", {}).get("image/png") if isinstance(out, dict) else None
             if not data:
                 continue
-            path = figures_dir / f"{notebook.stem}-cell{i:02d}-{k}.png"
+            path = figures_dir / f"{notebook.stem}-code-cell{numbers.get(i, 0):02d}-{k}.png"
             try:
                 png = base64.b64decode(data if isinstance(data, str) else "".join(data), validate=False)
                 if not png.startswith(b"\x89PNG"):
@@ -205,7 +217,12 @@ def _summaries(mine: dict, problems: list) -> dict[str, dict]:
 
 
 def _value(v: dict) -> str:
-    return f"{_fmt(v.get('value'))} {v.get('unit') or ''}".strip()
+    """A headline value with its unit and, where recorded, its spread: "4.10 GB/s (IQR 3.9-4.3)"."""
+    text = f"{_fmt(v.get('value'))} {v.get('unit') or ''}".strip()
+    spread = v.get("spread")
+    if isinstance(spread, list) and len(spread) == 2:
+        text += f" (IQR {_fmt(spread[0])}-{_fmt(spread[1])})"
+    return text
 
 
 def _ratio(mine: dict, ref: dict) -> str:
@@ -272,17 +289,14 @@ SKIP_SECTIONS = ("Play with it", "Exercises")   # figures there are the learner'
 def _captions(nb) -> dict[int, str]:
     """{cell index: caption} of the read notebook `nb`, from the section heading each code cell sits under,
     and its code cell number as JupyterLab labels it (papermill's injected-parameters cell not counted)."""
-    out, heading, code_no = {}, "", 0
+    out, heading, numbers = {}, "", code_cell_numbers(nb)
     for i, cell in enumerate(nb.cells):
         if cell.cell_type == "markdown":
             for line in cell.source.splitlines():
                 if line.startswith("## ") or line.startswith("### "):
                     heading = line.lstrip("#").strip()
-        elif cell.cell_type == "code":
-            if "injected-parameters" in cell.get("metadata", {}).get("tags", []):
-                continue  # papermill's cell: not in the notebook a learner opens
-            code_no += 1
-            out[i] = f"{heading} (code cell {code_no})" if heading else f"code cell {code_no}"
+        elif i in numbers:
+            out[i] = f"{heading} (code cell {numbers[i]})" if heading else f"code cell {numbers[i]}"
     return out
 
 

@@ -223,14 +223,16 @@ def summary(notebook: str, sentence: str, headline: Mapping, *, noise: str | Non
     """Record a notebook's summary for the report: what it measured and its 3-5 headline numbers.
 
     notebook: two digits ("02"); sentence: what the notebook measured, in one sentence;
-    headline: {label: (value, unit)} with 1-6 entries, value a finite number (or a short string such
-    as a verdict) and unit a string ("TFLOP/s", "x", "%", "" for none); the label must name the
+    headline: {label: (value, unit)} or {label: (value, unit, (lo, hi))} with 1-6 entries, value a
+    finite number (or a short string such as a verdict), unit a string ("TFLOP/s", "x", "%", "" for
+    none) and (lo, hi) the value's spread (its IQR, or a ratio's IQR bounds) around it; the label must name the
     quantity and its condition ("fp32 matmul, best"), because the same label on a reference GPU is
     what the report sets beside it. noise: one line on the timing spread the notebook printed
     (e.g. "median IQR 6% of the step time"), or None when nothing was timed.
     Writes the ordinary record `summary-<notebook>` and returns its metrics. Raises ValueError for a
     malformed notebook number, an empty sentence, an empty or too long headline, a value that is
-    neither a finite number nor a string, or a unit that is not a string.
+    neither a finite number nor a string, a unit that is not a string, or a spread that does not hold
+    the value.
     """
     if not isinstance(notebook, str) or len(notebook) != 2 or not notebook.isdigit():
         raise ValueError(f"notebook={notebook!r} must be a two-digit notebook number like '02'")
@@ -242,9 +244,9 @@ def summary(notebook: str, sentence: str, headline: Mapping, *, noise: str | Non
     for label, pair in headline.items():
         if not isinstance(label, str) or not label.strip():
             raise ValueError(f"headline label {label!r} must be a non-empty string")
-        if not isinstance(pair, (tuple, list)) or len(pair) != 2:
-            raise ValueError(f"headline[{label!r}] must be (value, unit), got {pair!r:.80}")
-        value, unit = pair
+        if not isinstance(pair, (tuple, list)) or len(pair) not in (2, 3):
+            raise ValueError(f"headline[{label!r}] must be (value, unit) or (value, unit, (lo, hi)), got {pair!r:.80}")
+        value, unit, spread = (*pair, None) if len(pair) == 2 else pair
         if hasattr(value, "item") and not isinstance(value, str):
             value = value.item()  # a tensor or numpy scalar
         if isinstance(value, bool) or not isinstance(value, (int, float, str)) or (
@@ -252,7 +254,15 @@ def summary(notebook: str, sentence: str, headline: Mapping, *, noise: str | Non
             raise ValueError(f"headline[{label!r}] value {value!r} must be a finite number or a string")
         if not isinstance(unit, str):
             raise ValueError(f"headline[{label!r}] unit {unit!r} must be a string ('' for none)")
-        rows[label.strip()] = {"value": value, "unit": unit}
+        row = {"value": value, "unit": unit}
+        if spread is not None:
+            ok = isinstance(spread, (tuple, list)) and len(spread) == 2 and all(
+                isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in spread)
+            if not ok or isinstance(value, str) or not spread[0] <= value <= spread[1]:
+                raise ValueError(f"headline[{label!r}] spread {spread!r:.60} must be (lo, hi), finite numbers with "
+                                 f"lo <= value <= hi around a numeric value")
+            row["spread"] = [float(spread[0]), float(spread[1])]
+        rows[label.strip()] = row
     if noise is not None and (not isinstance(noise, str) or not noise.strip()):
         raise ValueError("noise must be one line of text, or None when nothing was timed")
     metrics = {"notebook": notebook, "sentence": sentence.strip(), "headline": rows,
