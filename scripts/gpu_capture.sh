@@ -1,21 +1,24 @@
 #!/usr/bin/env bash
 # Run THERE, on a lent GPU (the device tool), from the repository root, with .whl carried
-# (scripts/gpu_wheels.sh, run here first). One call measures the course's GPU performance goals
-# (helpers.course.goals, keyed by notebook: 07.scaled_mm, ...), then captures the notebooks with what is
-# left of the budget:
-#   bash scripts/gpu_capture.sh                 # goals (360 s), then every notebook, 540 s in all
-#   BUDGET_S=300 bash scripts/gpu_capture.sh 06 # a shorter window, or a chosen notebook
-#   GOALS_BUDGET_S=0 bash scripts/gpu_capture.sh  # notebooks only
-# helpers.course.goals runs first (GOALS_BUDGET_S, default 360; 0 skips it) and writes $OUT/goals.json.
-# helpers.course.capture orders the notebooks (no reference first, then the oldest), starts one only if its
-# estimate fits what is left, stops one that overruns, and packs each as it finishes, so what
-# finished comes back even if the call is cut. $OUT gets: gpu.txt, capture.log, goals.json, capture-<k>.tgz.
-# Back here: python -m helpers.course.capture import <files_at>/capture-*.tgz  (see results/README.md).
+# (scripts/gpu_wheels.sh, run here first). One call, in this order:
+#   0. the smoke pass: every notebook at smoke sizes on the GPU, 4 at a time (SMOKE_BUDGET_S, default 240;
+#      0 skips it): helpers.course.gpu_smoke writes $OUT/smoke.tgz (gpu-smoke.json, failed notebooks' copies);
+#   1. the performance goals (GOALS_BUDGET_S, default 300; 0 skips them): helpers.course.goals, $OUT/goals.json;
+#   2. full-profile references with what is left of BUDGET_S (default 540): helpers.course.capture orders the
+#      notebooks (no reference first, then the oldest), starts one only if its estimate fits, stops one
+#      that overruns, and packs each as it finishes into $OUT/capture-<k>.tgz.
+# With 15 minutes of device time, two calls (results/README.md):
+#   bash scripts/gpu_capture.sh                                   # call 1: smoke pass + goals (540 s)
+#   SMOKE_BUDGET_S=0 GOALS_BUDGET_S=0 BUDGET_S=260 bash scripts/gpu_capture.sh   # call 2: references
+# $OUT gets: gpu.txt, capture.log, smoke.tgz, goals.json, capture-<k>.tgz (at most 8 files).
+# Back here: python -m helpers.course.gpu_smoke import <files_at>/smoke.tgz
+#            python -m helpers.course.capture import <files_at>/capture-*.tgz  (see results/README.md).
 set -uo pipefail
 OUT="${OUT:-runs/gpu_capture}"
 PROFILE="${PROFILE:-full}"
 BUDGET_S="${BUDGET_S:-540}"
-GOALS_BUDGET_S="${GOALS_BUDGET_S:-360}"
+GOALS_BUDGET_S="${GOALS_BUDGET_S:-300}"
+SMOKE_BUDGET_S="${SMOKE_BUDGET_S:-240}"
 START_S=$(date +%s)
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 TRITON_DEFAULT_FP_FUSION=1 MPLBACKEND=Agg
@@ -31,10 +34,23 @@ export PYTHONPATH="$PWD:${PYTHONPATH:-}"  # helpers/ without an install
   > "$OUT/gpu.txt" 2>&1
 cat "$OUT/gpu.txt"
 status=0
-if [ "${GOALS_BUDGET_S%.*}" -gt 0 ]; then  # the goals first: one goals.json, rewritten after each goal
+: > "$OUT/capture.log"
+if [ "${SMOKE_BUDGET_S%.*}" -gt 0 ]; then  # step 0: does every notebook run on this GPU at all?
+    if python3 -c "import papermill, ipykernel" 2>/dev/null; then
+        python3 -m helpers.course.gpu_smoke run --out "$OUT" --budget-s "$SMOKE_BUDGET_S" --jobs "${SMOKE_JOBS:-4}" \
+            2>&1 | tee -a "$OUT/capture.log"
+        smoke_status=${PIPESTATUS[0]}
+        [ "$smoke_status" -ne 0 ] && status=$smoke_status
+    else
+        echo "no papermill/ipykernel here: carry .whl (scripts/gpu_wheels.sh); smoke pass not run" | tee -a "$OUT/capture.log"
+        status=1
+    fi
+fi
+if [ "${GOALS_BUDGET_S%.*}" -gt 0 ]; then  # then the goals: one goals.json, rewritten after each goal
     python3 -m helpers.course.goals run --out "$OUT" --cache-dir "${TMPDIR:-/tmp}/goals-cache" --budget-s "$GOALS_BUDGET_S" \
-        --profile "$PROFILE" 2>&1 | tee "$OUT/capture.log"
-    status=${PIPESTATUS[0]}
+        --profile "$PROFILE" 2>&1 | tee -a "$OUT/capture.log"
+    goals_status=${PIPESTATUS[0]}
+    [ "$goals_status" -ne 0 ] && status=$goals_status
 fi
 LEFT_S=$(( ${BUDGET_S%.*} - ($(date +%s) - START_S) ))
 if ! python3 -c "import papermill, ipykernel" 2>/dev/null; then

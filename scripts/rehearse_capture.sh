@@ -26,10 +26,18 @@ PYVER="$("$PYTHON" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_in
 PYVER="$PYVER" PY=.venv/bin/python scripts/gpu_wheels.sh
 # the device tool's copy: tracked files plus the carried wheels, nothing installed
 mkdir "$WORK/tree" && git ls-files -z | xargs -0 cp --parents -t "$WORK/tree" && cp -r .whl "$WORK/tree/"
+# the same order as on the GPU: the smoke pass (a CPU needs more than the GPU's 240 s), the goals, the references
 (cd "$WORK/tree" && PATH="$WORK/venv/bin:$PATH" OUT="$WORK/out" PROFILE=smoke BUDGET_S="${BUDGET_S:-900}" \
-    bash scripts/gpu_capture.sh "$@")
+    SMOKE_BUDGET_S="${SMOKE_BUDGET_S:-900}" bash scripts/gpu_capture.sh "$@")
 ls "$WORK/out"
 test "$(ls "$WORK/out" | wc -l)" -le 8
+.venv/bin/python -c "
+import sys
+from helpers.course import gpu_smoke
+doc = gpu_smoke.read_smoke_pack(sys.argv[1])
+bad = {nb: o['status'] for nb, o in doc['notebooks'].items() if o['status'] != 'ok'}
+print(f\"smoke pass: {len(doc['notebooks']) - len(bad)} of {len(doc['notebooks'])} ok\", bad or '')
+sys.exit(1 if bad else 0)" "$WORK/out/smoke.tgz"
 .venv/bin/python -m helpers.course.capture import "$WORK"/out/capture-*.tgz --into "$WORK/results"
 cat "$WORK"/results/*/README.md
 echo "rehearsal passed"

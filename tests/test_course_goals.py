@@ -162,7 +162,7 @@ def test_a_smoke_run_of_a_cheap_subset_writes_goals_json(tmp_path, capsys):
 
 
 def test_the_capture_brings_goals_json_back_and_imports_it(tmp_path):
-    assert C.MAX_PACKS + 3 <= 8  # packs + gpu.txt, capture.log, goals.json: the device tool's 8 files
+    assert C.MAX_PACKS + 4 <= 8  # packs + gpu.txt, capture.log, goals.json, smoke.tgz: the device tool's 8 files
     script = (ROOT / "scripts" / "gpu_capture.sh").read_text()
     assert "helpers.course.goals run" in script and "GOALS_BUDGET_S" in script and "goals.json" in script
     out = tmp_path / "out"

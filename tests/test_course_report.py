@@ -179,10 +179,14 @@ def test_headline_numbers_matched_to_references_by_record_name(tmp_path, monkeyp
     _rec(refs / "nvidia-h200", "summary-02", {"notebook": "02", "sentence": "x", "noise": None, "headline": {
         "best MFU": {"value": 50, "unit": "%"}, "ratio": {"value": 2.0, "unit": ""}}})
     (refs / "nvidia-h200" / "capture.json").write_text(json.dumps({"device": "NVIDIA H200", "notebooks": {}}))
+    (refs / "nvidia-h200" / "goals.json").write_text(json.dumps({"goals": []}))
+    (refs / "nvidia-h200" / "gpu-smoke.json").write_text(json.dumps({"started": "2026-12-02T01:00:00+00:00", "notebooks": {
+        "02": {"status": "failed", "seconds": 9.0, "cell": 4, "error": "RuntimeError: no kernel\nmore"}}}))
     md, html = report.write_report(run_dir, [run.Outcome("02_flops_mfu", True, 3.0)], refs, profile="smoke",
                                    conditions="1 notebook at a time, 1 thread")
     text = md.read_text()
     assert "capture.json" not in text  # the capture's index beside the references is no record, and no problem
+    assert "goals.json" not in text and "gpu-smoke.json" not in text  # nor are the goals and the smoke pass
     versus = text[text.index("## Your device vs reference"):text.index("## Notebooks")]
     assert "| 02 | best MFU | 0.25 % | 50 % | 0.005x |" in versus          # matched by name and label, ratio
     assert "| 02 | ratio | 1 x | 2 | - |" in versus                     # units differ: no ratio
@@ -193,6 +197,8 @@ def test_headline_numbers_matched_to_references_by_record_name(tmp_path, monkeyp
     # the notebook's section: title, sentence, status, headline numbers, its measured figure with its caption
     section = text[text.index("## 02 · FLOPs and MFU"):]
     assert "Measured MFU of training steps. Status: ok in 3.0 s." in section and "| best MFU | 0.25 % |" in section
+    assert ("On the reference GPUs: Smoke pass on nvidia-h200 (2026-12-02): failed at cell 4: RuntimeError: no "
+            "kernel.") in section
     assert "*Figure: 02_flops_mfu: Measure it: MFU (code cell 1)*" in section and "Play with it" not in section
     assert "figures/02_flops_mfu-code-cell01-0.png" in section  # the file is named by the caption's cell number
     assert "## 05" in text and "Measured accumulation." in text  # a summary without an executed notebook

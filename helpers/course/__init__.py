@@ -14,6 +14,8 @@ every other package, and none imports it.
                 reference GPUs, one section per notebook with its headline numbers and figures
 `capture`       `python -m helpers.course.capture`: reference runs on a briefly lent GPU within a time
                 budget, packed as they finish, and their import into results/<gpu>/
+`gpu_smoke`     `python -m helpers.course.gpu_smoke`: step 0 of a capture, every notebook at smoke sizes on the
+                GPU several at once (gpu-smoke.json, failed notebooks packed), and its import
 `strip`         `python -m helpers.course.strip`: notebooks without outputs, execution counts or widget state
 `goals`         `python -m helpers.course.goals`: the registry of the GPU performance goals (keyed by
                 notebook, e.g. `07.scaled_mm`), their H200 estimates, and the runner (one process per

@@ -55,7 +55,7 @@ from helpers.show.tables import table
 
 NOTEBOOKS_DIR = REPO_ROOT / "notebooks"
 PACK_LIMIT = 12 * 2**20   # bytes per pack; the device tool returns files of up to 16 MiB
-MAX_PACKS = 5             # with gpu.txt, capture.log and goals.json (helpers.course.goals): the tool's 8 files
+MAX_PACKS = 4             # with gpu.txt, capture.log, goals.json and smoke.tgz (helpers.course.gpu_smoke): 8 files
 MARGIN_S = 25.0           # kept back for packing and the tool's transfer
 RUNNER_GRACE_S = 15.0     # a stopped runner's time to stop its worker and kernel and write its summary
 
@@ -182,18 +182,21 @@ def _records(work: Path) -> list[Path]:
     return sorted(p for p in Path(work).rglob("results/*.json") if p.is_file())
 
 
-def run_notebook(nb: str, work: Path, profile: str, limit_s: float, log: Callable[[str], None] = print,
-                 notebooks_dir: Path = NOTEBOOKS_DIR, stop: Stop | None = None) -> tuple[str, str]:
-    """Run one notebook through the course runner (`--out work`) in its own process group, stopped
-    after `limit_s` seconds, or when `stop.why` names a signal (passed on to the runner).
+def run_notebook(nb: str | list[str], work: Path, profile: str, limit_s: float, log: Callable[[str], None] = print,
+                 notebooks_dir: Path = NOTEBOOKS_DIR, stop: Stop | None = None, jobs: int = 1) -> tuple[str, str]:
+    """Run one notebook (or a list of them, `jobs` at a time) through the course runner (`--out work`) in its
+    own process group, stopped after `limit_s` seconds, or when `stop.why` names a signal (passed on to the
+    runner).
 
     A stopped runner gets RUNNER_GRACE_S to stop its worker and kernel and write its summary; then
     whatever is left of its group, and every process ever seen below it, is killed.
     Returns (status, note): "ok", "failed" (the runner's exit status), "stopped" (over the limit) or
     "interrupted" (a signal).
     """
-    cmd = [sys.executable, "-m", "helpers.course.run", nb, "--profile", profile, "--out", str(work),
-           "--notebooks-dir", str(notebooks_dir)]
+    cmd = [sys.executable, "-m", "helpers.course.run", *([nb] if isinstance(nb, str) else nb), "--profile", profile,
+           "--out", str(work), "--notebooks-dir", str(notebooks_dir)]
+    if not isinstance(nb, str):  # a pass over several notebooks (gpu_smoke) wants their statuses, not a report
+        cmd += ["--no-report", "--jobs", str(jobs)]
     with open(work / "run.log", "w") as fh:
         proc = subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
     seen, start, next_watch = Descendants(proc.pid), time.monotonic(), 0.0
@@ -327,7 +330,7 @@ def gpu_facts() -> dict[str, str]:
 
 # ---------------------------------------------------------------- importing what came back
 
-def _slug(device: str) -> str:
+def slug_of_gpu(device: str) -> str:
     """'NVIDIA H200' -> 'nvidia-h200', any CPU -> 'cpu' (as results.device_slug names this machine's folder)."""
     return "cpu" if device.startswith("CPU") else slug(device)
 
@@ -384,7 +387,7 @@ def import_packs(packs: list[Path], into: Path = REPO_ROOT / "results") -> Path:
     if len(devices) != 1:
         raise ValueError(f"records from {len(devices)} devices ({devices}); import one device at a time")
     device = devices.pop()
-    target = Path(into) / _slug(device)
+    target = Path(into) / slug_of_gpu(device)
     target.mkdir(parents=True, exist_ok=True)
     index = load_index(target)
     for nb, info in manifest["notebooks"].items():
@@ -413,7 +416,7 @@ def import_goals(path: Path, into: Path = REPO_ROOT / "results", device: str | N
     if not isinstance(doc, dict) or not isinstance(doc.get("goals"), list):
         raise ValueError(f"{path}: not a goals.json (no list of goals)")
     device = device or doc.get("machine", {}).get("gpu") or "none (CPU)"
-    target = Path(into) / _slug("CPU" if device.startswith("none") else device)
+    target = Path(into) / slug_of_gpu("CPU" if device.startswith("none") else device)
     target.mkdir(parents=True, exist_ok=True)
     return write_atomic(target / "goals.json", json.dumps(doc, indent=1) + "\n")
 

@@ -6,6 +6,7 @@ import html
 from pathlib import Path
 from typing import Any, Iterable
 
+from helpers.course import gpu_smoke
 from helpers.course.worker import SUMMARY_HEADER, status_word, summary_rows
 from helpers.measure import claims
 from helpers.measure.hardware import library_versions
@@ -107,7 +108,7 @@ def reference_sets(references: Path, problems: list | None = None) -> dict[str, 
         return {}
     sets = {}
     for folder in sorted(d for d in references.iterdir() if d.is_dir()):
-        good, bad = read_records(folder, skip=("capture.json",))  # the capture's index, not a record
+        good, bad = read_records(folder, skip=("capture.json", "goals.json", gpu_smoke.SMOKE_FILE))  # not records
         if problems is not None:
             problems += bad
         if good:
@@ -301,8 +302,9 @@ def _captions(nb) -> dict[int, str]:
 
 
 def _notebook_blocks(stem: str, executed: Path | None, outcome, summary: dict | None, run_dir: Path,
-                     problems: list) -> list[Block]:
-    """One notebook's section: its status, what it measured, its headline numbers and key figures."""
+                     problems: list, on_gpus: Iterable[str] = ()) -> list[Block]:
+    """One notebook's section: its status, what it measured, whether it has run on each reference GPU
+    (`on_gpus`: one sentence per GPU smoke pass), its headline numbers and key figures."""
 
     nb = _read_executed(executed, problems) if executed is not None else None
     blocks: list[Block] = [("h2", _title(nb, stem) if nb is not None else stem)]
@@ -316,6 +318,9 @@ def _notebook_blocks(stem: str, executed: Path | None, outcome, summary: dict | 
     else:
         blocks.append(("p", f"{status} This notebook recorded no summary in this run (a results.summary call in its "
                             "takeaways cell records one), so it has no headline numbers here.".strip()))
+    on_gpus = list(on_gpus)
+    if on_gpus:
+        blocks.append(("p", "On the reference GPUs: " + " ".join(on_gpus)))
     if nb is not None:
         captions = _captions(nb)
         for cell, f in _save_figures(nb, executed, run_dir / "figures", problems):
@@ -366,10 +371,13 @@ def build_blocks(run_dir: Path, outcomes: Iterable, references: Path, profile: s
     by_outcome = {o.notebook: o for o in outcomes}
     stems = set(executed) | set(by_outcome)
     stems |= {nb for nb in summaries if _stem_of(nb, stems) is None}
+    smoke = {d.name: gpu_smoke.load(d) for d in sorted(references.iterdir()) if d.is_dir()} \
+        if references.is_dir() else {}
     for stem in sorted(stems):
         number = stem[:2]
+        on_gpus = [line for gpu, doc in smoke.items() if (line := gpu_smoke.line_for(number, doc, gpu))]
         blocks += _notebook_blocks(stem, executed.get(stem), by_outcome.get(stem),
-                                   summaries.get(number) if number.isdigit() else None, run_dir, problems)
+                                   summaries.get(number) if number.isdigit() else None, run_dir, problems, on_gpus)
     raw = [(n, r) for n, r in mine.items() if n not in in_ledger and not n.startswith(SUMMARY_PREFIX)]
     blocks += [("details", f"Appendix: raw metrics of every record ({len(raw)} record{'' if len(raw) == 1 else 's'})")]
     if not raw:

@@ -1,0 +1,241 @@
+"""Step 0 of every GPU capture: every notebook in the smoke profile on the GPU, several at once.
+
+A lent GPU is rare and brief, and a learner on an H100 must not be the first to run a notebook's CUDA-only
+paths (fp8 `torch._scaled_mm`, CUDA graphs, compiled Triton kernels, bitsandbytes' CUDA kernels, pinned
+copies, NCCL). So before the performance goals and the full-profile references, one pass runs every
+notebook at smoke sizes on the GPU, `jobs` at a time through the course runner (`helpers.course.run
+--jobs`), within `budget_s`. Speed does not matter here, only that every cell runs.
+
+`smoke_pass` writes `gpu-smoke.json` (per notebook: ok, failed with its cell and the error's first
+lines, interrupted, or not run) and packs it, with the executed copy and log of every notebook that did
+not finish ok, into `smoke.tgz` in the output folder (one file for the device tool to return). On the
+budget, the runner is stopped as a capture stops one notebook (SIGTERM to its process group, which stops
+its workers and kernels; then every process seen below it is killed): what finished is reported,
+the notebooks still running are "interrupted", those not started "not run". `import_smoke` copies
+`gpu-smoke.json` into `results/<gpu>/`, and the report says per notebook whether, and when, it has
+run on that GPU.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import functools
+import io
+import json
+import sys
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable, Iterable
+
+from helpers.course.capture import BadPack, available_notebooks, gpu_facts, read_pack, run_notebook, slug_of_gpu
+from helpers.course.worker import OneLineParser, Stop, folder_problem, positive_argument
+from helpers.measure.results import REPO_ROOT, write_atomic
+
+NOTEBOOKS_DIR = REPO_ROOT / "notebooks"
+SMOKE_FILE = "gpu-smoke.json"
+PACK_NAME = "smoke.tgz"
+BUDGET_S = 240.0          # every notebook at smoke sizes, four at a time, on an H200 (16 cores)
+JOBS = 4
+MARGIN_S = 15.0           # kept back for reading the summary and packing
+PACK_LIMIT = 12 * 2**20   # bytes; the device tool returns files of up to 16 MiB
+ERROR_LINES = 3
+
+
+def _number(stem: str) -> str:
+    return stem[:2]
+
+
+def _summary_rows(work: Path) -> list[dict]:
+    """The runner's summary.json rows under `work` ([] when the runner wrote none)."""
+    for path in sorted(Path(work).glob("*/summary.json")):
+        try:
+            rows = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(rows, list):
+            return [r for r in rows if isinstance(r, dict) and isinstance(r.get("notebook"), str)]
+    return []
+
+
+def _first_lines(text: str, n: int = ERROR_LINES) -> str:
+    lines = [ln for ln in str(text or "").splitlines() if ln.strip()]
+    return "\n".join(lines[:n])
+
+
+def outcomes(notebooks: Iterable[str], rows: list[dict], runner_status: str, runner_note: str) -> dict[str, dict]:
+    """{notebook: {"status", "seconds", "cell", "error"}} from the runner's summary rows: ok, failed (its cell
+    and the error's first lines), interrupted, or "not run" for a notebook the summary does not name (the
+    pass was stopped before it started, or the runner wrote no summary: `runner_note` says why)."""
+    by_nb = {_number(r["notebook"]): r for r in rows}
+    out = {}
+    for nb in notebooks:
+        r = by_nb.get(nb)
+        if r is None:
+            why = "not started before the budget ran out" if runner_status == "stopped" else \
+                runner_note or "the runner did not report it"
+            out[nb] = {"status": "not run", "seconds": 0.0, "cell": None, "error": why}
+            continue
+        status = str(r.get("status") or ("ok" if r.get("ok") else "failed"))
+        out[nb] = {"status": status, "seconds": round(float(r.get("seconds") or 0.0), 1), "cell": r.get("cell"),
+                   "error": "" if status == "ok" else _first_lines(r.get("error") or r.get("output") or "")}
+    return out
+
+
+def _pack(out: Path, doc: dict, work: Path, failed: list[str], limit: int = PACK_LIMIT) -> Path:
+    """smoke.tgz in `out`: gpu-smoke.json and, while under `limit` bytes, each failed notebook's executed
+    copy and log (the rest are named in the json as not packed)."""
+    buf = io.BytesIO()
+    files, size, left_out = [], 0, []
+    for nb in failed:
+        for path in sorted(Path(work).glob(f"*/notebooks/{nb}_*.ipynb")) + sorted(Path(work).glob(f"*/logs/{nb}_*.log")):
+            if size + path.stat().st_size > limit:
+                left_out.append(path.name)
+                continue
+            files.append(path)
+            size += path.stat().st_size
+    doc = {**doc, "not_packed": left_out}
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        data = (json.dumps(doc, indent=2) + "\n").encode()
+        info = tarfile.TarInfo(SMOKE_FILE)
+        info.size, info.mtime = len(data), int(time.time())
+        tar.addfile(info, io.BytesIO(data))
+        for path in files:
+            tar.add(path, arcname=f"{path.parent.name}/{path.name}")
+    return write_atomic(Path(out) / PACK_NAME, buf.getvalue(), mode=0o644)
+
+
+def smoke_pass(notebooks: list[str], out: Path, budget_s: float = BUDGET_S, *, jobs: int = JOBS,
+               runner: Callable[..., tuple[str, str]] = run_notebook, clock: Callable[[], float] = time.monotonic,
+               log: Callable[[str], None] = print, work: Path | None = None, margin_s: float = MARGIN_S,
+               notebooks_dir: Path = NOTEBOOKS_DIR, stop=None) -> dict:
+    """Run `notebooks` (two-digit numbers) in the smoke profile, `jobs` at a time, within `budget_s`; write
+    `out/smoke.tgz` and return what it holds as a dict ({"started", "budget_s", "jobs", "gpu", "seconds",
+    "runner", "notebooks": {nb: {...}}}). Raises ValueError for jobs < 1 or a budget not above margin_s."""
+    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
+        raise ValueError(f"jobs={jobs!r} must be a positive int")
+    if not budget_s > margin_s:
+        raise ValueError(f"budget_s={budget_s!r} must exceed the {margin_s:g} s kept for packing")
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    work = Path(work) if work is not None else Path(tempfile.mkdtemp(prefix="gpu-smoke-"))
+    work.mkdir(parents=True, exist_ok=True)
+    started = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    log(f"smoke pass: {len(notebooks)} notebook(s), {jobs} at a time, {budget_s:.0f} s")
+    t0 = clock()
+    status, note = runner(list(notebooks), work, "smoke", budget_s - margin_s, log=log, jobs=jobs,
+                          notebooks_dir=notebooks_dir, stop=stop)
+    seconds = round(clock() - t0, 1)
+    per_nb = outcomes(notebooks, _summary_rows(work), status, note)
+    doc = {"started": started, "budget_s": budget_s, "jobs": jobs, "gpu": gpu_facts(), "seconds": seconds,
+           "runner": {"status": status, "note": note}, "notebooks": per_nb}
+    failed = [nb for nb, o in per_nb.items() if o["status"] != "ok"]
+    pack = _pack(out, doc, work, [nb for nb in failed if per_nb[nb]["status"] != "not run"])
+    for nb, o in per_nb.items():
+        log(f"{nb}: {o['status']}" + (f" in {o['seconds']:.1f} s" if o["seconds"] else "")
+            + (f" at cell {o['cell']}" if o.get("cell") else "") + (f": {o['error'].splitlines()[0]}" if o["error"] else ""))
+    log(f"smoke pass: {len(per_nb) - len(failed)} of {len(per_nb)} ok in {seconds:.0f} s -> {pack.name}")
+    return doc
+
+
+def read_smoke_pack(pack: Path) -> dict:
+    """The gpu-smoke.json inside a smoke.tgz. Raises BadPack when it is missing or torn."""
+    members = read_pack(pack)
+    if SMOKE_FILE not in members:
+        raise BadPack(f"{pack}: no {SMOKE_FILE} inside: not a smoke pass")
+    try:
+        doc = json.loads(members[SMOKE_FILE])
+    except ValueError as err:
+        raise BadPack(f"{pack}: {SMOKE_FILE} is not valid JSON ({err})") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("notebooks"), dict):
+        raise BadPack(f"{pack}: {SMOKE_FILE} names no notebooks")
+    return doc
+
+
+def import_smoke(pack: Path, into: Path = REPO_ROOT / "results") -> Path:
+    """Copy a smoke pass's gpu-smoke.json into `into/<gpu>/` (the GPU its facts name); returns the file.
+    Raises BadPack for a pack that is not a smoke pass, ValueError for one run without a GPU."""
+    doc = read_smoke_pack(pack)
+    gpu = str(doc.get("gpu", {}).get("gpu") or "")
+    if not gpu or gpu.startswith("none"):
+        raise ValueError(f"{pack}: this smoke pass ran without a GPU ({gpu or 'no GPU named'}); nothing to import")
+    target = Path(into) / slug_of_gpu(gpu)
+    target.mkdir(parents=True, exist_ok=True)
+    return write_atomic(target / SMOKE_FILE, json.dumps(doc, indent=2) + "\n")
+
+
+def load(reference_dir: Path) -> dict | None:
+    """A reference folder's gpu-smoke.json, or None when absent or unreadable."""
+    try:
+        doc = json.loads((Path(reference_dir) / SMOKE_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) and isinstance(doc.get("notebooks"), dict) else None
+
+
+def line_for(notebook: str, doc: dict | None, gpu: str) -> str | None:
+    """One sentence for the report: whether `notebook` ran on `gpu` in its smoke pass, when, and how."""
+    if doc is None:
+        return None
+    o = doc["notebooks"].get(notebook)
+    when = str(doc.get("started", "?"))[:10]
+    if o is None:
+        return f"Not in the smoke pass on {gpu} ({when})."
+    if o.get("status") == "ok":
+        return f"Ran on {gpu} in the smoke profile on {when}: every cell ran ({o.get('seconds', 0):.0f} s)."
+    where = f" at cell {o['cell']}" if o.get("cell") else ""
+    first = str(o.get("error") or "").splitlines()[:1]
+    return f"Smoke pass on {gpu} ({when}): {o.get('status')}{where}" + (f": {first[0]}" if first else "") + "."
+
+
+# ---------------------------------------------------------------- command line
+
+def main(argv: list[str] | None = None) -> int:
+    """`run` (the pass; exit 0 when every notebook ran ok, 1 otherwise, 2 for a usage error, 130 / 143 when a
+    signal stopped it) or `import` (smoke.tgz into results/<gpu>/; exit 1 for a pack it refuses)."""
+    prog = "python -m helpers.course.gpu_smoke"
+    parser = OneLineParser(prog=prog, description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("run")
+    p.add_argument("notebooks", nargs="*", help="two-digit numbers (default: every notebook)")
+    p.add_argument("--out", type=Path, required=True, help="folder for smoke.tgz (the device tool's $OUT)")
+    p.add_argument("--budget-s", type=positive_argument(float), default=BUDGET_S,
+                   help=f"wall-clock seconds for the whole pass (default {BUDGET_S:.0f})")
+    p.add_argument("--jobs", type=positive_argument(int), default=JOBS, help=f"notebooks at once (default {JOBS})")
+    p.add_argument("--notebooks-dir", type=Path, default=NOTEBOOKS_DIR)
+    p = sub.add_parser("import")
+    p.add_argument("pack", type=Path, help="smoke.tgz")
+    p.add_argument("--into", type=Path, default=REPO_ROOT / "results")
+    args = parser.parse_args(argv)
+    if args.command == "import":
+        try:
+            print(f"imported into {import_smoke(args.pack, args.into)}")
+            return 0
+        except (BadPack, ValueError) as err:
+            print(f"import failed: {err}")
+            return 1
+        except OSError as err:
+            print(f"import failed: {err.filename or args.pack}: {err.strerror or err}")
+            return 1
+    known = available_notebooks(args.notebooks_dir)
+    bad = [nb for nb in args.notebooks if nb not in known]
+    if bad:
+        print(f"unknown notebook(s) {bad}; these exist: {' '.join(known)}", file=sys.stderr)
+        return 2
+    if args.budget_s <= MARGIN_S:
+        print(f"{prog} run: --budget-s {args.budget_s:g} must exceed the {MARGIN_S:.0f} s kept for packing",
+              file=sys.stderr)
+        return 2
+    problem = folder_problem(args.out)
+    if problem:
+        print(f"{prog} run: --out {args.out} cannot be written: {problem}", file=sys.stderr)
+        return 2
+    with Stop("the runner, its workers and kernels") as stop:
+        runner = functools.partial(run_notebook, stop=stop)
+        doc = smoke_pass(args.notebooks or known, args.out, args.budget_s, jobs=args.jobs, runner=runner,
+                         notebooks_dir=args.notebooks_dir)
+    return stop.code(0 if all(o["status"] == "ok" for o in doc["notebooks"].values()) else 1)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

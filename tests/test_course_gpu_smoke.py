@@ -1,0 +1,162 @@
+"""The GPU smoke pass: every notebook at smoke sizes, several at once, reported per notebook, failures packed,
+imported into results/<gpu>/ and named by the report."""
+import json
+import os
+import tarfile
+import time
+
+import pytest
+
+from helpers.course import gpu_smoke
+from helpers.course.capture import BadPack
+
+
+class FakeClock:
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self):
+        return self.t
+
+
+def _fake_runner(clock, rows, took=100.0, status=("ok", "")):
+    calls = []
+
+    def run(notebooks, work, profile, limit_s, log=print, jobs=1, notebooks_dir=None, stop=None):
+        calls.append((list(notebooks), profile, limit_s, jobs))
+        run_dir = work / "20261202-000000-cuda"
+        (run_dir / "notebooks").mkdir(parents=True)
+        (run_dir / "logs").mkdir()
+        for r in rows:
+            (run_dir / "notebooks" / f"{r['notebook']}.ipynb").write_text("{}")
+            (run_dir / "logs" / f"{r['notebook']}.log").write_text("log")
+        (run_dir / "summary.json").write_text(json.dumps(rows))
+        clock.t += took
+        return status
+    return run, calls
+
+
+ROWS = [{"notebook": "00_hardware", "ok": True, "status": "ok", "seconds": 12.34, "cell": None, "error": ""},
+        {"notebook": "07_fp8_training", "ok": False, "status": "failed", "seconds": 30.0, "cell": 14,
+         "error": "RuntimeError: scaled_mm refused\n  more\n  and more\n  and the fourth line"},
+        {"notebook": "13_distributed", "ok": False, "status": "interrupted", "seconds": 200.0, "cell": 9,
+         "error": "interrupted by SIGTERM"}]
+
+
+def test_the_pass_reports_every_notebook_and_packs_only_what_failed(tmp_path, monkeypatch):
+    monkeypatch.setattr(gpu_smoke, "gpu_facts", lambda: {"gpu": "NVIDIA H200", "torch": "2.13.0"})
+    clock, lines = FakeClock(), []
+    runner, calls = _fake_runner(clock, ROWS, status=("stopped", "stopped after 225 s"))
+    doc = gpu_smoke.smoke_pass(["00", "07", "12", "13"], tmp_path / "out", 240.0, jobs=4, runner=runner,
+                               clock=clock, log=lines.append, work=tmp_path / "work")
+    assert calls == [(["00", "07", "12", "13"], "smoke", 240.0 - gpu_smoke.MARGIN_S, 4)]
+    nbs = doc["notebooks"]
+    assert {nb: o["status"] for nb, o in nbs.items()} == {"00": "ok", "07": "failed", "12": "not run",
+                                                          "13": "interrupted"}
+    assert nbs["07"]["cell"] == 14 and nbs["07"]["error"] == "RuntimeError: scaled_mm refused\n  more\n  and more"
+    assert nbs["12"]["error"] == "not started before the budget ran out" and nbs["00"]["seconds"] == 12.3
+    assert [p.name for p in (tmp_path / "out").iterdir()] == ["smoke.tgz"]  # one file comes back
+    with tarfile.open(tmp_path / "out" / "smoke.tgz") as tar:
+        names = sorted(tar.getnames())
+        packed = json.loads(tar.extractfile("gpu-smoke.json").read())
+    assert names == ["gpu-smoke.json", "logs/07_fp8_training.log", "logs/13_distributed.log",
+                     "notebooks/07_fp8_training.ipynb", "notebooks/13_distributed.ipynb"]
+    assert packed["notebooks"] == nbs and packed["gpu"]["gpu"] == "NVIDIA H200" and packed["seconds"] == 100.0
+    assert "07: failed in 30.0 s at cell 14: RuntimeError: scaled_mm refused" in lines
+    assert lines[-1] == "smoke pass: 1 of 4 ok in 100 s -> smoke.tgz"
+
+
+def test_a_runner_that_wrote_no_summary_leaves_every_notebook_not_run_with_its_reason(tmp_path):
+    def runner(notebooks, work, *a, **k):
+        return "failed", "runner exit status 2; see run.log"
+
+    doc = gpu_smoke.smoke_pass(["00", "01"], tmp_path / "out", 60.0, runner=runner, work=tmp_path / "w",
+                               log=lambda s: None)
+    assert all(o == {"status": "not run", "seconds": 0.0, "cell": None, "error": "runner exit status 2; see run.log"}
+               for o in doc["notebooks"].values())
+
+
+@pytest.mark.parametrize("kw, match", [({"jobs": 0}, "jobs"), ({"budget_s": 10.0}, "exceed")])
+def test_bad_arguments_are_refused(tmp_path, kw, match):
+    with pytest.raises(ValueError, match=match):
+        gpu_smoke.smoke_pass(["00"], tmp_path, **{"budget_s": 60.0, **kw})
+
+
+def test_import_puts_the_pass_beside_the_references_and_the_report_names_it(tmp_path, monkeypatch):
+    monkeypatch.setattr(gpu_smoke, "gpu_facts", lambda: {"gpu": "NVIDIA H200"})
+    clock = FakeClock()
+    runner, _ = _fake_runner(clock, ROWS)
+    gpu_smoke.smoke_pass(["00", "07"], tmp_path / "out", 240.0, runner=runner, clock=clock, log=lambda s: None,
+                         work=tmp_path / "w")
+    path = gpu_smoke.import_smoke(tmp_path / "out" / "smoke.tgz", tmp_path / "results")
+    assert path == tmp_path / "results" / "nvidia-h200" / "gpu-smoke.json"
+    doc = gpu_smoke.load(path.parent)
+    day = doc["started"][:10]
+    assert gpu_smoke.line_for("00", doc, "nvidia-h200") == (f"Ran on nvidia-h200 in the smoke profile on {day}: every "
+                                                            "cell ran (12 s).")
+    assert gpu_smoke.line_for("07", doc, "nvidia-h200") == (f"Smoke pass on nvidia-h200 ({day}): failed at cell 14: "
+                                                            "RuntimeError: scaled_mm refused.")
+    assert gpu_smoke.line_for("09", doc, "nvidia-h200") == f"Not in the smoke pass on nvidia-h200 ({day})."
+    assert gpu_smoke.line_for("00", None, "nvidia-h200") is None
+
+
+def test_import_refuses_a_cpu_pass_and_what_is_not_a_smoke_pack(tmp_path, monkeypatch):
+    monkeypatch.setattr(gpu_smoke, "gpu_facts", lambda: {"gpu": "none (CPU)"})
+    runner, _ = _fake_runner(FakeClock(), ROWS[:1])
+    gpu_smoke.smoke_pass(["00"], tmp_path / "out", 60.0, runner=runner, log=lambda s: None, work=tmp_path / "w")
+    with pytest.raises(ValueError, match="without a GPU"):
+        gpu_smoke.import_smoke(tmp_path / "out" / "smoke.tgz", tmp_path / "results")
+    bad = tmp_path / "bad.tgz"
+    with tarfile.open(bad, "w:gz") as tar:
+        tar.add(tmp_path / "out" / "smoke.tgz", arcname="other.tgz")
+    with pytest.raises(BadPack, match="no gpu-smoke.json"):
+        gpu_smoke.import_smoke(bad, tmp_path / "results")
+    assert not (tmp_path / "results").exists()
+    assert gpu_smoke.main(["import", str(bad), "--into", str(tmp_path / "results")]) == 1
+
+
+def _tiny_notebook(path, body):
+    import nbformat
+
+    nb = nbformat.v4.new_notebook()
+    params = nbformat.v4.new_code_cell('PROFILE = "auto"\nSEED = 0\nINTERACTIVE = True\nRESULTS_DIR = None')
+    params.metadata["tags"] = ["parameters"]
+    nb.cells = [nbformat.v4.new_markdown_cell("# tiny"), params, nbformat.v4.new_code_cell(body)]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(nb, path)
+
+
+@pytest.mark.notebook
+def test_a_real_pass_runs_notebooks_at_once_reports_a_failure_and_a_hang_and_leaves_no_process(tmp_path):
+    folder = tmp_path / "nbs"
+    folder.mkdir()
+    _tiny_notebook(folder / "00_ok.ipynb", "x = 1")
+    _tiny_notebook(folder / "01_fails.ipynb", "raise ValueError('planted failure')")
+    _tiny_notebook(folder / "02_hangs.ipynb", "import os, pathlib, time\n"
+                   "pathlib.Path(RESULTS_DIR, 'pid').write_text(str(os.getpid()))\ntime.sleep(600)")
+    t0 = time.monotonic()
+    doc = gpu_smoke.smoke_pass(["00", "01", "02"], tmp_path / "out", 50.0, jobs=3, work=tmp_path / "work",
+                               notebooks_dir=folder, log=lambda s: None)
+    assert time.monotonic() - t0 < 50.0 + 20.0
+    nbs = doc["notebooks"]
+    assert nbs["00"]["status"] == "ok" and nbs["01"]["status"] == "failed" and nbs["02"]["status"] == "interrupted"
+    assert nbs["01"]["cell"] == 2 and "planted failure" in nbs["01"]["error"]
+    kernel = int(next((tmp_path / "work").rglob("results/pid")).read_text())
+    time.sleep(1)
+    with pytest.raises(ProcessLookupError):
+        os.kill(kernel, 0)  # the hung notebook's kernel went with the runner
+    with tarfile.open(tmp_path / "out" / "smoke.tgz") as tar:
+        names = tar.getnames()
+    assert "notebooks/01_fails.ipynb" in names and "notebooks/02_hangs.ipynb" in names
+    assert not any("00_ok" in n for n in names)
+
+
+def test_the_capture_script_runs_the_smoke_pass_first_then_the_goals_then_the_references():
+    from pathlib import Path
+
+    script = (Path(__file__).resolve().parents[1] / "scripts" / "gpu_capture.sh").read_text()
+    body = script[script.index("set -uo pipefail"):]
+    steps = [body.index(s) for s in ("helpers.course.gpu_smoke run", "helpers.course.goals run",
+                                     "helpers.course.capture run")]
+    assert steps == sorted(steps)
+    assert 'SMOKE_BUDGET_S="${SMOKE_BUDGET_S:-240}"' in body and 'GOALS_BUDGET_S="${GOALS_BUDGET_S:-300}"' in body
