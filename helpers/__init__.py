@@ -7,7 +7,7 @@ The layers, from the bottom up; each imports only the ones below it (import-lint
 `gpt/`        the course GPT, its corpus, its trained weights, generation with a KV cache
 `cost/`       notebooks 00-02        `training/`   notebooks 03-05        `attention/`  notebook 06
 `lowbit/`     notebooks 07-08        `fusion/`     notebook 09            `decode/`     notebooks 10-11
-`dataload/`   notebook 12            `parallel/`   notebook 13
+`dataload/`   notebook 12            `parallel/`   notebook 13            `capstone/`   notebook 14
 `course/`     exercises, the headless runner and its report, the GPU capture and the performance goals
 
 A part of the course may use the parts before it, never those after it. In each part, technique modules
@@ -29,8 +29,9 @@ panels and sentences. Notebook by notebook (lab first, then the technique module
 10  KV cache, serving  decode/kv_lab, decode/serving_lab; gpt/generation, decode/kv_cache, decode/paged,
                        decode/paged_attention, decode/serving
 11  speculative        decode/spec_lab; decode/speculative
-12  data loading       dataload/loading_lab; dataload/loading, dataload/packing
+12  data loading       dataload/loading_lab, dataload/sweep_lab, dataload/packing_lab; dataload/loading, dataload/packing
 13  distributed        parallel/dist_lab; parallel/distributed, parallel/data_parallel, parallel/model_parallel
+14  capstone           capstone/capstone_lab; capstone/stack (every technique above, stacked)
 
 Every notebook also uses `measure/params`, `measure/results`, `measure/claims`, `show/` and its exercises
 in `course/exercises/nbNN`. Packages are imported on demand, so `import helpers` stays cheap.

@@ -257,7 +257,7 @@ def test_what_compare_cannot_read_fails_instead_of_raising(capsys, toys, monkeyp
     assert "could not compare what it returned (tensor(5,) float32)" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("notebook", [f"{i:02d}" for i in range(14)])
+@pytest.mark.parametrize("notebook", [f"{i:02d}" for i in range(15)])
 def test_every_output_of_a_code_exercise_has_a_name(notebook):
     # a failing case names the output that differs ("scale: ..."), never "item 1"
     for ex in check.load(notebook):

@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from helpers.attention import flash_lab
+from helpers.capstone import capstone_lab
 from helpers.cost import hardware_lab, mfu_lab, roofline_lab
 from helpers.dataload import loading, loading_lab
 from helpers.decode import kv_lab, spec_lab
@@ -32,7 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = {p.name[:2]: p for p in sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))}
 LABS = {"00": hardware_lab, "01": roofline_lab, "02": mfu_lab, "03": precision_lab, "04": checkpointing_lab,
         "05": accumulation_lab, "06": flash_lab, "07": fp8_lab, "08": quant_lab, "09": compile_lab, "10": kv_lab,
-        "11": spec_lab, "12": loading_lab, "13": dist_lab}
+        "11": spec_lab, "12": loading_lab, "13": dist_lab, "14": capstone_lab}
 COMMON = ("PROFILE", "SEED", "INTERACTIVE", "RESULTS_DIR")  # params.setup's, not the lab's
 ABOVE, BELOW = (lambda x: math.nextafter(x, math.inf)), (lambda x: math.nextafter(x, -math.inf))
 ABOVE32 = lambda x: float(np.nextafter(np.float32(x), np.float32(np.inf)))  # noqa: E731  the next fp32 value
@@ -74,7 +75,7 @@ def refused(nb: str, S: params.Setup, name: str, **overrides) -> str:
 # ---------------------------------------------------------------- every notebook, defaults
 
 def test_every_notebook_has_a_lab_that_resolves_exactly_its_parameters():
-    assert sorted(NOTEBOOKS) == sorted(LABS) == [f"{i:02d}" for i in range(14)]
+    assert sorted(NOTEBOOKS) == sorted(LABS) == [f"{i:02d}" for i in range(15)]
     for nb, lab in LABS.items():
         names = [p.name for p in inspect.signature(lab.resolve_parameters).parameters.values()
                  if p.kind is inspect.Parameter.KEYWORD_ONLY]
@@ -178,6 +179,9 @@ CASES = [  # (notebook, overrides, None: passes | the parameter the ValueError m
     ("13", dict(WORLD_SIZE=2, MEMORY_RANKS=[2]), None), ("13", dict(WORLD_SIZE=1), "WORLD_SIZE"),
     ("13", dict(MEMORY_RANKS=[1, 2]), "MEMORY_RANKS"), ("13", dict(STAGE_MS=math.inf), "STAGE_MS"),
     ("13", dict(STAGE_MS=5e-324), None), ("13", dict(TORCHRUN="yes"), "TORCHRUN"),
+    ("14", dict(STEPS=5, WARMUP=2), None), ("14", dict(STEPS=4, WARMUP=2), "STEPS"),  # 3 timed steps at least
+    ("14", dict(MICRO_BATCHES=8), None), ("14", dict(MICRO_BATCHES=3), "MICRO_BATCHES"),  # BATCH=8
+    ("14", dict(COMPILE=True), None), ("14", dict(COMPILE="yes"), "COMPILE"), ("14", dict(LR=math.inf), "LR"),
 ]
 
 

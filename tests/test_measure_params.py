@@ -60,3 +60,10 @@ def test_positive_refuses_nan_and_positive_number_refuses_what_is_not_finite():
             positive_number("LR", bad)
     with pytest.raises(ValueError, match="finite positive number"):
         positive_number("LR", math.inf)
+
+
+@pytest.mark.parametrize("value", [1, 0, "yes", None, 1.0])
+def test_boolean_refuses_what_is_not_true_or_false(value):
+    with pytest.raises(ValueError, match="must be True or False"):
+        params.boolean("COMPILE", value)
+    assert params.boolean("COMPILE", False) is False

@@ -36,6 +36,14 @@ def positive_number(name: str, value: Any) -> float:
     return value
 
 
+def boolean(name: str, value: Any) -> bool:
+    """Return `value` if it is True or False, else raise a ValueError naming the parameter (1, "yes" and
+    None are not booleans here)."""
+    if not isinstance(value, bool):
+        raise ValueError(f"{name}={value!r} must be True or False")
+    return value
+
+
 def positives(name: str, values: Any, kind: type = int) -> list:
     """Return `values` as a list if it is a non-empty list or tuple of positive `kind`s, else raise."""
     if isinstance(values, (str, bytes)) or not isinstance(values, (list, tuple)) or not values:

@@ -38,7 +38,8 @@ def device_timer(device: str | None = None) -> Timer:
     return lambda fn: bench.benchmark(fn, warmup=0, reps=1, device=dev).samples[0]
 
 
-def _steady(times: list[float], window: int, tol: float) -> bool:
+def steady(times: list[float], window: int, tol: float) -> bool:
+    """Whether the last `window` times lie within `tol` (relative) of their median."""
     if len(times) < window:
         return False
     last = times[-window:]
@@ -57,7 +58,7 @@ def warm_up(fn: Callable[[], Any], timer: Timer, *, window: int = 3, tol: float 
     if max_warmup < window:
         raise ValueError(f"max_warmup={max_warmup!r} must be at least window={window}")
     times: list[float] = []
-    while len(times) < max_warmup and not _steady(times, window, tol):
+    while len(times) < max_warmup and not steady(times, window, tol):
         times.append(timer(fn))
     return times
 

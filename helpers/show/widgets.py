@@ -55,6 +55,13 @@ def int_slider(lo: int, hi: int, value: int | None = None, step: int = 1, descri
                        style={"description_width": "initial"})
 
 
+def checkbox(value: bool = False, description: str = ""):
+    """A checkbox (a technique on or off)."""
+    import ipywidgets  # optional: as in dropdown
+
+    return ipywidgets.Checkbox(value=bool(value), description=description, indent=False)
+
+
 # Whether panels are shown to someone: the notebook's INTERACTIVE, set by `helpers.measure.params.setup`.
 _INTERACTIVE = {"on": True}
 

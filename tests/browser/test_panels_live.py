@@ -3,7 +3,7 @@
 For every notebook that builds a panel (a code cell calls `widgets.panel(`): open it in JupyterLab
 in headless Chromium, Run → Run All Cells with the mouse (smoke profile on a CPU, INTERACTIVE=True),
 wait for the kernel to go idle and the `.course-panel` widget to draw, then, one control at a time,
-move each slider with the arrow keys and pick another option in each <select>, and check that the
+move each slider with the arrow keys, pick another option in each <select> and click each checkbox, and check that the
 panel redrew for the new value:
   - its output changed and settled (kernel idle), with no traceback, and a new figure;
   - if its printed line named the control's old value (`n=512`, `fp32`), it names the new one the
@@ -196,7 +196,7 @@ def test_reflects_tells_an_ignored_control_from_timing_noise():
 
 
 def controls(panel) -> list[dict]:
-    """The panel's sliders and dropdowns, in order: kind, label and the element to drive."""
+    """The panel's sliders, dropdowns and checkboxes, in order: kind, label and the element to drive."""
     found = []
     for box in panel.locator(".widget-hbox > .widget-inline-hbox").all():
         label = box.locator(".widget-label").first.inner_text().strip() if box.locator(".widget-label").count() else ""
@@ -204,6 +204,8 @@ def controls(panel) -> list[dict]:
             found.append({"kind": "dropdown", "label": label, "box": box})
         elif box.locator(".noUi-handle").count():
             found.append({"kind": "slider", "label": label, "box": box})
+        elif box.locator("input[type=checkbox]").count():
+            found.append({"kind": "checkbox", "label": label or box.inner_text().strip(), "box": box})
     return found
 
 
@@ -229,6 +231,12 @@ def change(page, control: dict) -> tuple[str, str]:
                             else "ArrowRight")
         wait_for(lambda: slider_value(box) != old, 10, f"slider {control['label']!r} to move")
         return old, slider_value(box)
+    if control["kind"] == "checkbox":
+        tick = box.locator("input[type=checkbox]").first
+        old = str(tick.is_checked())
+        tick.click()
+        wait_for(lambda: str(tick.is_checked()) != old, 10, f"checkbox {control['label']!r} to change")
+        return old, str(tick.is_checked())
     # The native option list of a <select> is not part of the page, so pick the option the way
     # Playwright documents for a user's choice: it selects it and fires input and change events.
     select = box.locator("select").first
@@ -277,7 +285,7 @@ def test_instructor_panels_redraw_in_jupyterlab(path, lab, browser, request, cap
             panel.screenshot(path=str(shot))
             say(f"\n{path.stem} panel {k + 1} before: {shot}\n  {before['text']}")
             found = controls(panel)
-            assert found, f"panel {k + 1} of {path.name} has no slider or dropdown"
+            assert found, f"panel {k + 1} of {path.name} has no slider, dropdown or checkbox"
             assert panel.locator(".widget-output img").count() or before["text"], "the panel drew nothing"
             for control in found:
                 old, value = change(page, control)

@@ -1,0 +1,234 @@
+"""Notebook 14's parameters and measurements: the training ladder run rung by rung, its table, sentences
+and waterfall. The stack itself (rungs, what each builds) is `helpers.capstone.stack`.
+
+Timing: every rung trains the same STEPS batches from the same weights. With `interleave` the rungs step
+round-robin (step i of every rung, then step i + 1), so a burst of other work on the machine slows
+every rung alike; otherwise one rung after the other (a large model cannot hold every rung in memory).
+The first `warmup` steps of each rung pay its one-time costs (allocation, compilation) and are left out
+of its step time, which is the median and IQR of the rest (`bench.Timing`); whether those were steady
+is said, not assumed.
+"""
+from __future__ import annotations
+
+import math
+import time
+from typing import Callable
+
+import torch
+
+from helpers.capstone import stack
+from helpers.cost import flops
+from helpers.gpt.model import PRESETS, GPTConfig
+from helpers.measure import bench, params, protocol
+from helpers.measure.bench import Timing
+from helpers.show import plots
+
+# a rung's final loss must lie this close (relative) to the baseline's: fp32 rungs reorder sums only;
+# bf16 keeps 8 mantissa bits in the matmuls; fp8 3 (e4m3) in forward and 2 (e5m2) in gradients
+TOLERANCE = {"fp32": 1e-3, "bf16": 2e-2, "fp8": 5e-2}
+
+
+def resolve_parameters(S: params.Setup, *, MODEL, BATCH, SEQ_LEN, STEPS, WARMUP, MICRO_BATCHES, LR,
+                       COMPILE) -> dict:
+    """Notebook 14's parameters, validated at once with the profile's defaults; plus "CFG".
+
+    Raises ValueError naming the first bad parameter: STEPS not above WARMUP + 2 (a median and an IQR
+    need three timed steps), a MICRO_BATCHES that does not divide BATCH, a non-finite LR."""
+    R = S.resolve
+    out = {"MODEL": R("MODEL", MODEL, smoke="tiny", full="small10m", check=lambda n, v: params.choose(n, v, PRESETS)),
+           "BATCH": R("BATCH", BATCH, smoke=8, full=32, check=params.positive),
+           "SEQ_LEN": R("SEQ_LEN", SEQ_LEN, smoke=64, full=512, check=params.positive),
+           "WARMUP": R("WARMUP", WARMUP, smoke=2, full=5, check=params.positive),
+           "MICRO_BATCHES": R("MICRO_BATCHES", MICRO_BATCHES, smoke=4, full=4, check=params.positive),
+           "LR": R("LR", LR, smoke=1e-3, full=6e-4, check=params.positive_number),
+           "COMPILE": R("COMPILE", COMPILE, smoke=S.device == "cuda", full=True, check=params.boolean)}
+    out["STEPS"] = R("STEPS", STEPS, smoke=8, full=30, check=params.positive)
+    if out["STEPS"] < out["WARMUP"] + 3:
+        raise ValueError(f"STEPS={out['STEPS']} leaves fewer than 3 timed steps after WARMUP={out['WARMUP']}: "
+                         "a median and an IQR need three")
+    if out["BATCH"] % out["MICRO_BATCHES"]:
+        raise ValueError(f"MICRO_BATCHES={out['MICRO_BATCHES']} must divide BATCH={out['BATCH']} (equal micro-batches "
+                         "keep every rung's tokens per step and gradient the same)")
+    cfg = GPTConfig.preset(out["MODEL"], seq_len=out["SEQ_LEN"])
+    return {**out, "CFG": cfg}
+
+
+def rungs_for(device: str, compile: bool) -> tuple[list[stack.Rung], dict[str, str]]:
+    """The ladder on `device`, without torch.compile when `compile` is False; and every technique left out
+    with its reason ({technique: sentence})."""
+    techniques = [t for t in stack.TECHNIQUES if compile or t != "compile"]
+    rungs = stack.ladder(device, techniques)
+    left = dict(rungs[-1].skipped)
+    if not compile:
+        left["compile"] = ("left out by COMPILE=False (the smoke profile on a CPU: one cold compile of the GPT "
+                           "step costs more than this notebook's whole budget there)")
+    return rungs, left
+
+
+def precision_of(rung: stack.Rung) -> str:
+    """The narrowest format a rung's matmuls run in: "fp8", "bf16" or "fp32" (its loss tolerance's key)."""
+    return "fp8" if rung.has("fp8") else "bf16" if rung.has("bf16") else "fp32"
+
+
+def run_ladder(cfg: GPTConfig, rungs: list[stack.Rung], data: list, device: str, *, micro_batches: int, lr: float,
+               warmup: int, interleave: bool = True, seed: int = 0,
+               progress: Callable = iter, clock: Callable[[], float] = time.perf_counter) -> dict[str, dict]:
+    """Train every rung on `data` (a list of (x, y) batches, the same for all) from the same weights.
+
+    Returns {rung name: {"times": [seconds per step], "losses": [...], "peak_bytes": int or None,
+    "timing": Timing of the steps after `warmup`, "steady": bool}}. A step's time ends after its loss
+    reached the host (one sync per step). `clock` is for tests."""
+    built = {r.name: stack.build(cfg, r, device, micro_batches=micro_batches, lr=lr, seed=seed) for r in rungs}
+    out = {name: {"times": [], "losses": [], "peak_bytes": None} for name in built}
+    streams = {name: stack.batches(b, data, device) for name, b in built.items()}
+
+    def one(name: str) -> None:
+        x, y = next(streams[name])
+        if device == "cuda":
+            torch.cuda.synchronize()
+        t0 = clock()
+        loss = built[name].step(x, y)  # float(): the host waits for the step
+        out[name]["times"].append(clock() - t0)
+        out[name]["losses"].append(loss)
+
+    order = ([(i, n) for i in range(len(data)) for n in built] if interleave else
+             [(i, n) for n in built for i in range(len(data))])
+    for i, name in progress(order):
+        if device == "cuda" and i == 0:
+            torch.cuda.reset_peak_memory_stats()
+        one(name)
+        if device == "cuda" and (not interleave and i == len(data) - 1):
+            out[name]["peak_bytes"] = torch.cuda.max_memory_allocated()
+    for name, r in out.items():
+        timed = r["times"][warmup:]
+        r["timing"] = Timing(*bench.quartiles(timed), timed, warmup, device)
+        r["steady"] = protocol.steady(timed, 3, 0.25) if len(timed) >= 3 else False
+    return out
+
+
+def rows(cfg: GPTConfig, rungs: list[stack.Rung], res: dict, batch: int, seq_len: int,
+         peak_flops: dict[str, float | None] | None, last: int = 3) -> list[dict]:
+    """One row per rung: step Timing, tokens/s, MFU (exact FLOPs of the course count over the step time,
+    against `peak_flops[format]` in FLOP/s, format "fp32" or "bf16" (an fp8 rung's against bf16's); None
+    without one), final loss (mean of the last `last`) and its gap to the
+    baseline's, whether it is within the rung's TOLERANCE, and the gain over the rung before and over the
+    baseline (`protocol.Ratio`s of step times)."""
+    step_flops = flops.transformer_flops(cfg, batch, seq_len, backward=True)["total"]["total"]
+    base = res[rungs[0].name]
+    tail = lambda r: sum(r["losses"][-last:]) / len(r["losses"][-last:])  # noqa: E731
+    out, prev = [], None
+    for rung in rungs:
+        r = res[rung.name]
+        t = r["timing"]
+        gap = (tail(r) - tail(base)) / tail(base)
+        out.append({"rung": rung.name, "title": stack.TITLES.get(rung.name, "baseline"), "timing": t,
+                    "tokens_per_s": batch * seq_len / t.median,
+                    "mfu": flops.mfu(step_flops / t.median, (peak_flops or {}).get(
+                        "fp32" if precision_of(rung) == "fp32" else "bf16")),
+                    "loss": tail(r), "loss_gap": gap, "precision": precision_of(rung),
+                    "within": abs(gap) <= TOLERANCE[precision_of(rung)], "steady": r["steady"],
+                    "gain": None if prev is None else protocol.ratio(prev, t),
+                    "cumulative": protocol.ratio(base["timing"], t), "peak_bytes": r["peak_bytes"]})
+        prev = t
+    return out
+
+
+def rung_sentence(row: dict) -> str:
+    """What one rung's technique bought on this run, ranked only when the step times' IQRs do not overlap."""
+    g = row["gain"]
+    if g is None:
+        return f"baseline: {row['timing']} per step, {row['tokens_per_s']:.0f} tokens/s."
+    what = f"{row['rung']} ({row['title']})"
+    if not g.separated:
+        verdict = f"{what}: within the noise of the rung before ({g}); this run cannot say it helped"
+    elif g.value > 1:
+        verdict = f"{what}: {g} faster than the rung before"
+    else:
+        verdict = f"{what}: slower than the rung before ({g}): on this device it costs more than it saves"
+    loss = (f"final loss {row['loss_gap']:+.2%} from the baseline's, within the {TOLERANCE[row['precision']]:.0e} "
+            f"allowed for {row['precision']}" if row["within"] else
+            f"final loss {row['loss_gap']:+.2%} from the baseline's, OUTSIDE the {TOLERANCE[row['precision']]:.0e} "
+            f"allowed for {row['precision']}")
+    return verdict + "; " + loss + ("" if row["steady"] else "; its last timed steps were not steady (within 25%)") + "."
+
+
+def waterfall(table: list[dict], ax=None, title: str = "training ladder: tokens/s, rung by rung"):
+    """Tokens/s per rung as bars, each with its IQR as an error bar, the cumulative gain over the baseline
+    written above it."""
+    fig, ax = plots.axes(ax, title)
+    names = [r["rung"] for r in table]
+    tps = [r["tokens_per_s"] for r in table]
+    tokens = [r["tokens_per_s"] * r["timing"].median for r in table]
+    lo = [t - n / r["timing"].q75 for t, n, r in zip(tps, tokens, table)]
+    hi = [n / r["timing"].q25 - t for t, n, r in zip(tps, tokens, table)]
+    ax.bar(names, tps, yerr=[lo, hi], color=[plots.COLORS[i % len(plots.COLORS)] for i in range(len(names))],
+           capsize=3)
+    for i, r in enumerate(table):
+        ax.text(i, tps[i] + hi[i], f"{r['cumulative'].value:.2f}x", ha="center", va="bottom", fontsize=8)
+    ax.set(ylabel="tokens/s (median, IQR)", xlabel="rung (each adds one technique)")
+    ax.tick_params(axis="x", rotation=30)
+    fig.tight_layout()
+    return fig
+
+
+def product_of_gains(table: list[dict]) -> float:
+    """The product of the rung-over-rung gains: equal to the cumulative gain by construction (a check
+    that the table's ratios are of the same step times)."""
+    return math.prod(r["gain"].value for r in table[1:])
+
+
+def multiply_rows(rungs: list[stack.Rung], table: list[dict], alone: dict[str, dict]) -> list[dict]:
+    """Per technique: its gain alone on the baseline (from `run_ladder` over the baseline and the rungs
+    "<technique> alone") beside its gain where it sits in the stack (`table`'s rung-over-rung gain), and one
+    sentence that says how they differ, ranked only beyond both spreads."""
+    base = alone[rungs[0].name]["timing"]
+    out = []
+    for rung, row in zip(rungs[1:], table[1:]):
+        a, b = protocol.ratio(base, alone[f"{rung.name} alone"]["timing"]), row["gain"]
+        if a.lo > b.hi:
+            s = (f"{rung.name} bought less in the stack ({b.value:.2f}x) than alone ({a.value:.2f}x): the rungs before "
+                 "it changed the step it acts on (what it speeds up became a smaller share of it, or was done already)")
+        elif b.lo > a.hi:
+            s = (f"{rung.name} bought more in the stack ({b.value:.2f}x) than alone ({a.value:.2f}x): the rungs before "
+                 "it made what it speeds up a larger share of the step")
+        else:
+            s = f"{rung.name}: alone and in the stack within each other's spread; this run shows no interaction"
+        out.append({"technique": rung.name, "alone": a, "in_stack": b, "sentence": s})
+    return out
+
+
+def multiply_sentence(mult: list[dict], table: list[dict]) -> str:
+    """The product of the gains alone (with the product of their IQR bounds) against the stack's measured
+    gain over the baseline; the two are told apart only when those ranges do not overlap."""
+    prod = math.prod(m["alone"].value for m in mult)
+    lo, hi = math.prod(m["alone"].lo for m in mult), math.prod(m["alone"].hi for m in mult)
+    cum = table[-1]["cumulative"]
+    if hi < cum.lo:
+        how = "the stack gave more than the product: together the techniques did better than alone"
+    elif lo > cum.hi:
+        how = "the stack gave less than the product: the gains did not multiply"
+    else:
+        how = "the two ranges overlap, so this run cannot tell whether the gains multiplied"
+    return (f"The gains alone multiply to {prod:.2f}x (IQR-bounded {lo:.2f}-{hi:.2f}x); the whole stack measured "
+            f"{cum} over the baseline: {how}.")
+
+
+def stack_panel(cfg: GPTConfig, batches: list, device: str, *, micro_batches: int, lr: float, warmup: int,
+                seed: int = 0) -> Callable[..., dict]:
+    """A panel callback: update(**{technique: bool}) trains the baseline and the ticked stack on `batches`
+    (interleaved), prints their step times and draws their waterfall; returns the two rows. A technique
+    this device cannot run is left out with its sentence."""
+    def update(**ticked) -> dict:
+        chosen = {t for t, on in ticked.items() if on}
+        for t in sorted(chosen):
+            if why := stack.unavailable(t, device):
+                print(f"{t}: left out. {why}.")
+                chosen.discard(t)
+        rungs = [stack.Rung("baseline", frozenset()), stack.Rung("your stack", frozenset(chosen))]
+        res = run_ladder(cfg, rungs, batches, device, micro_batches=micro_batches, lr=lr, warmup=warmup, seed=seed)
+        table = rows(cfg, rungs, res, batches[0][0].shape[0], batches[0][0].shape[1], None)
+        print(f"your stack ({', '.join(sorted(chosen)) or 'nothing'}): {table[1]['timing']} per step against the "
+              f"baseline's {table[0]['timing']}: " + rung_sentence(table[1]).split(": ", 1)[1])
+        waterfall(table, title="your stack against the baseline")
+        return {"baseline": table[0], "stack": table[1]}
+    return update

@@ -1,0 +1,75 @@
+"""Notebook 14's exercise: the settings a rung's techniques put on the baseline's training step.
+
+The reference is `helpers.capstone.stack.settings`, which the ladder builds every rung from. The learner's
+dict is checked by what it does: one training step of a tiny GPT built from it, against one built from the
+reference, on the same batch and weights (loss and every gradient; the same ops, so bitwise on a CPU).
+"""
+from __future__ import annotations
+
+import torch
+
+from helpers.capstone import stack
+from helpers.course.check import Case, register
+from helpers.gpt.model import GPTConfig
+
+_CFG = GPTConfig(n_layer=2, n_head=2, d_model=32, d_ff=64, vocab_size=64, seq_len=16)
+
+
+def _one_step(fn, case: Case):
+    """(settings dict's fields the step uses, the step's loss, the gradients) of one step built from fn's dict."""
+    techniques, micro_batches = case.args
+    s = fn(techniques, micro_batches)
+    if s is None:
+        raise NotImplementedError("the function returns None")
+    missing = sorted({"attn_impl", "adamw", "autocast", "fp8", "checkpoint", "compile", "micro_batches"} - set(s))
+    if missing:
+        raise KeyError(f"the dict has no {', '.join(missing)}")
+    built = stack.build_from(_CFG, {**s, "compile": False}, "cpu", lr=1e-2, seed=0)  # compile: too slow to check
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randint(0, 64, (4, 16), generator=g), torch.randint(0, 64, (4, 16), generator=g)
+    with stack.tf32(False):
+        loss = stack.accumulation.accumulate_gradients(built.forward, stack.accumulation.split_batch(x, y, built.micro_batches),
+                                                       autocast_dtype=built.autocast)
+    grads = torch.cat([p.grad.flatten() for p in built.model.parameters() if p.grad is not None])
+    used = {"attn_impl": s["attn_impl"], "micro_batches": s["micro_batches"], "checkpoint": bool(s["checkpoint"]),
+            "compile": bool(s["compile"]), "fp8": bool(s["fp8"]), "autocast": str(s["autocast"]),
+            "adamw": str(sorted(dict(s["adamw"]).items()))}
+    return used, torch.tensor(loss), grads
+
+
+def _cases() -> list[Case]:
+    return [Case("the baseline (no technique), 4 micro-batches", (frozenset(), 4)),
+            Case("bf16 + SDPA", (frozenset({"bf16", "sdpa"}), 4)),
+            Case("fused AdamW alone, 2 micro-batches", (frozenset({"fused_adamw"}), 2)),
+            Case("everything a CPU runs, with checkpointing", (frozenset({"bf16", "sdpa", "fused_adamw", "data_path",
+                                                                          "checkpoint"}), 4)),
+            Case("compile on (not run here: only the flag is compared)", (frozenset({"compile", "sdpa"}), 4))]
+
+
+def _checkpoint_keeps_micro_batches(techniques, micro_batches):
+    """Planted wrong: checkpointing without spending the freed memory on a larger micro-batch."""
+    return {**stack.settings(techniques, micro_batches), "micro_batches": micro_batches}
+
+
+def _fused_always(techniques, micro_batches):
+    """Planted wrong: the baseline's AdamW fused too (the baseline is torch's for-loop AdamW)."""
+    return {**stack.settings(techniques, micro_batches), "adamw": {"fused": True}}
+
+
+def _sdpa_always(techniques, micro_batches):
+    """Planted wrong: SDPA from the start (the baseline's attention materialises the scores)."""
+    return {**stack.settings(techniques, micro_batches), "attn_impl": "sdpa"}
+
+
+register(
+    "14.settings", "code",
+    prompt="write rung_settings(techniques, micro_batches) -> dict: what a rung's techniques set on the baseline's "
+           "training step (attn_impl, adamw, autocast, fp8, checkpoint, compile, micro_batches)",
+    hint="start from the baseline (naive attention, AdamW with foreach=False, no autocast, micro_batches as given) "
+         "and let each technique change its one field; checkpointing runs the whole batch at once",
+    solution=stack.settings,
+    wrong=(_checkpoint_keeps_micro_batches, _fused_always, _sdpa_always),
+    cases=_cases, run=_one_step, rtol=0.0, atol=0.0,
+    tolerance="exact: the same settings build the same step, so the loss and every gradient are bitwise equal on a CPU",
+    outputs=("the settings", "the step's loss", "the gradients"),
+)

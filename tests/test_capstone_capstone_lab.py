@@ -1,0 +1,75 @@
+"""Notebook 14's measurements: the ladder's bookkeeping, and sentences that rank only what the spread allows."""
+import matplotlib
+import pytest
+import torch
+
+from helpers.capstone import capstone_lab, stack
+from helpers.gpt.model import GPTConfig
+from helpers.measure import protocol
+from helpers.measure.bench import Timing
+
+matplotlib.use("Agg")
+CFG = GPTConfig(n_layer=2, n_head=2, d_model=32, d_ff=64, vocab_size=64, seq_len=16)
+
+
+def _t(median, spread=0.02):
+    return Timing(median, median * (1 - spread), median * (1 + spread), [median] * 5)
+
+
+def _row(name, timing, prev=None, base=None, gap=0.0, precision="fp32"):
+    return {"rung": name, "title": stack.TITLES.get(name, "baseline"), "timing": timing, "tokens_per_s": 1000 / timing.median,
+            "loss": 4.0, "loss_gap": gap, "precision": precision, "within": abs(gap) <= capstone_lab.TOLERANCE[precision],
+            "steady": True, "gain": None if prev is None else protocol.ratio(prev, timing),
+            "cumulative": protocol.ratio(base or timing, timing), "mfu": None, "peak_bytes": None}
+
+
+def test_a_rung_sentence_ranks_only_separated_step_times():
+    base = _t(1.0)
+    assert "1.43x (IQR-bounded" in capstone_lab.rung_sentence(_row("sdpa", _t(0.7), base, base)) and \
+        "faster than the rung before" in capstone_lab.rung_sentence(_row("sdpa", _t(0.7), base, base))
+    noisy = capstone_lab.rung_sentence(_row("sdpa", _t(0.95, 0.3), base, base))
+    assert "within the noise" in noisy and "faster" not in noisy
+    slower = capstone_lab.rung_sentence(_row("fused_adamw", _t(1.5), base, base))
+    assert "slower than the rung before" in slower
+    assert "OUTSIDE the 2e-02 allowed for bf16" in capstone_lab.rung_sentence(
+        _row("bf16", _t(0.5), base, base, gap=0.05, precision="bf16"))
+
+
+def test_the_multiply_sentence_tells_apart_only_ranges_that_do_not_overlap():
+    base = _t(1.0)
+    table = [_row("baseline", base, base=base), _row("sdpa", _t(0.5), base, base), _row("checkpoint", _t(0.25), _t(0.5), base)]
+    mult = [{"technique": "sdpa", "alone": protocol.ratio(base, _t(0.5))},
+            {"technique": "checkpoint", "alone": protocol.ratio(base, _t(0.5))}]
+    assert "cannot tell" in capstone_lab.multiply_sentence(mult, table)  # 2 x 2 = 4 = the stack's 4
+    mult[1]["alone"] = protocol.ratio(base, _t(0.9))  # 2 x 1.1 = 2.2 < 4
+    assert "the stack gave more than the product" in capstone_lab.multiply_sentence(mult, table)
+    mult[1]["alone"] = protocol.ratio(base, _t(0.1))  # 2 x 10 = 20 > 4
+    assert "the gains did not multiply" in capstone_lab.multiply_sentence(mult, table)
+
+
+def test_the_ladder_runs_every_rung_on_the_same_batches_and_times_after_the_warm_up():
+    g = torch.Generator().manual_seed(0)
+    data = [(torch.randint(0, 64, (4, 16), generator=g), torch.randint(0, 64, (4, 16), generator=g)) for _ in range(5)]
+    rungs = [stack.Rung("baseline", frozenset()), stack.Rung("sdpa", frozenset({"sdpa"}))]
+    res = capstone_lab.run_ladder(CFG, rungs, data, "cpu", micro_batches=2, lr=1e-3, warmup=2)
+    assert all(len(r["times"]) == 5 and len(r["timing"].samples) == 3 for r in res.values())
+    assert res["sdpa"]["losses"] == pytest.approx(res["baseline"]["losses"], rel=1e-5)
+    rows = capstone_lab.rows(CFG, rungs, res, 4, 16, {"fp32": 1e12, "bf16": None})
+    assert rows[0]["gain"] is None and rows[1]["within"] and 0 < rows[0]["mfu"] < 1
+    assert rows[1]["cumulative"].value == pytest.approx(capstone_lab.product_of_gains(rows))
+    fig = capstone_lab.waterfall(rows)
+    assert len(fig.axes[0].patches) == 2
+
+
+def test_the_panel_trains_the_ticked_stack_beside_the_baseline_and_leaves_out_what_cannot_run(capsys):
+    g = torch.Generator().manual_seed(0)
+    data = [(torch.randint(0, 64, (4, 16), generator=g), torch.randint(0, 64, (4, 16), generator=g)) for _ in range(4)]
+    update = capstone_lab.stack_panel(CFG, data, "cpu", micro_batches=2, lr=1e-3, warmup=1)
+    out = update(sdpa=True, fp8=True, bf16=False)
+    text = capsys.readouterr().out
+    assert "fp8: left out." in text and "your stack (sdpa):" in text and set(out) == {"baseline", "stack"}
+
+
+def test_compile_is_left_out_with_its_reason_when_asked():
+    rungs, left = capstone_lab.rungs_for("cpu", compile=False)
+    assert "compile" not in [r.name for r in rungs] and "COMPILE=False" in left["compile"]
