@@ -187,6 +187,7 @@ def test_speed_grid_rows_are_consistent(models):
         assert 0 <= r["alpha"] <= 1 and r["speedup_q25"] <= r["speedup"] <= r["speedup_q75"]
         assert 1 <= r["tokens_per_pass"] <= 3 and r["expected"] == pytest.approx(speculative.expected_tokens(r["alpha"], 2))
         assert r["predicted"] == pytest.approx(speculative.predicted_speedup(r["alpha"], 2, r["c"]))
+        assert r["c_q25"] <= r["c"] <= r["c_q75"]
         assert r["proposal_rate"] == (1.0 if r["draft"] == "gpt" else r["proposal_rate"]) and len(r["runs"]) == 2
     (row,) = L.greedy_rows(target, {"gpt": draft}, PROMPT, 12, [2])
     assert row[:4] == ["gpt", 2, 12, 12] and row[5] is None  # identical, so no tie gap

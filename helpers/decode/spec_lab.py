@@ -5,11 +5,15 @@
 * `model_pq(target, draft, prompt, k)`: a small "known" p and q taken from the two models themselves.
 * `rule_check(p, q, draws, seed, threshold)`: the exact and the wrong rule sampled, each chi-square tested.
 * `greedy_rows(target, drafts, prompt, n, gammas)`: greedy speculative output against the target's greedy.
-* `decode_costs(target, draft, prompt, gammas, reps, device)`: ms per token of each model, the cost ratio c,
-  and the target's verification pass of γ + 1 tokens relative to one decode step.
+* `decode_costs(target, draft, prompt, gammas, reps, device)`: one decode step of each model and the target's
+  verification pass of γ + 1 tokens, timed by the protocol; c and the verification cost as `paired_ratio`s.
 * `speed_grid(...)`: every (draft, γ, temperature) timed round-robin beside plain decoding, with α, tokens per
   pass, measured and predicted speedup; `position_rows` bins acceptance by window index and by position.
-* Figures: `exactness_figure`, `speedup_figure`, `panel_figure`.
+* A bandwidth-bound target: `weight_bytes`, `alpha_estimate` (α with its standard error), `formula_rows` (the
+  formula's speedup per γ from measured α, c and v, with a range), `bound_sentence`, `prediction_sentence`.
+* Sentences that rank only what the spread separates: `best_sentence`, `alpha_sentence`, `against_plain`.
+* The ledger: `CLAIMS` (Leviathan et al., 2023; Chen et al., 2023), `judge_range`, `claim_rows`.
+* Figures: `exactness_figure`, `speedup_figure`, `prediction_figure`, `panel_figure`.
 """
 from __future__ import annotations
 
@@ -22,7 +26,7 @@ import torch
 from helpers.decode import speculative
 from helpers.gpt.generation import KVCache, Sampler, generate, prefill, rewound_step
 from helpers.gpt.model import GPT, PRESETS, GPTConfig
-from helpers.measure import bench, params
+from helpers.measure import bench, claims, params, protocol
 from helpers.show import plots
 
 
@@ -57,14 +61,18 @@ def check_fraction(name: str, value) -> float:
     return float(value)
 
 
-def resolve_parameters(S: params.Setup, *, TARGET, DRAFT_LAYERS, DRAFT_WIDTH, NGRAM, PROMPT_LEN, NEW_TOKENS, GAMMAS,
-                       TEMPERATURES, ROUNDS, DRAWS, THRESHOLD, REPS) -> dict:
+def resolve_parameters(S: params.Setup, *, TARGET, BW_TARGET, DRAFT_LAYERS, DRAFT_WIDTH, NGRAM, PROMPT_LEN,
+                       NEW_TOKENS, GAMMAS, TEMPERATURES, ROUNDS, DRAWS, THRESHOLD, REPS) -> dict:
     """Notebook 11's parameters, validated at once and with the profile's defaults filled in: {name: value}
+    (BW_TARGET: the preset, untrained, whose decode step and verification pass are timed for the formula's
+    prediction on a bandwidth-bound target)
     (TEMPERATURES sorted and distinct). Raises ValueError naming the first bad parameter: an odd DRAFT_WIDTH
     (the draft has 2 heads), or PROMPT_LEN + NEW_TOKENS + max(GAMMAS) + 1 beyond TARGET's seq_len (the last
     verification pass scores max(GAMMAS) + 1 tokens after everything generated)."""
     R = S.resolve
     out = {"TARGET": R("TARGET", TARGET, smoke="tiny", full="small10m", check=lambda n, v: params.choose(n, v, PRESETS)),
+           "BW_TARGET": R("BW_TARGET", BW_TARGET, smoke="small10m", full="small10m",
+                          check=lambda n, v: params.choose(n, v, PRESETS)),
            "DRAFT_LAYERS": R("DRAFT_LAYERS", DRAFT_LAYERS, smoke=1, full=1, check=params.positive),
            "DRAFT_WIDTH": R("DRAFT_WIDTH", DRAFT_WIDTH, smoke=64, full=128, check=params.positive),
            "NGRAM": R("NGRAM", NGRAM, smoke=3, full=3, check=params.positive),
@@ -73,10 +81,10 @@ def resolve_parameters(S: params.Setup, *, TARGET, DRAFT_LAYERS, DRAFT_WIDTH, NG
            "GAMMAS": R("GAMMAS", GAMMAS, smoke=[1, 2, 4], full=[1, 2, 3, 4, 6, 8], check=check_gammas),
            "TEMPERATURES": R("TEMPERATURES", TEMPERATURES, smoke=[0.0, 0.5, 1.0], full=[0.0, 0.5, 1.0],
                              check=check_temperatures),
-           "ROUNDS": R("ROUNDS", ROUNDS, smoke=3, full=5, check=params.positive),
+           "ROUNDS": R("ROUNDS", ROUNDS, smoke=15, full=7, check=params.positive),
            "DRAWS": R("DRAWS", DRAWS, smoke=100_000, full=1_000_000, check=params.positive),
            "THRESHOLD": R("THRESHOLD", THRESHOLD, smoke=0.001, full=0.001, check=check_fraction),
-           "REPS": R("REPS", REPS, smoke=10, full=30, check=params.positive)}
+           "REPS": R("REPS", REPS, smoke=30, full=40, check=params.positive)}
     if out["DRAFT_WIDTH"] % 2:
         raise ValueError(f"DRAFT_WIDTH={out['DRAFT_WIDTH']} must be even (the draft has 2 heads)")
     longest = out["PROMPT_LEN"] + out["NEW_TOKENS"] + max(out["GAMMAS"]) + 1
@@ -155,16 +163,35 @@ def _step_fn(model: GPT, prompt: torch.Tensor, T: int):
     return rewound_step(model, cache, x)
 
 
-def decode_costs(target: GPT, draft: GPT, prompt: torch.Tensor, gammas: list[int], *, reps: int = 10,
-                 device: str = "cpu") -> dict:
-    """Median ms of one decode step of the target and the draft, c = draft / target, and for each γ the target's
-    verification pass of γ + 1 tokens in units of one decode step (`verify[γ]`), timed round-robin
-    (helpers.measure.bench.benchmark_interleaved). Also the IQRs ({name: Timing} in "timings")."""
+def paired_ratio(num: bench.Timing, den: bench.Timing) -> protocol.Ratio:
+    """num / den from timings taken in the same interleaved rounds (sample i of each from round i): the median of
+    the per-round ratios, with their quartiles as lo and hi. Pairing cancels what a round's load does to both
+    calls alike, so the range is the ratio's own noise; separated: the range excludes 1. Raises ValueError for
+    timings with different sample counts or none."""
+    if not num.samples or len(num.samples) != len(den.samples):
+        raise ValueError(f"paired timings need the same rounds: {len(num.samples)} and {len(den.samples)} samples")
+    med, q25, q75 = bench.quartiles([a / b for a, b in zip(num.samples, den.samples)])
+    return protocol.Ratio(med, q25, q75, not q25 <= 1 <= q75)
+
+
+def decode_costs(target: GPT, draft: GPT, prompt: torch.Tensor, gammas: list[int], *, reps: int = 30,
+                 min_reps: int = 5, device: str = "cpu", budget_s: float = 6.0) -> dict:
+    """One decode step of the target and of the draft (one token against a cache holding `prompt`) and, for each
+    γ, the target's verification pass of γ + 1 tokens, timed by the course protocol (helpers.measure.protocol:
+    warmed up until steady, interleaved rounds: at least `min_reps` (paired ratios need rounds, not only separated
+    medians), at most `reps` rounds or `budget_s` seconds).
+
+    Returns target_ms, draft_ms (medians), c_ratio (draft / target, `paired_ratio`: median and IQR of the
+    per-round ratios) and c (its median), verify_ratio {γ: verification / target step, paired} and verify
+    {γ: its median}, timings {name: Timing} and the protocol's comparison."""
     fns = {"target": _step_fn(target, prompt, 1), "draft": _step_fn(draft, prompt, 1)}
     fns.update({f"verify{g}": _step_fn(target, prompt, g + 1) for g in gammas})
-    t = bench.benchmark_interleaved(fns, reps=reps, warmup=2, device=device)
-    return {"target_ms": t["target"].ms, "draft_ms": t["draft"].ms, "c": t["draft"].median / t["target"].median,
-            "verify": {g: t[f"verify{g}"].median / t["target"].median for g in gammas}, "timings": t}
+    cmp = protocol.compare(fns, device=device, min_reps=min(min_reps, reps), max_reps=reps, budget_s=budget_s)
+    t = cmp.timings
+    c = paired_ratio(t["draft"], t["target"])
+    verify = {g: paired_ratio(t[f"verify{g}"], t["target"]) for g in gammas}
+    return {"target_ms": t["target"].ms, "draft_ms": t["draft"].ms, "c": c.value, "c_ratio": c,
+            "verify": {g: v.value for g, v in verify.items()}, "verify_ratio": verify, "timings": t, "comparison": cmp}
 
 
 def _ngram_cost(prompt: torch.Tensor, n: int, gamma: int, target_ms: float, reps: int = 20) -> float:
@@ -193,7 +220,8 @@ def speed_grid(target: GPT, drafts: dict, prompt_list: list[torch.Tensor], n: in
     (draft tokens proposed / γ per target pass: 1 for a model, less for prompt lookup), tokens_per_pass, expected
     (the formula's tokens per pass), speedup (median over rounds of plain time / speculative time) with its IQR,
     c (a GPT draft's plain decoding time over the target's, median over every round and temperature; for prompt
-    lookup its lookup time per drafted token over a target step), predicted (the formula), predicted_verify (the
+    lookup its lookup time per drafted token over a target step) with c_q25, c_q75 (its IQR; c itself for prompt
+    lookup), predicted (the formula), predicted_verify (the
     formula with the verification cost `costs["verify"]` from decode_costs instead of one step), plain and
     speculative ms per token, model_ms_per_token (the passes it ran, priced at plain decoding's ms per token of
     each model) and other_ms_per_token (the rest: the rule, rollbacks, extra Python); plus the SpecResults ("runs").
@@ -236,8 +264,9 @@ def speed_grid(target: GPT, drafts: dict, prompt_list: list[torch.Tensor], n: in
             plain_s[T].append((before + after) / 2)  # one slow baseline moves this round's ratios half as much
             drift_s[T].append(abs(before - after) / (before + after) * 2)
     plain_ms = 1e3 * statistics.median(x for T in temperatures for x in plain_s[T]) / n
-    c_of = {name: statistics.median(a / p for T in temperatures for a, p in zip(alone_s[(name, T)], plain_s[T]))
-            for name in models}
+    c_q = {name: bench.quartiles([a / p for T in temperatures for a, p in zip(alone_s[(name, T)], plain_s[T])])
+           for name in models}
+    c_of = {name: q[0] for name, q in c_q.items()}
     rows = []
     for (name, g, T) in configs:
         res = runs[(name, g, T)]
@@ -255,7 +284,8 @@ def speed_grid(target: GPT, drafts: dict, prompt_list: list[torch.Tensor], n: in
                      "proposal_rate": proposed / (g * passes), "tokens_per_pass": tokens / passes,
                      "expected": speculative.expected_tokens(a, g), "speedup": med, "speedup_q25": q25,
                      "speedup_q75": q75,
-                     "c": c, "predicted": speculative.predicted_speedup(a, g, c),
+                     "c": c, "c_q25": c_q[name][1] if name in c_q else c, "c_q75": c_q[name][2] if name in c_q else c,
+                     "predicted": speculative.predicted_speedup(a, g, c),
                      "predicted_verify": speculative.expected_tokens(a, g) / (g * c + v),
                      "plain_ms_per_token": 1e3 * statistics.median(plain_s[T]) / n, "spec_ms_per_token": spec_ms,
                      "model_ms_per_token": model_ms, "other_ms_per_token": spec_ms - model_ms,
@@ -355,7 +385,7 @@ def outside(row: dict) -> str:
 
 
 def lookup_sentence(rows: list[dict]) -> str:
-    """The takeaway on prompt lookup: its fastest configuration among those whose speedup is not flagged as noise
+    """The takeaway on prompt lookup: its highest-median configuration among those whose speedup is not flagged as noise
     (measured above what its passes allow), or a sentence that none is; plus how many rows were flagged."""
     ng = [r for r in rows if r["draft"] == "prompt-lookup"]
     ok = [r for r in ng if not r["noise"]]
@@ -365,11 +395,183 @@ def lookup_sentence(rows: list[dict]) -> str:
     if not ok:
         return f"- Prompt lookup needs no second model; it pays only where the text repeats{note}."
     b = max(ok, key=lambda r: r["speedup"])
-    return (f"- Prompt lookup needs no second model; it pays only where the text repeats: its fastest row (γ={b['gamma']}, "
+    return (f"- Prompt lookup needs no second model; it pays only where the text repeats: its highest-median row (γ={b['gamma']}, "
             f"T={b['temperature']:g}) proposed {b['proposal_rate']:.0%} of its slots, for {b['tokens_per_pass']:.2f} tokens "
             f"per pass (so at most {b['ceiling']:.2f}x) and {b['speedup']:.2f}x measured (IQR {b['speedup_q25']:.2f}-"
             f"{b['speedup_q75']:.2f})" + (", at its ceiling, so part of it is likely timing noise"
                                           if b["speedup"] >= 0.95 * b["ceiling"] else "") + f"{note}.")
+
+
+# ---------------------------------------------------------------- a bandwidth-bound target, and the ledger
+
+
+def alpha_estimate(runs: list) -> tuple[float, float, int]:
+    """(mean, standard error, count) of Σ min(p, q) over every verified position of the SpecResults `runs`
+    (nan, nan, 0 when none was verified; standard error 0 for a single position)."""
+    betas = [b for x in runs for b in x.betas]
+    if not betas:
+        return float("nan"), float("nan"), 0
+    se = statistics.stdev(betas) / math.sqrt(len(betas)) if len(betas) > 1 else 0.0
+    return min(statistics.fmean(betas), 1.0), se, len(betas)
+
+
+def alpha_sentence(estimates: dict, low: float, high: float) -> str:
+    """How α moved between two temperatures, from `alpha_estimate`s {temperature: (mean, se, count)}: 'rises' or
+    'falls' only when the difference exceeds twice its standard error (sqrt(se_low² + se_high²)), else that the
+    two are within sampling noise of each other."""
+    (a0, s0, n0), (a1, s1, n1) = estimates[low], estimates[high]
+    both = f"α is {a0:.2f} ± {s0:.2f} at T={low:g} ({n0} positions) and {a1:.2f} ± {s1:.2f} at T={high:g} ({n1})"
+    if abs(a1 - a0) > 2 * math.hypot(s0, s1):
+        return both + (": it rises with temperature" if a1 > a0 else ": it falls with temperature") + \
+            " (the difference is more than twice its standard error)"
+    return both + ": within twice the standard error of each other, so this run cannot say which way temperature moves it"
+
+
+def bound_sentence(gbps: float, ceiling: float, preset: str, share: float = 0.3) -> str:
+    """Whether a decode step that reads its weights at `gbps` is bound by reading them: at least `share` of the copy
+    ceiling (GB/s) says so; below it, per-call overhead sets the step, and the c measured on it is not a large
+    target's."""
+    if gbps >= share * ceiling:
+        return (f"the {preset} step streams its weights at {gbps / ceiling:.0%} of the copy ceiling: reading weights, "
+                "not per-call overhead, sets its cost")
+    return (f"the {preset} step streams its weights at only {gbps / ceiling:.0%} of the copy ceiling: here per-call "
+            "overhead, not reading weights, sets its cost, so this c is not what a large target would see")
+
+
+def weight_bytes(model: GPT) -> int:
+    """Bytes of the model's parameters: what one decode step reads from memory at least once."""
+    return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+def formula_rows(alpha: float, alpha_se: float, gammas: list[int], c: protocol.Ratio,
+                 verify: dict[int, protocol.Ratio]) -> list[dict]:
+    """The formula's speedup per γ from a measured α (with its standard error) and the measured cost ratios.
+
+    c: one draft step over one target step; verify[γ]: the target's pass over γ + 1 tokens over one step (both
+    `protocol.Ratio`, with IQR bounds). One dict per γ: gamma, alpha, c, v (medians), tokens = (1 − α^{γ+1}) /
+    (1 − α), predicted = tokens / (γc + 1) (Leviathan et al., 2023, Theorem 3.8, which takes v = 1),
+    predicted_verify = tokens / (γc + v), and its range lo = tokens(α − se) / (γ c.hi + v.hi),
+    hi = tokens(α + se) / (γ c.lo + v.lo). Raises ValueError for α outside [0, 1] or a negative se."""
+    if not 0 <= alpha <= 1:
+        raise ValueError(f"alpha={alpha!r} must be in [0, 1]")
+    if not alpha_se >= 0:
+        raise ValueError(f"alpha_se={alpha_se!r} must be >= 0")
+    a_lo, a_hi = max(alpha - alpha_se, 0.0), min(alpha + alpha_se, 1.0)
+    rows = []
+    for g in gammas:
+        v = verify[g]
+        tokens = speculative.expected_tokens(alpha, g)
+        rows.append({"gamma": g, "alpha": alpha, "c": c.value, "v": v.value, "tokens": tokens,
+                     "predicted": speculative.predicted_speedup(alpha, g, c.value),
+                     "predicted_verify": tokens / (g * c.value + v.value),
+                     "lo": speculative.expected_tokens(a_lo, g) / (g * c.hi + v.hi),
+                     "hi": speculative.expected_tokens(a_hi, g) / (g * c.lo + v.lo)})
+    return rows
+
+
+def against_plain(lo: float, hi: float) -> str:
+    """How a speedup's range [lo, hi] sits against plain decoding (1x): 'faster than', 'slower than' or
+    'within the noise of' (a range that holds 1 cannot rank the two)."""
+    return "faster than" if lo > 1 else "slower than" if hi < 1 else "within the noise of"
+
+
+def prediction_sentence(rows: list[dict], target: str, step_ms: str) -> str:
+    """The formula's verdict on a bandwidth-bound target from `formula_rows`: the γ with the largest prediction,
+    its range, how it sits against plain decoding, and whether it is separated from the next-best γ (ranges
+    disjoint); step_ms: the target step's timing as text."""
+    order = sorted(rows, key=lambda r: r["predicted_verify"], reverse=True)
+    b = order[0]
+    head = (f"on a {target} target (one step {step_ms}), the formula with this run's α = {b['alpha']:.2f}, c = "
+            f"{b['c']:.3f} and a {b['gamma'] + 1}-token verification costing {b['v']:.2f} steps predicts "
+            f"{b['predicted_verify']:.2f}x at γ={b['gamma']} (range {b['lo']:.2f}-{b['hi']:.2f}x): "
+            f"{against_plain(b['lo'], b['hi'])} plain decoding")
+    if len(order) == 1:
+        return head
+    r = order[1]
+    if b["lo"] > r["hi"]:
+        return head + f"; above γ={r['gamma']}'s range ({r['lo']:.2f}-{r['hi']:.2f}x), the next best"
+    return (head + f"; γ={r['gamma']} ({r['predicted_verify']:.2f}x, range {r['lo']:.2f}-{r['hi']:.2f}x) overlaps it, "
+            "so this run cannot rank those γs")
+
+
+def best_sentence(rows: list[dict], temperature: float) -> tuple[dict, str]:
+    """(row, sentence) for the grid rows of one draft at one temperature: the row with the highest median speedup
+    among those not flagged as noise, how its IQR sits against plain decoding (1x), and whether its IQR lies
+    above the runner-up's; overlapping IQRs are said not to rank."""
+    order = sorted(rows, key=lambda r: (not r["noise"], r["speedup"]), reverse=True)
+    b = order[0]
+    text = (f"at T={temperature:g} the highest median speedup was γ={b['gamma']}'s, {b['speedup']:.2f}x (IQR "
+            f"{b['speedup_q25']:.2f}-{b['speedup_q75']:.2f}; formula {b['predicted']:.2f}x"
+            + (", above what its passes allow: timing noise, not a result" if b["noise"] else "")
+            + f"), {against_plain(b['speedup_q25'], b['speedup_q75'])} plain decoding")
+    if len(order) > 1:
+        r = order[1]
+        text += (f"; above γ={r['gamma']}'s IQR ({r['speedup_q25']:.2f}-{r['speedup_q75']:.2f})"
+                 if b["speedup_q25"] > r["speedup_q75"] else
+                 f"; its IQR overlaps γ={r['gamma']}'s ({r['speedup_q25']:.2f}-{r['speedup_q75']:.2f}), so this run "
+                 "cannot rank those γs")
+    return b, text
+
+
+# (id, claimed range, which decoding, claim, source)
+CLAIMS = (
+    ("speculative-decoding-t5-xxl", 2.0, 3.0, "greedy",
+     "speculative decoding runs 2-3x faster than standard decoding, with identical outputs (T5-XXL)",
+     "Leviathan et al., 2023, Fast Inference from Transformers via Speculative Decoding, abstract (T5-XXL, TPU-v4)"),
+    ("speculative-sampling-chinchilla", 2.0, 2.5, "sampled",
+     "speculative sampling decodes 2-2.5x faster than sampling from the target alone (Chinchilla 70B, distributed)",
+     "Chen et al., 2023, Accelerating Large Language Model Decoding with Speculative Sampling, abstract "
+     "(Chinchilla 70B, TPU-v4)"),
+)
+
+
+def judge_range(value: float, lo: float, hi: float, claim_lo: float, claim_hi: float | None) -> tuple[str, str]:
+    """(verdict, reason) on a claim of claim_lo-claim_hi for a value known only to lie in [lo, hi] (its IQR or
+    range): claims.judge's verdict when lo and hi get the same one (the whole range is below, within or above the
+    claim), else "not testable", with the reason that the range spans a bound of the claim (this run's noise
+    cannot decide it). Raises ValueError when value lies outside [lo, hi]."""
+    if not lo <= value <= hi:
+        raise ValueError(f"value={value!r} lies outside its range {lo!r}-{hi!r}")
+    low, high = claims.judge(lo, claim_lo, claim_hi), claims.judge(hi, claim_lo, claim_hi)
+    if low == high:
+        return low, ""
+    bound = claim_lo if low == "contradicted" else claim_hi
+    return "not testable", (f"the range {lo:.2f}-{hi:.2f}x around {value:.2f}x spans the claim's bound of {bound:g}x, "
+                            "so this run's noise cannot decide it")
+
+
+def claim_rows(evidence: dict, *, basis: str, identical: str) -> list[dict]:
+    """The keyword arguments of `claims.verdict` (notebook "11") for the two speedup claims in CLAIMS.
+
+    evidence: {"greedy": e, "sampled": e}, e None (not testable: no such temperature in this run) or a dict
+    with value (the speedup), lo, hi (its range), gamma, temperature, and, for basis "formula", alpha, c, v,
+    target. basis: "measured" (e from the timed grid) or "formula" (e from `formula_rows`). identical: the greedy
+    identity check's result in words. The verdict is `judge_range` of e's range against the claimed one."""
+    out = []
+    for cid, lo, hi, kind, claim, source in CLAIMS:
+        e = evidence.get(kind)
+        row = {"notebook": "11", "claim": claim, "source": source, "unit": "x", "basis": basis}
+        if e is None:
+            out.append({**row, "claim_id": cid, "measured": f"no {kind} run in this configuration",
+                        "verdict": "not testable", "reason": f"TEMPERATURES holds no {kind} temperature "
+                        + ("(T > 0)" if kind == "sampled" else "(T = 0)"), "value": None})
+            continue
+        if basis == "formula":
+            text = (f"formula (1 − α^(γ+1))/((1 − α)(γc + v)) at γ={e['gamma']}: {e['value']:.2f}x (range "
+                    f"{e['lo']:.2f}-{e['hi']:.2f}x), α = {e['alpha']:.2f} measured on the trained pair at "
+                    f"T={e['temperature']:g}, c = {e['c']:.3f} and v = {e['v']:.2f} timed on a {e['target']} target")
+            reason = ("a formula's prediction: no trained bandwidth-bound target fits this run, so no speedup was "
+                      "timed on one")
+        else:
+            text = (f"best measured speedup {e['value']:.2f}x (IQR {e['lo']:.2f}-{e['hi']:.2f}) at γ={e['gamma']}, "
+                    f"T={e['temperature']:g}")
+            reason = ""
+        if kind == "greedy":
+            text += f"; greedy output {identical}"
+        verdict, why = judge_range(e["value"], e["lo"], e["hi"], lo, hi)
+        out.append({**row, "claim_id": cid, "measured": text, "verdict": verdict,
+                    "reason": "; ".join(x for x in (why, reason) if x), "value": e["value"]})
+    return out
 
 
 # ---------------------------------------------------------------- figures
@@ -416,6 +618,27 @@ def speedup_figure(rows: list[dict], draft: str, title: str | None = None, highl
     ax.set_ylabel("speedup over plain decoding")
     ax.set_title(title or f"speedup against γ, draft: {draft}")
     ax.legend(fontsize=7, ncol=2)
+    return fig
+
+
+def prediction_figure(rows_by_t: dict, target: str, claimed: tuple[float, float] = (2.0, 3.0)):
+    """The formula's speedup against γ on a `target`-sized target, one colour per temperature: with the measured
+    verification cost (dots, bars: the range from `formula_rows`) and with v = 1 (dashed); the claimed range
+    (Leviathan et al., 2023) shaded, plain decoding at 1x. rows_by_t: {temperature: formula_rows(...)}."""
+    fig, ax = plots.figure(figsize=(7, 3.6))
+    ax.axhspan(*claimed, color="grey", alpha=0.15, label=f"claimed {claimed[0]:g}-{claimed[1]:g}x (Leviathan et al., 2023)")
+    for j, (T, rows) in enumerate(sorted(rows_by_t.items())):
+        gs = [r["gamma"] for r in rows]
+        ax.errorbar(gs, [r["predicted_verify"] for r in rows],
+                    yerr=[[r["predicted_verify"] - r["lo"] for r in rows], [r["hi"] - r["predicted_verify"] for r in rows]],
+                    fmt="o-", color=f"C{j}", capsize=3, label=f"formula, measured v, T={T:g}")
+        ax.plot(gs, [r["predicted"] for r in rows], "--", color=f"C{j}", label=f"formula, v = 1, T={T:g}")
+        ax.set_xticks(gs)
+    ax.axhline(1.0, color="grey", lw=0.8)
+    ax.set_xlabel("γ (draft tokens per round)")
+    ax.set_ylabel("predicted speedup")
+    ax.set_title(f"formula on a {target}-sized target (this run's α, c, v)")
+    ax.legend(fontsize=6, ncol=2, loc="lower right")
     return fig
 
 
