@@ -18,5 +18,6 @@ cache, prefill, the decode step and the sampler are `gpt`'s `generation`.
 `serving_lab`      notebook 10's serving sections: paged waste and decode speed, static against
                    continuous batching, the KV-memory panel, the verdict on paged waste
 `spec_lab`         notebook 11's measurements: greedy and chi-square exactness, step costs, the speed
-                   grid against the formula, acceptance by position, figures and sentences
+                   grid against the formula, acceptance by position, the formula's prediction on a
+                   bandwidth-bound target with the costs measured, the ledger's verdicts, figures and sentences
 """
