@@ -116,8 +116,8 @@ def two_ranks():
             "data": D.run_on_ranks(L.check_data_parallel, 2, 3)[0],
             "tensor": D.run_on_ranks(L.check_tensor_parallel, 2)[0],
             "memory": D.run_on_ranks(L.measure_memory, 2, dict(n_layer=2, n_head=4, d_model=64, d_ff=256, seq_len=16)),
-            "pipeline": D.run_on_ranks(L.measure_pipeline, 2, [1, 4], 2.0)[0],
-            "ddp timing": D.run_on_ranks(L.measure_ddp, 2, 64, 2, [4], 2, 0.01)[0]}
+            "pipeline": D.run_on_ranks(L.measure_pipeline, 2, [1, 4], 2.0, 2)[0],
+            "ddp timing": D.run_on_ranks(L.section_ddp, 2, 64, 2, [4], 2, 0.01, 3, 2.0, [1.0, 4.0])[0]}
 
 
 # ---------------------------------------------------------------- pure functions
@@ -260,27 +260,152 @@ def test_pipeline_holds_what_the_schedule_says(two_ranks):
     rows = {(r["kind"], r["micro"]): r for r in two_ranks["pipeline"]}
     assert rows[("gpipe", 4)]["peak_in_flight"] == [4, 4]
     assert rows[("1f1b", 4)]["peak_in_flight"] == [2, 1]
-    assert all(0 <= r["bubble"] < 1 for r in rows.values())
+    assert all(0 <= r["bubble"] < 1 and r["runs"] == 2 and len(r["bubbles"]) == 2 for r in rows.values())
+    # the schedule's own waiting can never be less than a stage's idle slots at the measured step times
+    for r in rows.values():
+        assert r["idle_ms"]["schedule"] >= 0.9 * 2 * (r["forward_ms"] + r["backward_ms"])
 
 
 def test_syncing_every_micro_step_sends_the_gradients_every_time(two_ranks):
-    t = two_ranks["ddp timing"]
+    t = two_ranks["ddp timing"]["ddp"]
     acc = t["accumulation"]
     assert acc["bytes every"] == acc["micro"] * acc["bytes no_sync"] == acc["micro"] * 4 * t["params"]
-    assert set(t[4]) == {"compute only", "after backward", "overlapped", "bucketed", "iqr"}
+    assert set(t[4]) == {"compute only", "after backward", "overlapped", "bucketed", "timings", "iqr"}
+    # the protocol on ranks: every variant the same number of rounds, at least reps and at most 3x reps
+    counts = {len(x.samples) for x in t[4]["timings"].values()}
+    assert len(counts) == 1 and 2 <= counts.pop() <= 6
+    assert t[4]["bucketed"] == t[4]["timings"]["bucketed"].median and len(t["copies"].samples) >= 2
     # 2 layers of a 64x64 weight (16 KiB, over the 0.01 MiB bucket) and a bias: a bucket per layer
     assert t["tensors"] == 4 and t["messages"] == {"after backward": 4, "overlapped": 4, "bucketed": 2}
 
 
-def test_bucketing_sentence_follows_the_numbers():
+def _timing(median, spread=0.02):
+    """A planted bench.Timing: five samples around `median`, quartiles +-spread/2."""
+    from helpers.measure import bench
+    xs = [median * (1 + spread * k / 4) for k in (-2, -1, 0, 1, 2)]
+    return bench.Timing(*bench.quartiles(xs), xs)
+
+
+def test_bucketing_sentence_ranks_only_separated_timings_and_weighs_the_measured_parts():
     base = {"messages": {"after backward": 8, "overlapped": 8, "bucketed": 4}, "bucket_mb": 1.0,
-            "largest tensor bytes": 4 * 2 ** 20}
-    slow = L.bucketing_sentence({**base, 4: {"overlapped": 0.10, "bucketed": 0.15}}, 4, 2e-4)
-    assert "slower" in slow and "from 8 (one per tensor) to 4" in slow and "already fills" in slow
+            "largest tensor bytes": 4 * 2 ** 20, "copies": _timing(0.040)}
+    row = lambda ov, bu, sp=0.02: {4: {"timings": {"overlapped": _timing(ov, sp), "bucketed": _timing(bu, sp)}}}  # noqa: E731
+    slow = L.bucketing_sentence({**base, **row(0.10, 0.15)}, 4, 2e-4)
+    assert "bucketed was slower, 1.50x the time" in slow and "from 8 (one per tensor) to 4" in slow
     assert "4 MiB weight already fills a 1 MiB bucket" in slow  # DDP's bucket_mb counts 2^20 bytes: MiB, not MB
-    fast = L.bucketing_sentence({**base, "largest tensor bytes": 1000, 4: {"overlapped": 0.15, "bucketed": 0.10}}, 4, 2e-4)
-    assert "1.50x the speed" in fast and "already fills" not in fast
-    assert "within 5%" in L.bucketing_sentence({**base, 4: {"overlapped": 0.1, "bucketed": 0.101}}, 4, 2e-4)
+    assert "80% of the 50.0 ms gap; they account for it" in slow  # copies 40 ms of a 50 ms gap
+    small = L.bucketing_sentence({**base, "copies": _timing(0.005), **row(0.10, 0.15)}, 4, 2e-4)
+    assert "10% of the 50.0 ms gap" in small and "not explained by this run" in small
+    noisy = L.bucketing_sentence({**base, **row(0.10, 0.15, sp=1.0)}, 4, 2e-4)
+    assert "cannot rank them" in noisy and "slower" not in noisy and "timed alone: 40.000 ms" in noisy
+    fast = L.bucketing_sentence({**base, "largest tensor bytes": 1000, **row(0.15, 0.10)}, 4, 2e-4)
+    assert "bucketed was faster, 1.50x" in fast and "already fills" not in fast
+    assert "2% of the 50.0 ms, the rest is not explained" in fast  # 4 saved messages x 0.2 ms of a 50 ms gain
+    medians_only = L.bucketing_sentence({**base, 4: {"overlapped": 0.1, "bucketed": 0.2}}, 4, 2e-4)
+    assert "cannot rank them" in medians_only
+
+
+# ---------------------------------------------------------------- DDP overlap with timed waits
+
+def test_overlap_prediction_hides_the_smaller_of_compute_and_comm():
+    assert P.overlap_prediction([1.0] * 4, [1.0] * 4) == {"sequential": 8.0, "overlapped": 5.0}
+    assert P.overlap_prediction([1.0] * 4, [2.0] * 4) == {"sequential": 12.0, "overlapped": 9.0}  # comm-bound
+    assert P.overlap_prediction([2.0] * 4, [0.5] * 4) == {"sequential": 10.0, "overlapped": 8.5}  # compute-bound
+    assert P.overlap_prediction([3.0, 1.0], [1.0, 4.0])["overlapped"] == 8.0  # 3 | max(4, 4) + 4
+    with pytest.raises(ValueError, match="one time per layer"):
+        P.overlap_prediction([1.0], [1.0, 2.0])
+    with pytest.raises(ValueError, match=">= 0"):
+        P.overlap_prediction([1.0], [-1.0])
+
+
+def test_overlap_runs_on_ranks_and_predicts_from_its_own_times(two_ranks):
+    rows = two_ranks["ddp timing"]["overlap"]
+    assert [r["comm_ms"] for r in rows] == [1.0, 4.0]
+    for r in rows:
+        c, k = r["measured compute s"], r["measured comm s"]
+        assert c >= 2e-3 and k >= r["comm_ms"] / 1e3  # a wait lasts at least its time
+        assert r["predicted"] == P.overlap_prediction([c] * 3, [k] * 3)
+        assert set(r["timings"]) == {"sequential", "overlapped"}
+
+
+def test_overlap_sentences_follow_the_numbers():
+    pred = P.overlap_prediction([0.01] * 4, [0.01] * 4)  # 80 ms vs 50 ms
+    row = {"layers": 4, "measured compute s": 0.01, "measured comm s": 0.01, "predicted": pred,
+           "timings": {"sequential": _timing(0.080), "overlapped": _timing(0.052)}}
+    s = L.overlap_sentences([row])[0]
+    assert "predicted 80.0 and 50.0 ms (both within 10%)" in s and "faster, the prediction says 1.60x" in s
+    off = L.overlap_sentences([{**row, "timings": {"sequential": _timing(0.080), "overlapped": _timing(0.078)}}])[0]
+    assert "off by +0% and +56%" in off
+    noisy = L.overlap_sentences([{**row, "timings": {"sequential": _timing(0.080, 1.0), "overlapped": _timing(0.052, 1.0)}}])[0]
+    assert "cannot rank" in noisy and "faster" not in noisy
+
+
+# ---------------------------------------------------------------- the pipeline bubble
+
+@pytest.mark.parametrize("kind", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("p,m", [(2, 1), (2, 8), (3, 5), (4, 8)])
+def test_replay_gives_the_formula_with_free_messages_and_more_with_delays(kind, p, m):
+    assert MP.replay_schedule(kind, p, m, 0.01, 0.02)["bubble"] == pytest.approx(MP.bubble_formula(p, m))
+    assert MP.replay_schedule(kind, p, m, 0.01, 0.02, delay_s=1e-3)["bubble"] > MP.bubble_formula(p, m)
+    r = MP.replay_schedule(kind, p, m, 0.01, 0.02, overhead_s=1e-3)
+    assert r["busy_s"] == [pytest.approx(m * 0.03)] * p and r["bubble"] > MP.bubble_formula(p, m)
+
+
+def test_replay_refuses_negative_times():
+    with pytest.raises(ValueError, match="delay_s=-1"):
+        MP.replay_schedule("gpipe", 2, 2, 0.01, 0.02, delay_s=-1)
+
+
+def _stage(t0, end, busy, wait=0.0, delivery=0.0, messages=0, peak=1):
+    return {"busy_s": busy, "t0": t0, "end": end, "forward_s": 0.01, "backward_s": 0.02, "schedule_wait_s": wait,
+            "delivery_s": delivery, "messages": messages, "peak_in_flight": peak}
+
+
+def test_pipeline_row_splits_the_idle_time_exactly():
+    # 2 stages, wall 0.10 s, busy 0.06 each: idle 0.08 = schedule 0.03 + 0.01 tail + delivery 0.02 + own 0.02
+    run = [_stage(0.0, 0.10, 0.06, wait=0.03, delivery=0.01, messages=2),
+           _stage(0.0, 0.09, 0.06, wait=0.0, delivery=0.01, messages=2)]
+    r = L.pipeline_row("gpipe", 2, 2, [run, run])
+    assert r["bubble"] == pytest.approx(0.4) and r["runs"] == 2
+    assert r["idle_ms"] == pytest.approx({"schedule": 40.0, "delivery": 20.0, "own": 20.0})
+    assert r["schedule_bubble"] == pytest.approx(0.04 / 0.16) and r["delay_ms"] == pytest.approx(5.0)
+    assert r["formula"] == pytest.approx(1 / 3)
+
+
+def _row(kind, bubble, formula=0.1, schedule=None, replay=None, spread=0.01, delivery=10.0):
+    return {"kind": kind, "micro": 8, "stages": 2, "bubble": bubble, "bubble_q25": bubble - spread,
+            "bubble_q75": bubble + spread, "formula": formula, "schedule_bubble": schedule or formula,
+            "schedule_bubble_q25": (schedule or formula) - 0.001, "schedule_bubble_q75": (schedule or formula) + 0.001,
+            "replay": replay if replay is not None else bubble, "replay_no_overhead": formula,
+            "idle_ms": {"schedule": 60.0, "delivery": delivery, "own": 5.0}, "forward_ms": 10.0, "backward_ms": 20.0,
+            "delay_ms": delivery / 16, "overhead_ms": 0.3, "runs": 5}
+
+
+def test_bubble_sentences_flip_with_the_numbers():
+    double = L.bubble_sentences([_row("gpipe", 0.2)])[0]
+    assert "2.00x the formula's 0.100" in double and "they account for it" in double
+    assert "the formula's (p-1)(F+B) per stage, over the 2 stages at the measured step times: 60.0 ms" in double
+    assert "no gap to explain" in L.bubble_sentences([_row("gpipe", 0.105)])[0]
+    assert "account for it" in L.bubble_sentences([_row("gpipe", 0.2, replay=0.16)])[0]  # 0.06 of a 0.1 gap
+    short = L.bubble_sentences([_row("gpipe", 0.2, replay=0.14)])[0]
+    assert "the rest of the gap is not explained by this run" in short
+    over = L.bubble_sentences([_row("gpipe", 0.2, replay=0.27)])[0]
+    assert "not all of them lay on the critical path" in over
+    same = L.bubble_sentences([_row("gpipe", 0.15), _row("1f1b", 0.152)])[2]
+    assert "within each other's spread" in same and "the same bubble" in same
+    apart = L.bubble_sentences([_row("gpipe", 0.2, delivery=30.0), _row("1f1b", 0.15)])[2]
+    assert "differ beyond their spread" in apart and "idled 20.0 ms longer (schedule +0.0 ms, delivery +20.0 ms" in apart
+    assert "this machine's costs" in apart
+    sched = {**_row("gpipe", 0.2), "idle_ms": {"schedule": 90.0, "delivery": 10.0, "own": 5.0}}
+    assert "does not explain the difference" in L.bubble_sentences([sched, _row("1f1b", 0.15)])[2]
+
+
+def test_bubble_verdict_judges_the_schedules_part_within_the_tolerance():
+    ok = L.bubble_verdict([_row("gpipe", 0.2, schedule=0.105), _row("1f1b", 0.15)])
+    assert ok["verdict"] == "supported" and ok["ratio"] == pytest.approx(1.05) and ok["raw_ratio"] == pytest.approx(2.0)
+    assert "judged within 15%" in ok["measured"]
+    bad = L.bubble_verdict([_row("gpipe", 0.2, schedule=0.2)])
+    assert bad["verdict"] == "contradicted"
 
 
 def test_tensor_results_come_back_after_their_ranks_exit():
@@ -498,6 +623,45 @@ def test_exercises_refuse_the_course_functions(capsys):
     assert "PASS" in capsys.readouterr().out
     check.exercise("13.bubble", 0.23)  # two digits are enough
     assert "PASS" in capsys.readouterr().out
+    for answer in (P.bucket_assignment, lambda nb, b: P.bucket_assignment(nb, b)):
+        check.exercise("13.bucket", answer)
+        out = capsys.readouterr().out
+        assert "FAIL" in out and "write it yourself" in out, out
+
+
+def test_bucket_exercise_accepts_the_reference_and_refuses_a_planted_wrong_bucketing(capsys):
+    from helpers.course import check
+    from helpers.course.exercises import nb13
+
+    def mine(nbytes, bucket_bytes):
+        out, cur, size = [], [], 0
+        for i, n in enumerate(nbytes):
+            cur.append(i)
+            size += n
+            if size >= bucket_bytes:
+                out, cur, size = out + [cur], [], 0
+        return out + [cur] if cur else out
+
+    check.exercise("13.bucket", mine)
+    assert "PASS  13.bucket: all 6 cases" in capsys.readouterr().out
+    check.exercise("13.bucket", lambda nbytes, b: [list(range(len(nbytes)))])  # everything in one bucket
+    out = capsys.readouterr().out
+    assert "FAIL" in out and "differ from the ones torch DDP builds" in out
+    check.exercise("13.bucket", nb13._bucket_close_late)
+    assert "FAIL" in capsys.readouterr().out
+    for case in nb13._bucket_cases():  # the reference is torch's rule
+        assert nb13._bucket_reference(*case.args) == nb13.torch_buckets(*case.args) == P.bucket_assignment(*case.args)
+
+
+def test_bucket_assignment_is_torch_ddps():
+    g = torch.Generator().manual_seed(0)
+    from helpers.course.exercises import nb13
+    for _ in range(20):
+        sizes = [4 * int(x) for x in torch.randint(1, 600, (int(torch.randint(1, 12, (1,), generator=g)),), generator=g)]
+        limit = 4 * int(torch.randint(1, 900, (1,), generator=g))
+        assert P.bucket_assignment(sizes, limit) == nb13.torch_buckets(sizes, limit)
+    with pytest.raises(ValueError, match="bucket_bytes=0"):
+        P.bucket_assignment([4], 0)
 
 
 def test_list_parameters_accept_papermill_strings():
@@ -518,3 +682,21 @@ def test_collectives_notes_follow_the_numbers():
     assert "likely pays Python overhead" in notes[2]
     calm = L.collectives_notes({**sw, "torch_iqr": [0.1, 0.2], "ring": [4.1e-4, 8e-3]}, 2, 2e-4, 6e-10)
     assert "steady enough" in calm[0] and "within 2x of its floor" in calm[2]
+
+
+def test_rank_paired_needs_the_round_by_round_ratio_on_one_side_of_1():
+    from helpers.measure import bench
+
+    def timing(xs):
+        return bench.Timing(*bench.quartiles(xs), xs)
+
+    fast, slow = timing([1.0, 1.1, 1.2, 1.3, 1.4]), timing([1.5, 1.6, 1.7, 1.8, 1.9])
+    s = L.rank_paired("A", fast, "B", slow)
+    assert s.startswith("A was") and "round by round B / A 1.42x" in s
+    assert L.paired_ratio(slow, fast) == bench.quartiles([1.5, 1.6 / 1.1, 1.7 / 1.2, 1.8 / 1.3, 1.9 / 1.4])
+    # separated IQRs, but in 4 of 9 rounds B was the faster: slow rounds, not a ranking
+    a, b = timing([3, 3, 1, 1, 1, 1, 1, 1, 1]), timing([1.5, 1.5, 0.5, 0.5, 1.5, 1.5, 1.5, 1.5, 1.5])
+    from helpers.measure import protocol
+    assert protocol.separated(a, b)
+    d = L.rank_paired("A", a, "B", b)
+    assert "cannot rank them" in d and "round by round" in d

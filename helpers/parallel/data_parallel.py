@@ -29,7 +29,9 @@ refuses with a sentence.
   reduce-scatters its weight gradient so each rank receives only its shard's.
 
 Helpers used by these and by the notebook's checks: `unique_params`, `broadcast_module`,
-`has_grad_on_any_rank`, `tensor_bytes`, and the ZeRO paper's formulas `zero_formula`, `zero_extra_comm`.
+`has_grad_on_any_rank`, `tensor_bytes`, `bucket_assignment` (DDP's buckets, torch's rule),
+`overlap_prediction` (a backward's step time with and without overlapped all-reduces), and the ZeRO
+paper's formulas `zero_formula`, `zero_extra_comm`.
 """
 from __future__ import annotations
 
@@ -108,6 +110,43 @@ def has_grad_on_any_rank(params: list[torch.Tensor]) -> list[bool]:
 _DDP_OF: "weakref.WeakValueDictionary[int, DDP]" = weakref.WeakValueDictionary()  # id(param) -> its DDP
 
 
+def bucket_assignment(nbytes: list[int], bucket_bytes: float) -> list[list[int]]:
+    """DDP's buckets: positions of `nbytes` (gradient sizes in bytes, in the order backward produces
+    them) grouped in order, each bucket closed as soon as its bytes reach `bucket_bytes`; the last one
+    may be smaller. The rule of torch's `_compute_bucket_assignment_by_size` for tensors of one dtype
+    and device with a single size limit. Raises ValueError for a bucket size that is not positive."""
+    if not bucket_bytes > 0:
+        raise ValueError(f"bucket_bytes={bucket_bytes!r} must be a positive number of bytes")
+    buckets, current, size = [], [], 0
+    for i, n in enumerate(nbytes):
+        current.append(i)
+        size += n
+        if size >= bucket_bytes:
+            buckets.append(current)
+            current, size = [], 0
+    if current:
+        buckets.append(current)
+    return buckets
+
+
+def overlap_prediction(compute_s: list[float], comm_s: list[float]) -> dict[str, float]:
+    """Step time of a backward whose layer k takes compute_s[k] and whose gradient all-reduce then takes
+    comm_s[k] (seconds, in backward order), on one communication channel: "sequential" (every
+    all-reduce after backward: sum of both) and "overlapped" (each all-reduce starts when its gradient
+    is ready and the previous all-reduce is done: c_k = max(ready_k, c_(k-1)) + comm_s[k], ready_k the
+    running sum of compute). Overlap hides min(compute, communication) at best. Raises ValueError for
+    lists of different lengths, empty ones or a negative time."""
+    if len(compute_s) != len(comm_s) or not compute_s:
+        raise ValueError(f"compute_s and comm_s need one time per layer each, got {len(compute_s)} and {len(comm_s)}")
+    if min(compute_s) < 0 or min(comm_s) < 0:
+        raise ValueError("times must be >= 0 seconds")
+    ready = done = 0.0
+    for c, k in zip(compute_s, comm_s):
+        ready += c
+        done = max(ready, done) + k
+    return {"sequential": sum(compute_s) + sum(comm_s), "overlapped": done}
+
+
 def _grad_nodes(output) -> set[int]:
     """ids of the leaf tensors (parameters) the autograd graph behind `output` reaches."""
     stack, seen, found = [], set(), set()
@@ -182,19 +221,12 @@ class DDP(nn.Module):
                                  "would average its gradient a second time; wrap each module once (wrap a "
                                  "copy.deepcopy of it for a second wrapper)")
         broadcast_module(module)
-        self.buckets: list[list[nn.Parameter]] = []
+        order = list(reversed(self.params))
         if bucket_mb is None:
-            self.buckets = [[p] for p in reversed(self.params)]
+            self.buckets: list[list[nn.Parameter]] = [[p] for p in order]
         else:
-            limit, current, size = bucket_mb * 2 ** 20, [], 0
-            for p in reversed(self.params):
-                current.append(p)
-                size += p.numel() * p.element_size()
-                if size >= limit:
-                    self.buckets.append(current)
-                    current, size = [], 0
-            if current:
-                self.buckets.append(current)
+            plan = bucket_assignment([p.numel() * p.element_size() for p in order], bucket_mb * 2 ** 20)
+            self.buckets = [[order[i] for i in b] for b in plan]
         self._bucket_of = {id(p): i for i, b in enumerate(self.buckets) for p in b}
         self._handles: dict[int, tuple] = {}
         self._sync = True

@@ -15,7 +15,8 @@ parameters, dropout) is refused with a sentence.
 Pipeline parallelism: `pipeline_schedule("gpipe"|"1f1b", p, m)` lists each stage's forward and
 backward micro-batch steps; `pipeline_step(stage, kind, micro, ...)` runs one training step of a real
 module split into stages by that schedule, activations and their gradients sent between ranks;
-`bubble_formula` is GPipe's idle share of a step, (p - 1)/(m + p - 1) (Huang et al., 2019).
+`bubble_formula` is GPipe's idle share of a step, (p - 1)/(m + p - 1) (Huang et al., 2019);
+`replay_schedule` replays a schedule as events with given step, message-delay and overhead times.
 """
 from __future__ import annotations
 
@@ -305,3 +306,48 @@ def pipeline_step(stage: nn.Module, kind: str, micro: int, inputs: torch.Tensor 
 def bubble_formula(stages: int, micro: int) -> float:
     """GPipe's idle share of a step: (p - 1) / (m + p - 1)."""
     return (stages - 1) / (micro + stages - 1)
+
+
+def replay_schedule(kind: str, stages: int, micro: int, forward_s: float, backward_s: float,
+                    delay_s: float = 0.0, overhead_s: float = 0.0) -> dict:
+    """The wall time and bubble of one step of `pipeline_schedule(kind, stages, micro)` replayed as events.
+
+    Every forward takes `forward_s`, every backward `backward_s` (seconds); a stage runs its steps in
+    order, and a step whose input comes from another stage (an activation from s-1, a gradient from
+    s+1) starts `delay_s` after both the message was sent and the stage was free to receive it (the
+    delivery, as `dist_lab.run_pipeline` measures it). With delay_s = 0 and equal stages the bubble is
+    exactly `bubble_formula(stages, micro)` for both schedules; a delay adds to every receive on the
+    step's critical path. `overhead_s`:
+    a stage's own time before each step that is not compute (Python, allocation, being descheduled):
+    it delays the stage but is not busy. Returns
+    {"wall_s", "busy_s" (per stage), "bubble" (1 - sum busy / (stages * wall))}. Raises ValueError for
+    a negative time (and what `pipeline_schedule` refuses).
+    """
+    for name, v in (("forward_s", forward_s), ("backward_s", backward_s), ("delay_s", delay_s),
+                    ("overhead_s", overhead_s)):
+        if not v >= 0:
+            raise ValueError(f"{name}={v!r} must be a number of seconds >= 0")
+    plan = pipeline_schedule(kind, stages, micro)
+    done: dict[tuple[str, int, int], float] = {}  # (op, micro-batch, stage) -> finish time
+    free, pos = [0.0] * stages, [0] * stages
+    while any(pos[s] < len(plan[s]) for s in range(stages)):
+        progressed = False
+        for s in range(stages):
+            while pos[s] < len(plan[s]):
+                op, i = plan[s][pos[s]]
+                if op == "F":
+                    dep = ("F", i, s - 1) if s > 0 else None
+                else:
+                    dep = ("B", i, s + 1) if s < stages - 1 else ("F", i, s)
+                if dep is not None and dep not in done:
+                    break
+                ready = 0.0 if dep is None else done[dep]
+                start = max(free[s] + overhead_s, ready) + (delay_s if dep is not None and dep[2] != s else 0.0)
+                free[s] = done[(op, i, s)] = start + (forward_s if op == "F" else backward_s)
+                pos[s] += 1
+                progressed = True
+        if not progressed:  # cannot happen for the two schedules; a guard against a malformed plan
+            raise RuntimeError(f"replay of {kind} stalled at steps {pos}")
+    wall = max(free)
+    busy = [micro * (forward_s + backward_s)] * stages
+    return {"wall_s": wall, "busy_s": busy, "bubble": 1 - sum(busy) / (stages * wall) if wall > 0 else 0.0}

@@ -1,16 +1,23 @@
-"""Notebook 13's exercises: the ring all-reduce's index arithmetic, ZeRO memory per rank, the pipeline bubble.
+"""Notebook 13's exercises: the ring all-reduce's index arithmetic, ZeRO memory per rank, the pipeline bubble,
+DDP's bucket assignment.
 
 The ring exercise runs the learner's schedule through `distributed.simulate_ring` (every rank's
 chunks, step by step, messages taken before any is applied), so a schedule passes only if every
 rank ends with the full sum: the same schedule `ring_all_reduce` runs on real ranks.
 
-Both code exercises refuse the course's own answer: a function that is, or calls, `ring_schedule`
-(exercise 1) or `zero_formula` / `dist_lab.plan` (exercise 2) FAILs with "write it yourself".
+The bucket exercise checks the learner's buckets against the course's reference and against the
+assignment torch's DDP computes for the same gradients (`torch.distributed._compute_bucket_assignment_by_size`,
+what its Reducer calls to build its buckets), so a rule that differs from torch's FAILs with a sentence.
+
+The code exercises refuse the course's own answer: a function that is, or calls, `ring_schedule`
+(exercise 1), `zero_formula` / `dist_lab.plan` (exercise 2) or `bucket_assignment` / torch's assignment
+(exercise 4) FAILs with "write it yourself".
 The references below are written out here for the same reason.
 """
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 
 from helpers.course.check import Case, register
 from helpers.parallel import data_parallel, dist_lab, distributed
@@ -85,6 +92,7 @@ register(
     cases=_ring_cases, run=_run_ring,
     rtol=0.0, atol=0.0,
     tolerance="exact: integer tensors, every rank's result",
+    outputs=tuple(f"rank {k}'s result" for k in range(64)),
 )
 
 
@@ -145,4 +153,81 @@ register(
     wrong=(7 / 24, 8 / 24, 1 / 8, 0.22),
     rtol=0.02,
     tolerance="relative 2%: two digits are enough",
+)
+
+
+def _bucket_cases() -> list[Case]:
+    mib = 2 ** 20
+    tower = [4096, 4 * mib] * 4  # a Linear tower's bias and weight per layer, backward order
+    return [Case("a Linear tower: each 4 MiB weight fills a 1 MiB bucket", (tower, mib)),
+            Case("small tensors merged into few buckets", ([400, 1200, 20, 1024, 1024, 4], 1024)),
+            Case("exactly full buckets", ([256, 256, 256, 256], 512)),
+            Case("a bucket bigger than everything: one bucket", ([40, 80, 120], 10 ** 6)),
+            Case("one tensor", ([4 * mib], 25 * mib)),
+            Case("the last bucket part full", ([300, 300, 300, 300, 300], 1000))]
+
+
+def _bucket_reference(nbytes, bucket_bytes):
+    """The reference (the rule of data_parallel.bucket_assignment and of torch DDP)."""
+    buckets, current, size = [], [], 0
+    for i, n in enumerate(nbytes):
+        current.append(i)
+        size += n
+        if size >= bucket_bytes:
+            buckets.append(current)
+            current, size = [], 0
+    return buckets + ([current] if current else [])
+
+
+def torch_buckets(nbytes, bucket_bytes) -> list[list[int]]:
+    """torch DDP's bucket assignment for float32 gradients of these sizes (bytes, multiples of 4) in this order."""
+    tensors = [torch.empty(n // 4) for n in nbytes]
+    return [list(b) for b in dist._compute_bucket_assignment_by_size(tensors, [int(bucket_bytes)])[0]]
+
+
+def _bucket_close_late(nbytes, bucket_bytes):
+    """Planted wrong: closes a bucket only once it is over the size (> instead of >=)."""
+    buckets, current, size = [], [], 0
+    for i, n in enumerate(nbytes):
+        if current and size + n > bucket_bytes:
+            buckets.append(current)
+            current, size = [], 0
+        current.append(i)
+        size += n
+    return buckets + ([current] if current else [])
+
+
+def _bucket_forward_order(nbytes, bucket_bytes):
+    """Planted wrong: fills buckets from the first registered parameter (the list reversed back)."""
+    n = len(nbytes)
+    return [[n - 1 - i for i in b] for b in reversed(_bucket_reference(list(reversed(nbytes)), bucket_bytes))]
+
+
+def _run_bucket(fn, case):
+    """The learner's buckets as lists of ints, refused when they differ from torch DDP's for the case."""
+    _refuse_course_answer(fn, (data_parallel.bucket_assignment, dist._compute_bucket_assignment_by_size),
+                          "data_parallel.bucket_assignment or torch's _compute_bucket_assignment_by_size")
+    got = fn(*case.args, **case.kwargs)
+    if got is None:
+        return None
+    got = [[int(i) for i in b] for b in got]
+    want = torch_buckets(*case.args)
+    if got != want:
+        raise ValueError(f"your buckets {got} differ from the ones torch DDP builds for these gradients, {want}")
+    return got
+
+
+register(
+    "13.bucket", "code",
+    prompt="write assign_buckets(nbytes, bucket_bytes): nbytes lists the gradient sizes in bytes in the order "
+           "backward produces them (the parameters reversed); return the buckets as lists of positions in "
+           "nbytes, in order, each closed as soon as its bytes reach bucket_bytes",
+    hint="walk the sizes once, adding each position to the open bucket and its bytes to a running total; close "
+         "the bucket when the total reaches bucket_bytes (>=), and keep a last, part-full bucket",
+    solution=_bucket_reference,
+    wrong=(_bucket_close_late, _bucket_forward_order),
+    cases=_bucket_cases, run=_run_bucket,
+    rtol=0.0, atol=0.0,
+    tolerance="exact: the same buckets as the course's reference and torch DDP's",
+    outputs=tuple(f"bucket {k}" for k in range(256)),
 )
