@@ -5,7 +5,7 @@ import re
 import pytest
 
 from helpers.measure import protocol
-from helpers.measure.bench import Timing
+from helpers.measure.bench import Timing, quartiles
 
 
 class FakeMachine:
@@ -83,7 +83,7 @@ def test_overlapping_spreads_are_never_ranked():
 def test_separated_variants_stop_early_and_are_ranked_by_their_medians():
     m = FakeMachine({"fast": noisy(0.010, 0.02, 5), "slow": noisy(0.030, 0.02, 6)})
     c = run(m, min_reps=5)
-    assert c.stopped == "separated" and c.rounds == 5
+    assert c.stopped == "separated" and c.rounds == 5  # separated from round 3 on: three rounds in a row by 5
     s = protocol.rank_sentence("slow", c["slow"], "fast", c["fast"])
     assert re.match(r"fast was (2\.9\d|3\.0\d)x \(IQR-bounded", s) and "faster than slow" in s
     r = c.ratio("slow", "fast")
@@ -120,3 +120,26 @@ def test_bad_arguments_are_refused_at_once():
 def test_a_real_function_is_timed_on_the_cpu():
     t = protocol.measure(lambda: sum(range(2000)), device="cpu", min_reps=3, max_reps=5)
     assert isinstance(t, Timing) and 3 <= len(t.samples) <= 5 and t.median > 0
+
+
+def test_alternating_overlapping_rounds_never_stop_the_comparison_early():
+    a = iter([0.010, 0.012, 0.011, 0.013, 0.0100, 0.012, 0.010, 0.013] * 10)
+    b = iter([0.012, 0.010, 0.013, 0.011, 0.0135, 0.010, 0.013, 0.011] * 10)
+    m = FakeMachine({"a": a, "b": b})
+    m.scripts = {"a": a, "b": b}
+    c = run(m, min_reps=5, max_reps=12, budget_s=100, warmup_tol=1.0, max_warmup=3)
+    assert c.stopped != "separated" and c.rounds == 12
+    with pytest.raises(ValueError, match="confirm"):
+        run(FakeMachine({"a": noisy(0.01, 0.0, 0)}), confirm=0)
+
+
+def test_a_single_separated_round_is_not_enough_to_stop():
+    # a and b overlap for 6 rounds; then b slows for good: the stop waits for `confirm` separated rounds in a row
+    m = FakeMachine({"a": noisy(0.010, 0.05, 11),
+                     "b": itertools.chain([0.010] * 3, [0.0105, 0.0095, 0.0102, 0.0098, 0.0101, 0.0099],
+                                          itertools.repeat(0.05))})
+    c = run(m, min_reps=5, max_reps=40, confirm=3, target_spread=0.0)
+    assert c.stopped == "separated"
+    separated_from = next(k for k in range(2, c.rounds + 1) if protocol.separated(
+        Timing(*quartiles(c["a"].samples[:k]), []), Timing(*quartiles(c["b"].samples[:k]), [])))
+    assert c.rounds == max(5, separated_from + 2)  # three separated rounds in a row, not the first one

@@ -8,9 +8,11 @@ A headline number decides a sentence, so one slow step must not decide it. The p
    compiled function for its compile), at most `max_warmup` calls.
 2. **Interleave** (`compare`): one timed call of every variant per round, their order rotated each round,
    so a burst of other work on a shared machine slows every variant alike.
-3. **Repeat until it can rank**: after `min_reps` rounds, stop as soon as every pair is separated (their
-   IQRs do not overlap) or each variant's IQR is within `target_spread` of its median; else go on to
-   `max_reps` rounds or `budget_s` seconds, whichever comes first.
+3. **Repeat until it can rank**: after `min_reps` rounds, stop once every pair has been separated (their
+   IQRs do not overlap) for `confirm` rounds in a row, or each variant's IQR is within `target_spread` of
+   its median; else go on to `max_reps` rounds or `budget_s` seconds, whichever comes first. (Stopping
+   at the first separated round would favour "separated": a look at the data decides when to stop. The
+   `confirm` rounds in a row keep that bias small; min_reps = max_reps gives a fixed number of rounds.)
 4. **Rank only what the spread allows** (`separated`, `rank_sentence`): "A is 1.4x faster" only when
    A's q75 is below B's q25; otherwise "within the noise".
 
@@ -128,15 +130,16 @@ class Comparison:
 
 def compare(fns: dict[str, Callable[[], Any]], *, device: str | None = None, timer: Timer | None = None,
             min_reps: int = 5, max_reps: int = 30, target_spread: float = 0.05, budget_s: float = 10.0,
-            warmup_tol: float = 0.15, max_warmup: int = 20, clock: Callable[[], float] = time.monotonic
-            ) -> Comparison:
+            warmup_tol: float = 0.15, max_warmup: int = 20, confirm: int = 3,
+            clock: Callable[[], float] = time.monotonic) -> Comparison:
     """Time every variant by the protocol in this module's docstring; a `Comparison`.
 
     fns: {name: zero-argument callable}, at least one. timer: seconds of one call (default
     `device_timer(device)`); clock: the wall clock the budget is counted on (tests pass fakes for both).
-    target_spread: stop early once each variant's IQR / median is at most this. budget_s: seconds of
+    target_spread: stop early once each variant's IQR / median is at most this. confirm: rounds in a row
+    every pair must stay separated before the comparison stops on it. budget_s: seconds of
     timed rounds after `min_reps` (warm-up is not counted). Raises ValueError for an empty fns,
-    min_reps < 1, max_reps < min_reps or a budget that is not positive.
+    min_reps < 1, confirm < 1, max_reps < min_reps or a budget that is not positive.
     """
     if not fns:
         raise ValueError("fns is empty: give at least one {name: callable}")
@@ -145,12 +148,13 @@ def compare(fns: dict[str, Callable[[], Any]], *, device: str | None = None, tim
         raise ValueError(f"max_reps={max_reps!r} must be at least min_reps={min_reps}")
     if not budget_s > 0:
         raise ValueError(f"budget_s={budget_s!r} must be a positive number of seconds")
+    positive("confirm", confirm)
     timer = timer or device_timer(device)
     dev = bench.resolve_device(device)
     warm = {name: len(warm_up(fn, timer, tol=warmup_tol, max_warmup=max_warmup)) for name, fn in fns.items()}
     names = list(fns)
     samples: dict[str, list[float]] = {n: [] for n in names}
-    start, rounds, stopped = clock(), 0, "max_reps"
+    start, rounds, stopped, in_a_row = clock(), 0, "max_reps", 0
 
     def timings() -> dict[str, Timing]:
         return {n: Timing(*bench.quartiles(s), list(s), warm[n], dev) for n, s in samples.items()}
@@ -160,10 +164,11 @@ def compare(fns: dict[str, Callable[[], Any]], *, device: str | None = None, tim
         for n in order:
             samples[n].append(timer(fns[n]))
         rounds += 1
+        t = timings() if rounds >= 2 else None
+        in_a_row = in_a_row + 1 if t is not None and len(names) > 1 and Comparison(t, warm, rounds, "").rankable() else 0
         if rounds < min_reps:
             continue
-        t = timings()
-        if len(names) > 1 and Comparison(t, warm, rounds, "").rankable():
+        if in_a_row >= confirm:
             stopped = "separated"
             break
         if all(x.spread <= target_spread for x in t.values()):
