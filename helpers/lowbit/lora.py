@@ -280,7 +280,7 @@ def train_steps(model: nn.Module, opt, steps: int, tokens: torch.Tensor, batch: 
 def memory_formula(n_linear: float, n_other: float, n_lora: float, method: str, *, weight_bytes: float = 4,
                    grad_bytes: float | None = None, optimizer_bytes: float = 8, adapter_bytes: float = 4,
                    adapter_grad_bytes: float | None = None, double_quant: bool = True, blocksize: int = NF4_BLOCK,
-                   dq_block: int = 256, split_adapters: bool = False) -> dict[str, float]:
+                   dq_block: int = 256, split_adapters: bool = False, nf4_bits: float | None = None) -> dict[str, float]:
     """Predicted bytes {"weights", "gradients", "optimizer"} of fine-tuning with `method`: the course's one
     formula for fine-tuning memory (activations not counted). `finetune_gb` calls it for Llama-size
     models in bf16; `lora_lab.memory_rows` for the course GPT in fp32.
@@ -292,7 +292,8 @@ def memory_formula(n_linear: float, n_other: float, n_lora: float, method: str, 
     AdamW's two fp32 moments); adapter_bytes / adapter_grad_bytes: per adapter weight / gradient
     (default 4 / adapter_bytes). NF4 costs 4 bits per weight plus its block constants: 32 bits per
     `blocksize` weights, or with `double_quant` 8 bits per block plus 32 bits per `dq_block` blocks
-    (QLoRA's 4 + 0.127 bits at 64/256). full: (weights, grads, optimizer) all over n_linear + n_other;
+    (QLoRA's 4 + 0.127 bits at 64/256); `nf4_bits`, when given (e.g. the bits per parameter measured from a
+    quantised state), replaces that formula. full: (weights, grads, optimizer) all over n_linear + n_other;
     lora: adapters besides the frozen model; qlora: as lora with n_linear in NF4. With
     `split_adapters`, the adapter weights leave "weights" for a fourth key "adapters" (0 for full).
     Raises ValueError for an unknown method."""
@@ -304,7 +305,10 @@ def memory_formula(n_linear: float, n_other: float, n_lora: float, method: str, 
     if method == "full":
         out = {"weights": weight_bytes * n_all, "gradients": grad_bytes * n_all, "optimizer": optimizer_bytes * n_all}
         return {**out, "adapters": 0.0} if split_adapters else out
-    nf4_bits = 4 + (8 / blocksize + 32 / (blocksize * dq_block) if double_quant else 32 / blocksize)
+    if nf4_bits is None:
+        nf4_bits = 4 + (8 / blocksize + 32 / (blocksize * dq_block) if double_quant else 32 / blocksize)
+    elif not (isinstance(nf4_bits, (int, float)) and 0 < nf4_bits <= 32):
+        raise ValueError(f"nf4_bits={nf4_bits!r} must be a number of bits per parameter in (0, 32]")
     base = n_linear * (nf4_bits / 8 if method == "qlora" else weight_bytes)
     frozen, adapters = base + weight_bytes * n_other, adapter_bytes * n_lora
     out = {"weights": frozen if split_adapters else frozen + adapters, "gradients": adapter_grad_bytes * n_lora,
@@ -354,7 +358,8 @@ def lora_params(d_model: int, d_ff: int, n_layer: int, rank: int) -> int:
 LLAMA_SHAPES = {7: (4096, 11008, 32), 13: (5120, 13824, 40), 33: (6656, 17920, 60), 65: (8192, 22016, 80)}
 
 
-def finetune_gb(params_b: float, method: str, rank: int = 64, shape: tuple | None = None) -> dict[str, float]:
+def finetune_gb(params_b: float, method: str, rank: int = 64, shape: tuple | None = None,
+                base_bits: float | None = None) -> dict[str, float]:
     """GB (1e9 bytes) of weights, gradients and optimizer state to fine-tune a model of `params_b` billion
     parameters, activations not counted.
 
@@ -362,7 +367,9 @@ def finetune_gb(params_b: float, method: str, rank: int = 64, shape: tuple | Non
     parameter. LoRA / QLoRA: the frozen base in bf16 / NF4 with double quantisation, plus adapters of
     `rank` (from `shape` = (d_model, d_ff, n_layer), else the nearest LLAMA_SHAPES entry) with bf16 weights
     and gradients and fp32 Adam moments (12 bytes an adapter parameter). Every parameter counts as a
-    quantisable weight. Computed by `memory_formula` (the one formula; bytes / 1e9), adapters split out.
+    quantisable weight. `base_bits`: the QLoRA base's bits per parameter (e.g. measured from an NF4 state with
+    double quantisation); None: the formula's 4 + 8/64 + 32/(64*256). Computed by `memory_formula` (the one
+    formula; bytes / 1e9), adapters split out.
     Raises ValueError for an unknown method.
     """
     if method not in FINETUNE:
@@ -376,5 +383,6 @@ def finetune_gb(params_b: float, method: str, rank: int = 64, shape: tuple | Non
     else:
         a = lora_params(*shape, rank)
     kind = {"full": "full", "LoRA": "lora", "QLoRA": "qlora"}[method.split()[0]]
-    parts = memory_formula(n, 0, a, kind, weight_bytes=2, optimizer_bytes=8, adapter_bytes=2, split_adapters=True)
+    parts = memory_formula(n, 0, a, kind, weight_bytes=2, optimizer_bytes=8, adapter_bytes=2, split_adapters=True,
+                           nf4_bits=base_bits)
     return {k: parts[k] / GB for k in ("weights", "gradients", "optimizer", "adapters")}

@@ -26,8 +26,12 @@ Each section prints a table and sentences generated from this run's numbers and 
   on a CPU agrees bitwise. `peft_init(model, r)` compares peft's default initialisation with ours in
   kind (B zeros; A Kaiming-uniform with a = √5, whose bound is 1/√in_features), through the bound, not
   the values. `peft_missing()` is None when peft imports, else the one sentence to print.
-  peft is not among the course's dependencies (it brings transformers with it): these functions raise
-  ImportError without it, and notebook 08 and the tests say so and skip.
+  peft is among the course's dependencies; where it is missing these functions raise ImportError, and
+  notebook 08 and the tests say so and skip.
+- `qlora_65b_claim(bits, blocksize)`: the ledger's formula verdict on QLoRA's "65B on one 48 GB GPU" from the
+  bits per parameter measured in the run (activations not counted).
+The fine-tuning sentences rank the methods (and the merged variants) only where a gap exceeds twice the
+standard error of the per-window difference (`quant_lab.gap_separated`).
 """
 from __future__ import annotations
 
@@ -43,9 +47,10 @@ import torch.nn as nn
 from helpers.gpt import data
 from helpers.gpt.pretrained import validation_loss
 from helpers.lowbit.gptq import block_linears, cpu_threads
-from helpers.lowbit.lora import (KINDS, apply_lora, dequantize_nf4, finetune, finetune_split, lora_layers,
-                                 make_optimizer, memory_formula, merged_variants, nf4_linear, optimizer_state_bytes,
-                                 prepare, set_module, tensor_bytes, trainable)
+from helpers.lowbit.lora import (FINETUNE, KINDS, apply_lora, dequantize_nf4, finetune, finetune_gb, finetune_split,
+                                 lora_layers, make_optimizer, memory_formula, merged_variants, nf4_linear,
+                                 optimizer_state_bytes, prepare, set_module, tensor_bytes, trainable)
+from helpers.lowbit.quant_lab import gap_separated, loss_gap, window_losses, yardstick
 from helpers.measure.params import positive
 from helpers.show import plots, tables
 
@@ -72,6 +77,11 @@ def _eval_loss(model: nn.Module, tokens: torch.Tensor, batches: int) -> float:
     return validation_loss(model, tokens, seq_len=min(128, model.config.seq_len), batches=batches, batch=8)
 
 
+def _eval_windows(model: nn.Module, tokens: torch.Tensor, batches: int) -> torch.Tensor:
+    """The per-window losses whose mean is `_eval_loss` (the same windows)."""
+    return window_losses(model, tokens, seq_len=min(128, model.config.seq_len), batches=batches, batch=8)
+
+
 def finetune_section(trained, steps: int = 30, *, lr_full: float = 3e-4, lr_lora: float = 3e-3, r: int = 8,
                      alpha: float | None = None, batch: int = 8, seq_len: int = 64, eval_batches: int = 2,
                      seed: int = 0) -> dict:
@@ -84,7 +94,9 @@ def finetune_section(trained, steps: int = 30, *, lr_full: float = 3e-4, lr_lora
     Returns {"losses": {kind: [loss per step]}, "untuned": [the untrained model's loss on each step's
     batch], "before": float, "after": {kind: float},
     "seconds": {kind: float}, "trainable": {kind: int}, "merged": {label: (loss, perplexity)}}.
-    Losses are nats/byte; held-out losses on `eval_batches` fixed windows of the second part."""
+    Losses are nats/byte; held-out losses on `eval_batches` fixed batches of windows of the second part;
+    "windows": {"before", "before_nf4", kind, "merged: " + label: per-window losses}, from which the sentences
+    rank a difference only when it exceeds twice its standard error (`quant_lab.gap_separated`)."""
     for name, value in (("steps", steps), ("r", r), ("batch", batch), ("seq_len", seq_len),
                         ("eval_batches", eval_batches)):
         positive(name, value)
@@ -94,8 +106,9 @@ def finetune_section(trained, steps: int = 30, *, lr_full: float = 3e-4, lr_lora
     tune, held = finetune_split()
     res = {"losses": {}, "after": {}, "seconds": {}, "trainable": {}, "steps": steps}
     with cpu_threads(next(model.parameters()).device):
-        res["before"] = _eval_loss(model, held, eval_batches)
-        res["before_nf4"] = _eval_loss(prepare(model, "qlora", r, alpha, seed), held, eval_batches)  # B = 0: the NF4 base
+        win = res["windows"] = {"before": _eval_windows(model, held, eval_batches),
+                                "before_nf4": _eval_windows(prepare(model, "qlora", r, alpha, seed), held, eval_batches)}
+        res["before"], res["before_nf4"] = float(win["before"].mean()), float(win["before_nf4"].mean())  # B = 0: NF4 base
         res["untuned"] = batch_losses(model, steps, tune, batch=batch, seq_len=seq_len, seed=seed)
         tuned = {}
         for kind in KINDS:
@@ -105,10 +118,14 @@ def finetune_section(trained, steps: int = 30, *, lr_full: float = 3e-4, lr_lora
             res["losses"][kind] = finetune(m, steps, lr_full if kind == "full" else lr_lora, tune,
                                            batch=batch, seq_len=seq_len, seed=seed)
             res["seconds"][kind] = time.perf_counter() - t0
-            res["after"][kind] = _eval_loss(m, held, eval_batches)
+            win[kind] = _eval_windows(m, held, eval_batches)
+            res["after"][kind] = float(win[kind].mean())
             tuned[kind] = m
-        res["merged"] = {label: (loss := _eval_loss(m, held, eval_batches), math.exp(loss))
-                         for label, m in merged_variants(tuned["qlora"], model).items()}
+        res["merged"] = {}
+        for label, m in merged_variants(tuned["qlora"], model).items():
+            win["merged: " + label] = _eval_windows(m, held, eval_batches)
+            loss = float(win["merged: " + label].mean())
+            res["merged"][label] = (loss, math.exp(loss))
     res["eval_windows"] = (f" (on {eval_batches} batches of 8 windows of {min(128, model.config.seq_len)} bytes from the "
                            "second part of the held-out split, which fine-tuning does not train on)")
     _print_finetune(res)
@@ -133,6 +150,10 @@ def _print_finetune(res: dict) -> None:
     parts = ", ".join(f"{k} {res['after'][k] - before:+.4f}" for k in KINDS)
     best = min(KINDS, key=lambda k: res["after"][k] - start[k])
     worse = [k for k in KINDS if res["after"][k] > start[k]]
+    win = res.get("windows")
+    drops = None
+    if win:  # per-window change of each method against its own start: the noise the ranking must beat
+        drops = {k: win[k] - win["before_nf4" if k == "qlora" else "before"] for k in KINDS}
     windows = res.get("eval_windows", "")
     nf4 = ""
     if "before_nf4" in res:
@@ -140,27 +161,67 @@ def _print_finetune(res: dict) -> None:
                f" against the 16-bit model): against that start its change is {res['after']['qlora'] - start['qlora']:+.4f}, "
                "and its training-loss column, measured against the untuned 16-bit model, carries the same offset.")
     print(f"Held-out loss before fine-tuning: {before:.4f} nats/byte{windows}; change after {res['steps']} steps: "
-          f"{parts}.{nf4} " + _verdict(worse, best, res["steps"], {k: _gain(res, k, last) for k in KINDS}))
+          f"{parts}.{nf4} " + _verdict(worse, best, res["steps"], {k: _gain(res, k, last) for k in KINDS}, drops))
     merged = res["merged"]
     print(tables.table(["QLoRA adapters shipped as", "held-out loss", "perplexity"],
                        [[k, f"{v[0]:.4f}", f"{v[1]:.4f}"] for k, v in merged.items()]))
     ref = merged["QLoRA, unmerged"][0]
     diffs = {k: v[0] - ref for k, v in merged.items() if k != "QLoRA, unmerged"}
-    worst = max(diffs, key=lambda k: abs(diffs[k]))
+    order = sorted(diffs, key=lambda k: -abs(diffs[k]))
+    worst = order[0]
+    text = (f". The largest change is '{worst}'" + _merge_reason(worst, diffs[worst]))
+    if win and len(order) > 1:
+        a, b = win["merged: " + worst], win["merged: " + order[1]]
+        if not gap_separated(a, b):
+            text = (f". The largest changes, '{worst}' and '{order[1]}', cannot be told apart "
+                    f"({abs(diffs[worst] - diffs[order[1]]):.4f} nats/byte apart; {yardstick(a, b)})"
+                    + _merge_reason(worst, diffs[worst]))
     print("Against the adapters as trained (unmerged on the NF4 base): "
-          + "; ".join(f"{k} {d:+.5f} nats/byte" for k, d in diffs.items())
-          + f". The largest change is '{worst}'" + _merge_reason(worst, diffs[worst]))
+          + "; ".join(f"{k} {d:+.5f} nats/byte" for k, d in diffs.items()) + text)
 
 
-def _verdict(worse: list, best: str, steps: int, gains: dict) -> str:
+def _ranked_best(best: str, drops: dict | None) -> str:
+    """The words for the best fine-tuning method: its name when its change beats every other's by more than the
+    noise yardstick (`drops`: per-window change of each method against its own start), else who ties with it."""
+    if drops is None:
+        return best
+    tied = [k for k in drops if k != best and not gap_separated(drops[best], drops[k])]
+    if not tied:
+        return best
+    mean, _ = loss_gap(drops[best], drops[tied[0]])
+    return (f"not named, as {', '.join([best] + tied)} cannot be told apart ({abs(mean):.4f} nats/byte apart; "
+            f"{yardstick(drops[best], drops[tied[0]])})")
+
+
+def _verdict(worse: list, best: str, steps: int, gains: dict, drops: dict | None = None) -> str:
     """One sentence on the held-out change of the fine-tuning methods (each against its own start), from
     which of them made it worse and whether their training loss on the tuning batches fell (`gains`:
-    training − untuned 16-bit model, per kind)."""
+    training − untuned 16-bit model, per kind). `drops` (per-window changes, as `_ranked_best` takes them):
+    the best is named only when it beats the others by more than the noise."""
+    who = _ranked_best(best, drops)
+    if drops is not None:  # a change counts only beyond its noise: twice its standard error over the windows
+        zero = {k: torch.zeros_like(d) for k, d in drops.items()}
+        moved = {k: gap_separated(drops[k], zero[k]) for k in drops}
+        worse = [k for k in worse if moved[k]]
+        flat = [k for k in drops if not moved[k]]
+        if flat:
+            lowered = [k for k in drops if moved[k] and float(drops[k].mean()) < 0]
+            text = (f"Against its own start, {', '.join(flat)} changed the held-out loss by less than the noise "
+                    f"({yardstick(drops[flat[0]], zero[flat[0]])})"
+                    + (f"; {', '.join(lowered)} lowered it" if lowered else "")
+                    + (f"; {', '.join(worse)} raised it" if worse else "") + f"; the largest drop: {who}.")
+            return text + _training_note(worse, steps, gains)
     if not worse:
-        return f"All three lowered it from where they started; the largest drop: {best}."
-    head = (f"All three made the held-out loss worse (the least: {best})." if len(worse) == len(KINDS)
-            else f"The largest drop: {best}; {', '.join(worse)} made the held-out loss worse.")
-    text = head + f" At this size that can happen: {steps} steps on a tiny model move it little and noisily."
+        return f"All three lowered it from where they started; the largest drop: {who}."
+    head = (f"All three made the held-out loss worse (the least: {who})." if len(worse) == len(KINDS)
+            else f"The largest drop: {who}; {', '.join(worse)} made the held-out loss worse.")
+    return head + f" At this size that can happen: {steps} steps on a tiny model move it little and noisily." \
+        + _training_note(worse, steps, gains)
+
+
+def _training_note(worse: list, steps: int, gains: dict) -> str:
+    """Whether the training loss fell for the methods that made the held-out loss worse."""
+    text = ""
     fell = [k for k in worse if gains[k] < 0]
     flat = [k for k in worse if gains[k] >= 0 and k != "qlora"]  # QLoRA's gain includes its NF4 base's error
     if fell:
@@ -450,3 +511,27 @@ def parity_section(model: nn.Module, r: int = 8, alpha: float | None = None, see
           f"{theirs['A_std_over_uniform']:.3f}: "
           + ("both draw A uniformly on ±1/√in, Kaiming-uniform with a = √5." if kind else "NOT the same kind of draw."))
     return res
+
+
+# ---------------------------------------------------------------- the ledger's formula verdict
+
+QLORA_GPU_GB = 48  # QLoRA's abstract: "finetune a 65B parameter model on a single 48GB GPU"
+
+
+def qlora_65b_claim(bits: float, blocksize: int, rank: int = 64, params_b: int = 65) -> dict:
+    """The ledger's keyword arguments (`claims.verdict(**...)`) for QLoRA's "65B on one 48 GB GPU": the total
+    of `lora.finetune_gb(params_b, QLoRA, rank, base_bits=bits)` (weights, adapters, gradients and Adam state;
+    activations NOT counted), with `bits` the NF4 + double quantisation bits per parameter measured in this run at
+    blocks of `blocksize`; basis "formula" (nothing is trained at 65B), "supported" when under 48 GB, else
+    "contradicted"."""
+    positive("blocksize", blocksize)
+    total = sum(finetune_gb(params_b, FINETUNE[2], rank=rank, base_bits=bits).values())
+    return dict(notebook="08", source="Dettmers et al., 2023, QLoRA (abstract)",
+                claim="QLoRA reduces memory usage enough to finetune a 65B parameter model on a single 48GB GPU",
+                measured=(f"formula total {total:.1f} GB for {params_b}B (NF4 + double quant base at the {bits:.3f} bits "
+                          f"per parameter measured in this run at blocks of {blocksize}, rank-{rank} adapters with "
+                          "bf16 weights and gradients and fp32 Adam moments); activations are not counted"),
+                value=total, unit="GB", basis="formula",
+                verdict="supported" if total < QLORA_GPU_GB else "contradicted",
+                reason=f"activations excluded: {QLORA_GPU_GB - total:.1f} GB would be left for them" if total < QLORA_GPU_GB
+                else "activations excluded, and weights and optimizer state alone exceed 48 GB")

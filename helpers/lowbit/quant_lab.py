@@ -16,8 +16,18 @@ torchao's defaults skip lm_head too).
   `perplexity_section`, held-out perplexity of RTN, GPTQ and AWQ copies at each bit width.
 - `grid(model, specs, evaluate)`: every (method, bits, group) quantised in place, evaluated, restored;
   `weight_bits`, the storage bits per parameter of a format.
-- Decode (GPU): `decode_speed`, tokens/s and achieved bandwidth of one decode step with bf16, our int8
-  / int4 weight-only linears (`weight_only_copy`) and torchao's configs.
+- Decode on a GPU: `decode_speed`, tokens/s and achieved bandwidth of one decode step with bf16, our int8
+  / int4 weight-only linears (`weight_only_copy`) and torchao's configs (`row_timing` turns a row back into
+  a Timing).
+- Decode on a CPU: `cpu_decode`, batch-1 decode of fp32 against int8 weight-only (PyTorch's fused int8 kernel,
+  and dequantize-then-matmul) timed by `helpers.measure.protocol`, as bytes read per token / time per token;
+  `cpu_decode_table` and `cpu_decode_sentences` set it against the copy ceiling (`copy_size`: a copy larger
+  than `last_level_cache_bytes`); `decode_claim`, the ledger's verdict from a measured ratio.
+- Noise in held-out losses: `window_losses` (one loss per window of `validation_loss`), `loss_gap`,
+  `gap_separated`, `yardstick`, `compare_losses` and `highest_loss`: a gap between two models is ranked only
+  when it exceeds `NOISE_K` standard errors of the paired per-window difference.
+- Sentences from the tables: `zero_point_bits_note` (what the fp32 zero of a zero-point format costs, and
+  the alternatives), `awq_explanation` (AWQ's result read against the outlier table).
 - 8-bit optimizers (Dettmers et al., 2022, "8-bit Optimizers via Block-wise Quantization"):
   bitsandbytes `AdamW8bit` keeps both Adam moments as uint8 codes with one fp32 absmax per block of
   256 values, except for tensors with fewer than `min_8bit_size` (default 4096) elements, whose
@@ -34,6 +44,7 @@ import math
 import torch
 from torch import nn
 
+from helpers.gpt import data
 from helpers.gpt.generation import KVCache, prefill, rewound_step
 from helpers.gpt.model import GPT, PRESETS, GPTConfig
 from helpers.gpt.pretrained import validation_loss
@@ -41,8 +52,9 @@ from helpers.lowbit import quant, quant_linear
 from helpers.lowbit.gptq import (METHODS, awq_quantize, block_linears, check_bits, collect_inputs, cpu_threads,
                                  gptq_quantize, hessian, output_error, quantize_model, rtn_quantize)
 from helpers.lowbit.lora import finetune_split, make_optimizer, optimizer_state_bytes, prepare, train_steps, trainable
-from helpers.measure import params
+from helpers.measure import claims, params, protocol
 from helpers.measure.bench import benchmark
+from helpers.measure.ceilings import measure_copy_bandwidth
 from helpers.measure.params import positive
 from helpers.show import tables
 
@@ -375,11 +387,11 @@ def grid(model: nn.Module, specs, evaluate) -> dict[tuple, dict]:
 
 # ---------------------------------------------------------------- decode speed (GPU)
 
-def _decode_step(model, batch: int, prompt: int, device: str):
-    """A callable running one decode step from a cache filled with `prompt` tokens (rewound before each
+def _decode_step(model, batch: int, prompt: int, device: str, dtype: torch.dtype = torch.bfloat16):
+    """A callable running one decode step from a `dtype` cache filled with `prompt` tokens (rewound before each
     call, so every timed step sees the same length)."""
     cfg = model.config
-    cache = KVCache(cfg, batch, prompt + 1, dtype=torch.bfloat16, device=device)
+    cache = KVCache(cfg, batch, prompt + 1, dtype=dtype, device=device)
     prefill(model, torch.randint(0, cfg.vocab_size, (batch, prompt), device=device), cache)
     return rewound_step(model, cache, torch.randint(0, cfg.vocab_size, (batch,), device=device))
 
@@ -434,6 +446,7 @@ def decode_speed(preset: str = "1.3b", batches=(1, 32), prompt: int = 64, reps: 
                 mc = model.config  # K and V of every layer, bf16, n_kv_head heads (d_model wide without GQA)
                 kv = 2 * mc.n_layer * b * (prompt + 1) * mc.n_kv_head * mc.head_dim * 2
                 rows.append({"variant": name, "batch": b, "ms": 1e3 * t.median, "iqr_ms": 1e3 * (t.q75 - t.q25),
+                             "q25_ms": 1e3 * t.q25, "q75_ms": 1e3 * t.q75,
                              "tokens_per_s": b / t.median,
                              "gbps": None if wbytes is None else (wbytes + kv) / t.median / GB})
         except Exception as err:  # noqa: BLE001 - a kernel missing for this GPU or library: a row that says so
@@ -547,3 +560,269 @@ def _print_optimizer(res: dict) -> None:
              f"per {BNB_STATE_BLOCK} values" if bpp["adamw8bit"] > 2 else "") +
           f"). Training loss at each of {len(la)} steps (the loss before that step's update): the last is AdamW "
           f"{la[-1]:.5f}, AdamW8bit {lb[-1]:.5f}; the largest per-step gap is {gap:.1e} nats/byte.")
+
+
+# ---------------------------------------------------------------- decode speed on a CPU, as bandwidth
+
+CPU_DECODE_VARIANTS = ("fp32", "int8 weight-only, fused kernel", "int8 weight-only, dequantize then matmul", "bf16")
+CPU_DECODE_DEFAULT = CPU_DECODE_VARIANTS[:3]  # bf16 left out by default: CPUs without bf16 dot products emulate it
+
+
+def _cache_bytes(cfg, batch: int, length: int, dtype: torch.dtype) -> int:
+    """Bytes of K and V a decode step reads from a cache of `length` tokens in `dtype`."""
+    return 2 * cfg.n_layer * batch * length * cfg.n_kv_head * cfg.head_dim * torch.empty((), dtype=dtype).element_size()
+
+
+def last_level_cache_bytes() -> int | None:
+    """The largest CPU cache this Linux machine reports (/sys/devices/system/cpu/cpu0/cache/index*/size), or None."""
+    import glob  # only this probe reads sysfs
+
+    sizes = []
+    for path in glob.glob("/sys/devices/system/cpu/cpu0/cache/index*/size"):
+        try:
+            text = open(path).read().strip()
+        except OSError:
+            continue
+        unit = {"K": 2 ** 10, "M": 2 ** 20, "G": 2 ** 30}.get(text[-1:].upper(), 1)
+        digits = text.rstrip("KMGkmg")
+        if digits.isdigit():
+            sizes.append(int(digits) * unit)
+    return max(sizes) if sizes else None
+
+
+def copy_size(device: str) -> int:
+    """Bytes of the source of a copy-bandwidth measurement whose traffic (source + destination) is larger than the
+    last-level cache: on a CPU the next power of two at or above that cache (64 MiB when it cannot be read, at most
+    1 GiB); on a GPU 1 GiB."""
+    if torch.device(device).type != "cpu":
+        return 2 ** 30
+    llc = last_level_cache_bytes() or 2 ** 26
+    return min(2 ** 30, 1 << max(26, (llc - 1).bit_length()))
+
+
+def model_bytes(model: nn.Module) -> int:
+    """Bytes of every parameter and buffer of `model` (a decode step reads each once)."""
+    return sum(t.numel() * t.element_size() for t in list(model.parameters()) + list(model.buffers()))
+
+
+def cpu_decode(preset: str = "small10m", prompt: int = 64, *, variants=CPU_DECODE_DEFAULT, budget_s: float = 8.0,
+               max_reps: int = 30, max_warmup: int = 10, threads: int = 1, seed: int = 0, timer=None) -> dict:
+    """Batch-1 decode steps of a randomly initialised `preset` GPT on the CPU, its block linears in each of
+    `variants` (fp32; bf16; int8 weight-only with one scale per output row, run by PyTorch's fused kernel
+    `quant_linear.int8_fused_linear` or by converting the whole weight to fp32 before the matmul), timed by
+    `helpers.measure.protocol.compare` (warm-up until steady, interleaved rounds, medians with IQR).
+
+    Bytes read per token = every parameter and buffer once (`model_bytes`) + the K/V cache of `prompt` + 1
+    tokens; bandwidth = bytes / seconds per token (GB/s = 1e9 B/s), with IQR bounds bytes / q75 .. bytes /
+    q25. Timed on `threads` intra-op threads (`gptq.cpu_threads`): one by default, because on a CPU shared with
+    other work two threads wait on each other at every operation and the step time measures the scheduler.
+    Returns {"rows": [{variant, bytes, timing (bench.Timing), tokens_per_s, gbps, gbps_lo, gbps_hi}],
+    "comparison": protocol.Comparison, "preset", "prompt", "threads"}. `timer` is passed to `compare` (tests
+    plant one). Raises ValueError for an unknown variant."""
+    bad = [v for v in variants if v not in CPU_DECODE_VARIANTS]
+    if bad or not variants:
+        raise ValueError(f"variants={variants!r}: choose from {CPU_DECODE_VARIANTS}")
+    torch.manual_seed(seed)
+    base = GPT(GPTConfig.preset(preset)).eval()
+    fns, nbytes = {}, {}
+    for name in variants:
+        if name == "fp32":
+            model, dtype = base, torch.float32
+        elif name == "bf16":
+            model, dtype = copy.deepcopy(base).to(torch.bfloat16), torch.bfloat16
+        else:
+            model, dtype = weight_only_copy(base, 8, "fused" if "fused" in name else "torch"), torch.float32
+        fns[name] = _decode_step(model, 1, prompt, "cpu", dtype)
+        nbytes[name] = model_bytes(model) + _cache_bytes(model.config, 1, prompt + 1, dtype)
+    with cpu_threads("cpu", positive("threads", threads)):
+        comp = protocol.compare(fns, device="cpu", timer=timer, min_reps=5, max_reps=max_reps, budget_s=budget_s,
+                                max_warmup=max_warmup)
+    rows = []
+    for name in variants:
+        t = comp[name]
+        rows.append({"variant": name, "bytes": nbytes[name], "timing": t, "tokens_per_s": 1 / t.median,
+                     "gbps": nbytes[name] / t.median / GB, "gbps_lo": nbytes[name] / t.q75 / GB,
+                     "gbps_hi": nbytes[name] / t.q25 / GB})
+    return {"rows": rows, "comparison": comp, "preset": preset, "prompt": prompt, "threads": threads}
+
+
+def copy_gbps_on(threads: int, copy_bytes: int) -> float:
+    """The copy bandwidth (GB/s, read + write) of a `copy_bytes` copy on `threads` intra-op threads of this CPU:
+    the ceiling for a decode step timed on as many threads (`cpu_decode`)."""
+    with cpu_threads("cpu", positive("threads", threads)):
+        return measure_copy_bandwidth(copy_bytes, "cpu", reps=5)
+
+
+def cpu_decode_table(result: dict, copy_gbps: float) -> str:
+    """`cpu_decode`'s rows as a table beside the copy ceiling `copy_gbps` (GB/s, on as many threads)."""
+    return tables.table(["variant", "MB read / token", "time / token (median, IQR)", "tokens/s", "GB/s (IQR)",
+                         "of copy GB/s"],
+                        [[r["variant"], r["bytes"] / 1e6, str(r["timing"]), r["tokens_per_s"],
+                          f'{r["gbps"]:.3g} ({r["gbps_lo"]:.3g}-{r["gbps_hi"]:.3g})', f'{r["gbps"] / copy_gbps:.0%}']
+                         for r in result["rows"]])
+
+
+BANDWIDTH_BOUND = 0.5  # a step reaching under half the copy ceiling is not treated as bandwidth-bound
+
+
+def cpu_decode_sentences(result: dict, copy_gbps: float, int8: str = CPU_DECODE_VARIANTS[1],
+                         base: str = "fp32") -> list[str]:
+    """Sentences from `cpu_decode`'s result: the `int8` variant against `base` in time per token (ranked only
+    when their IQRs do not overlap, `protocol.rank_sentence`), each one's bandwidth as a share of the copy
+    ceiling, and, where int8 is not faster, what the bandwidths say about why: int8's bandwidth below base's (IQRs
+    apart) says its per-weight work, not memory traffic, sets its pace; else `base` under BANDWIDTH_BOUND of the
+    ceiling even at the top of its IQR was not bandwidth-bound, so bytes saved could not show."""
+    rows = {r["variant"]: r for r in result["rows"]}
+    a, b = rows[int8], rows[base]
+    r = protocol.ratio(b["timing"], a["timing"])  # > 1: int8 faster
+    threads = result.get("threads")
+    on = f" on {threads} thread{'s' if threads != 1 else ''}" if threads else ""
+    out = [f"Batch-1 decode of the {result['preset']} GPT on this CPU{on}: {base} reads {b['bytes'] / 1e6:.1f} MB per token "
+           f"at {b['gbps']:.3g} GB/s ({b['gbps'] / copy_gbps:.0%} of the copy ceiling, {copy_gbps:.3g} GB/s), {int8} "
+           f"reads {a['bytes'] / 1e6:.1f} MB ({b['bytes'] / a['bytes']:.1f}x fewer) at {a['gbps']:.3g} GB/s "
+           f"({a['gbps'] / copy_gbps:.0%}).",
+           protocol.rank_sentence(int8, a["timing"], base, b["timing"], what="time per token") + "."]
+    if not (r.separated and r.value > 1):
+        if a["gbps_hi"] < b["gbps_lo"]:
+            why = (f" Its achieved bandwidth is below {base}'s (IQRs {a['gbps_lo']:.3g}-{a['gbps_hi']:.3g} against "
+                   f"{b['gbps_lo']:.3g}-{b['gbps_hi']:.3g} GB/s): it does not stream its fewer bytes as fast, so the "
+                   "work per weight (converting each int8 code to a float and scaling it), not memory traffic, sets "
+                   "its pace on this CPU.")
+        elif b["gbps_hi"] < BANDWIDTH_BOUND * copy_gbps:
+            why = (f" {base} itself reached at most {b['gbps_hi'] / copy_gbps:.0%} of the copy ceiling (the top of its "
+                   f"IQR), so in this run the step was not bandwidth-bound (per-operation overhead and other work on "
+                   "the cores weigh more than memory traffic), and fewer bytes had little to save.")
+        else:
+            why = (" Their bandwidths' IQRs overlap too, so this run cannot say whether memory traffic or the work "
+                   "per weight (converting each int8 code to a float) sets int8's pace.")
+        verb = "was slower" if r.separated else "did not measurably speed decode up"
+        out.append(f"So on this CPU int8 weight-only {verb}, although it reads {b['bytes'] / a['bytes']:.1f}x fewer "
+                   f"bytes.{why}")
+    return out
+
+
+# ---------------------------------------------------------------- held-out loss per window, and its noise
+
+@torch.no_grad()
+def window_losses(model: nn.Module, tokens: torch.Tensor, *, batches: int, batch: int, seq_len: int | None = None,
+                  seed: int = 1234) -> torch.Tensor:
+    """Cross-entropy (nats/byte) of every held-out window `pretrained.validation_loss` averages (the same seeded
+    draws): a float64 tensor of batches * batch values whose mean is that validation loss."""
+    seq_len = seq_len or model.config.seq_len
+    device = next(model.parameters()).device
+    g = torch.Generator().manual_seed(seed)
+    was = model.training
+    model.eval()
+    out = []
+    for _ in range(positive("batches", batches)):
+        x, y = data.get_batch(tokens, batch, seq_len, device, generator=g)
+        logits = model(x)[0].float()
+        ce = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1), reduction="none")
+        out.append(ce.reshape(y.shape).mean(1).double().cpu())
+    model.train(was)
+    return torch.cat(out)
+
+
+NOISE_K = 2.0  # a gap counts when it exceeds NOISE_K standard errors of the per-window difference
+
+
+def loss_gap(a: torch.Tensor, b: torch.Tensor) -> tuple[float, float]:
+    """(mean of a - b, standard error of that mean) over paired per-window losses (the same windows): the
+    yardstick a loss difference must exceed to be ranked. Raises ValueError for unpaired or single windows."""
+    if a.shape != b.shape or a.dim() != 1 or a.numel() < 2:
+        raise ValueError(f"need two 1-D tensors of the same windows (at least 2); got {tuple(a.shape)} and {tuple(b.shape)}")
+    d = (a - b).double()
+    return float(d.mean()), float(d.std() / math.sqrt(d.numel()))
+
+
+def gap_separated(a: torch.Tensor, b: torch.Tensor, k: float = NOISE_K) -> bool:
+    """Whether the paired loss gap a - b exceeds k of its standard errors."""
+    mean, se = loss_gap(a, b)
+    return abs(mean) > k * se
+
+
+def yardstick(a: torch.Tensor, b: torch.Tensor, k: float = NOISE_K) -> str:
+    """The words for the noise yardstick of a - b: 'k x the standard error of the per-window difference'."""
+    _, se = loss_gap(a, b)
+    return f"yardstick {k:g} x the standard error of the per-window difference, {k * se:.4f} nats/byte over {a.numel()} windows"
+
+
+def compare_losses(name_a: str, a: torch.Tensor, name_b: str, b: torch.Tensor, k: float = NOISE_K) -> str:
+    """One sentence on two models' held-out losses on the same windows: which is lower and by how much when
+    the gap exceeds the yardstick (`gap_separated`), else that this run cannot tell them apart."""
+    mean, _ = loss_gap(a, b)
+    if not gap_separated(a, b, k):
+        return (f"{name_a} and {name_b} cannot be told apart: {abs(mean):.4f} nats/byte apart, within the noise "
+                f"({yardstick(a, b, k)})")
+    lo, hi = (name_a, name_b) if mean < 0 else (name_b, name_a)
+    return f"{lo}'s loss is below {hi}'s by {abs(mean):.4f} nats/byte ({yardstick(a, b, k)})"
+
+
+def highest_loss(windows: dict[str, torch.Tensor], k: float = NOISE_K) -> str:
+    """Which of `windows` ({name: per-window losses}) has the highest held-out loss, named only when it is above
+    the runner-up by more than the yardstick; else the names tied with it."""
+    order = sorted(windows, key=lambda n: -float(windows[n].mean()))
+    top = order[0]
+    tied = [n for n in order[1:] if not gap_separated(windows[top], windows[n], k)]
+    if not tied:
+        return f"the highest loss is {top}'s ({compare_losses(top, windows[top], order[1], windows[order[1]], k)})" \
+            if len(order) > 1 else f"the only loss is {top}'s"
+    return (f"the highest losses, {', '.join([top] + tied)}, cannot be told apart "
+            f"({yardstick(windows[top], windows[tied[0]], k)})")
+
+
+# ---------------------------------------------------------------- what the bits and the tables say
+
+def zero_point_bits_note(bits: int, group: int, measured: float | None = None) -> str:
+    """What a zero-point format's bits per parameter are charged for: codes of `bits` plus one fp32 scale and one
+    fp32 zero per `group` weights (bits + 64/group, as the tables count them; `measured` is the table's figure),
+    against NF4's bits + 32/group (one fp32 absmax), and what an fp16 scale and zero (bits + 32/group) or an fp16
+    scale with a `bits`-wide integer zero (bits + (16 + bits)/group, GPTQ's packed checkpoints) would cost."""
+    positive("bits", bits)
+    positive("group", group)
+    fp32 = bits + 64 / group
+    shown = f" ({measured:.2f} in the table)" if measured is not None else ""
+    return (f"Zero-point formats (int zero-point RTN, GPTQ and AWQ here) are charged an fp32 scale and an fp32 zero "
+            f"per group of {group}: {bits} + 64/{group} = {fp32:.2f} bits per parameter{shown}, against NF4's "
+            f"{bits} + 32/{group} = {bits + 32 / group:.2f} (one fp32 absmax). Stored as fp16 scale and zero they would "
+            f"cost {bits + 32 / group:.2f}, as an fp16 scale with a {bits}-bit integer zero {bits + (16 + bits) / group:.2f}.")
+
+
+def awq_explanation(outliers: list[dict], layer_rows: list[dict], bits: int, threshold: float) -> str:
+    """Why AWQ did or did not help, from the outlier table (`outlier_profile` rows) and AWQ's chosen α per layer
+    (`layer_error_rows` rows): AWQ scales up the salient input channels, those with activations far above the
+    rest; with no column at or above `threshold` in any layer there are none to protect."""
+    top = max(outliers, key=lambda r: r["max_abs"])
+    over = sum(r["cols_over"] > 0 for r in outliers)
+    sel = [r for r in layer_rows if r["bits"] == bits]
+    zero = sum(r["alpha"] == 0 for r in sel)
+    alphas = f"; its search chose α = 0 (RTN itself) in {zero} of {len(sel)} layers" if sel else ""
+    if over == 0:
+        return (f"AWQ protects salient input channels, those whose activations are far larger than the rest; the "
+                f"outlier table above has no column at or above {threshold:g} in any of its {len(outliers)} layer "
+                f"inputs (the largest |x| is {top['max_abs']:.2f}, in {top['layer']}): this model has no salient "
+                f"channels to protect, so AWQ has little to gain over RTN{alphas}.")
+    return (f"AWQ protects salient input channels; the outlier table above has columns at or above {threshold:g} in "
+            f"{over} of {len(outliers)} layer inputs (largest |x| {top['max_abs']:.2f}, in {top['layer']}), so there "
+            f"were channels to protect{alphas}: a lower layer error on the calibration windows did not carry over to "
+            "the held-out loss here.")
+
+
+DECODE_CLAIM = dict(notebook="08", source="the first source text (quantization: 'memory reduction, faster compute'); "
+                                          "gpt-fast README (Llama-2-7B, A100: int8 1.48x, int4 1.88x bf16's tokens/s)",
+                    claim="INT8/INT4 weights reduce memory and speed up inference")
+
+
+def row_timing(row: dict) -> "protocol.Timing":
+    """A `decode_speed` row's step time as a `bench.Timing` (median and quartiles, seconds; no samples)."""
+    return protocol.Timing(row["ms"] / 1e3, row["q25_ms"] / 1e3, row["q75_ms"] / 1e3, [])
+
+
+def decode_claim(ratio: "protocol.Ratio", what: str) -> dict:
+    """The ledger's keyword arguments (`claims.verdict(**...)`) for the decode speed-up claim from a measured
+    tokens/s ratio (quantised over 16/32-bit, `protocol.Ratio`: median and IQR bounds): judged by
+    `claims.judge(ratio.lo, 1.0)`, so a speed-up counts as "supported" only when even the IQR-bounded low end
+    of the ratio is above 1; `what` names the measurement ("batch-1 decode of the small10m GPT on this CPU:
+    int8 weight-only over fp32")."""
+    return dict(DECODE_CLAIM, measured=f"{what}: {ratio} tokens/s" + ("" if ratio.separated else ", within the noise"),
+                value=ratio.value, unit="x", verdict=claims.judge(ratio.lo, 1.0))

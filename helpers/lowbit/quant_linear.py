@@ -6,12 +6,17 @@
   each row of X and each row of W gets its own absmax scale, the int8 products are summed exactly
   (int32 in bitsandbytes; float64 here, which is exact at these sizes), and the sum is multiplied by
   both scales. bitsandbytes' `Linear8bitLt` in eval mode differs in three ways. (1) It keeps W only in
-  int8, so its outlier columns use the dequantised int8 weight: `llm_int8_matmul(..., outlier_weight="int8")`
-  reproduces that. (2) Its row scale of X is taken after zeroing only the values with |x| >= threshold,
-  so the smaller values of an outlier column still count in their row's absmax (those columns' int8
-  codes are zeroed afterwards); here the whole outlier columns are left out of the row absmax, as in the
-  paper. (3) It casts X to fp16 first. So the two agree to a tolerance, not bit for bit (facts read from
-  bitsandbytes 0.50's source: the default backend's `int8_vectorwise_quant`; `int8_mixed_scaled_mm`).
+  int8, so its outlier columns use the dequantised int8 weight: `outlier_weight="int8"` reproduces that.
+  (2) Its row scale of X is taken after zeroing only the values with |x| >= threshold, so the smaller
+  values of an outlier column still count in their row's absmax (those columns' int8 codes are zeroed
+  afterwards); the paper, and `row_scale="paper"`, leave the whole outlier columns out of the row
+  absmax. `row_scale="bitsandbytes"` follows bitsandbytes' rule. (3) It casts X to fp16 first, which
+  `row_scale="bitsandbytes"` does too. The two rules give the same scales while every value of an
+  outlier column is at or above the threshold; once the threshold falls inside an outlier column's
+  range of |x|, that column's values below it set their rows' scale under bitsandbytes' rule and
+  flatten the int8 part, so the paper's rule and bitsandbytes' output drift apart, while bitsandbytes'
+  rule stays within fp16 rounding of it (facts read from bitsandbytes 0.50's source: the default backend's
+  `int8_vectorwise_quant`; `int8_mixed_scaled_mm`).
 * **Weight-only linears** for decode: the weight is stored in int8 (one scale per output row) or int4
   (zero-point, one scale and zero per `group_size` inputs, packed two per byte) and dequantised inside the
   matmul; activations stay in 16/32-bit. At batch 1 decode reads every weight once per token, so fewer
@@ -53,26 +58,38 @@ def rowwise_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.round(x.float() * (127.0 / amax[:, None])).to(torch.int8), amax
 
 
+ROW_SCALES = ("paper", "bitsandbytes")
+
+
 def llm_int8_matmul(x: torch.Tensor, w: torch.Tensor, threshold: float = 6.0,
-                    outlier_weight: str = "float") -> tuple[torch.Tensor, torch.Tensor]:
+                    outlier_weight: str = "float", row_scale: str = "paper") -> tuple[torch.Tensor, torch.Tensor]:
     """LLM.int8's mixed-precision x @ w^T: x (tokens, in), w (out, in) -> ((tokens, out) float32, outlier
     column indices int64).
 
     threshold <= 0 turns the decomposition off (plain vector-wise int8). outlier_weight "float" uses w
     itself for the outlier columns (the paper); "int8" uses the dequantised int8 weight (bitsandbytes'
-    Linear8bitLt with has_fp16_weights=False). Raises ValueError for non-2-D inputs, mismatched inner
-    sizes or an unknown outlier_weight.
+    Linear8bitLt with has_fp16_weights=False). row_scale "paper": each row's int8 scale of x is the absmax
+    of its non-outlier columns; "bitsandbytes": x is cast to fp16, only the values with |x| >= threshold
+    are zeroed before the row absmax, and the outlier columns' codes are zeroed after it (see the module
+    docstring: the two differ once the threshold falls inside an outlier column's range). Raises
+    ValueError for non-2-D inputs, mismatched inner sizes, an unknown outlier_weight or row_scale.
     """
     if x.dim() != 2 or w.dim() != 2 or x.shape[1] != w.shape[1]:
         raise ValueError(f"need x (tokens, in) and w (out, in); got {tuple(x.shape)} and {tuple(w.shape)}")
     if outlier_weight not in ("float", "int8"):
         raise ValueError(f"outlier_weight must be 'float' or 'int8', not {outlier_weight!r}")
-    x = x.float()
+    if row_scale not in ROW_SCALES:
+        raise ValueError(f"row_scale must be one of {ROW_SCALES}, not {row_scale!r}")
+    x = x.half().float() if row_scale == "bitsandbytes" else x.float()
     outliers = (x.abs() >= threshold) if threshold > 0 else torch.zeros_like(x, dtype=torch.bool)
     cols = torch.nonzero(outliers.any(0)).reshape(-1)
-    regular = x.clone()
-    regular[:, cols] = 0.0
-    qx, sx = rowwise_int8(regular)
+    if row_scale == "paper":
+        regular = x.clone()
+        regular[:, cols] = 0.0
+        qx, sx = rowwise_int8(regular)
+    else:
+        qx, sx = rowwise_int8(x.masked_fill(outliers, 0.0))
+        qx[:, cols] = 0
     qw, sw = rowwise_int8(w)
     acc = qx.double() @ qw.double().T  # exact integer sums (|sum| < 2^53)
     out = (acc * (sx[:, None].double() * sw[None, :].double()) / 127.0 ** 2).float()
@@ -106,8 +123,9 @@ class WeightOnlyLinear(nn.Module):
     """A linear layer with its weight stored in int8 (per output row) or int4 (zero-point, per group,
     packed), dequantised inside the matmul. Build it with `WeightOnlyLinear.from_linear(linear, bits,
     group_size)`. forward(x (..., in)) -> (..., out) in x's dtype. `backend`: "torch" (int4: unpack,
-    dequantise, F.linear; int8: convert inside F.linear, scale the output), "triton" (int4: `int4_matmul`)
-    or "compile" (int8: the same under torch.compile)."""
+    dequantise, F.linear; int8: convert inside F.linear, scale the output), "triton" (int4: `int4_matmul`),
+    "compile" (int8: the same under torch.compile) or "fused" (int8: `int8_fused_linear`, PyTorch's
+    int8 weight-only kernel, which reads each int8 weight once with no float copy of the weight)."""
 
     def __init__(self, in_features: int, out_features: int, bits: int, group_size: int, bias: torch.Tensor | None):
         super().__init__()
@@ -149,7 +167,8 @@ class WeightOnlyLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.bits == 8:  # gpt-fast's form: int8 -> x.dtype inside the matmul, per-row scale on the output
-            fn = _compiled_int8() if self.backend == "compile" else _int8_linear
+            fn = (_compiled_int8() if self.backend == "compile" else
+                  int8_fused_linear if self.backend == "fused" else _int8_linear)
             y = fn(x, self.qweight, self.scale)
         elif self.backend == "triton":
             y = int4_matmul(x.reshape(-1, self.in_features), self.qweight, self.scale, self.zero,
@@ -162,6 +181,15 @@ class WeightOnlyLinear(nn.Module):
 def _int8_linear(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """x (..., in) @ q (out, in) int8, converted to x's dtype inside F.linear, times the per-row scale (out,)."""
     return F.linear(x, q.to(x.dtype)) * scale.to(x.dtype)
+
+
+def int8_fused_linear(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """x (..., in) @ q (out, in) int8 times the per-row scale (out,), in one call of PyTorch's int8 weight-only
+    matmul (`torch._weight_int8pack_mm`, the kernel torchao's int8 weight-only layout calls on a CPU): the
+    int8 weight is converted inside the kernel's loop, so each weight is read once as one byte. Same result
+    as `_int8_linear` to fp32 rounding; x in fp32, bf16 or fp16."""
+    y = torch._weight_int8pack_mm(x.reshape(-1, x.shape[-1]), q, scale.to(x.dtype))
+    return y.reshape(*x.shape[:-1], q.shape[0])
 
 
 _COMPILED = None
