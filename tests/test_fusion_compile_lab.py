@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from helpers.fusion import compile_lab, compiler, triton_softmax
+from helpers.measure import bench, protocol
 
 ROWS, COLS = 256, 1024  # notebook 09's smoke size
 DEV = "cuda" if torch.cuda.is_available() else "cpu"  # the Triton softmax runs where Triton compiles (or interprets)
@@ -84,6 +85,20 @@ def test_where_triton_cannot_run_only_the_triton_softmax_is_left_out(monkeypatch
     assert "did not run" not in compile_lab.triton_note("cpu") and "timed" in compile_lab.triton_note("cuda")
 
 
+def test_regional_parameters_are_checked_and_defaulted(tmp_path):
+    from helpers.measure import params
+
+    S = params.Setup(profile="smoke", device="cpu", seed=0, interactive=False, results_dir=tmp_path)
+    base = dict(ROWS=None, COLS=None, DTYPE=None, REPS=None, SOFTMAX_COLS=None, MODEL=None, N_LAYER=None, BATCH=None,
+                SEQ_LEN=None, MODES=None, REGIONAL_LAYERS=None, REGIONAL_BACKEND=None)
+    P = compile_lab.resolve_parameters(S, **base)
+    assert (P["REGIONAL_LAYERS"], P["REGIONAL_BACKEND"], P["REPS"]) == (4, "aot_eager", 30)
+    with pytest.raises(ValueError, match="REGIONAL_BACKEND"):
+        compile_lab.resolve_parameters(S, **(base | {"REGIONAL_BACKEND": "tvm"}))
+    with pytest.raises(ValueError, match="REGIONAL_LAYERS"):
+        compile_lab.resolve_parameters(S, **(base | {"REGIONAL_LAYERS": 0}))
+
+
 def test_parameter_checks_name_the_parameter():
     assert compile_lab.check_modes("MODES", []) == [] and compile_lab.check_modes("MODES", ("default",)) == ["default"]
     with pytest.raises(ValueError, match="MODES"):
@@ -124,11 +139,148 @@ def test_break_even_comes_from_the_median_ratio_and_never_when_not_faster():
     assert compile_lab.fmt_seconds(13.4345e-3) == "13.43 ms" and compile_lab.fmt_seconds(5e-6) == "5.0 µs"
 
 
-def test_busy_warning_and_sweep_agreement(capsys):
+def test_busy_warning(capsys):
     assert compile_lab.busy_warning(cores=2, load=2.5) and "unreliable" in capsys.readouterr().out
     assert not compile_lab.busy_warning(cores=2, load=0.5) and capsys.readouterr().out == ""
-    sweep = {"cols": [64, 128], "eager": [1.0, 1.0], "compiled": [2.0, 0.8]}
-    res = [{"name": "softmax", "ratio": (2.1, 1.9, 2.3)}]
-    assert "they agree" in compile_lab.sweep_agreement(sweep, res, 64)
-    assert "disagree" in compile_lab.sweep_agreement(sweep, res, 128)
-    assert compile_lab.sweep_agreement(sweep, res, 256) == ""
+
+
+def T(median, spread=0.1):
+    """A planted Timing: the median with quartiles spread/2 either side."""
+    return bench.Timing(median, median * (1 - spread / 2), median * (1 + spread / 2), [median] * 5)
+
+
+def test_break_even_is_printed_only_when_the_ratio_is_separated_from_1():
+    eager = T(0.010)
+    straddles = protocol.ratio(T(0.010, 0.5), T(0.009, 0.5))  # IQRs overlap
+    assert not straddles.separated
+    text = compile_lab.break_even_sentence(5.0, eager, straddles)
+    assert "cannot tell" in text
+    assert "pays back after" not in text
+    faster = protocol.ratio(T(0.010), T(0.005))  # 2x, IQRs apart
+    text = compile_lab.break_even_sentence(5.0, eager, faster)
+    assert "pays back after about 1,000 calls" in text and "between" in text  # 5 s / (10 ms * (1 - 1/2))
+    slower = protocol.ratio(T(0.005), T(0.010))
+    assert "never pays back" in compile_lab.break_even_sentence(5.0, eager, slower, "steps")
+
+
+def _planted(name, eager, compiled, library=None, nbytes=2**20):
+    timings = {"eager": eager, "compiled": compiled} | ({"library": library} if library else {})
+    return {"name": name, "timings": timings, "bytes_eager": 4 * nbytes, "bytes_fused": nbytes,
+            "speedup": protocol.ratio(eager, compiled)}
+
+
+def test_workload_sentence_says_what_the_numbers_show_and_when_the_data_is_cache_resident():
+    r = _planted("layernorm", T(0.30), T(0.12), library=T(0.05))
+    cached = compile_lab.workload_sentence(r, llc=480 * 2**20, llc_name="L3")
+    assert "fit in the 480 MiB L3 cache" in cached and "does not apply" in cached
+    assert "compiled was 2.50x" in cached and "faster than eager" in cached
+    assert "library kernel moved the same bytes 2.40x" in cached and "fixed costs" not in cached
+    streams = compile_lab.workload_sentence(r, llc=2**19)
+    assert "exceed the 512 KiB" in streams and "does not apply" not in streams
+    unknown = compile_lab.workload_sentence(r, llc=None)
+    assert "1 MiB" in unknown and "unknown" in unknown
+    noisy = compile_lab.workload_sentence(_planted("softmax", T(0.10, 0.6), T(0.09, 0.6), library=T(0.09, 0.6)), 2**30)
+    assert "cannot rank" in noisy and "within the noise" in noisy and "faster" not in noisy
+    slower = compile_lab.workload_sentence(_planted("pointwise", T(0.05), T(0.10)), 2**30)
+    assert "slower than eager" in slower
+
+
+def test_profile_sentence_and_kernel_share():
+    rows = [("graph_1_cpp_fused_add_mean_0", 0.08, 1, 0.616), ("TorchDynamo Cache Lookup", 0.01, 1, 0.08)]
+    assert compile_lab.kernel_share(rows) == pytest.approx(0.616)
+    middle = compile_lab.profile_sentence(0.616, 0.13, 0.35)
+    assert "62%" in middle and "other 38%" in middle and "both" in middle and "not what limits it" not in middle
+    assert "not what limits it" in compile_lab.profile_sentence(0.95, 0.13, 0.35)
+    assert "both" in compile_lab.profile_sentence(0.4, 0.13, 0.35)
+    assert "overhead around the kernel" in compile_lab.profile_sentence(0.2, 0.13, 0.35)
+
+
+def test_copy_ceiling_is_notebook_00s_record_or_measured_past_the_last_level_cache(monkeypatch):
+    monkeypatch.setattr(compile_lab, "last_level_cache_bytes", lambda device: (480 * 2**20, "L3"))
+    gbps, source = compile_lab.copy_ceiling("cpu", recorded={"copy_gbps": 11.6, "copy_mb": 64})
+    assert gbps == 11.6 and "notebook 00" in source and "64 MiB, inside the 480 MiB L3" in source
+    assert "past the 480 MiB" in compile_lab.copy_ceiling("cpu", recorded={"copy_gbps": 11.6, "copy_mb": 1024})[1]
+    sizes = []
+    monkeypatch.setattr(compile_lab.ceilings, "measure_copy_bandwidth", lambda n, d, reps, warmup: sizes.append(n) or 7.0)
+    monkeypatch.setattr(compile_lab, "last_level_cache_bytes", lambda device: (480 * 2**20, "L3"))
+    gbps, source = compile_lab.copy_ceiling("cpu", recorded={})
+    assert gbps == 7.0 and sizes == [960 * 2**20] and "twice the 480 MiB L3" in source
+    monkeypatch.setattr(compile_lab, "last_level_cache_bytes", lambda device: (None, ""))
+    compile_lab.copy_ceiling("cpu", recorded={})
+    assert sizes[-1] == 2**28
+
+
+def test_last_level_cache_is_a_size_or_unknown():
+    size, name = compile_lab.last_level_cache_bytes("cpu")
+    assert (size is None and name == "") or (size > 0 and name.startswith("L"))
+
+
+def test_training_claim_is_judged_from_the_measured_step_and_not_testable_on_a_cpu():
+    from helpers.measure import claims
+
+    within = protocol.ratio(T(0.15, 0.2), T(0.10, 0.2))  # 1.5x, bounds about 1.23-1.83
+    assert compile_lab.training_claim(within, "cpu", 30.0)["verdict"] == "not testable"
+    assert "CPU" in compile_lab.training_claim(within, "cpu", 30.0)["reason"]
+    assert compile_lab.training_claim(within, "cuda", 30.0)["verdict"] == "supported"
+    above = protocol.ratio(T(0.30), T(0.10))
+    below = protocol.ratio(T(0.10), T(0.10))
+    assert compile_lab.training_claim(above, "cuda", 30.0)["verdict"] == "exceeded"
+    assert compile_lab.training_claim(below, "cuda", 30.0)["verdict"] == "contradicted"
+    for r in (within, above, below):  # every verdict is one the ledger accepts
+        kw = compile_lab.training_claim(r, "cuda", 1.0)
+        claims.verdict("pytorch2-training-1-41x", notebook="09", claim="c", source="s", quiet=True, **kw)
+
+
+def test_the_sweep_and_the_panel_reuse_the_tables_measurement(measured, monkeypatch, capsys):
+    import matplotlib.pyplot as plt
+
+    known = list(measured.values())
+
+    def refuse(*a, **k):
+        raise AssertionError("measured again")
+    monkeypatch.setattr(compile_lab, "measure_workload", refuse)
+    sweep = compile_lab.softmax_sweep([COLS], ROWS, reps=2, known=known)
+    assert sweep["reused"] == [COLS] and sweep["compiled"] == [measured["softmax"]["gbps"]["compiled"]]
+    r = compile_lab.panel_figure("softmax", COLS, ROWS, reps=2, known=known)
+    assert r is measured["softmax"] and "reused" in capsys.readouterr().out
+    plt.close("all")
+
+
+def test_regional_compilation_traces_one_block_for_all(results_tmp):
+    from helpers.gpt.model import GPTConfig
+
+    cfg = GPTConfig.preset("tiny", n_layer=3, seq_len=16)
+    reg = compile_lab.regional_compare(cfg, 2, backend="aot_eager")  # asserts each loss equals eager's
+    assert reg["each block"]["graphs"] == 1 and reg["whole model"]["graphs"] == 1
+    assert sum(reg["whole model"]["nodes"]) > 2 * reg["each block"]["nodes"][0]  # the whole model holds 3 blocks
+    text = compile_lab.regional_sentence(reg, 3, "aot_eager", 12.0)
+    assert "one graph of" in text and "all 3 blocks" in text and "12.0 s" in text
+    with pytest.raises(ValueError, match="backend"):
+        compile_lab.regional_compare(cfg, 2, backend="tvm")
+
+
+def test_the_recorded_ceiling_names_notebook_00s_largest_copy(results_tmp, monkeypatch):
+    from helpers.measure import ceilings
+    from helpers.measure.results import device_name, record
+
+    assert compile_lab.largest_recorded_copy_mb() is None
+    record("hardware_copy_sweep", {"sizes_mb": [1, 16, 64], "gbps": [30.0, 20.0, 11.6]})
+    record(ceilings.CEILINGS_RECORD, {"copy_gbps": 11.6, "matmul_tflops": {}})
+    assert compile_lab.largest_recorded_copy_mb() == 64
+    monkeypatch.setattr(compile_lab, "last_level_cache_bytes", lambda device: (480 * 2**20, "L3"))
+    gbps, source = compile_lab.copy_ceiling("cpu")
+    assert gbps == 11.6 and "64 MiB, inside the 480 MiB L3 cache" in source and device_name()
+
+
+def test_timing_threads_sets_one_thread_on_a_cpu_and_restores_the_count():
+    before = torch.get_num_threads()
+    with compile_lab.timing_threads("cpu"):
+        assert torch.get_num_threads() == compile_lab.TIMING_THREADS
+    assert torch.get_num_threads() == before
+    with compile_lab.timing_threads("cuda"):
+        assert torch.get_num_threads() == before
+    seen = []
+    compile_lab.timed({"a": lambda: seen.append(torch.get_num_threads())}, device="cpu", reps=2, budget_s=1.0)
+    assert set(seen) == {compile_lab.TIMING_THREADS} and torch.get_num_threads() == before
+    c = compile_lab.timed({"a": lambda: None, "b": lambda: sum(range(10_000))}, device="cpu", reps=12)
+    assert c.rounds == 12  # a fixed number of rounds: no stop at the first separated one

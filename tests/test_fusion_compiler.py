@@ -73,3 +73,50 @@ def test_recompile_counts_for_a_scripted_shape_sequence():
     assert limited["compiles"] == 2  # past the limit Dynamo stops compiling and runs the function eagerly
     with pytest.raises(ValueError, match="sizes"):
         compiler.count_compiles([1, 8])
+
+
+def test_captured_logs_hold_what_torch_logs_prints_and_are_reset_after():
+    with compiler.captured_logs(graph_breaks=True, recompiles=True) as lines:
+        torch.compile(compiler.fresh_copy(compiler.with_branch), backend="eager")(torch.randn(8, 16))
+        f = torch.compile(compiler.fresh_copy(compiler.fixed_print), backend="eager", dynamic=False)
+        f(torch.randn(8, 16)), f(torch.randn(16, 16))
+    logs = compiler.log_entries(lines)
+    assert any("Graph break" in m for m in logs["graph_breaks"])
+    assert sum(m.startswith("Recompiling") for m in logs["recompiles"]) == 1  # one new size, one recompile
+    with compiler.captured_logs() as quiet:  # nothing asked: nothing logged
+        torch.compile(compiler.fresh_copy(compiler.with_branch), backend="eager")(torch.randn(8, 16))
+    assert compiler.log_entries(quiet).get("graph_breaks", []) == []
+    with pytest.raises(ValueError, match="unknown log artifact"):
+        with compiler.captured_logs(graph_brakes=True):
+            pass
+
+
+def test_log_entries_parse_the_prefix_and_skip_other_lines():
+    lines = ["V1202 00:28:58.359000 6218 torch/_dynamo/symbolic_convert.py:5124] [0/0] [__graph_breaks] Graph break in user code",
+             "V1202 00:29:00.256000 6218 torch/_dynamo/guards.py:5396] [2/1] [__recompiles] Recompiling function f",
+             "some other line"]
+    assert compiler.log_entries(lines) == {"graph_breaks": ["Graph break in user code"], "recompiles": ["Recompiling function f"]}
+
+
+def test_fullgraph_refuses_a_data_dependent_branch_and_passes_its_fix():
+    err = compiler.fullgraph_refusal(compiler.with_branch, torch.randn(4, 4))
+    assert err is not None and err.startswith("Unsupported") and "branch" in err.lower()
+    assert compiler.fullgraph_refusal(compiler.fixed_branch, torch.randn(4, 4)) is None
+
+
+def test_compile_blocks_compiles_every_block_and_refuses_a_model_without_blocks():
+    from helpers.gpt.model import GPT, GPTConfig
+
+    model = GPT(GPTConfig.preset("tiny", n_layer=2, seq_len=8))
+    assert compiler.compile_blocks(model, backend="eager") == 2
+    assert all(b._compiled_call_impl is not None for b in model.blocks)
+    with pytest.raises(ValueError, match="blocks"):
+        compiler.compile_blocks(torch.nn.Linear(2, 2))
+
+
+def test_fx_cache_counts_count_a_compile_as_a_hit_or_a_miss():
+    before = compiler.fx_cache_counts()
+    x, bias = compiler.make_inputs("pointwise", 4, 8)
+    torch.compile(compiler.fresh_copy(compiler.pointwise_chain))(x, bias, 0.25)
+    after = compiler.fx_cache_counts()
+    assert (after["hit"] - before["hit"]) + (after["miss"] - before["miss"]) == 1  # one graph, one lookup

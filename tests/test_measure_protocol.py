@@ -143,3 +143,9 @@ def test_a_single_separated_round_is_not_enough_to_stop():
     separated_from = next(k for k in range(2, c.rounds + 1) if protocol.separated(
         Timing(*quartiles(c["a"].samples[:k]), []), Timing(*quartiles(c["b"].samples[:k]), [])))
     assert c.rounds == max(5, separated_from + 2)  # three separated rounds in a row, not the first one
+
+
+def test_one_round_is_a_valid_minimum():
+    m = FakeMachine({"a": noisy(0.01, 0.0, 0), "b": noisy(0.02, 0.0, 0)})
+    c = run(m, min_reps=1, max_reps=1)
+    assert c.rounds == 1 and c["a"].median == pytest.approx(0.01)

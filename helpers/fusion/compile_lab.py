@@ -1,7 +1,12 @@
 """Notebook 09's parameters (`resolve_parameters`) and measurements: each workload eager vs compiled (time,
 GB/s, kernels), the cost of compiling (cold and warm, and the calls it takes to pay back), the softmax sweep
-with the Triton kernel, the course GPT's training step and one-token forward compiled, the sentences and
-the panel.
+with the Triton kernel, the course GPT's training step and one-token forward compiled, regional compilation,
+the copy ceiling the GB/s are set against, the sentences (each generated from the run's numbers), the claims
+and the panel.
+
+Every timing is `helpers.measure.protocol`'s (warm-up until steady, interleaved rounds until the variants
+separate or the budget runs out), and each quantity is measured once: the softmax at the workloads' size is
+the workload table's measurement, reused by the sweep and the panel.
 
 The compiler machinery and the workloads themselves are `helpers.fusion.compiler`; the Triton softmax is
 `helpers.fusion.triton_softmax`. Compiled functions are kept in `COMPILED`, one per workload, so a notebook
@@ -11,8 +16,10 @@ training step and one-token forward with plain torch.compile.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
+import re
 import tempfile
 import time
 from typing import Any, Callable
@@ -22,8 +29,9 @@ import torch
 from helpers.cost.flops import transformer_flops
 from helpers.fusion import compiler, triton_softmax
 from helpers.gpt.model import GPT, PRESETS
-from helpers.measure import bench, params, profiling
+from helpers.measure import bench, ceilings, claims, params, profiling, protocol
 from helpers.measure.params import choices, positive
+from helpers.measure.results import load_results, results_dir
 from helpers.show import plots
 
 COMPILED: dict[str, Callable] = {}
@@ -33,6 +41,7 @@ TOLERANCES = {torch.float32: (1e-5, 1e-5), torch.float16: (2e-3, 2e-3), torch.bf
 
 
 MODES = ("default", "reduce-overhead", "max-autotune")
+BACKENDS = ("eager", "aot_eager", "inductor")  # torch.compile backends regional compilation is timed with
 ALL_MODES = MODES  # the same, under a name that `resolve_parameters`' MODES argument does not hide
 
 
@@ -53,7 +62,7 @@ def check_for_device(device: str, *, MODES: list[str], DTYPE: str) -> None:
 
 
 def resolve_parameters(S: params.Setup, *, ROWS, COLS, DTYPE, REPS, SOFTMAX_COLS, MODEL, N_LAYER, BATCH, SEQ_LEN,
-                       MODES) -> dict:
+                       MODES, REGIONAL_LAYERS, REGIONAL_BACKEND) -> dict:
     """Notebook 09's parameters, validated at once and with the profile's defaults filled in: {name: value}.
 
     Raises ValueError naming the first bad parameter, and for what this device cannot run (`check_for_device`).
@@ -64,7 +73,7 @@ def resolve_parameters(S: params.Setup, *, ROWS, COLS, DTYPE, REPS, SOFTMAX_COLS
            "COLS": R("COLS", COLS, smoke=1024, full=4096, check=params.positive),
            "DTYPE": R("DTYPE", DTYPE, smoke="fp32", full="bf16" if cuda else "fp32",
                       check=lambda n, v: params.choose(n, v, ("fp32", "fp16", "bf16"))),
-           "REPS": R("REPS", REPS, smoke=10, full=50, check=params.positive)}
+           "REPS": R("REPS", REPS, smoke=30, full=50, check=params.positive)}
     out["SOFTMAX_COLS"] = R("SOFTMAX_COLS", SOFTMAX_COLS, smoke=[out["COLS"]], full=[256, 1024, 4096, 16384],
                             check=params.positives)
     out["MODEL"] = R("MODEL", MODEL, smoke="tiny", full="small10m", check=lambda n, v: params.choose(n, v, PRESETS))
@@ -72,6 +81,10 @@ def resolve_parameters(S: params.Setup, *, ROWS, COLS, DTYPE, REPS, SOFTMAX_COLS
     out["BATCH"] = R("BATCH", BATCH, smoke=4, full=16, check=params.positive)
     out["SEQ_LEN"] = R("SEQ_LEN", SEQ_LEN, smoke=32, full=256, check=params.positive)
     out["MODES"] = R("MODES", MODES, smoke=every if cuda else [], full=every if cuda else ["default"], check=check_modes)
+    out["REGIONAL_LAYERS"] = R("REGIONAL_LAYERS", REGIONAL_LAYERS, smoke=4, full=PRESETS[out["MODEL"]]["n_layer"],
+                               check=params.positive)
+    out["REGIONAL_BACKEND"] = R("REGIONAL_BACKEND", REGIONAL_BACKEND, smoke="aot_eager", full="inductor",
+                                check=lambda n, v: params.choose(n, v, BACKENDS))
     check_for_device(S.device, MODES=out["MODES"], DTYPE=out["DTYPE"])  # CUDA graphs, autotuning, fp16/bf16: a GPU
     return out
 
@@ -166,9 +179,213 @@ def break_even_steps(compile_s: float, eager_s: float, compiled_s: float) -> flo
 
 # ------------------------------------------------------------------------------------------ measuring
 
-def ratio_quartiles(slow: bench.Timing, fast: bench.Timing) -> tuple[float, float, float]:
-    """(median, q25, q75) of the per-round ratios slow/fast of two interleaved timings."""
-    return bench.quartiles([a / b for a, b in zip(slow.samples, fast.samples)])
+def ratio_triple(r: protocol.Ratio) -> tuple[float, float, float]:
+    """(ratio of medians, lo, hi) of a protocol Ratio: the form the records and tables keep."""
+    return (r.value, r.lo, r.hi)
+
+
+TIMING_THREADS = 1  # torch threads while timing on a CPU (see `timing_threads`)
+
+
+@contextlib.contextmanager
+def timing_threads(device: str):
+    """On a CPU, run the block with TIMING_THREADS torch threads (OpenMP's too, which Inductor's C++ kernels
+    use), restoring the count after; on CUDA, change nothing. At this notebook's smoke sizes a call takes
+    well under a millisecond, and a parallel loop waits at its end for its slowest thread: on a CPU shared
+    with other work one descheduled thread costs a whole scheduler slice, so a 2-thread timing counts the
+    parallel loops a variant runs (eager one per op, compiled one), not the work they do."""
+    if device == "cuda":
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(TIMING_THREADS)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def timed(fns: dict[str, Callable[[], Any]], *, device: str, reps: int, budget_s: float | None = None
+          ) -> protocol.Comparison:
+    """The notebook's one way to time variants: `protocol.compare` (warm-up until steady, then interleaved
+    rounds) under `timing_threads(device)`, with exactly `reps` rounds: min_reps = max_reps, so the rounds do
+    not stop at the first one whose IQRs happen to separate (stopping on a look at the data would favour
+    separation). `budget_s` is passed on (default: 3 s on a CPU, 10 s on CUDA; with min_reps = max_reps it
+    does not cut the rounds short)."""
+    positive("reps", reps)
+    budget = budget_s if budget_s is not None else (10.0 if device == "cuda" else 3.0)
+    with timing_threads(device):
+        return protocol.compare(fns, device=device, min_reps=reps, max_reps=reps, budget_s=budget)
+
+
+# ------------------------------------------------------------------------------------------ sentences
+
+def last_level_cache_bytes(device: str = "cpu") -> tuple[int | None, str]:
+    """(bytes, name) of the device's last-level cache: the GPU's L2 (torch's device properties) on CUDA, else
+    the CPU's highest cache level from sysconf or /sys/devices/system/cpu/cpu0/cache; (None, "") where unknown."""
+    if device == "cuda" and torch.cuda.is_available():
+        size = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 0)
+        return (int(size), "L2") if size else (None, "")
+    for level in (4, 3, 2):
+        try:
+            size = os.sysconf(f"SC_LEVEL{level}_CACHE_SIZE")
+        except (ValueError, OSError, AttributeError):
+            size = 0
+        if size and size > 0:
+            return int(size), f"L{level}"
+    best: tuple[int | None, str] = (None, "")
+    root = "/sys/devices/system/cpu/cpu0/cache"
+    for entry in sorted(os.listdir(root)) if os.path.isdir(root) else []:
+        try:
+            level = open(os.path.join(root, entry, "level")).read().strip()
+            text = open(os.path.join(root, entry, "size")).read().strip()
+        except OSError:
+            continue
+        m = re.fullmatch(r"(\d+)([KMG]?)", text)
+        if m:
+            size = int(m.group(1)) * {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}[m.group(2)]
+            if best[0] is None or size > best[0]:
+                best = (size, f"L{level}")
+    return best
+
+
+def copy_ceiling(device: str = "cpu", reps: int = 3, recorded: dict | None = None) -> tuple[float, str]:
+    """(GB/s, where it came from): the copy bandwidth the GB/s columns are set against, made once per run.
+
+    Notebook 00's recorded `copy_gbps` for this device (its largest copy, `ceilings.load_ceilings`) when the
+    results folder has it; else one copy measured now at twice the last-level cache (at least 256 MiB), so
+    that it streams from memory rather than from cache. The source says which, and for notebook 00's whether
+    its copy was inside or past the last-level cache. `recorded`: the ceilings to use instead of loading them
+    (tests; its optional "copy_mb" is the copy's size)."""
+    rec = recorded if recorded is not None else ceilings.load_ceilings()
+    llc, name = last_level_cache_bytes(device)
+    if rec and rec.get("copy_gbps"):
+        mb = rec.get("copy_mb", largest_recorded_copy_mb() if recorded is None else None)
+        size = "its largest copy" if mb is None else f"its largest copy, {mb:g} MiB" + (
+            "" if not llc else f", {'inside' if mb * 2**20 <= llc else 'past'} the {fmt_bytes(llc)} {name} cache")
+        return float(rec["copy_gbps"]), f"notebook 00's record for this device ({size}), this results folder"
+    nbytes = max(2 * llc, 2**28) if llc else 2**28
+    gbps = ceilings.measure_copy_bandwidth(nbytes, device, reps=reps, warmup=1)
+    where = f"twice the {llc / 2**20:g} MiB {name} cache" if llc else "a size chosen without knowing the cache size"
+    return gbps, f"measured just now: one {nbytes / 2**20:g} MiB copy ({where}); notebook 00 has no record in this results folder"
+
+
+def largest_recorded_copy_mb() -> float | None:
+    """The largest copy (MiB) of notebook 00's copy sweep in this results folder (its `copy_gbps` is that
+    copy's bandwidth), or None without that record."""
+    sweep = load_results(results_dir()).get("hardware_copy_sweep")
+    sizes = (sweep or {}).get("metrics", {}).get("sizes_mb") if isinstance(sweep, dict) else None
+    return float(sizes[-1]) if sizes else None
+
+
+def fmt_bytes(n: float) -> str:
+    """Bytes for a sentence: '1 MiB', '480 MiB', '1.5 GiB', '48 KiB'."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:.3g} {unit}"
+    return f"{n:g} B"
+
+
+def cache_note(nbytes: int, llc: int | None, llc_name: str = "last-level") -> str:
+    """A clause on where a workload's data lives: in cache when `nbytes` (its inputs and output) fit in the
+    last-level cache `llc` (bytes), so the memory-bound prediction does not apply; else that it streams."""
+    if llc is None:
+        return f"its inputs and output total {fmt_bytes(nbytes)} (this device's cache size is unknown)"
+    if nbytes <= llc:
+        return (f"its inputs and output ({fmt_bytes(nbytes)}) fit in the {fmt_bytes(llc)} {llc_name} cache, so its "
+                "intermediates are read back from cache, not memory, and the memory-bound prediction does not apply "
+                "at this size")
+    return f"its inputs and output ({fmt_bytes(nbytes)}) exceed the {fmt_bytes(llc)} {llc_name} cache: it streams from memory"
+
+
+def workload_sentence(r: dict, llc: int | None, llc_name: str = "last-level") -> str:
+    """One sentence per workload, built from its measurement `r` (`measure_workload`'s dict): the bytes'
+    prediction, where the data lives (`cache_note`), compiled against eager and, where there is one,
+    the library kernel against compiled, each ranked only when their IQRs are apart."""
+    t = r["timings"]
+    pred = r["bytes_eager"] / r["bytes_fused"]
+    sp = r["speedup"]
+    if not sp.separated:
+        vs_eager = f"compiled and eager are within the noise (eager/compiled {sp}): this run cannot rank them"
+    elif sp.value > 1:
+        vs_eager = f"compiled was {sp} faster than eager"
+    else:
+        slow = protocol.ratio(t["compiled"], t["eager"])
+        vs_eager = f"compiled was {slow} slower than eager"
+    text = f"{r['name']}: the bytes predict up to {pred:.1f}x if memory-bound; {cache_note(r['bytes_fused'], llc, llc_name)}; {vs_eager}"
+    if "library" in t:
+        lib = protocol.ratio(t["compiled"], t["library"])
+        if lib.separated and lib.value > 1:
+            text += (f"; the library kernel moved the same bytes {lib} faster than the compiled one, so the compiled "
+                     "kernel is not at a limit of this device: a faster kernel for the same work exists")
+        elif lib.separated:
+            text += f"; the compiled kernel beat the library one ({protocol.ratio(t['library'], t['compiled'])})"
+        else:
+            text += f"; the library kernel and the compiled one are within the noise ({t['library']} vs {t['compiled']})"
+    return text + "."
+
+
+def kernel_share(rows: list[tuple[str, float, float, float]]) -> float:
+    """Share (0..1) of a profile's self time spent in the kernels Inductor wrote (rows named *cpp_fused* on a
+    CPU, triton_* on a GPU); `profiling.Profile.rows` as input."""
+    return sum(share for op, _, _, share in rows if "cpp_fused" in op or op.startswith("triton_"))
+
+
+def profile_sentence(share: float, compiled_ms: float, eager_ms: float) -> str:
+    """What the compiled call's profile says (`kernel_share`'s share of a call's profiled time), conditional on
+    the number: almost all work (>= 80% in the fused kernel), work and overhead both (30-80%), or mostly
+    overhead (the wrapper: guards, the cache lookup)."""
+    where = ("a compiled call is almost all the fused kernel's own work: per-call overhead is not what limits it"
+             if share >= 0.8 else
+             f"the wrapper around the kernel (guards, the cache lookup) took the other {1 - share:.0%}: at this size "
+             "both the kernel and the per-call overhead count" if share >= 0.3 else
+             "most of a compiled call is overhead around the kernel (guards, the cache lookup, the wrapper): per-call "
+             "costs limit it at this size")
+    return (f"The fused kernel took {share:.0%} of the compiled call's profiled time ({compiled_ms:.3f} ms of profiled self time "
+            f"per call, eager {eager_ms:.3f} ms): {where}.")
+
+
+def break_even_sentence(compile_s: float, eager: bench.Timing, speedup: protocol.Ratio, what: str = "calls") -> str:
+    """When a compile of `compile_s` seconds pays for itself, from eager's timing and the eager/compiled
+    `speedup` (a protocol Ratio): a count (with the range its IQR bounds give) only when the ratio is
+    separated from 1; "never" when compiled is separated and slower; else that this run cannot tell."""
+    if not speedup.separated:
+        return (f"this run cannot tell whether it pays back: eager/compiled {speedup} straddles 1 (the IQRs overlap), "
+                f"so any break-even count would be noise")
+    if speedup.value <= 1:
+        return f"it never pays back at this size: compiled was slower (eager/compiled {speedup})"
+    n = break_even_from_ratio(compile_s, eager.median, speedup.value)
+    lo = break_even_from_ratio(compile_s, eager.median, speedup.hi)
+    hi = break_even_from_ratio(compile_s, eager.median, speedup.lo) if speedup.lo > 1 else None
+    span = f" (between {lo:,.0f} and {hi:,.0f} from the IQR bounds)" if lo and hi else ""
+    return f"it pays back after about {n:,.0f} {what}{span}, saving {fmt_seconds(saved_per_call(eager.median, speedup.value))} per call"
+
+
+PT2_CLAIM = {"claimed": 1.41, "source": "Ansel et al., 2024 (the PyTorch 2 paper, ASPLOS), on an NVIDIA A100",
+             "claim": "torch.compile speeds up training by 1.41x (geometric mean over the paper's benchmark suites; "
+                      "2.27x for inference)"}
+
+
+def training_claim(speedup: protocol.Ratio, device: str, first_step_s: float) -> dict[str, Any]:
+    """The keyword arguments of `claims.verdict` for PyTorch 2's 1.41x training geomean, judged from the
+    measured eager/compiled training step (`speedup`): "supported" when 1.41 lies within its IQR bounds,
+    else `claims.judge` of the median against 1.41 ("exceeded" above, "contradicted" below). "not testable"
+    without CUDA: the paper's figure is for GPU kernels (Triton code, fewer launches) over real models, and a
+    CPU step of a small model measures C++/OpenMP code on another kind of hardware."""
+    claimed = PT2_CLAIM["claimed"]
+    measured = (f"eager/compiled training step {speedup} on this {device} (first compiled step "
+                f"{first_step_s:.1f} s, not counted)")
+    if device != "cuda":
+        return {"verdict": "not testable", "measured": measured, "value": speedup.value,
+                "reason": "the claim is a GPU result (Triton kernels, fewer kernel launches, an A100); this run has "
+                          "only a CPU, where Inductor writes C++ for a different machine"}
+    if speedup.lo <= claimed <= speedup.hi:
+        verdict, why = "supported", f"{claimed}x lies within the measured IQR bounds"
+    else:
+        verdict = claims.judge(speedup.value, claimed, claimed)
+        why = f"the measured IQR bounds lie {'above' if speedup.lo > claimed else 'below'} {claimed}x"
+    return {"verdict": verdict, "measured": measured, "value": speedup.value,
+            "reason": why + "; one model on this GPU, against a geomean over the paper's suites on an A100"}
 
 
 def saved_per_call(eager_s: float, ratio: float) -> float:
@@ -196,34 +413,18 @@ def fmt_seconds(s: float) -> str:
 
 def busy_warning(cores: int | None = None, load: float | None = None) -> bool:
     """Print one warning line and return True when the 1-minute load average >= the core count (other
-    processes then hold the cores, and a parallel loop waits for its slowest thread, so timings and
-    ratios are unreliable). cores/load default to os.cpu_count() and os.getloadavg()[0] (0 where absent)."""
+    processes then hold the cores, so absolute timings are unreliable). cores/load default to os.cpu_count() and os.getloadavg()[0] (0 where absent)."""
     cores = cores or os.cpu_count() or 1
     if load is None:
         load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
     if load >= cores:
         print(f"Warning: the load average ({load:.1f}) is at least the number of cores ({cores}): other work "
-              "shares this CPU, so the timings below are unreliable (each parallel loop waits for its slowest thread).")
+              "shares this CPU, so absolute times below are unreliable; they run on one thread (`timing_threads`), so a "
+              "descheduled thread of a parallel loop does not stall every call, and the spreads show what noise is left.")
         return True
     return False
 
 
-def sweep_agreement(sweep: dict, results: list[dict], cols: int, tol: float = 0.25) -> str:
-    """One sentence comparing the softmax sweep's eager/compiled ratio at row length `cols` (GB/s compiled /
-    eager) with the softmax workload's median per-round ratio in `results` (the same input size): they
-    agree when within `tol` (relative) and on the same side of 1. '' when the sweep lacks that length."""
-    if cols not in sweep["cols"]:
-        return ""
-    i = sweep["cols"].index(cols)
-    e, c = sweep["eager"][i], sweep["compiled"][i]
-    r = next((r["ratio"][0] for r in results if r["name"] == "softmax"), None)
-    if not e or not c or r is None:
-        return ""
-    s = c / e
-    same = abs(s - r) <= tol * r and (s > 1) == (r > 1)
-    return (f"At row length {cols} the sweep measured eager/compiled {s:.2f}x, the workload table above {r:.2f}x: "
-            + ("they agree." if same else "they disagree: two timing runs of the same input, so at least one was "
-               "distorted (by other work on the CPU, or by a different compiled kernel); read either ratio with care."))
 
 def triton_note(device: str) -> str:
     """One sentence on the Triton softmax in this process, for the cells after its check: timed beside the
@@ -239,14 +440,16 @@ def triton_note(device: str) -> str:
 
 
 def measure_workload(name: str, rows: int, cols: int, *, dtype: torch.dtype = torch.float32, device: str = "cpu",
-                     reps: int = 10, seed: int = 0, kernels: bool = True, comp: Callable | None = None) -> dict[str, Any]:
+                     reps: int = 10, seed: int = 0, kernels: bool = True, comp: Callable | None = None,
+                     budget_s: float | None = None) -> dict[str, Any]:
     """Workload `name` on a (rows, cols) input: compiled checked against eager (`verify_output`), then eager,
-    compiled and library (and the Triton softmax on CUDA) timed interleaved. `comp`: the compiled function
-    to use (default `compiled(name)`).
+    compiled and library (and the Triton softmax on CUDA) timed by the protocol (`timed`: at most `reps`
+    rounds). `comp`: the compiled function to use (default `compiled(name)`).
 
     Returns {"name", "shape", "bytes_eager", "bytes_fused", "timings" {impl: Timing}, "gbps" {impl: GB/s
-    of the fused bytes, i.e. the useful traffic}, "ratio" (median, q25, q75 of eager/compiled per round),
-    "kernels" {"eager": n, "compiled": n} (None without `kernels`), "max_error"}.
+    of the fused bytes, i.e. the useful traffic}, "speedup" (the protocol Ratio eager/compiled), "ratio"
+    (its value, lo, hi), "note" (how the timings were made), "kernels" {"eager": n, "compiled": n} (None
+    without `kernels`), "max_error"}.
     """
     w = compiler.WORKLOADS[name] if name in compiler.WORKLOADS else None
     args = compiler.make_inputs(name, rows, cols, dtype=dtype, device=device, seed=seed)
@@ -259,7 +462,8 @@ def measure_workload(name: str, rows: int, cols: int, *, dtype: torch.dtype = to
         if name == "softmax" and device == "cuda" and not triton_softmax.BROKEN:
             verify_output(fn, triton_softmax.softmax(args[0]), args, "the Triton softmax")
             impls["triton"] = lambda: triton_softmax.softmax(args[0])
-        timings = bench.benchmark_interleaved(impls, reps=reps, warmup=2, device=device)
+        comparison = timed(impls, device=device, reps=reps, budget_s=budget_s)
+    timings = comparison.timings
     fused = compiler.fused_bytes(fn, *args)
     counts = None
     if kernels:
@@ -267,7 +471,8 @@ def measure_workload(name: str, rows: int, cols: int, *, dtype: torch.dtype = to
     return {"name": name, "shape": (rows, cols), "dtype": str(dtype).replace("torch.", ""),
             "bytes_eager": compiler.eager_bytes(fn, *args)["total"], "bytes_fused": fused, "timings": timings,
             "gbps": {k: fused / t.median / 1e9 for k, t in timings.items()},
-            "ratio": ratio_quartiles(timings["eager"], timings["compiled"]), "kernels": counts,
+            "speedup": comparison.ratio("eager", "compiled"),
+            "ratio": ratio_triple(comparison.ratio("eager", "compiled")), "note": comparison.note(), "kernels": counts,
             "max_error": error}
 
 
@@ -286,7 +491,7 @@ def workload_rows(results: list[dict], copy_gbps: float) -> list[list]:
 
 
 WORKLOAD_HEADER = ["workload", "bytes eager/fused", "kernels eager->compiled", "eager ms", "compiled ms",
-                   "library ms", "eager/compiled [IQR]", "compiled GB/s", "x copy bw"]
+                   "library ms", "eager/compiled [IQR bounds]", "compiled GB/s", "x copy bw"]
 
 
 def plot_workloads(results: list[dict], copy_gbps: float):
@@ -312,22 +517,32 @@ def plot_workloads(results: list[dict], copy_gbps: float):
 
 
 def softmax_sweep(cols_list: list[int], rows: int, *, dtype: torch.dtype = torch.float32, device: str = "cpu",
-                  reps: int = 5) -> dict[str, list]:
+                  reps: int = 5, known: list[dict] | None = None) -> dict[str, list]:
     """GB/s (useful bytes: read once, write once) of the softmax implementations against row length.
 
     {"cols": [...], "eager": [...], "compiled": [...], "library": [...], "triton": [...]}; "triton" holds
     None on a CPU, where the kernel runs only in Triton's (untimed) interpreter. Each row length gets a
     graph of its own (dynamic=False), as a benchmark should: a shape-generic kernel would be slower. Compiled
-    like the workloads (`compiler.compile_counted`), so that its ratio at the workloads' size compares like
-    with like.
+    like the workloads (`compiler.compile_counted`), so that its ratio at the workloads' size compares like with like.
+
+    known: measurements already made (`measure_workload` dicts): a row length whose softmax of this many rows
+    and dtype is among them is reused, not timed again (one quantity, measured once per run); "reused" lists
+    those row lengths.
     """
-    out: dict[str, list] = {"cols": list(cols_list), "eager": [], "compiled": [], "library": [], "triton": []}
+    out: dict[str, list] = {"cols": list(cols_list), "eager": [], "compiled": [], "library": [], "triton": [],
+                            "reused": []}
+    dname = str(dtype).replace("torch.", "")
     for cols in cols_list:
-        key = f"softmax, static {cols}"
-        if key not in COMPILED:
-            COMPILED[key] = compiler.compile_counted(compiler.fresh_copy(compiler.softmax_ops), dynamic=False)
-        r = measure_workload("softmax", rows, cols, dtype=dtype, device=device, reps=reps, kernels=False,
-                             comp=COMPILED[key])
+        r = next((k for k in known or () if k["name"] == "softmax" and tuple(k["shape"]) == (rows, cols)
+                  and k["dtype"] == dname), None)
+        if r is not None:
+            out["reused"].append(cols)
+        else:
+            key = f"softmax, static {cols}"
+            if key not in COMPILED:
+                COMPILED[key] = compiler.compile_counted(compiler.fresh_copy(compiler.softmax_ops), dynamic=False)
+            r = measure_workload("softmax", rows, cols, dtype=dtype, device=device, reps=reps, kernels=False,
+                                 comp=COMPILED[key])
         for impl in ("eager", "compiled", "library", "triton"):
             out[impl].append(r["gbps"].get(impl))
     return out
@@ -353,15 +568,16 @@ def _step(model, opt, x, y, autocast_dtype=None) -> torch.Tensor:
 
 
 def train_step_compare(config, batch_size: int, *, device: str = "cpu", reps: int = 5, check_steps: int = 2,
-                       lr: float = 1e-3, seed: int = 0, autocast_dtype: torch.dtype | None = None) -> dict[str, Any]:
+                       lr: float = 1e-3, seed: int = 0, autocast_dtype: torch.dtype | None = None,
+                       budget_s: float | None = None) -> dict[str, Any]:
     """The course GPT's training step (forward, backward, AdamW) eager vs torch.compile'd, from equal weights.
 
     The first compiled step's time is reported as "first_step_s" (it compiles the forward and backward
     graphs); `check_steps` steps of both must give losses within rtol=1e-4, atol=1e-5 in fp32 (the
     compiled kernels sum in another order, and the difference grows slowly over steps), rtol=2e-2 under
-    bf16 autocast (`autocast_dtype`; eager rounds each op's output to bf16, fused kernels do not); then `reps`
-    steps of each are timed interleaved. Returns times, tokens/s, TFLOP/s (counted as in notebook 02)
-    and the per-round ratio quartiles.
+    bf16 autocast (`autocast_dtype`; eager rounds each op's output to bf16, fused kernels do not); then both
+    are timed by the protocol (`timed`, at most `reps` rounds). Returns times, tokens/s, TFLOP/s (counted as
+    in notebook 02), "speedup" (the protocol Ratio eager/compiled), "ratio" (its value, lo, hi) and "note".
     """
     eager, comp, (opt_e, opt_c), x, y = _train_pair(config, batch_size, device, lr, seed)
     ac = autocast_dtype
@@ -374,16 +590,17 @@ def train_step_compare(config, batch_size: int, *, device: str = "cpu", reps: in
     losses = [(float(_step(eager, opt_e, x, y, ac)), float(_step(comp, opt_c, x, y, ac))) for _ in range(check_steps)]
     for a, b in losses:
         torch.testing.assert_close(b, a, rtol=1e-4 if ac is None else 2e-2, atol=1e-5)
-    timings = bench.benchmark_interleaved({"eager": lambda: _step(eager, opt_e, x, y, ac),
-                                           "compiled": lambda: _step(comp, opt_c, x, y, ac)},
-                                          reps=reps, warmup=1, device=device)
+    comparison = timed({"eager": lambda: _step(eager, opt_e, x, y, ac), "compiled": lambda: _step(comp, opt_c, x, y, ac)},
+                       device=device, reps=reps, budget_s=budget_s)
+    timings = comparison.timings
     tokens = batch_size * config.seq_len
     flops = transformer_flops(config, batch_size, config.seq_len)["total"]["total"]
     return {"first_step_s": first, "losses": losses, "timings": timings, "tokens": tokens, "flops": flops,
             "eager_step": lambda: _step(eager, opt_e, x, y, ac),
             "tokens_per_s": {k: tokens / t.median for k, t in timings.items()},
             "tflops": {k: flops / t.median / 1e12 for k, t in timings.items()},
-            "ratio": ratio_quartiles(timings["eager"], timings["compiled"])}
+            "speedup": comparison.ratio("eager", "compiled"), "note": comparison.note(),
+            "ratio": ratio_triple(comparison.ratio("eager", "compiled"))}
 
 
 def matmul_share(step: Callable[[], Any], name: str = "09_gpt_step_eager") -> float:
@@ -391,7 +608,8 @@ def matmul_share(step: Callable[[], Any], name: str = "09_gpt_step_eager") -> fl
 
     torch.compile hands matmuls to the same library kernels eager uses, so only the rest can shrink: with a
     share m the whole step can be at most 1/m times faster (Amdahl's law)."""
-    prof = profiling.profile(step, steps=2, top=10_000, name=name)
+    with timing_threads("cuda" if torch.cuda.is_available() else "cpu"):  # as the step was timed
+        prof = profiling.profile(step, steps=2, top=10_000, name=name)
     return sum(share for op, _, _, share in prof.rows if profiling.is_matmul(op))
 
 
@@ -424,19 +642,94 @@ def one_token_forward(config, modes: list[str], *, device: str = "cpu", reps: in
             out[mode] = {"compile_s": time.perf_counter() - start}
             torch.testing.assert_close(got.float(), want.float(), rtol=1e-4, atol=1e-4)
             fns[mode] = fn
-        timings = bench.benchmark_interleaved({k: (lambda f=f: f(idx)) for k, f in fns.items()},
-                                              reps=reps, warmup=2, device=device)
+        timings = timed({k: (lambda f=f: f(idx)) for k, f in fns.items()}, device=device, reps=reps).timings
     for k, t in timings.items():
         out[k]["timing"] = t
     return out
 
 
-def panel_figure(workload: str, cols: int, rows: int, *, device: str = "cpu", reps: int = 5) -> dict[str, Any]:
-    """The instructor panel's callback: measure one workload at (rows, cols), print one line, draw bars."""
-    r = measure_workload(workload, rows, cols, device=device, reps=reps)
+def panel_figure(workload: str, cols: int, rows: int, *, device: str = "cpu", reps: int = 5,
+                 known: list[dict] | None = None) -> dict[str, Any]:
+    """The instructor panel's callback: measure one workload at (rows, cols) (or reuse its measurement from
+    `known`, `measure_workload` dicts, when it was already made in fp32), print one line, draw bars."""
+    r = next((k for k in known or () if k["name"] == workload and tuple(k["shape"]) == (rows, cols)
+              and k["dtype"] == "float32" and k["kernels"]), None)
+    reused = r is not None
+    r = r or measure_workload(workload, rows, cols, device=device, reps=reps)
     k = r["kernels"]
-    print(f"{workload} ({rows} x {cols}): eager {r['timings']['eager'].ms:.3f} ms, {k['eager']} kernels; compiled "
-          f"{r['timings']['compiled'].ms:.3f} ms, {k['compiled']} kernels; eager/compiled {r['ratio'][0]:.2f}x; "
-          f"compiled {r['gbps']['compiled']:.3g} GB/s of the fused bytes")
+    print(f"{workload} ({rows} x {cols}){' (measured above, reused)' if reused else ''}: eager {r['timings']['eager']}, "
+          f"{k['eager']} kernels; compiled {r['timings']['compiled']}, {k['compiled']} kernels; eager/compiled "
+          f"{r['speedup']}; compiled {r['gbps']['compiled']:.3g} GB/s of the fused bytes")
     plots.bars({impl: t.ms for impl, t in r["timings"].items()}, ylabel="ms per call", title=f"{workload}, {rows}x{cols}")
     return r
+
+
+# ------------------------------------------------------------------------------------------ regional compilation
+
+def counting_backend(backend: str = "inductor") -> tuple[Callable, list[int]]:
+    """(a torch.compile backend that hands each graph Dynamo captures to `backend`, the list it appends each
+    graph's FX node count to): how many graphs a compile made, and how large."""
+    from torch._dynamo import lookup_backend  # heavy: Dynamo's backend registry, only for this count
+
+    inner, graphs = lookup_backend(backend), []
+
+    def count(gm, example_inputs):
+        graphs.append(len(gm.graph.nodes))
+        return inner(gm, example_inputs)
+    return count, graphs
+
+
+def regional_compare(config, batch_size: int, *, backend: str = "inductor", device: str = "cpu", lr: float = 1e-3,
+                     seed: int = 0) -> dict[str, dict]:
+    """The first training step (forward, backward, AdamW) of the course GPT compiled whole (torch.compile(model))
+    and compiled by region (`compiler.compile_blocks`: each block, one compiled code for all), from the same
+    weights and batch. Each variant's loss must equal eager's within rtol 1e-4, atol 1e-5 (fp32).
+
+    Returns {"eager": {"loss"}, "whole model" | "each block": {"first_step_s", "graphs" (graphs Dynamo handed
+    to the backend), "nodes" (their FX node counts), "loss"}}. backend: one of BACKENDS ("aot_eager" traces
+    forward and backward without generating code: cheap; "inductor" is the real compile). Raises ValueError
+    for another backend.
+    """
+    choices("backend", [backend], BACKENDS)
+    g = torch.Generator().manual_seed(seed)
+    x, y = (torch.randint(0, config.vocab_size, (batch_size, config.seq_len), generator=g).to(device) for _ in "xy")
+    torch.manual_seed(seed)
+    base = GPT(config).to(device)
+    with torch.no_grad():
+        out: dict[str, dict] = {"eager": {"loss": float(base(x, y)[1])}}
+    for name in ("whole model", "each block"):
+        model = copy.deepcopy(base)
+        be, graphs = counting_backend(backend)
+        if name == "whole model":
+            run = torch.compile(model, backend=be)
+        else:
+            compiler.compile_blocks(model, backend=be)
+            run = model
+        opt = torch.optim.AdamW(model.parameters(), lr=lr)
+        start = time.perf_counter()
+        loss = float(_step(run, opt, x, y))
+        if device == "cuda":
+            torch.cuda.synchronize()
+        out[name] = {"first_step_s": time.perf_counter() - start, "graphs": len(graphs), "nodes": list(graphs),
+                     "loss": loss}
+        torch.testing.assert_close(loss, out["eager"]["loss"], rtol=1e-4, atol=1e-5)
+    return out
+
+
+def regional_sentence(reg: dict[str, dict], n_blocks: int, backend: str, full_first_step_s: float | None = None) -> str:
+    """What regional compilation measured (`regional_compare`'s dict): graphs and first-step seconds of each
+    variant and which was faster (each first step is timed once, so a difference within 20% is not called),
+    with the notebook's whole-model Inductor first step (`full_first_step_s`) beside it."""
+    w, b = reg["whole model"], reg["each block"]
+    ratio = w["first_step_s"] / b["first_step_s"] if b["first_step_s"] > 0 else float("inf")
+    verdict = (f"compiling by block made the first step {ratio:.2g}x faster" if ratio > 1.2 else
+               f"compiling the whole model made the first step {1 / ratio:.2g}x faster" if ratio < 1 / 1.2 else
+               "the two first steps took about as long (within 20%, one timing each)")
+    reuse = (f"one graph of {b['nodes'][0]} nodes served all {n_blocks} blocks" if b["graphs"] == 1 and n_blocks > 1
+             else f"{b['graphs']} graph(s) for {n_blocks} block(s)")
+    text = (f"Backend {backend}: the whole model gave {w['graphs']} graph(s) ({sum(w['nodes'])} nodes) and a first step "
+            f"of {w['first_step_s']:.2f} s; by block, {reuse}, first step {b['first_step_s']:.2f} s: {verdict}.")
+    if full_first_step_s is not None:
+        text += (f" For scale: the whole-model Inductor compile of the training step above took {full_first_step_s:.1f} s "
+                 "for its first step.")
+    return text

@@ -13,7 +13,10 @@ fuses by hand. `eager_bytes` counts what eager mode moves (every op's tensor inp
 outputs written once, counted by a TorchDispatchMode as the ops run); `fused_bytes` is the ideal of one
 fused kernel: the function's inputs read once and its outputs written once. `kernel_launches` counts the
 kernels a call runs; `generated_code`, `fused_kernels` and `kernel_excerpt` read what Inductor wrote;
-`BREAKS` and `explain` show graph breaks and their fixes; `count_compiles` counts recompilations.
+`BREAKS` and `explain` show graph breaks and their fixes; `count_compiles` counts recompilations;
+`captured_logs` and `log_entries` capture what TORCH_LOGS would print (graph breaks, recompiles, output
+code); `fullgraph_refusal` shows fullgraph=True refusing a break; `compile_blocks` is regional compilation
+(each transformer block compiled, one compiled code shared by all of them).
 
 On a CPU Inductor writes C++ with OpenMP; on a GPU, Triton. Inductor imports triton, so this module
 switches Triton's interpreter on where there is no GPU (`helpers.measure.triton_mode`) before anything it
@@ -25,6 +28,7 @@ and could not be counted); every other compile in the process is left as is.
 from __future__ import annotations
 
 import contextlib
+import io
 import logging
 import os
 import re
@@ -402,3 +406,77 @@ def count_compiles(sizes: list[int], *, dynamic: bool | None = None, mark_dynami
             fn(x)
             after.append(counter.frame_count)
     return {"compiles": counter.frame_count, "after_each": after, "sizes": list(sizes)}
+
+
+# ------------------------------------------------------------------------------------------ logs, fullgraph, regions
+
+
+@contextlib.contextmanager
+def captured_logs(**artifacts: bool):
+    """What TORCH_LOGS would print, captured: `torch._logging.set_logs(**artifacts)` inside the block (e.g.
+    graph_breaks=True, recompiles=True, output_code=True, the same names as TORCH_LOGS="graph_breaks,..."),
+    and yields a list that holds the logged lines once the block ends. The logging settings are reset to
+    their defaults afterwards (`set_logs()`). Raises ValueError for an artifact torch does not know.
+
+    torch's log handlers write to the stream that is sys.stderr when `set_logs` installs them, so they are
+    installed while sys.stderr is a buffer: the lines go to the buffer, not to the notebook's stderr.
+    """
+    known = set(torch._logging._internal.log_registry.artifact_names)
+    unknown = sorted(set(artifacts) - known)
+    if unknown:
+        raise ValueError(f"unknown log artifact(s) {unknown}; e.g. graph_breaks, recompiles, output_code")
+    buf, lines = io.StringIO(), []
+    with contextlib.redirect_stderr(buf):
+        torch._logging.set_logs(**artifacts)
+    try:
+        yield lines
+    finally:
+        torch._logging.set_logs()
+        lines.extend(buf.getvalue().splitlines())
+
+
+_LOG_LINE = re.compile(r"^\S+ \S+ \d+ \S+\] (?:\[[^\]]*\] )?\[__(\w+)\] ?(.*)$")
+
+
+def log_entries(lines: list[str]) -> dict[str, list[str]]:
+    """{artifact: [message lines]} from torch's log lines ('V1202 00:28:58.359000 6218 torch/...py:5124] [0/0]
+    [__graph_breaks] Graph break in user code ...'), the prefix dropped; lines of other loggers are left out."""
+    out: dict[str, list[str]] = {}
+    for line in lines:
+        m = _LOG_LINE.match(line)
+        if m:
+            out.setdefault(m.group(1), []).append(m.group(2))
+    return out
+
+
+def fullgraph_refusal(fn: Callable, *args) -> str | None:
+    """The first line of the error torch.compile(fn, fullgraph=True) raises on `fn(*args)` (a graph break is
+    refused rather than split around), or None when fn compiles as one graph. Dynamo only (backend="eager")."""
+    compiled = torch.compile(fresh_copy(fn), backend="eager", fullgraph=True)
+    try:
+        with _quiet_dynamo(), contextlib.redirect_stdout(io.StringIO()):
+            compiled(*args)
+    except torch._dynamo.exc.Unsupported as err:
+        return f"{type(err).__name__}: " + str(err).strip().splitlines()[0]
+    return None
+
+
+def compile_blocks(model: torch.nn.Module, **kwargs) -> int:
+    """Regional compilation: `block.compile(**kwargs)` for every block in `model.blocks` (in place; the rest
+    of the model stays eager). The blocks run the same code on parameters of the same shapes, so Dynamo
+    compiles the first block's call and every other block reuses it (its parameters are graph inputs, not
+    constants). Returns the number of blocks compiled. Raises ValueError for a model without blocks."""
+    blocks = getattr(model, "blocks", None)
+    if not blocks:
+        raise ValueError("the model has no .blocks to compile one by one")
+    for block in blocks:
+        block.compile(**kwargs)
+    return len(blocks)
+
+
+def fx_cache_counts() -> dict[str, int]:
+    """{"hit", "miss"}: Inductor's FX-graph cache lookups so far in this process (torch._dynamo.utils.counters);
+    the difference over a compile says whether its graph was loaded from the on-disk cache or compiled."""
+    from torch._dynamo.utils import counters  # Dynamo's process-wide counters
+
+    return {"hit": counters["inductor"]["fxgraph_cache_hit"], "miss": counters["inductor"]["fxgraph_cache_miss"]}

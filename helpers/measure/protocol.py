@@ -164,8 +164,8 @@ def compare(fns: dict[str, Callable[[], Any]], *, device: str | None = None, tim
         for n in order:
             samples[n].append(timer(fns[n]))
         rounds += 1
-        t = timings() if rounds >= 2 else None
-        in_a_row = in_a_row + 1 if t is not None and len(names) > 1 and Comparison(t, warm, rounds, "").rankable() else 0
+        t = timings()
+        in_a_row = in_a_row + 1 if rounds >= 2 and len(names) > 1 and Comparison(t, warm, rounds, "").rankable() else 0
         if rounds < min_reps:
             continue
         if in_a_row >= confirm:
