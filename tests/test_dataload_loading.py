@@ -58,3 +58,29 @@ def test_host_buffer_is_written_pageable_memory():
     for bad in (0, -1, 1.5, True):
         with pytest.raises(ValueError, match="nbytes"):
             loading.host_buffer(bad)
+
+
+@pytest.mark.parametrize("n, ranks", [(10, 4), (12, 4), (7, 3), (5, 8)])
+def test_rank_indices_partition_the_data_set_by_pytorchs_padding_rule(n, ranks):
+    parts = loading.rank_indices(n, ranks, seed=3)
+    p = loading.partition(parts, n)
+    per = -(-n // ranks)  # ceil: drop_last=False pads every rank to this many
+    assert [len(x) for x in parts] == [per] * ranks
+    assert p["missing"] == 0 and p["repeated"] == per * ranks - n and p["distinct"] == n
+    cut = loading.partition(loading.rank_indices(n, ranks, seed=3, drop_last=True), n)
+    assert cut["overlap"] == 0 and cut["repeated"] == 0 and cut["missing"] == n - (n // ranks) * ranks
+    if n % ranks == 0:
+        assert p["overlap"] == 0  # divides evenly: disjoint and covering
+    e1 = loading.rank_indices(n, ranks, seed=3, epoch=1)
+    assert loading.partition(e1, n)["missing"] == 0
+    assert loading.rank_indices(n, ranks, seed=3) == parts  # the same epoch: the same shards on every call
+
+
+def test_set_epoch_reshuffles_and_the_guards():
+    e0, e1 = (loading.rank_indices(1000, 4, epoch=e) for e in (0, 1))
+    assert e0 != e1 and sorted(sum(e0, [])) == sorted(sum(e1, [])) == list(range(1000))
+    assert loading.rank_indices(6, 2, shuffle=False) == [[0, 2, 4], [1, 3, 5]]
+    with pytest.raises(ValueError, match="num_replicas"):
+        loading.rank_indices(10, 0)
+    with pytest.raises(ValueError, match="n="):
+        loading.rank_indices(0, 2)

@@ -69,3 +69,12 @@ def test_sweep_rounds_interleaves_and_keeps_each_configs_fastest_round(monkeypat
     assert rows[0]["idle"] == pytest.approx(0.2) and rows[0]["tokens_per_s_rounds"] == [10.0, 30.0]
     with pytest.raises(ValueError, match="rounds"):
         loading_lab.sweep_rounds(None, None, [{}], steps=1, rounds=0)
+
+
+def test_breakdown_figure_draws_stacked_parts_and_the_step_iqr():
+    rows = [{"wait_ms": 5.0, "copy_ms": 0.0, "compute_ms": 20.0}, {"wait_ms": 1.0, "copy_ms": 0.5, "compute_ms": 10.0}]
+    fig = loading_lab.breakdown_figure(rows, ["a", "b"], step_iqr=[(20.0, 30.0), (10.0, 13.0)])
+    ax = fig.axes[0]
+    assert len(ax.patches) == 6  # three parts per row
+    assert [list(line.get_xdata()) for line in ax.lines] == [[20.0, 30.0], [10.0, 13.0]]
+    assert len(loading_lab.breakdown_figure(rows, ["a", "b"]).axes[0].lines) == 0

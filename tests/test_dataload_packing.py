@@ -1,7 +1,10 @@
 """helpers.dataload.packing: packing keeps every token once, the mask is block-diagonal causal, positions
 restart per document, padding fractions are exact, and packed-with-mask losses equal unpacked ones."""
+from collections import Counter
+
 import pytest
 import torch
+import torch.nn.functional as F
 
 from helpers.dataload import packing
 from helpers.gpt.model import GPT, GPTConfig
@@ -84,3 +87,34 @@ def test_packed_with_mask_equals_unpacked_and_differs_without(model):
     torch.testing.assert_close(packed, alone, rtol=1e-5, atol=1e-5)
     assert (leaked - alone).abs().max() > 1e-3  # documents placed after another one see it
     assert model.attn_impl == "sdpa"  # the kernel is restored
+
+
+def test_varlen_masks_equal_per_document_attention_run_separately():
+    docs = _docs([40, 17, 3, 9, 30, 2, 12, 7, 25, 11, 60, 33])
+    b = packing.pack_batch(docs, 64)
+    R, T = b.doc.shape
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(R, 2, T, 8, generator=g) for _ in range(3))
+    cu = packing.cu_seqlens(b.doc)
+    runs = (cu[1:] - cu[:-1]).tolist()
+    assert cu[0] == 0 and cu[-1] == R * T and cu.dtype == torch.int32
+    assert Counter(len(d) for d in docs) <= Counter(runs) and sum(runs) == R * T  # one run per document (+ padding)
+    ref = packing.varlen_attention(q, k, v, cu)
+    # document i alone, straight from its own tokens' q, k, v: the same as the reference's run
+    r0, at = int((b.doc == 4).nonzero()[0, 0]), int((b.doc == 4).nonzero()[0, 1])
+    alone = F.scaled_dot_product_attention(q[r0:r0 + 1, :, at:at + 30], k[r0:r0 + 1, :, at:at + 30],
+                                           v[r0:r0 + 1, :, at:at + 30], is_causal=True)
+    torch.testing.assert_close(ref[r0:r0 + 1, :, at:at + 30], alone, rtol=1e-5, atol=1e-6)  # strided vs contiguous
+    dense = F.scaled_dot_product_attention(q, k, v, attn_mask=packing.block_causal_mask(b.doc)[:, None])
+    bm = packing.document_block_mask(b.doc, block_size=16)
+    flex = packing.flex_document_attention(q, k, v, bm)
+    torch.testing.assert_close(dense, ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(flex, ref, rtol=1e-5, atol=1e-5)
+    # a leaking mask (plain causal over the row) must fail the same check
+    leaky = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    assert float((leaky - ref).abs().max()) > 1e-2
+    # counted bytes: T^2 booleans per row densely, (T/16)^2-sized int32 block tables for FlexAttention
+    assert packing.block_mask_bytes(bm) < R * T * T
+    assert packing.block_mask_bytes(bm) >= 4 * R * (T // 16) ** 2
+    with pytest.raises(ValueError, match="block_size"):
+        packing.document_block_mask(b.doc, block_size=0)

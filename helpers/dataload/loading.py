@@ -9,6 +9,8 @@
   when the sampler has a seeded generator (`make_loader`).
 * `collate` / `make_loader` / `shutdown`: padded or packed batches (`helpers.dataload.packing`) from a
   seeded DataLoader, and stopping its workers.
+* `rank_indices` / `partition`: each data-parallel rank's indices from `DistributedSampler` (given
+  num_replicas and rank, no process group), and how the shards cover the data set.
 * `write_token_file` / `MemmapBatches`: nanoGPT's and llm.c's fast path, one flat uint16 token file
   read through `np.memmap`, random windows, no per-item Python work.
 * `train_step`: one forward, backward and optimizer step on a batch, with the block-diagonal mask
@@ -159,6 +161,46 @@ def shutdown(loader: torch.utils.data.DataLoader) -> None:
     if it is not None and hasattr(it, "_shutdown_workers"):
         it._shutdown_workers()
     loader._iterator = None
+
+
+# ---------------------------------------------------------------- one shard per rank
+
+def rank_indices(n: int, num_replicas: int, *, epoch: int = 0, seed: int = 0, shuffle: bool = True,
+                 drop_last: bool = False) -> list[list[int]]:
+    """The dataset indices each of `num_replicas` ranks reads in `epoch`: [rank 0's, rank 1's, ...].
+
+    Built with `torch.utils.data.DistributedSampler(range(n), num_replicas=..., rank=r, ...)` for every r
+    (no process group is needed when both are given) and its `set_epoch(epoch)`: the shuffle is seeded
+    with seed + epoch, the same on every rank, so the ranks agree on one permutation and each takes every
+    num_replicas-th index from its own offset. PyTorch's padding rule: with drop_last=False the permutation
+    is extended with its own first indices up to ceil(n / num_replicas) * num_replicas, so a few indices are
+    read twice; with drop_last=True its tail is cut to floor(n / num_replicas) * num_replicas, so a few
+    are not read this epoch. Raises ValueError for n or num_replicas that is not a positive int.
+    """
+    positive("n", n)
+    positive("num_replicas", num_replicas)
+    out = []
+    for r in range(num_replicas):
+        sampler = torch.utils.data.DistributedSampler(range(n), num_replicas=num_replicas, rank=r, shuffle=shuffle,
+                                                      seed=seed, drop_last=drop_last)
+        sampler.set_epoch(epoch)
+        out.append(list(sampler))
+    return out
+
+
+def partition(parts: Sequence[Sequence[int]], n: int) -> dict[str, int]:
+    """How rank shards cover range(n): {"ranks", "per_rank" (the largest shard), "distinct" indices read,
+    "repeated" (reads beyond the first of an index), "missing" (indices no rank reads), "overlap" (indices
+    read by more than one rank)}."""
+    reads = [i for p in parts for i in p]
+    seen = set(reads)
+    owners: dict[int, int] = {}
+    for p in parts:
+        for i in set(p):
+            owners[i] = owners.get(i, 0) + 1
+    return {"ranks": len(parts), "per_rank": max((len(p) for p in parts), default=0), "distinct": len(seen),
+            "repeated": len(reads) - len(seen), "missing": len(set(range(n)) - seen),
+            "overlap": sum(1 for c in owners.values() if c > 1)}
 
 
 # ---------------------------------------------------------------- the memory-mapped baseline

@@ -2,8 +2,9 @@
 
 * `Breakdown` / `step_breakdown`: per training step, the time spent waiting for the batch, copying it
   to the device and computing, and the share of the step the device was idle.
-* `loader_breakdown` / `sweep` / `sweep_rounds` / `epochs_time`: the same through fresh
-  `loading.make_loader` loaders, one per configuration, and the loader alone over whole epochs.
+* `loader_breakdown` / `sweep` / `sweep_rounds`: a fixed number of warm-up steps, best of rounds (the
+  course's goal checks; notebook 12's headlines come from `helpers.dataload.sweep_lab`); `epochs_time`:
+  the loader alone over whole epochs.
 * `worker_memory`: what a forked worker's unique memory (USS) grows by when it reads every document
   (copy-on-access: reading a Python object writes its reference count, so the page is copied).
 * CUDA only: `h2d_bandwidth` (pageable, pinned, pinned on the fly) and `copy_overlap` (a copy on a
@@ -27,7 +28,7 @@ import torch
 from helpers.dataload import loading, packing
 from helpers.gpt import data
 from helpers.gpt.model import PRESETS
-from helpers.measure import bench, params
+from helpers.measure import bench, params, protocol
 from helpers.measure.params import positive
 from helpers.show import plots
 
@@ -225,7 +226,8 @@ def h2d_bandwidth(sizes: Sequence[int], *, reps: int = 10) -> list[dict[str, flo
     """Host-to-device GB/s per size in bytes: pageable `.to()`, pinned `.to(non_blocking=True)`, and
     pin-on-the-fly (`.pin_memory()` then the non-blocking copy, every time). CUDA only (RuntimeError otherwise).
 
-    Each number is bytes / median time of `reps` copies, each synchronised (CUDA events via helpers.measure.bench).
+    Each number is bytes / median time by the course's protocol (`protocol.compare`: warmed up until steady,
+    at least `reps` interleaved rounds, CUDA events); "separated" says whether the three timings' IQRs are disjoint.
     The source buffers come from `loading.host_buffer`: written memory, not the zero page of a fresh allocation.
     """
     if not torch.cuda.is_available():
@@ -238,8 +240,9 @@ def h2d_bandwidth(sizes: Sequence[int], *, reps: int = 10) -> list[dict[str, flo
         fns = {"pageable": lambda: dst.copy_(pageable),
                "pinned": lambda: dst.copy_(pinned, non_blocking=True),
                "pin on the fly": lambda: dst.copy_(pageable.pin_memory(), non_blocking=True)}
-        t = bench.benchmark_interleaved(fns, reps=reps, warmup=2, device="cuda")
-        rows.append({"bytes": n, **{k: n / v.median / 1e9 for k, v in t.items()}})
+        t = protocol.compare(fns, device="cuda", min_reps=reps, max_reps=3 * reps, budget_s=5.0)
+        rows.append({"bytes": n, **{k: n / v.median / 1e9 for k, v in t.timings.items()},
+                     "separated": t.rankable()})
         del pageable, pinned, dst
     return rows
 
@@ -270,22 +273,30 @@ def copy_overlap(nbytes: int, matmul_n: int, *, reps: int = 10) -> dict[str, flo
         a @ a
         torch.cuda.current_stream().wait_stream(side)
 
-    t = bench.benchmark_interleaved({"copy": copy, "compute": compute, "both": both}, reps=reps, warmup=2,
-                                    device="cuda")
+    t = protocol.compare({"copy": copy, "compute": compute, "both": both}, device="cuda", min_reps=reps,
+                         max_reps=3 * reps, budget_s=5.0)
     c, m, b = t["copy"].median, t["compute"].median, t["both"].median
     return {"copy": c, "compute": m, "both": b, "hidden": min(1.0, max(0.0, (c + m - b) / min(c, m)))}
 
 
 # ---------------------------------------------------------------- the figure
 
-def breakdown_figure(rows: Sequence[dict], labels: Sequence[str], *, title: str = "", ax=None):
-    """Horizontal stacked bars of wait / copy / compute ms per step, one bar per row of `sweep`; returns the figure."""
+def breakdown_figure(rows: Sequence[dict], labels: Sequence[str], *, title: str = "", ax=None,
+                     step_iqr: Sequence[tuple[float, float]] | None = None):
+    """Horizontal stacked bars of wait / copy / compute ms per step (medians), one bar per row; returns the figure.
+
+    step_iqr: the (q25, q75) ms of each row's whole step, drawn as a black line across the bar's end
+    (the medians of the parts need not add up to the median step exactly).
+    """
     fig, ax = plots.figure(figsize=(8, 0.45 * len(rows) + 1.6)) if ax is None else (ax.figure, ax)
     left = np.zeros(len(rows))
     for part, color in (("wait_ms", "tab:red"), ("copy_ms", "tab:orange"), ("compute_ms", "tab:green")):
         vals = np.array([r[part] for r in rows], dtype=float)
         ax.barh(list(labels), vals, left=left, color=color, label=part[:-3])
         left += vals
+    if step_iqr is not None:
+        for y, (lo, hi) in enumerate(step_iqr):
+            ax.plot([lo, hi], [y, y], color="black", lw=2, label="step IQR" if y == 0 else None)
     ax.set(xlabel="ms per step (medians)", title=title)
     ax.legend(loc="lower right", fontsize=8)
     fig.tight_layout()
@@ -341,7 +352,7 @@ def resolve_parameters(S: params.Setup, *, MODEL, ROW_LEN, N_DOCS, MEDIAN_LEN, L
            "PREFETCH": R("PREFETCH", PREFETCH, smoke=[2, 4], full=[1, 2, 4, 8], check=params.positives),
            "BATCHES": R("BATCHES", BATCHES, smoke=[4, 16], full=[16, 64, 256], check=params.positives),
            "STEPS": R("STEPS", STEPS, smoke=4, full=30, check=params.positive),
-           "REPS": R("REPS", REPS, smoke=5, full=20, check=params.positive)}
+           "REPS": R("REPS", REPS, smoke=8, full=20, check=params.positive)}
     row_len, n_docs, median = out["ROW_LEN"], out["N_DOCS"], out["MEDIAN_LEN"]
     if row_len < MIN_DOC:
         raise ValueError(f"ROW_LEN={row_len} must be at least {MIN_DOC}: documents are at least {MIN_DOC} tokens long "

@@ -15,9 +15,15 @@ With that mask and those positions, every document's loss is exactly the loss it
 (`forward_packed` runs the course GPT so); without the mask, tokens attend to the documents before
 them in the row (cross-contamination). Packing documents this way is what e.g. Krell et al., 2021,
 *Efficient Sequence Packing without Cross-contamination*, describe for BERT.
+
+The same rule without storing T^2 booleans per row: `document_block_mask` (FlexAttention's BlockMask,
+(T/block)^2 int32 block tables per row) with `flex_document_attention`, and `cu_seqlens` (FlashAttention's
+variable-length layout, one int32 per document) with `varlen_attention`, the reference that attends
+within each document separately.
 """
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -206,3 +212,83 @@ def unpacked_losses(model, docs: Sequence[torch.Tensor]) -> torch.Tensor:
         d = d.long()[None]  # (1, n)
         out.append(model(d[:, :-1], d[:, 1:])[1].float())
     return torch.stack(out)
+
+
+# ---------------------------------------------------------------- variable-length attention without a dense mask
+
+def document_mask_mod(doc: torch.Tensor):
+    """FlexAttention's `mask_mod` for packed rows: (b, h, q, kv) -> True where doc[b, q] == doc[b, kv] and kv <= q.
+
+    The same rule as `block_causal_mask`, evaluated per index instead of stored as an (R, T, T) tensor.
+    """
+    def mask_mod(b, h, q, kv):
+        return (doc[b, q] == doc[b, kv]) & (kv <= q)
+
+    return mask_mod
+
+
+def document_block_mask(doc: torch.Tensor, block_size: int = 128):
+    """(R, T) document ids -> `torch.nn.attention.flex_attention.BlockMask` of the block-diagonal causal mask.
+
+    A BlockMask stores, per (row, query block), how many key blocks are partly or fully allowed and which:
+    int32 tensors of shape (R, 1, T/block) and (R, 1, T/block, T/block), so (T/block)^2 integers per row
+    instead of T^2 booleans; empty blocks are skipped by the compiled kernel (Dong et al., 2024,
+    *Flex Attention: A Programming Model for Generating Optimized Attention Kernels*). Built without
+    torch.compile, which evaluates the mask once per element while building it. Raises ValueError for a
+    block_size that is not a positive int.
+    """
+    from torch.nn.attention.flex_attention import create_block_mask  # loads torch's compiler stack (seconds): only here
+    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
+        raise ValueError(f"block_size={block_size!r} must be a positive int (FlexAttention's default is 128)")
+    R, T = doc.shape
+    return create_block_mask(document_mask_mod(doc), R, None, T, T, device=str(doc.device), BLOCK_SIZE=block_size)
+
+
+def block_mask_bytes(block_mask) -> int:
+    """Bytes of the tensors a BlockMask holds (block counts and block indices, for queries and keys)."""
+    return sum(t.numel() * t.element_size() for t in block_mask.as_tuple() if isinstance(t, torch.Tensor))
+
+
+def flex_document_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_mask) -> torch.Tensor:
+    """softmax(q k^T / sqrt(hd) + mask) v through `flex_attention` with a `document_block_mask`; (R, H, T, hd).
+
+    Called eagerly: without torch.compile PyTorch runs its unfused reference, which materialises the scores
+    (it warns so once; the warning is silenced here because this call is the reference on purpose). Wrap
+    `flex_attention` in torch.compile for the fused kernel that skips empty blocks.
+    """
+    from torch.nn.attention.flex_attention import flex_attention  # loads torch's compiler stack (seconds): only here
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
+        return flex_attention(q, k, v, block_mask=block_mask)
+
+
+def cu_seqlens(doc: torch.Tensor) -> torch.Tensor:
+    """(R, T) document ids -> int32 cumulative run lengths over the flattened rows, (n_runs + 1,), starting at 0.
+
+    The variable-length layout of FlashAttention's `flash_attn_varlen_func` (Dao, 2023): the rows are
+    concatenated into one sequence of R*T tokens and run i is tokens cu[i]:cu[i+1], each a document (or a
+    row's padding); attention is causal inside each run. O(documents) integers instead of T^2 booleans.
+    """
+    flat = doc.flatten()
+    change = torch.ones_like(flat, dtype=torch.bool)
+    change[1:] = flat[1:] != flat[:-1]
+    T = doc.size(-1)
+    change[::T] = True  # a run never crosses a row boundary
+    starts = torch.nonzero(change).flatten()
+    return torch.cat([starts, torch.tensor([flat.numel()], device=doc.device)]).to(torch.int32)
+
+
+def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.Tensor) -> torch.Tensor:
+    """Causal attention run separately on each run of `cu_seqlens` (the reference): (R, H, T, hd) in, same out.
+
+    Each run (a document, or a row's padding) is sliced out of the flattened rows and attended to alone with
+    PyTorch's SDPA, is_causal=True; no mask tensor exists at all.
+    """
+    R, H, T, hd = q.shape
+    flat = lambda t: t.transpose(0, 1).reshape(H, R * T, hd)  # noqa: E731  (H, R*T, hd)
+    fq, fk, fv = flat(q), flat(k), flat(v)
+    out = torch.empty_like(fq)
+    bounds = cu.tolist()
+    for a, b in zip(bounds[:-1], bounds[1:]):
+        out[:, a:b] = F.scaled_dot_product_attention(fq[:, a:b], fk[:, a:b], fv[:, a:b], is_causal=True)
+    return out.reshape(H, R, T, hd).transpose(0, 1)

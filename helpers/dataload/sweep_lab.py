@@ -1,0 +1,279 @@
+"""Notebook 12's measurement protocol over loaders, and the verdict sentences generated from its spread.
+
+* `sweep_protocol` (with `Source`, `loader_source`, `cycle`, `timed_step`, `timed_block`, `LoaderTiming`,
+  `LoaderSweep`): the course's protocol (`helpers.measure.protocol`) applied to training steps fed by
+  loaders: per source a fresh loader warmed up until its steps are steady, blocks of timed steps
+  interleaved in rotated rounds until every source is separated from the fastest; medians and IQRs of
+  wait, copy, compute and time per real token. `panel_row` is one block, for the instructor panel.
+* `against_target` / `packing_sentence` / `idle_sentence`: verdicts generated from a measured ratio or
+  share and its IQR bounds against the course's targets, ranking only separated timings.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable, Iterable, Iterator, Sequence
+
+import torch
+
+from helpers.dataload import loading, packing
+from helpers.measure import bench, protocol
+from helpers.measure.bench import Timing
+from helpers.measure.params import positive
+
+MAX_WARMUP_STEPS = 6  # steps a block may spend warming up before its timed steps
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+# ---------------------------------------------------------------- one block of training steps from a source
+
+def cycle(make_batches: Callable[[], Iterable[packing.Batch]]) -> Iterator[packing.Batch]:
+    """Batches of `make_batches()` epoch after epoch (a new iteration of the loader when one runs out).
+    Raises ValueError when an epoch gives no batch at all."""
+    while True:
+        empty = True
+        for batch in make_batches():
+            empty = False
+            yield batch
+        if empty:
+            raise ValueError("the loader gave no batch at all")
+
+
+def timed_step(model, it: Iterator[packing.Batch], optimizer, *, device: str = "cpu", mask: bool = False,
+               non_blocking: bool = False) -> tuple[float, float, float, int]:
+    """One training step from `it`: (wait, copy, compute) seconds, each closed by a device sync, and real tokens."""
+    t0 = time.perf_counter()
+    batch = next(it)
+    t1 = time.perf_counter()
+    batch = batch.to(device, non_blocking=non_blocking)
+    _sync(device)
+    t2 = time.perf_counter()
+    loading.train_step(model, batch, optimizer, mask)
+    _sync(device)
+    t3 = time.perf_counter()
+    return t1 - t0, t2 - t1, t3 - t2, batch.tokens
+
+
+@dataclass
+class Source:
+    """One way of feeding batches to a training step: `make()` returns a fresh iterable of `packing.Batch`
+    (a DataLoader or `loading.MemmapBatches`), `close(it)` releases it (workers shut down)."""
+
+    make: Callable[[], Iterable[packing.Batch]]
+    mask: bool = False  # packed rows: train with the block-diagonal mask
+    non_blocking: bool = False  # pinned batches: copy with non_blocking=True
+    close: Callable[[Iterable[packing.Batch]], None] = lambda it: None
+
+
+def loader_source(dataset, **loader_kw) -> Source:
+    """A `Source` of fresh `loading.make_loader(dataset, **loader_kw)` loaders (batch_size and row_len required)."""
+    return Source(lambda: loading.make_loader(dataset, **loader_kw), mask=loader_kw.get("kind", "pad") == "pack",
+                  non_blocking=loader_kw.get("pin_memory", False), close=loading.shutdown)
+
+
+def timed_block(model, optimizer, source: Source, *, steps: int, device: str = "cpu", window: int = 2,
+                tol: float = 0.25, max_warmup: int = MAX_WARMUP_STEPS) -> tuple[list[tuple], int]:
+    """Steps from a fresh `source.make()`: warm up until steady, then time `steps` steps.
+
+    Warm-up is `protocol.warm_up` over whole steps (wait + copy + compute): steps are taken and discarded
+    until the last `window` lie within `tol` of their median, or `max_warmup` steps, so a loader's worker
+    start-up and the process's first-call costs stay out of the timed steps. The loader is restarted
+    for a new epoch when it runs out (`cycle`), and closed after. Returns ([(wait, copy, compute, tokens)]
+    per timed step, the warm-up steps taken). Raises ValueError for steps that is not a positive int.
+    """
+    positive("steps", steps)
+    made = []
+
+    def make():
+        made.append(source.make())
+        return made[-1]
+
+    it = cycle(make)
+    step = lambda: timed_step(model, it, optimizer, device=device, mask=source.mask,  # noqa: E731
+                              non_blocking=source.non_blocking)
+    try:
+        warm = protocol.warm_up(step, lambda fn: sum(fn()[:3]), window=window, tol=tol, max_warmup=max_warmup)
+        return [step() for _ in range(steps)], len(warm)
+    finally:
+        for loader in made:
+            source.close(loader)
+
+
+# ---------------------------------------------------------------- timings pooled over rounds
+
+@dataclass
+class LoaderTiming:
+    """One source measured by `sweep_protocol`: every timed step of every round (seconds; tokens per step).
+
+    wait, copy, compute, step and per_token are `bench.Timing`s over the timed steps (per_token: step
+    seconds per real token, so tokens/s = 1 / per_token.median); idle is the per-step share
+    (wait + copy) / step, as (median, q25, q75); warmup_steps: the steps each block discarded.
+    """
+
+    wait: Timing
+    copy: Timing
+    compute: Timing
+    step: Timing
+    per_token: Timing
+    idle: tuple[float, float, float]
+    warmup_steps: list[int]
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Real tokens per second at the median time per token."""
+        return 1.0 / self.per_token.median
+
+    def tokens_per_s_text(self) -> str:
+        """"12,345 tokens/s (IQR 11,000-13,000)": the median and the bounds from the quartiles."""
+        return (f"{self.tokens_per_s:,.0f} tokens/s (IQR {1 / self.per_token.q75:,.0f}-"
+                f"{1 / self.per_token.q25:,.0f})")
+
+    def row(self) -> dict:
+        """Plain numbers for a table or a record: (median, q25, q75) in ms, idle share, tokens/s and its IQR."""
+        ms = lambda t: (1e3 * t.median, 1e3 * t.q25, 1e3 * t.q75)  # noqa: E731
+        return {"wait_ms": ms(self.wait), "copy_ms": ms(self.copy), "compute_ms": ms(self.compute),
+                "step_ms": ms(self.step), "idle": self.idle, "tokens_per_s": self.tokens_per_s,
+                "tokens_per_s_iqr": (1 / self.per_token.q75, 1 / self.per_token.q25), "steps": len(self.step.samples),
+                "warmup_steps": self.warmup_steps}
+
+
+def _timing(xs: list[float], device: str) -> Timing:
+    return Timing(*bench.quartiles(xs), list(xs), 0, device)
+
+
+def loader_timing(steps: list[tuple], warmup_steps: list[int], device: str = "cpu") -> LoaderTiming:
+    """A `LoaderTiming` from timed steps [(wait, copy, compute, tokens)] (pooled over rounds)."""
+    wait, copy, compute, tokens = (list(c) for c in zip(*steps))
+    step = [w + c + m for w, c, m in zip(wait, copy, compute)]
+    idle = [(w + c) / s if s > 0 else 0.0 for w, c, s in zip(wait, copy, step)]
+    return LoaderTiming(_timing(wait, device), _timing(copy, device), _timing(compute, device), _timing(step, device),
+                        _timing([s / n for s, n in zip(step, tokens)], device), bench.quartiles(idle), warmup_steps)
+
+
+@dataclass
+class LoaderSweep:
+    """What `sweep_protocol` measured: a `LoaderTiming` per source, the rounds run and why it stopped."""
+
+    timings: dict[str, LoaderTiming]
+    rounds: int
+    stopped: str  # "separated" (every source from the fastest), "max_rounds" or "budget"
+    steps: int
+
+    def __getitem__(self, name: str) -> LoaderTiming:
+        return self.timings[name]
+
+    def fastest(self, names: Sequence[str] | None = None) -> str:
+        """The source with the most tokens/s (median), among `names` (default: all)."""
+        return min(names or self.timings, key=lambda n: self.timings[n].per_token.median)
+
+    def note(self) -> str:
+        """How the numbers were made, for a caption or a summary's noise field."""
+        warm = ", ".join(f"{k} {sum(v.warmup_steps)}" for k, v in self.timings.items())
+        return (f"medians and IQRs of {self.steps} timed steps x {self.rounds} interleaved rounds per loader, each round "
+                f"a fresh loader warmed up until its steps were steady (warm-up steps discarded: {warm}); "
+                f"stopped: {self.stopped}")
+
+
+def sweep_protocol(model, sources: dict[str, Source], *, steps: int, device: str = "cpu", min_rounds: int = 3,
+                   max_rounds: int = 8, budget_s: float = 30.0, lr: float = 1e-3,
+                   clock: Callable[[], float] = time.monotonic) -> LoaderSweep:
+    """The course's measurement protocol over training steps fed by each source.
+
+    One round trains `steps` steps from a fresh loader of every source, in an order rotated each round
+    (so a burst of other load on the machine slows every source alike), each block warmed up until steady
+    first (`timed_block`). Blocks, not single steps, are interleaved: a loader with workers left idle
+    between single steps would prefetch in the background and hide its real wait. After `min_rounds`,
+    stop once every source's time per token is separated from the fastest one's (IQRs disjoint), or at
+    `max_rounds`, or after `budget_s` seconds (clock: the wall clock, a fake in tests). All sources train
+    the one `model` (same shapes, same work per step); pass a model already on `device`. Raises
+    ValueError for no sources, a bad round count or a budget that is not positive.
+    """
+    if not sources:
+        raise ValueError("sources is empty: give at least one {name: Source}")
+    positive("min_rounds", min_rounds)
+    if max_rounds < min_rounds:
+        raise ValueError(f"max_rounds={max_rounds!r} must be at least min_rounds={min_rounds}")
+    if not budget_s > 0:
+        raise ValueError(f"budget_s={budget_s!r} must be a positive number of seconds")
+    opt = torch.optim.AdamW(model.parameters(), lr=lr)
+    names = list(sources)
+    steps_of: dict[str, list[tuple]] = {n: [] for n in names}
+    warm: dict[str, list[int]] = {n: [] for n in names}
+    start, rounds, stopped = clock(), 0, "max_rounds"
+    while rounds < max_rounds:
+        for n in names[rounds % len(names):] + names[:rounds % len(names)]:
+            got, w = timed_block(model, opt, sources[n], steps=steps, device=device)
+            steps_of[n] += got
+            warm[n].append(w)
+        rounds += 1
+        if rounds < min_rounds:
+            continue
+        t = {n: loader_timing(steps_of[n], warm[n], device) for n in names}
+        best = min(t, key=lambda n: t[n].per_token.median)
+        if all(protocol.separated(t[n].per_token, t[best].per_token) for n in names if n != best):
+            stopped = "separated"
+            break
+        if clock() - start > budget_s:
+            stopped = "budget"
+            break
+    return LoaderSweep({n: loader_timing(steps_of[n], warm[n], device) for n in names}, rounds, stopped, steps)
+
+
+def panel_row(model, dataset, cfg: dict, *, steps: int, device: str = "cpu", **common) -> dict:
+    """One loader configuration (`loading.make_loader` keywords `cfg` over `common`) for `steps` steps after a
+    steady warm-up (`timed_block`), training `model`: its `LoaderTiming.row()` (the instructor panel's bars)."""
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    got, warm = timed_block(model, opt, loader_source(dataset, **{**common, **cfg}), steps=steps, device=device)
+    return loader_timing(got, [warm], device).row()
+
+
+# ---------------------------------------------------------------- sentences generated from the measured spread
+
+PACK_TARGET = 1.5  # the course's target for packed/padded tokens/s on a GPU with about half the slots padding
+IDLE_TARGET = 0.02  # the course's target for the share of a GPU step spent waiting for data
+
+
+def against_target(lo: float, hi: float, target: float, *, higher_is_better: bool = True) -> str:
+    """Where a measured range [lo, hi] (IQR bounds) lies against a target: "met", "not met" or "undecided"
+    (the range straddles the target). Raises ValueError for lo > hi."""
+    if lo > hi:
+        raise ValueError(f"lo={lo} must not exceed hi={hi}")
+    good, bad = (lo >= target, hi < target) if higher_is_better else (hi <= target, lo > target)
+    return "met" if good else "not met" if bad else "undecided"
+
+
+def packing_sentence(r: protocol.Ratio, *, cuda: bool, target: float = PACK_TARGET) -> str:
+    """The packing verdict generated from the measured packed/padded tokens/s ratio and its IQR bounds.
+
+    Ranks packed against padded only when their step times are separated; judges the target only when the
+    ratio's bounds lie on one side of it; says when the target (set for a GPU) was judged on a CPU.
+    """
+    where = "" if cuda else " (the target is set for a GPU; this run is a CPU's)"
+    if not r.separated:
+        return (f"packed/padded tokens/s {r}: the two steps' IQRs overlap, so this run cannot rank packing against "
+                f"padding, nor judge the course's {target:g}x target{where}")
+    faster = "packed trained faster" if r.value > 1 else "padded trained faster"
+    verdict = against_target(r.lo, r.hi, target)
+    judged = {"met": f"above the course's {target:g}x target across its IQR bounds",
+              "not met": f"below the course's {target:g}x target across its IQR bounds",
+              "undecided": f"its IQR bounds straddle the course's {target:g}x target, so this run cannot say "
+                           "whether it is met"}[verdict]
+    return f"packed/padded tokens/s {r}: {faster}; {judged}{where}"
+
+
+def idle_sentence(name: str, idle: tuple[float, float, float], *, cuda: bool, target: float = IDLE_TARGET,
+                  say_device: bool = True) -> str:
+    """The data-wait verdict of one loader from its per-step idle share (median, q25, q75) against the target;
+    say_device=False leaves out the remark that a CPU run judged a GPU target (for a second sentence)."""
+    med, lo, hi = idle
+    verdict = against_target(lo, hi, target, higher_is_better=False)
+    where = "" if cuda or not say_device else ("; the target is set for a GPU, whose fast compute leaves a loader "
+                                               "less time, and this run is a CPU's")
+    judged = {"met": f"within the course's target of at most {target:.0%} across its IQR",
+              "not met": f"above the course's target of at most {target:.0%} across its IQR",
+              "undecided": f"its IQR straddles the course's {target:.0%} target"}[verdict]
+    return f"{name} was idle {med:.1%} of each step (IQR {lo:.1%}-{hi:.1%}): {judged}{where}"

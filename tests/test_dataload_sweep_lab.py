@@ -1,0 +1,116 @@
+"""helpers.dataload.sweep_lab: the protocol over loaders and its generated sentences: a planted cold step is
+discarded by the warm-up, the sweep interleaves whole blocks and pools their steps, and the packing and idle
+sentences follow the planted ratio and its spread."""
+import itertools
+import time
+
+import pytest
+import torch
+
+from helpers.dataload import packing, sweep_lab
+from helpers.gpt.model import GPT, GPTConfig
+from helpers.measure import protocol
+from helpers.measure.bench import Timing
+
+
+def _batches(n_rows=2, T=16, cold_s=0.0):
+    """An endless batch source whose first batch takes `cold_s` seconds to arrive (a loader's start-up)."""
+    x = torch.randint(1, 256, (n_rows, T), generator=torch.Generator().manual_seed(0))
+    b = packing.Batch(x, x.roll(-1, 1), torch.arange(T).expand(n_rows, T), torch.zeros(n_rows, T, dtype=torch.long),
+                      n_rows * T)
+    first = [True]
+
+    def gen():
+        for _ in itertools.count():
+            if first[0] and cold_s:
+                time.sleep(cold_s)
+            first[0] = False
+            yield b
+    return gen
+
+
+def test_timed_block_discards_a_planted_cold_step():
+    model = GPT(GPTConfig.preset("tiny", seq_len=16))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    closed = []
+    src = sweep_lab.Source(_batches(cold_s=0.5), close=closed.append)
+    got, warm = sweep_lab.timed_block(model, opt, src, steps=3)
+    assert len(got) == 3 and 2 <= warm <= sweep_lab.MAX_WARMUP_STEPS
+    assert max(w for w, *_ in got) < 0.25  # the 0.5 s first batch was a warm-up step, not a timed one
+    assert all(n == 32 for *_, n in got) and len(closed) == 1  # the loader was closed after the block
+    with pytest.raises(ValueError, match="steps"):
+        sweep_lab.timed_block(model, opt, src, steps=0)
+
+
+def test_cycle_restarts_a_loader_that_runs_out_and_refuses_an_empty_one():
+    it = sweep_lab.cycle(lambda: [1, 2])
+    assert [next(it) for _ in range(5)] == [1, 2, 1, 2, 1]
+    with pytest.raises(ValueError, match="no batch"):
+        next(sweep_lab.cycle(lambda: []))
+
+
+def test_loader_timing_pools_steps_into_medians_with_quartiles():
+    steps = [(0.01, 0.0, 0.03, 40), (0.03, 0.0, 0.03, 40), (0.02, 0.0, 0.03, 40), (0.0, 0.0, 0.04, 40)]
+    t = sweep_lab.loader_timing(steps, [3])
+    assert t.step.median == pytest.approx(0.045) and t.per_token.median == pytest.approx(0.045 / 40)  # 40, 60, 50, 40 ms
+    assert t.tokens_per_s == pytest.approx(40 / 0.045)
+    assert t.idle[0] == pytest.approx((0.25 + 0.4) / 2)  # the median of the per-step shares 0.25, 0.5, 0.4, 0
+    row = t.row()
+    assert row["steps"] == 4 and row["warmup_steps"] == [3] and row["wait_ms"][0] == pytest.approx(15.0)
+    assert row["tokens_per_s_iqr"][0] <= row["tokens_per_s"] <= row["tokens_per_s_iqr"][1]
+
+
+def test_sweep_protocol_rotates_whole_blocks_and_stops_when_separated(monkeypatch):
+    order = []
+    per_step = {"fast": 0.01, "slow": 0.05}
+
+    def fake_block(model, opt, source, *, steps, device):
+        order.append(source.mask)  # the name travels in `mask` for this fake
+        return [(0.0, 0.0, per_step[source.mask] * (1 + 0.01 * i), 10) for i in range(steps)], 2
+
+    monkeypatch.setattr(sweep_lab, "timed_block", fake_block)
+    model = torch.nn.Linear(2, 2)
+    sw = sweep_lab.sweep_protocol(model, {"fast": sweep_lab.Source(None, mask="fast"),
+                                            "slow": sweep_lab.Source(None, mask="slow")}, steps=3, min_rounds=3)
+    assert order == ["fast", "slow", "slow", "fast", "fast", "slow"]  # rotated each round
+    assert sw.rounds == 3 and sw.stopped == "separated" and sw.fastest() == "fast"
+    assert len(sw["fast"].step.samples) == 9 and sw["fast"].warmup_steps == [2, 2, 2]
+    assert "3 timed steps x 3 interleaved rounds" in sw.note() and "stopped: separated" in sw.note()
+    with pytest.raises(ValueError):
+        sweep_lab.sweep_protocol(model, {}, steps=1)
+    with pytest.raises(ValueError, match="max_rounds"):
+        sweep_lab.sweep_protocol(model, {"a": None}, steps=1, min_rounds=3, max_rounds=2)
+
+
+def _timing(median, spread):
+    return Timing(median, median * (1 - spread), median * (1 + spread), [median])
+
+
+VERDICTS = ("above the course", "below the course", "straddle", "cannot rank")
+
+
+@pytest.mark.parametrize("padded, packed, cuda, expect, verdict", [
+    (2.0, 1.0, False, "packed trained faster; above the course's 1.5x target", "above the course"),
+    (1.2, 1.0, True, "packed trained faster; below the course's 1.5x target", "below the course"),
+    (1.5, 1.0, True, "straddle the course's 1.5x target", "straddle"),
+    (0.6, 1.0, True, "padded trained faster; below the course's 1.5x target", "below the course"),
+    (1.02, 1.0, False, "cannot rank packing against padding", "cannot rank"),
+])
+def test_packing_sentence_flips_with_the_planted_ratio_and_spread(padded, packed, cuda, expect, verdict):
+    r = protocol.ratio(_timing(padded, 0.05), _timing(packed, 0.05))  # padded time / packed time
+    text = sweep_lab.packing_sentence(r, cuda=cuda)
+    assert expect in text and f"{r.value:.2f}x" in text
+    assert ("set for a GPU" in text) == (not cuda)
+    assert [v for v in VERDICTS if v in text] == [verdict]
+
+
+def test_idle_sentence_and_the_target_rule():
+    assert sweep_lab.against_target(1.6, 2.0, 1.5) == "met"
+    assert sweep_lab.against_target(1.0, 1.4, 1.5) == "not met"
+    assert sweep_lab.against_target(1.4, 1.6, 1.5) == "undecided"
+    assert sweep_lab.against_target(0.0, 0.01, 0.02, higher_is_better=False) == "met"
+    with pytest.raises(ValueError):
+        sweep_lab.against_target(2.0, 1.0, 1.5)
+    assert "within the course's target of at most 2%" in sweep_lab.idle_sentence("w=2", (0.01, 0.005, 0.015), cuda=True)
+    text = sweep_lab.idle_sentence("w=0", (0.4, 0.3, 0.5), cuda=False)
+    assert "40.0%" in text and "above the course's target" in text and "CPU" in text
