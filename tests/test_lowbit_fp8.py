@@ -472,3 +472,12 @@ def test_mx_clipped_blocks_counts_the_blocks_whose_top_the_floor_rule_clamps():
     x[0, 0], x[0, 40], x[1, 3] = 1.9, 1.8, 0.0  # 1.9: mantissa past 1.8125, clamped; 1.8: rounds to 448
     assert fp8_lab.mx_clipped_blocks(x) == (1, 4)
     assert fp8_lab.mx_clipped_blocks(torch.zeros(1, 32)) == (0, 0)
+
+
+def test_the_matmul_headline_is_timed_by_the_protocol():
+    # on a CPU torch._scaled_mm runs its reference kernel: slow, but the protocol's bookkeeping is the same
+    if fp8.scaled_mm_refusal("cpu", rowwise=False):
+        pytest.skip("torch._scaled_mm refuses per-tensor scales on this CPU")
+    r, c = fp8_lab.matmul_speedup(32, "tensorwise", reps=3, device="cpu")
+    assert set(c.timings) == {"bf16", "tensorwise"} and 3 <= c.rounds <= 9
+    assert r.value == pytest.approx(c["bf16"].median / c["tensorwise"].median) and r.lo <= r.value <= r.hi

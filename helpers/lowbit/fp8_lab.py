@@ -13,7 +13,7 @@ from typing import Callable
 import torch
 
 from helpers.gpt.model import GPT, PRESETS, GPTConfig
-from helpers.measure import bench, params, profiling
+from helpers.measure import bench, params, profiling, protocol
 from helpers.lowbit import fp8
 from helpers.show import plots
 from helpers.measure.params import positive, positive_number
@@ -413,20 +413,32 @@ def training_sentences(results: dict[str, dict], last: int) -> list[str]:
 
 # ---------------------------------------------------------------- speed (GPUs with FP8 tensor cores)
 
-def matmul_tflops(n: int, kind: str, reps: int, device: str = "cuda") -> float:
-    """TFLOP/s of an n×n×n matmul: "bf16", or fp8 "tensorwise" / "rowwise" through torch._scaled_mm."""
+def _matmul_fn(n: int, kind: str, device: str) -> Callable[[], torch.Tensor]:
+    """An n×n×n matmul as a zero-argument callable: "bf16", or fp8 "tensorwise" / "rowwise" through
+    torch._scaled_mm (use_fast_accum=True, bf16 out)."""
     a, b = torch.randn(n, n, device=device), torch.randn(n, n, device=device)
     if kind == "bf16":
         a16, b16 = a.bfloat16(), b.bfloat16()
-        fn = lambda: a16 @ b16  # noqa: E731
-    else:
-        (qa, sa), (qb, sb) = ((fp8.tensorwise(a), fp8.tensorwise(b)) if kind == "tensorwise"
-                              else (fp8.rowwise(a, -1), fp8.rowwise(b, 0)))
-        qb = qb.t().contiguous().t()
-        ia, ib = sa.reciprocal(), sb.reciprocal()
-        fn = lambda: torch._scaled_mm(qa, qb, scale_a=ia, scale_b=ib, out_dtype=torch.bfloat16,  # noqa: E731
-                                      use_fast_accum=True)
-    return bench.tflops(2 * n ** 3, bench.benchmark(fn, reps=reps, device=device))
+        return lambda: a16 @ b16
+    (qa, sa), (qb, sb) = ((fp8.tensorwise(a), fp8.tensorwise(b)) if kind == "tensorwise"
+                          else (fp8.rowwise(a, -1), fp8.rowwise(b, 0)))
+    qb = qb.t().contiguous().t()
+    ia, ib = sa.reciprocal(), sb.reciprocal()
+    return lambda: torch._scaled_mm(qa, qb, scale_a=ia, scale_b=ib, out_dtype=torch.bfloat16, use_fast_accum=True)
+
+
+def matmul_tflops(n: int, kind: str, reps: int, device: str = "cuda") -> float:
+    """TFLOP/s of an n×n×n matmul: "bf16", or fp8 "tensorwise" / "rowwise" through torch._scaled_mm."""
+    return bench.tflops(2 * n ** 3, bench.benchmark(_matmul_fn(n, kind, device), reps=reps, device=device))
+
+
+def matmul_speedup(n: int, kind: str = "tensorwise", reps: int = 20, device: str = "cuda"):
+    """The fp8 `kind` matmul's speed over bf16's at n×n×n, by the measurement protocol (warm-up until
+    steady, interleaved rounds, `reps` to 3 x `reps` of them): a `protocol.Ratio` (bf16 time / fp8 time,
+    with IQR bounds and whether the two are separated) and the `protocol.Comparison` it came from."""
+    c = protocol.compare({"bf16": _matmul_fn(n, "bf16", device), kind: _matmul_fn(n, kind, device)}, device=device,
+                         min_reps=reps, max_reps=3 * reps, budget_s=30.0)
+    return c.ratio("bf16", kind), c
 
 
 def linear_tflops(n: int, variant: str, reps: int, compile: bool = False, device: str = "cuda") -> float:
