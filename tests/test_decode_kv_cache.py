@@ -159,7 +159,7 @@ def test_bandwidth_rows_interleaved_and_sequential_agree_on_counts():
 def test_variant_speeds_times_every_case_round_robin():
     models = {"mha": small_gpt(4), "mqa": small_gpt(1)}
     low, _ = kv_cache.factorise_kv(models["mha"], 4)
-    rows = kv_lab.variant_speeds(models, ("latent", low), 8, 2, warmup=1)
+    rows = kv_lab.variant_speeds(models, ("latent", low), 8, 2, budget_s=0.01)
     assert [r["variant"] for r in rows] == ["mha", "mqa", "latent"]
     assert all(r["seconds"] > 0 and r["spread"] >= 0 for r in rows)
     assert rows[0]["kv_share"] > rows[1]["kv_share"] and rows[2]["kv_share"] is None
@@ -167,7 +167,58 @@ def test_variant_speeds_times_every_case_round_robin():
         kv_lab.variant_speeds(models, None, 8, 0)
 
 
-def test_per_position_reports_spreads():
-    spreads = {}
-    out = kv_lab.per_position(small_gpt(2), [4, 8], 2, warmup=1, spreads=spreads)
-    assert set(spreads) == set(out) and all(len(v) == 2 for v in spreads.values())
+def test_per_position_returns_protocol_timings():
+    out = kv_lab.per_position(small_gpt(2), [4, 8], 2, budget_s=0.01)
+    assert set(out) == {"with cache", "without cache"} and all(len(v) == 2 for v in out.values())
+    assert all(len(t.samples) >= 2 and t.q25 <= t.median <= t.q75 for v in out.values() for t in v)
+
+
+def test_headlines_come_from_the_protocol_and_one_measurement(monkeypatch):
+    calls = []
+    real = kv_lab.protocol.compare
+
+    def spy(fns, **kw):
+        calls.append(sorted(map(str, fns)))
+        return real(fns, **kw)
+    monkeypatch.setattr(kv_lab.protocol, "compare", spy)
+    models = {"a": small_gpt(2), "b": small_gpt(1)}
+    bw, batches = kv_lab.decode_sweep(models, 8, [1, 3], 2, True, budget_s=0.01)
+    assert len(calls) == 1 and len(calls[0]) == 3  # a@1, b@1, b@3: one interleaved comparison, b@1 once
+    assert batches[0] is bw[-1] and [r["batch"] for r in batches] == [1, 3]
+    assert kv_lab.timing(bw[0]).median == bw[0]["seconds"] and len(bw[0]["samples"]) >= 2
+    kv_lab.prefill_decode(small_gpt(2), 6, 2, budget_s=0.01)
+    kv_lab.per_position(small_gpt(2), [4], 2, budget_s=0.01)
+    assert calls[1:] == [["decode", "prefill"], ["with cache", "without cache"]]
+
+
+def _timing(median, spread=0.02):
+    from helpers.measure.bench import Timing
+    return Timing(median, median * (1 - spread), median * (1 + spread), [median] * 5)
+
+
+def test_position_report_ranks_only_separated_points():
+    pos = [8, 96]
+    t = {"with cache": [_timing(1.0, 0.5), _timing(1.0)], "without cache": [_timing(1.2, 0.5), _timing(4.0)]}
+    rep = kv_lab.position_report(pos, t, "t")
+    assert [r[-1] for r in rep["rows"]] == ["no: IQRs overlap", "yes"]
+    assert "cannot rank them there" in rep["sentences"][1] and "faster" in rep["sentences"][0]
+    assert "O(n^2)" in kv_lab.growth_sentence(pos, t)  # 1.2 -> 4.0 with disjoint IQRs: growth shows
+    flat = {"with cache": t["with cache"], "without cache": [_timing(1.0), _timing(1.1)]}
+    assert "did not grow beyond the noise" in kv_lab.growth_sentence(pos, flat)
+
+
+def test_roofline_sentence_follows_where_the_points_sit():
+    peak, bw = 1.0, 10.0  # ridge at 100 FLOP/byte; roof at intensity 1 is 0.01 TFLOP/s
+    near = [{"phase": "decode", "intensity": 1.0, "tflops": 0.008},
+            {"phase": "prefill", "intensity": 500.0, "tflops": 0.6}]
+    text = kv_lab.roofline_sentence(near, peak, bw)
+    assert "decode (1.00 FLOP/byte) reached 80% of its roof and is memory-bound" in text
+    assert "prefill (500.00 FLOP/byte) reached 60% of its roof and is compute-bound" in text
+    assert "neither" not in text
+    under = [{"phase": "decode", "intensity": 1.0, "tflops": 0.0001},
+             {"phase": "prefill", "intensity": 500.0, "tflops": 0.6}]
+    text = kv_lab.roofline_sentence(under, peak, bw)
+    assert "memory-bound" not in text and "2.0 decades under it" in text
+    assert "Decode is neither memory- nor compute-bound" in text and "compute-bound" in text
+    with pytest.raises(ValueError):
+        kv_lab.roofline_sentence(near, 0.0, bw)

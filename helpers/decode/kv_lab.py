@@ -2,7 +2,8 @@
 without a cache, prefill vs decode on the roofline, decode as bandwidth, attention variants against a memory
 budget, and compiled decode.
 
-Every function here times with `helpers.measure.bench` and counts FLOPs with torch's FlopCounterMode (matmuls and
+Every headline here is timed by the course's protocol (`helpers.measure.protocol.compare`: warm-up until
+steady, interleaved rounds until the variants separate, the budget runs out or `max_reps`), and counts FLOPs with torch's FlopCounterMode (matmuls and
 attention, as torch counts them) and bytes by hand (stated in each docstring). The caches are
 `helpers.gpt.generation.KVCache` and `helpers.decode.kv_cache`'s; the serving sections (paged cache, batching,
 the KV-memory panel) are `helpers.decode.serving_lab`.
@@ -19,8 +20,11 @@ from helpers.decode.kv_cache import (LatentKVCache, StaticKVCache, decode_compil
 from helpers.gpt.generation import KVCache, rewound_step
 from helpers.gpt.model import GPT, PRESETS, GPTConfig
 from helpers.gpt.pretrained import validation_loss
-from helpers.measure import bench, params
+from helpers.measure import bench, params, protocol
 from helpers.measure.params import positive
+from helpers.show import plots
+
+SMOKE_BUDGET_S, FULL_BUDGET_S = 3.0, 10.0  # seconds of timed rounds per comparison after the minimum rounds
 
 
 def _tokens(B: int, T: int, device, seed: int = 0) -> torch.Tensor:
@@ -65,34 +69,99 @@ def decode_step_fn(model: GPT, cache, batch: int):
     return rewound_step(model, cache, _tokens(batch, 1, _param(model).device, 1))
 
 
-def per_position(model: GPT, positions: list[int], reps: int, progress=iter, warmup: int = 1,
-                 spreads: dict | None = None) -> dict[str, list[float]]:
-    """Seconds for the next token at each context length in `positions`: with a cache (one decode step) and
-    without (a forward over the whole context + 1 tokens), timed interleaved after `warmup` untimed calls of
-    each. When `spreads` is a dict it receives each variant's IQR / median per position (same keys)."""
+def timed(row: dict, t: bench.Timing) -> dict:
+    """`row` with a timing's median ("seconds"), quartiles, spread (IQR / median) and raw samples added: plain
+    numbers, so that a record can hold it and `timing(row)` can rebuild the Timing."""
+    return {**row, "seconds": t.median, "q25": t.q25, "q75": t.q75, "spread": t.spread, "samples": list(t.samples)}
+
+
+def timing(row: dict) -> bench.Timing:
+    """The bench.Timing a `timed` row holds (median, quartiles, samples)."""
+    return bench.Timing(row["seconds"], row["q25"], row["q75"], list(row["samples"]))
+
+
+def _compare(fns: dict, device: str, reps: int, budget_s: float) -> protocol.Comparison:
+    """protocol.compare with at least `reps` rounds, at most max(30, 2 * reps), `budget_s` seconds after them."""
+    positive("reps", reps)
+    return protocol.compare(fns, device=device, min_reps=reps, max_reps=max(30, 2 * reps), budget_s=budget_s)
+
+
+def per_position(model: GPT, positions: list[int], reps: int, progress=iter,
+                 budget_s: float = SMOKE_BUDGET_S) -> dict[str, list[bench.Timing]]:
+    """The next token's time at each context length in `positions`: with a cache (one decode step) and
+    without (a forward over the whole context + 1 tokens), compared by the protocol at each position (at
+    least `reps` rounds). Returns {"with cache": [Timing per position], "without cache": [...]}."""
     dev = _param(model).device.type
     out = {"with cache": [], "without cache": []}
-    if spreads is not None:
-        spreads.update({k: [] for k in out})
     cache = filled_cache(model, 1, max(positions), max(positions) + 1)
     seq = _tokens(1, max(positions) + 1, _param(model).device)
     for p in progress(positions):
         cache.length = p
-        fns = {"with cache": decode_step_fn(model, cache, 1),
-               "without cache": lambda p=p: model(seq[:, :p + 1])[0][:, -1]}
+        step = decode_step_fn(model, cache, 1)
+        fns = {"with cache": step, "without cache": lambda p=p: model(seq[:, :p + 1])[0][:, -1]}
         with torch.no_grad():
-            t = bench.benchmark_interleaved(fns, reps=reps, warmup=warmup, device=dev)
+            c = _compare(fns, dev, reps, budget_s)
         for k in out:
-            out[k].append(t[k].median)
-            if spreads is not None:
-                spreads[k].append(t[k].spread)
+            out[k].append(c[k])
     return out
 
 
-def prefill_decode(model: GPT, prompt_len: int, reps: int) -> list[dict]:
+def position_report(positions: list[int], timings: dict[str, list[bench.Timing]], title: str) -> dict:
+    """Table rows, figure and sentences for `per_position`'s timings: per position the two medians with
+    their IQR, the uncached / cached ratio with its IQR bounds and whether the run can rank them; the figure
+    draws each median with its IQR as a band, so an unranked point shows as overlapping bands. Returns
+    {"rows", "figure", "sentences", "ratio" (the last position's protocol.Ratio)}."""
+    rows, sentences = [], []
+    for p, a, b in zip(positions, timings["with cache"], timings["without cache"]):
+        r = protocol.ratio(b, a)
+        rows.append([p, str(a), str(b), str(r), "yes" if r.separated else "no: IQRs overlap"])
+    fig = plots.sweep(positions, {k: [1e3 * t.median for t in v] for k, v in timings.items()},
+                      xlabel="context length (tokens)", ylabel="ms for the next token (median, IQR band)", title=title)
+    ax = fig.axes[0]
+    for k, v in timings.items():
+        ax.fill_between(positions, [1e3 * t.q25 for t in v], [1e3 * t.q75 for t in v], alpha=0.2)
+    last = protocol.ratio(timings["without cache"][-1], timings["with cache"][-1])
+    sentences.append(f"At {positions[-1]} tokens of context: " + protocol.rank_sentence(
+        "the cached step", timings["with cache"][-1], "the uncached forward", timings["without cache"][-1],
+        what="next-token time") + ".")
+    unranked = [p for p, a, b in zip(positions, timings["with cache"], timings["without cache"])
+                if not protocol.separated(a, b)]
+    slower = [p for p, a, b in zip(positions, timings["with cache"], timings["without cache"])
+              if protocol.separated(a, b) and a.median > b.median]
+    if unranked:
+        sentences.append(f"At {', '.join(map(str, unranked))} tokens the two IQRs overlap: this run cannot rank them "
+                         f"there (a forward of a few tokens costs about one step).")
+    if slower:
+        sentences.append(f"At {', '.join(map(str, slower))} tokens the cached step was measurably slower: at so short a "
+                         f"context a forward of a few tokens costs about one step, and the cached step pays its "
+                         f"cache bookkeeping on top.")
+    sentences.append(growth_sentence(positions, timings))
+    return {"rows": rows, "figure": fig, "sentences": sentences, "ratio": last}
+
+
+def growth_sentence(positions: list[int], timings: dict[str, list[bench.Timing]]) -> str:
+    """What the per-position sweep shows about the uncached forward's growth with context, from its own
+    numbers: the cost of generating n tokens without a cache is O(n^2) only once a forward's time grows
+    with its length; while a fixed per-call cost dominates, that growth cannot show. The uncached time is
+    said to grow when its last position's q25 is above its first position's q75 and it at least doubled."""
+    a, b = timings["without cache"][0], timings["without cache"][-1]
+    span = positions[-1] / positions[0]
+    grew = b.q25 > a.q75 and b.median >= 2 * a.median
+    head = (f"From {positions[0]} to {positions[-1]} tokens of context ({span:.0f}x), the uncached forward went from "
+            f"{a} to {b}")
+    if grew:
+        return head + (f" ({b.median / a.median:.1f}x): each uncached token costs more the longer the context, so "
+                       f"generating n tokens without a cache costs O(n^2) token-forwards.")
+    return head + (": its time did not grow beyond the noise, because at these lengths a fixed per-call cost (Python, "
+                   "kernel launches, the weights read once) dominates the work that grows with context; the O(n^2) "
+                   "cost of generating without a cache only shows at longer contexts or larger models.")
+
+
+def prefill_decode(model: GPT, prompt_len: int, reps: int, budget_s: float = SMOKE_BUDGET_S) -> list[dict]:
     """Prefill of `prompt_len` tokens vs one decode step at that context, batch 1: counted FLOPs, minimum
     bytes (weights read once + K/V written for prefill; weights + K/V read + written for decode), the
-    intensity (FLOP/byte), measured seconds and the achieved TFLOP/s and GB/s."""
+    intensity (FLOP/byte), seconds (both compared by the protocol, interleaved; `timed`'s keys) and the
+    achieved TFLOP/s and GB/s."""
     dev, p = _param(model).device.type, _param(model)
     cfg, el = model.config, p.element_size()
     kv_tok = kv_bytes_per_token(cfg.n_layer, cfg.n_kv_head, cfg.head_dim, el)
@@ -101,16 +170,50 @@ def prefill_decode(model: GPT, prompt_len: int, reps: int) -> list[dict]:
     pre = rewound_step(model, cache, toks)  # the prompt, always from an empty cache
     pre()
     dec = decode_step_fn(model, cache, 1)
+    cases = {"prefill": (pre, weight_bytes(model) + prompt_len * kv_tok),
+             "decode": (dec, weight_bytes(model) + (prompt_len + 1) * kv_tok)}
+    flops = {name: counted_flops(fn) for name, (fn, _) in cases.items()}
+    with torch.no_grad():
+        c = _compare({name: fn for name, (fn, _) in cases.items()}, dev, reps, budget_s)
     rows = []
-    for name, fn, nbytes in (("prefill", pre, weight_bytes(model) + prompt_len * kv_tok),
-                             ("decode", dec, weight_bytes(model) + (prompt_len + 1) * kv_tok)):
-        flops = counted_flops(fn)
-        with torch.no_grad():
-            t = bench.benchmark(fn, warmup=1, reps=reps, device=dev)
-        rows.append({"phase": name, "tokens": prompt_len if name == "prefill" else 1, "flops": flops,
-                     "bytes": nbytes, "intensity": flops / nbytes, "seconds": t.median, "spread": t.spread,
-                     "tflops": flops / t.median / 1e12, "gbps": nbytes / t.median / 1e9})
+    for name, (_, nbytes) in cases.items():
+        t = c[name]
+        rows.append(timed({"phase": name, "tokens": prompt_len if name == "prefill" else 1, "flops": flops[name],
+                           "bytes": nbytes, "intensity": flops[name] / nbytes,
+                           "tflops": flops[name] / t.median / 1e12, "gbps": nbytes / t.median / 1e9}, t))
     return rows
+
+
+def roofline_sentence(points: list[dict], peak_tflops: float, bw_gbps: float, far: float = 0.1) -> str:
+    """Where each measured point sits under the roofline, in words generated from the numbers.
+
+    points: [{"phase", "intensity" (FLOP/byte), "tflops" (achieved)}]; the roof at intensity I is
+    min(peak, bw * I / 1000) TFLOP/s and the ridge is at peak * 1000 / bw FLOP/byte. A point is
+    "memory-bound" or "compute-bound" (the side of the ridge it lies on) only when it reaches at least
+    `far` of its roof; below that neither roof sets its speed (a per-step overhead does), and the sentence
+    says so rather than name a bound. Raises ValueError for a non-positive peak or bandwidth."""
+    if not (peak_tflops > 0 and bw_gbps > 0):
+        raise ValueError(f"peak_tflops={peak_tflops!r} and bw_gbps={bw_gbps!r} must be positive")
+    ridge = peak_tflops * 1e3 / bw_gbps
+    parts, far_below = [], []
+    for p in points:
+        roof = min(peak_tflops, bw_gbps * p["intensity"] / 1e3)
+        frac = p["tflops"] / roof
+        side = "memory" if p["intensity"] < ridge else "compute"
+        if frac >= far:
+            parts.append(f"{p['phase']} ({p['intensity']:.2f} FLOP/byte) reached {frac:.0%} of its roof and is "
+                         f"{side}-bound")
+        else:
+            far_below.append(p["phase"])
+            parts.append(f"{p['phase']} ({p['intensity']:.2f} FLOP/byte, on the {side} side of the ridge) reached "
+                         f"only {frac:.1%} of its roof, {-math.log10(frac):.1f} decades under it")
+    text = f"The ridge is at {ridge:.1f} FLOP/byte: " + "; ".join(parts) + "."
+    if far_below:
+        text += (f" {' and '.join(far_below).capitalize()} {'is' if len(far_below) == 1 else 'are'} neither memory- "
+                 f"nor compute-bound in this run: far under both roofs, a fixed per-step cost (Python, kernel "
+                 f"launches, small matmuls that do not fill the cores) sets the speed, which is what batching and "
+                 f"compiled decode attack.")
+    return text
 
 
 def random_model(preset: str, dtype: torch.dtype, device: str, **overrides) -> GPT:
@@ -132,30 +235,50 @@ def _decode_case(model: GPT, context: int, batch: int, name: str) -> tuple:
                 "context": context, "bytes": nbytes, "flops": flops, "intensity": flops / nbytes}
 
 
-def _timed(row: dict, t: bench.Timing) -> dict:
-    return {**row, "seconds": t.median, "spread": t.spread, "tokens_per_s": row["batch"] / t.median,
-            "gbps": row["bytes"] / t.median / 1e9, "tflops": row["flops"] / t.median / 1e12}
+def _rates(row: dict, t: bench.Timing) -> dict:
+    return timed({**row, "tokens_per_s": row["batch"] / t.median, "gbps": row["bytes"] / t.median / 1e9,
+                  "tflops": row["flops"] / t.median / 1e12}, t)
 
 
-def bandwidth_row(model: GPT, context: int, batch: int, reps: int, name: str = "") -> dict:
-    """One decode step of `batch` sequences at `context` cached tokens: seconds (median, IQR spread), tokens/s,
-    bytes read (weights once + every sequence's K/V), achieved GB/s, counted FLOPs and FLOP/byte."""
+def bandwidth_row(model: GPT, context: int, batch: int, reps: int, name: str = "",
+                  budget_s: float = SMOKE_BUDGET_S) -> dict:
+    """One decode step of `batch` sequences at `context` cached tokens, timed by the protocol: seconds
+    (median, quartiles, IQR spread, samples), tokens/s, bytes read (weights once + every sequence's K/V),
+    achieved GB/s, counted FLOPs and FLOP/byte."""
     fn, row = _decode_case(model, context, batch, name)
     with torch.no_grad():
-        return _timed(row, bench.benchmark(fn, warmup=1, reps=reps, device=_param(model).device.type))
+        return _rates(row, protocol.measure(fn, device=_param(model).device.type, min_reps=reps,
+                                            max_reps=max(30, 2 * reps), budget_s=budget_s))
 
 
-def bandwidth_rows(cases: list[tuple[str, GPT, int, int]], reps: int, interleave: bool) -> list[dict]:
+def bandwidth_rows(cases: list[tuple[str, GPT, int, int]], reps: int, interleave: bool,
+                   budget_s: float = SMOKE_BUDGET_S) -> list[dict]:
     """`bandwidth_row` for each (name, model, context, batch). With `interleave` (for a CPU shared with other
-    work) every case is set up first and the steps are timed round-robin, so a burst of other work slows all
-    alike; otherwise one after another, each case's cache freed before the next (for large models on a GPU)."""
+    work) every case is set up first and all are compared by the protocol in interleaved rounds, so a burst of
+    other work slows all alike; otherwise one after another, each case's cache freed before the next (for
+    large models on a GPU)."""
     if not interleave:
-        return [bandwidth_row(m, ctx, b, reps, name) for name, m, ctx, b in cases]
+        return [bandwidth_row(m, ctx, b, reps, name, budget_s) for name, m, ctx, b in cases]
     built = [_decode_case(m, ctx, b, name) for name, m, ctx, b in cases]
     with torch.no_grad():
-        t = bench.benchmark_interleaved({i: fn for i, (fn, _) in enumerate(built)}, reps=reps, warmup=1,
-                                        device=_param(cases[0][1]).device.type)
-    return [_timed(row, t[i]) for i, (_, row) in enumerate(built)]
+        c = _compare({i: fn for i, (fn, _) in enumerate(built)}, _param(cases[0][1]).device.type, reps, budget_s)
+    return [_rates(row, c[i]) for i, (_, row) in enumerate(built)]
+
+
+def decode_sweep(models: dict[str, GPT], context: int, batches: list[int], reps: int, interleave: bool,
+                 budget_s: float = SMOKE_BUDGET_S) -> tuple[list[dict], list[dict]]:
+    """Batch-1 decode of every model in `models` and the last model at every batch of `batches`, each case
+    measured once (`bandwidth_rows`): returns (batch-1 rows, one per model, in order; the last model's rows,
+    one per batch). The last model's batch-1 case is one measurement, the same row object in both lists, so
+    the bandwidth table and the batch table cannot quote two different numbers for it. Context is capped at
+    each model's seq_len - 2."""
+    names = list(models)
+    last = names[-1]
+    cases = [(n, models[n], min(context, models[n].config.seq_len - 2), 1) for n in names]
+    extra = [(last, models[last], cases[-1][2], b) for b in batches if b != 1]
+    rows = bandwidth_rows(cases + extra, reps, interleave, budget_s)
+    bw, rest = rows[:len(cases)], iter(rows[len(cases):])
+    return bw, [bw[-1] if b == 1 else next(rest) for b in batches]
 
 
 # ---------------------------------------------------------------- attention variants
@@ -205,15 +328,13 @@ def _latent_step(low: GPT, context: int):
 
 
 def variant_speeds(models: dict[str, GPT], latent: tuple[str, GPT] | None, context: int, reps: int,
-                   warmup: int = 3) -> list[dict]:
+                   budget_s: float = SMOKE_BUDGET_S) -> list[dict]:
     """Batch-1 decode at `context` cached tokens for each named model (contiguous KV cache) and, when `latent`
-    is (name, factorised model), through a LatentKVCache. Every case is set up first and all are timed
-    round-robin after `warmup` untimed calls each, so other work on the machine slows them alike.
-    Returns per case: "variant", "seconds" (median), "spread" (IQR / median) and "kv_share" (the K/V's share
-    of the bytes a step reads; None for the latent)."""
+    is (name, factorised model), through a LatentKVCache. Every case is set up first and all are compared
+    by the protocol in interleaved rounds, so other work on the machine slows them alike.
+    Returns per case `timed`'s keys, "variant" and "kv_share" (the K/V's share of the bytes a step reads;
+    None for the latent)."""
     positive("reps", reps)
-    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
-        raise ValueError(f"warmup={warmup!r} must be an int >= 0")
     fns, shares = {}, {}
     for name, m in models.items():
         fn, row = _decode_case(m, context, 1, name)
@@ -223,8 +344,8 @@ def variant_speeds(models: dict[str, GPT], latent: tuple[str, GPT] | None, conte
         shares[latent[0]] = None
     dev = _param(next(iter(models.values())) if models else latent[1]).device.type
     with torch.no_grad():
-        t = bench.benchmark_interleaved(fns, reps=reps, warmup=warmup, device=dev)
-    return [{"variant": k, "seconds": t[k].median, "spread": t[k].spread, "kv_share": shares[k]} for k in fns]
+        c = _compare(fns, dev, reps, budget_s)
+    return [timed({"variant": k, "kv_share": shares[k]}, c[k]) for k in fns]
 
 
 # ---------------------------------------------------------------- compiled decode
@@ -248,7 +369,7 @@ def compiled_decode(model: GPT, context: int, reps: int, mode: str = "reduce-ove
         torch.compiler.cudagraph_mark_step_begin()
         return step(model, tok, static).clone()
     with torch.no_grad():
-        t = bench.benchmark(run, warmup=3, reps=reps, device="cuda")
+        t = protocol.measure(run, device="cuda", min_reps=reps, max_reps=max(30, 2 * reps), budget_s=FULL_BUDGET_S)
     eager = bandwidth_row(model, context, 1, reps)
     nbytes = weight_bytes(model) + (context + 1) * kv_bytes_per_token(cfg.n_layer, cfg.n_kv_head, cfg.head_dim,
                                                                        p.element_size())

@@ -9,7 +9,13 @@ is full, so nothing is ever copied, and a finished sequence hands its blocks bac
 only memory a sequence wastes is the unused tail of its last block (fewer than block_size slots),
 where a cache that preallocates each request's maximum length wastes everything it did not use.
 
-* `BlockAllocator`: the free list; never hands out a block twice; `OutOfBlocks` when empty.
+* `BlockAllocator`: the free list with a reference count per block; never hands out a free block twice;
+  `OutOfBlocks` when empty; `share` lets several block tables hold one block.
+* Prefix sharing with copy-on-write (the vLLM paper, section 4.4): `PagedKVCache.fork(parent, child)`
+  gives the child the parent's block table (no copy, each block's count + 1); before a forward writes a
+  token into a block that more than one table holds, that block is copied to a fresh one for the writer
+  alone (`cow_copies` counts them). Full blocks of a shared prompt are never written again, so they
+  stay shared for the requests' whole lives.
 * `PagedKVCache`: implements `helpers.gpt.model.KVCacheLike` for a batch of sequences of ragged lengths
   (MHA, GQA and MQA), so `GPT.forward(idx, cache=...)` runs on it unchanged. `add`, `free`,
   `set_batch` choose which sequences a forward call extends. `factory(block_size)` plugs it into
@@ -60,18 +66,19 @@ def slot_of(position: int, table: Sequence[int], block_size: int) -> tuple[int, 
 
 
 class BlockAllocator:
-    """A free list of `num_blocks` block numbers 0..num_blocks-1.
+    """A free list of `num_blocks` block numbers 0..num_blocks-1, with a reference count per block.
 
-    `allocate()` pops one (LIFO: a block just freed is reused first, while it may still be in cache),
-    `free(b)` pushes it back. Handing out a block that is in use, or freeing one that is not, is
-    impossible by construction: both are checked and raise.
+    `allocate()` pops one (LIFO: a block just freed is reused first, while it may still be in cache) with
+    count 1; `share(blocks)` adds one holder to each; `free(blocks)` drops one holder from each and returns
+    a block to the free list when its count reaches 0. Handing out a block that is in use, or freeing or
+    sharing one that is not, is impossible by construction: both are checked and raise.
     """
 
     def __init__(self, num_blocks: int):
         positive("num_blocks", num_blocks)
         self.num_blocks = num_blocks
         self._free: list[int] = list(range(num_blocks - 1, -1, -1))  # pop() gives 0 first
-        self._used: set[int] = set()
+        self._refs: dict[int, int] = {}
 
     @property
     def num_free(self) -> int:
@@ -80,8 +87,12 @@ class BlockAllocator:
 
     @property
     def num_used(self) -> int:
-        """Blocks handed out and not yet freed."""
-        return len(self._used)
+        """Physical blocks handed out and not yet freed (a shared block counts once)."""
+        return len(self._refs)
+
+    def refcount(self, block: int) -> int:
+        """How many block tables hold `block` (0: free)."""
+        return self._refs.get(block, 0)
 
     def allocate(self, n: int = 1) -> list[int]:
         """`n` distinct free blocks, all or none; raises OutOfBlocks when fewer than n are free."""
@@ -90,17 +101,28 @@ class BlockAllocator:
         if n > len(self._free):
             raise OutOfBlocks(f"asked for {n} block(s) but only {len(self._free)} of {self.num_blocks} are free")
         got = [self._free.pop() for _ in range(n)]
-        assert not self._used.intersection(got), "allocator handed out a block twice"
-        self._used.update(got)
+        assert not any(b in self._refs for b in got), "allocator handed out a block twice"
+        self._refs.update({b: 1 for b in got})
         return got
 
-    def free(self, blocks: Sequence[int]) -> None:
-        """Return blocks to the free list; raises ValueError for a block that is not handed out."""
+    def share(self, blocks: Sequence[int]) -> None:
+        """One more holder for each of `blocks`; raises ValueError for a block that is not handed out."""
         for b in blocks:
-            if b not in self._used:
+            if b not in self._refs:
+                raise ValueError(f"block {b} is not allocated, so it cannot be shared")
+        for b in blocks:
+            self._refs[b] += 1
+
+    def free(self, blocks: Sequence[int]) -> None:
+        """One holder fewer for each block; at 0 it returns to the free list. Raises ValueError for a block
+        that is not handed out."""
+        for b in blocks:
+            if b not in self._refs:
                 raise ValueError(f"block {b} is not allocated (freed twice, or never handed out)")
-            self._used.remove(b)
-            self._free.append(b)
+            self._refs[b] -= 1
+            if self._refs[b] == 0:
+                del self._refs[b]
+                self._free.append(b)
 
 
 class PagedKVCache:
@@ -142,6 +164,7 @@ class PagedKVCache:
         self.tables: dict[Hashable, list[int]] = {}
         self.lengths: dict[Hashable, int] = {}
         self.batch: list[Hashable] = []
+        self.cow_copies = 0  # blocks copied because a sequence wrote into a block another table shares
         self._pending: tuple[int, torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # T, slots, tables, lens
 
     @classmethod
@@ -174,8 +197,49 @@ class PagedKVCache:
             raise ValueError(f"sequence {sid!r} is already in the cache")
         self.tables[sid], self.lengths[sid] = [], 0
 
+    def fork(self, parent: Hashable, child: Hashable) -> None:
+        """Register `child` holding everything `parent` has cached, sharing its blocks (no copy): the two
+        block tables name the same physical blocks, each block's reference count + 1. Raises ValueError for
+        an unknown parent or a child id already in use."""
+        if parent not in self.tables:
+            raise ValueError(f"sequence {parent!r} is not in the cache")
+        self.add(child)
+        self.tables[child] = list(self.tables[parent])
+        self.lengths[child] = self.lengths[parent]
+        self.allocator.share(self.tables[child])
+
+    def logical_blocks(self) -> int:
+        """Blocks the sequences' tables name in all, a shared block once per table: what the cache would hold
+        without sharing (compare `allocator.num_used`, the physical blocks)."""
+        return sum(len(t) for t in self.tables.values())
+
+    def _copies_needed(self, sids: Sequence[Hashable], T: int) -> list[tuple[Hashable, int]]:
+        """(sequence, logical block) pairs that appending T tokens would write while the block is shared."""
+        out = []
+        for s in sids:
+            table, n = self.tables[s], self.lengths[s]
+            for logical in range(n // self.block_size, min(len(table), blocks_for(n + T, self.block_size))):
+                if self.allocator.refcount(table[logical]) > 1:
+                    out.append((s, logical))
+        return out
+
+    def _copy_on_write(self, sids: Sequence[Hashable], T: int) -> None:
+        """Give each of `sids` a private copy (every layer, keys and values) of each shared block the next T
+        tokens write into; the shared original loses one holder."""
+        for s, logical in self._copies_needed(sids, T):
+            old = self.tables[s][logical]
+            if self.allocator.refcount(old) < 2:  # an earlier writer's copy left this one the last holder
+                continue
+            new = self.allocator.allocate(1)[0]
+            self.k_pool[:, new] = self.k_pool[:, old]
+            self.v_pool[:, new] = self.v_pool[:, old]
+            self.allocator.free([old])
+            self.tables[s][logical] = new
+            self.cow_copies += 1
+
     def free(self, sid: Hashable) -> None:
-        """Hand a sequence's blocks back to the free list and forget it (also drops it from the batch)."""
+        """Hand a sequence's blocks back to the free list and forget it (also drops it from the batch); a
+        block another sequence still shares stays allocated to it."""
         self.allocator.free(self.tables.pop(sid))
         del self.lengths[sid]
         self.batch = [s for s in self.batch if s != sid]
@@ -194,11 +258,15 @@ class PagedKVCache:
         self.batch = list(sids)
 
     def blocks_needed(self, sids: Sequence[Hashable], T: int) -> int:
-        """New blocks that appending T tokens to each of `sids` would take from the free list."""
-        return sum(max(0, blocks_for(self.lengths[s] + T, self.block_size) - len(self.tables[s])) for s in sids)
+        """New blocks that appending T tokens to each of `sids` would take from the free list: the blocks
+        past each table's end, plus a copy of each shared block those tokens write into (at most; a block
+        shared only within `sids` is left to its last writer uncopied)."""
+        grow = sum(max(0, blocks_for(self.lengths[s] + T, self.block_size) - len(self.tables[s])) for s in sids)
+        return grow + len(self._copies_needed(sids, T))
 
     def slots(self) -> tuple[int, int]:
-        """(allocated slots, used slots) over every sequence: blocks * block_size and cached tokens."""
+        """(allocated slots, used slots) over every sequence: blocks * block_size and cached tokens (a block
+        shared by several tables is counted once per table, as an unshared cache would hold it)."""
         return sum(len(t) for t in self.tables.values()) * self.block_size, sum(self.lengths.values())
 
     def block_table_tensor(self, sids: Sequence[Hashable] | None = None) -> torch.Tensor:
@@ -217,6 +285,7 @@ class PagedKVCache:
         if need > self.allocator.num_free:
             raise OutOfBlocks(f"{T} new token(s) for {len(self.batch)} sequence(s) need {need} block(s); "
                               f"{self.allocator.num_free} are free")
+        self._copy_on_write(self.batch, T)
         for s in self.batch:
             self.reserve(s, self.lengths[s] + T)
         dev = self.k_pool.device
