@@ -12,6 +12,7 @@ import psutil
 import pytest
 
 from helpers.course import capture as C
+from notebook_support import tiny_notebook
 
 
 def test_priority_puts_missing_references_first_then_the_oldest():
@@ -125,17 +126,6 @@ def test_every_notebook_has_an_estimate_and_each_fits_one_call():
     assert all(C.ESTIMATES[nb][0] <= 540 - C.MARGIN_S for nb in notebooks)  # the default budget of one call
 
 
-def _tiny_notebook(path, body):
-    import nbformat
-
-    nb = nbformat.v4.new_notebook()
-    params = nbformat.v4.new_code_cell('PROFILE = "auto"\nSEED = 0\nINTERACTIVE = True\nRESULTS_DIR = None')
-    params.metadata["tags"] = ["parameters"]
-    nb.cells = [nbformat.v4.new_markdown_cell("# tiny"), params, nbformat.v4.new_code_cell(body)]
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    nbformat.write(nb, path)
-
-
 @pytest.mark.notebook
 def test_a_real_run_is_stopped_at_its_limit_and_leaves_no_process(tmp_path):
     import os
@@ -143,9 +133,9 @@ def test_a_real_run_is_stopped_at_its_limit_and_leaves_no_process(tmp_path):
 
     folder = tmp_path / "nbs"
     folder.mkdir()
-    _tiny_notebook(folder / "00_quick.ipynb", "import json, pathlib\n"
+    tiny_notebook(folder / "00_quick.ipynb", "import json, pathlib\n"
                    "pathlib.Path(RESULTS_DIR, 'quick.json').write_text(json.dumps({'name': 'quick', 'device': 'cpu'}))")
-    _tiny_notebook(folder / "01_slow.ipynb", "import os, pathlib, time\n"
+    tiny_notebook(folder / "01_slow.ipynb", "import os, pathlib, time\n"
                    "pathlib.Path(RESULTS_DIR, 'pid').write_text(str(os.getpid()))\ntime.sleep(600)")
     for nb in ("00", "01"):
         (tmp_path / nb).mkdir()
@@ -252,11 +242,11 @@ def test_a_signal_stops_the_runner_its_worker_and_kernel_and_packs_what_finished
     folder = tmp_path / "nbs"
     folder.mkdir()
     marker = tmp_path / "kernel.pid"
-    _tiny_notebook(folder / "00_quick.ipynb", "import json, pathlib\n"
+    tiny_notebook(folder / "00_quick.ipynb", "import json, pathlib\n"
                    "pathlib.Path(RESULTS_DIR, 'quick.json').write_text(json.dumps({'name': 'quick', 'device': 'cpu'}))")
-    _tiny_notebook(folder / "01_slow.ipynb", f"import os, time\nopen({str(marker)!r}, 'w').write(str(os.getpid()))\n"
+    tiny_notebook(folder / "01_slow.ipynb", f"import os, time\nopen({str(marker)!r}, 'w').write(str(os.getpid()))\n"
                    "time.sleep(600)")
-    _tiny_notebook(folder / "02_later.ipynb", "x = 1")
+    tiny_notebook(folder / "02_later.ipynb", "x = 1")
     out, refs = tmp_path / "out", tmp_path / "refs"
     refs.mkdir()
     cmd = [sys.executable, "-m", "helpers.course.capture", "run", "--out", str(out), "--profile", "smoke",

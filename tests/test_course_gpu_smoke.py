@@ -9,6 +9,7 @@ import pytest
 
 from helpers.course import gpu_smoke
 from helpers.course.capture import BadPack
+from notebook_support import tiny_notebook
 
 
 class FakeClock:
@@ -115,24 +116,13 @@ def test_import_refuses_a_cpu_pass_and_what_is_not_a_smoke_pack(tmp_path, monkey
     assert gpu_smoke.main(["import", str(bad), "--into", str(tmp_path / "results")]) == 1
 
 
-def _tiny_notebook(path, body):
-    import nbformat
-
-    nb = nbformat.v4.new_notebook()
-    params = nbformat.v4.new_code_cell('PROFILE = "auto"\nSEED = 0\nINTERACTIVE = True\nRESULTS_DIR = None')
-    params.metadata["tags"] = ["parameters"]
-    nb.cells = [nbformat.v4.new_markdown_cell("# tiny"), params, nbformat.v4.new_code_cell(body)]
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    nbformat.write(nb, path)
-
-
 @pytest.mark.notebook
 def test_a_real_pass_runs_notebooks_at_once_reports_a_failure_and_a_hang_and_leaves_no_process(tmp_path):
     folder = tmp_path / "nbs"
     folder.mkdir()
-    _tiny_notebook(folder / "00_ok.ipynb", "x = 1")
-    _tiny_notebook(folder / "01_fails.ipynb", "raise ValueError('planted failure')")
-    _tiny_notebook(folder / "02_hangs.ipynb", "import os, pathlib, time\n"
+    tiny_notebook(folder / "00_ok.ipynb", "x = 1")
+    tiny_notebook(folder / "01_fails.ipynb", "raise ValueError('planted failure')")
+    tiny_notebook(folder / "02_hangs.ipynb", "import os, pathlib, time\n"
                    "pathlib.Path(RESULTS_DIR, 'pid').write_text(str(os.getpid()))\ntime.sleep(600)")
     t0 = time.monotonic()
     doc = gpu_smoke.smoke_pass(["00", "01", "02"], tmp_path / "out", 50.0, jobs=3, work=tmp_path / "work",

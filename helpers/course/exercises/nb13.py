@@ -168,7 +168,8 @@ def _bucket_cases() -> list[Case]:
 
 
 def _bucket_reference(nbytes, bucket_bytes):
-    """The reference (the rule of data_parallel.bucket_assignment and of torch DDP)."""
+    """The reference (the rule of data_parallel.bucket_assignment and of torch DDP), written out: the checker
+    refuses any answer that calls the course's own function, this one included."""
     buckets, current, size = [], [], 0
     for i, n in enumerate(nbytes):
         current.append(i)
