@@ -66,7 +66,8 @@ register(
     prompt="write rung_settings(techniques, micro_batches) -> dict: what a rung's techniques set on the baseline's "
            "training step (attn_impl, adamw, autocast, fp8, checkpoint, compile, micro_batches)",
     hint="start from the baseline (naive attention, AdamW with foreach=False, no autocast, micro_batches as given) "
-         "and let each technique change its one field; checkpointing runs the whole batch at once",
+         "and let each technique set its field; checkpointing also runs the whole batch at once; tf32 and data_path "
+         "change nothing in the dict",
     solution=stack.settings,
     wrong=(_checkpoint_keeps_micro_batches, _fused_always, _sdpa_always),
     cases=_cases, run=_one_step, rtol=0.0, atol=0.0,
