@@ -196,23 +196,19 @@ def test_profile_sentence_and_kernel_share():
 
 
 def test_copy_ceiling_is_notebook_00s_record_or_measured_past_the_last_level_cache(monkeypatch):
-    monkeypatch.setattr(compile_lab, "last_level_cache_bytes", lambda device: (480 * 2**20, "L3"))
+    monkeypatch.setattr(compile_lab.hardware, "last_level_cache", lambda device: (480 * 2**20, "L3"))
     gbps, source = compile_lab.copy_ceiling("cpu", recorded={"copy_gbps": 11.6, "copy_mb": 64})
     assert gbps == 11.6 and "notebook 00" in source and "64 MiB, inside the 480 MiB L3" in source
     assert "past the 480 MiB" in compile_lab.copy_ceiling("cpu", recorded={"copy_gbps": 11.6, "copy_mb": 1024})[1]
     sizes = []
     monkeypatch.setattr(compile_lab.ceilings, "measure_copy_bandwidth", lambda n, d, reps, warmup: sizes.append(n) or 7.0)
-    monkeypatch.setattr(compile_lab, "last_level_cache_bytes", lambda device: (480 * 2**20, "L3"))
+    monkeypatch.setattr(compile_lab.hardware, "last_level_cache", lambda device: (480 * 2**20, "L3"))
     gbps, source = compile_lab.copy_ceiling("cpu", recorded={})
     assert gbps == 7.0 and sizes == [960 * 2**20] and "twice the 480 MiB L3" in source
-    monkeypatch.setattr(compile_lab, "last_level_cache_bytes", lambda device: (None, ""))
+    monkeypatch.setattr(compile_lab.hardware, "last_level_cache", lambda device: (None, ""))
     compile_lab.copy_ceiling("cpu", recorded={})
     assert sizes[-1] == 2**28
 
-
-def test_last_level_cache_is_a_size_or_unknown():
-    size, name = compile_lab.last_level_cache_bytes("cpu")
-    assert (size is None and name == "") or (size > 0 and name.startswith("L"))
 
 
 def test_training_claim_is_judged_from_the_measured_step_and_not_testable_on_a_cpu():
@@ -267,7 +263,7 @@ def test_the_recorded_ceiling_names_notebook_00s_largest_copy(results_tmp, monke
     record("hardware_copy_sweep", {"sizes_mb": [1, 16, 64], "gbps": [30.0, 20.0, 11.6]})
     record(ceilings.CEILINGS_RECORD, {"copy_gbps": 11.6, "matmul_tflops": {}})
     assert compile_lab.largest_recorded_copy_mb() == 64
-    monkeypatch.setattr(compile_lab, "last_level_cache_bytes", lambda device: (480 * 2**20, "L3"))
+    monkeypatch.setattr(compile_lab.hardware, "last_level_cache", lambda device: (480 * 2**20, "L3"))
     gbps, source = compile_lab.copy_ceiling("cpu")
     assert gbps == 11.6 and "64 MiB, inside the 480 MiB L3 cache" in source and device_name()
 

@@ -462,7 +462,7 @@ def test_reference_kernel_cost_times_both_paths_or_says_none(monkeypatch):
         assert cost is None
     else:
         assert len(cost["scaled_mm"].samples) == len(cost["emulated"].samples) == 2
-        assert cost["ratio"] == pytest.approx(cost["scaled_mm"].median / cost["emulated"].median)
+        assert cost["ratio"].value == pytest.approx(cost["scaled_mm"].median / cost["emulated"].median)
     monkeypatch.setitem(fp8._SCALED_MM_REFUSED, ("cpu", False, fp8.E4M3, fp8.E4M3, True), "refused.")
     assert fp8_lab.reference_kernel_cost(32, 64, 48, reps=2) is None
 

@@ -73,9 +73,9 @@ def test_fused_int8_backend_equals_the_torch_backend():
 
 
 def test_copy_size_exceeds_the_last_level_cache(monkeypatch):
-    monkeypatch.setattr(quant_lab, "last_level_cache_bytes", lambda: 480 * 2 ** 20)
+    monkeypatch.setattr(quant_lab.hardware, "last_level_cache", lambda device: (480 * 2 ** 20, "L3"))
     assert quant_lab.copy_size("cpu") == 512 * 2 ** 20
-    monkeypatch.setattr(quant_lab, "last_level_cache_bytes", lambda: None)
+    monkeypatch.setattr(quant_lab.hardware, "last_level_cache", lambda device: (None, ""))
     assert quant_lab.copy_size("cpu") == 2 ** 26 and quant_lab.copy_size("cuda") == 2 ** 30
 
 

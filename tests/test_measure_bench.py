@@ -151,3 +151,16 @@ def test_the_supported_devices(monkeypatch):
     with pytest.raises(ValueError, match=r"device='cuda:2' does not exist: this machine has 2 CUDA GPUs; .*'cuda:0' "
                                          r"to 'cuda:1'"):
         bench.resolve_device("cuda:2")
+
+
+
+def test_cpu_threads_sets_the_count_on_a_cpu_only_and_restores_it():
+    before = torch.get_num_threads()
+    with bench.cpu_threads("cpu", 1):
+        assert torch.get_num_threads() == 1
+    assert torch.get_num_threads() == before
+    with bench.cpu_threads("meta", 1):
+        assert torch.get_num_threads() == before
+    with pytest.raises(RuntimeError), bench.cpu_threads("cpu", 1):
+        raise RuntimeError("inside")
+    assert torch.get_num_threads() == before  # restored after an error too

@@ -80,3 +80,11 @@ def test_ceilings_recorded_for_another_device_are_ignored(results_tmp):
     assert ceilings.matmul_ceiling("fp8", [32], "cpu", reps=1)[0] is None
     gbps, source = ceilings.bandwidth_ceiling(2**16, "cpu", reps=1)
     assert gbps > 0 and source.startswith("measured just now")
+
+
+def test_last_level_cache_is_a_size_or_unknown(monkeypatch):
+    size, name = hardware.last_level_cache("cpu")
+    assert (size is None and name == "") or (size > 0 and name.startswith("L"))
+    monkeypatch.setattr(hardware.os, "sysconf", lambda key: 0)  # no sysconf answer: the sysfs tree decides
+    size2, name2 = hardware.last_level_cache("cpu")
+    assert (size2 is None and name2 == "") or (size2 > 0 and name2.startswith("L"))

@@ -93,11 +93,12 @@ def run_ladder(cfg: GPTConfig, rungs: list[stack.Rung], data: list, device: str,
 
     order = ([(i, n) for i in range(len(data)) for n in built] if interleave else
              [(i, n) for n in built for i in range(len(data))])
+    per_rung_peak = device == "cuda" and not interleave  # interleaved rungs share one peak: none is theirs alone
     for i, name in progress(order):
-        if device == "cuda" and i == 0:
+        if per_rung_peak and i == 0:
             torch.cuda.reset_peak_memory_stats()
         one(name)
-        if device == "cuda" and (not interleave and i == len(data) - 1):
+        if per_rung_peak and i == len(data) - 1:
             out[name]["peak_bytes"] = torch.cuda.max_memory_allocated()
     for name, r in out.items():
         timed = r["times"][warmup:]
@@ -170,11 +171,6 @@ def waterfall(table: list[dict], ax=None, title: str = "training ladder: tokens/
     fig.tight_layout()
     return fig
 
-
-def product_of_gains(table: list[dict]) -> float:
-    """The product of the rung-over-rung gains: equal to the cumulative gain by construction (a check
-    that the table's ratios are of the same step times)."""
-    return math.prod(r["gain"].value for r in table[1:])
 
 
 def multiply_rows(rungs: list[stack.Rung], table: list[dict], alone: dict[str, dict]) -> list[dict]:

@@ -16,10 +16,8 @@ training step and one-token forward with plain torch.compile.
 """
 from __future__ import annotations
 
-import contextlib
 import copy
 import os
-import re
 import tempfile
 import time
 from typing import Any, Callable
@@ -29,7 +27,7 @@ import torch
 from helpers.cost.flops import transformer_flops
 from helpers.fusion import compiler, triton_softmax
 from helpers.gpt.model import GPT, PRESETS
-from helpers.measure import bench, ceilings, claims, params, profiling, protocol
+from helpers.measure import bench, ceilings, claims, hardware, params, profiling, protocol
 from helpers.measure.params import choices, positive
 from helpers.measure.results import load_results, results_dir
 from helpers.show import plots
@@ -187,22 +185,11 @@ def ratio_triple(r: protocol.Ratio) -> tuple[float, float, float]:
 TIMING_THREADS = 1  # torch threads while timing on a CPU (see `timing_threads`)
 
 
-@contextlib.contextmanager
 def timing_threads(device: str):
-    """On a CPU, run the block with TIMING_THREADS torch threads (OpenMP's too, which Inductor's C++ kernels
-    use), restoring the count after; on CUDA, change nothing. At this notebook's smoke sizes a call takes
-    well under a millisecond, and a parallel loop waits at its end for its slowest thread: on a CPU shared
-    with other work one descheduled thread costs a whole scheduler slice, so a 2-thread timing counts the
+    """`bench.cpu_threads(device, TIMING_THREADS)`: the notebook's timings on a CPU run on one thread. At its
+    smoke sizes a call takes well under a millisecond, so a 2-thread timing on a shared CPU counts the
     parallel loops a variant runs (eager one per op, compiled one), not the work they do."""
-    if device == "cuda":
-        yield
-        return
-    before = torch.get_num_threads()
-    torch.set_num_threads(TIMING_THREADS)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
+    return bench.cpu_threads(device, TIMING_THREADS)
 
 
 def timed(fns: dict[str, Callable[[], Any]], *, device: str, reps: int, budget_s: float | None = None
@@ -220,35 +207,6 @@ def timed(fns: dict[str, Callable[[], Any]], *, device: str, reps: int, budget_s
 
 # ------------------------------------------------------------------------------------------ sentences
 
-def last_level_cache_bytes(device: str = "cpu") -> tuple[int | None, str]:
-    """(bytes, name) of the device's last-level cache: the GPU's L2 (torch's device properties) on CUDA, else
-    the CPU's highest cache level from sysconf or /sys/devices/system/cpu/cpu0/cache; (None, "") where unknown."""
-    if device == "cuda" and torch.cuda.is_available():
-        size = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 0)
-        return (int(size), "L2") if size else (None, "")
-    for level in (4, 3, 2):
-        try:
-            size = os.sysconf(f"SC_LEVEL{level}_CACHE_SIZE")
-        except (ValueError, OSError, AttributeError):
-            size = 0
-        if size and size > 0:
-            return int(size), f"L{level}"
-    best: tuple[int | None, str] = (None, "")
-    root = "/sys/devices/system/cpu/cpu0/cache"
-    for entry in sorted(os.listdir(root)) if os.path.isdir(root) else []:
-        try:
-            level = open(os.path.join(root, entry, "level")).read().strip()
-            text = open(os.path.join(root, entry, "size")).read().strip()
-        except OSError:
-            continue
-        m = re.fullmatch(r"(\d+)([KMG]?)", text)
-        if m:
-            size = int(m.group(1)) * {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}[m.group(2)]
-            if best[0] is None or size > best[0]:
-                best = (size, f"L{level}")
-    return best
-
-
 def copy_ceiling(device: str = "cpu", reps: int = 3, recorded: dict | None = None) -> tuple[float, str]:
     """(GB/s, where it came from): the copy bandwidth the GB/s columns are set against, made once per run.
 
@@ -258,7 +216,7 @@ def copy_ceiling(device: str = "cpu", reps: int = 3, recorded: dict | None = Non
     its copy was inside or past the last-level cache. `recorded`: the ceilings to use instead of loading them
     (tests; its optional "copy_mb" is the copy's size)."""
     rec = recorded if recorded is not None else ceilings.load_ceilings()
-    llc, name = last_level_cache_bytes(device)
+    llc, name = hardware.last_level_cache(device)
     if rec and rec.get("copy_gbps"):
         mb = rec.get("copy_mb", largest_recorded_copy_mb() if recorded is None else None)
         size = "its largest copy" if mb is None else f"its largest copy, {mb:g} MiB" + (

@@ -373,7 +373,7 @@ def train(model: torch.nn.Module, batches, val_batches, lr: float, progress: Cal
 def reference_kernel_cost(m: int, k: int, n: int, device: str = "cpu", reps: int = 3) -> dict | None:
     """One fp8 product (M, K) @ (K, N) with per-tensor scales, timed through torch._scaled_mm and through
     the fp32 emulation of the same fp8 values (`bench.benchmark_interleaved`, one warm-up call each):
-    {"scaled_mm": Timing, "emulated": Timing, "ratio": median over median}, or None where
+    {"scaled_mm": Timing, "emulated": Timing, "ratio": `protocol.Ratio`, scaled_mm over emulated}, or None where
     torch._scaled_mm refuses the product on `device`.
 
     On a device without FP8 tensor cores torch._scaled_mm, where it runs at all (as on a CPU), is a
@@ -392,7 +392,7 @@ def reference_kernel_cost(m: int, k: int, n: int, device: str = "cpu", reps: int
         return None
     t = bench.benchmark_interleaved({"scaled_mm": lambda: fp8.scaled_mm(a, b, one, one), "emulated": emulated},
                                     reps=reps, warmup=1, device=device)
-    return {**t, "ratio": t["scaled_mm"].median / t["emulated"].median}
+    return {**t, "ratio": protocol.ratio(t["scaled_mm"], t["emulated"])}
 
 
 def training_sentences(results: dict[str, dict], last: int) -> list[str]:

@@ -20,12 +20,11 @@ same outputs as a packed kernel that dequantises exactly (no speed or memory is 
 What it holds: `rtn_quantize`, `gptq_quantize`, `awq_quantize` (one layer's weight); `calibration_tokens`
 (calibration windows of token ids from the training split), `block_linears` and `collect_inputs` (the
 GPT's block linears and their inputs), `hessian`, `output_error`; `quantize_model` (a quantised copy of
-the whole GPT with "rtn", "gptq" or "awq"); `cpu_threads` (run a block on one CPU thread).
+the whole GPT with "rtn", "gptq" or "awq", on one CPU thread: `helpers.measure.bench.cpu_threads`).
 Notebook 08's layer-error and perplexity sections with these pieces are in `helpers.lowbit.quant_lab`.
 """
 from __future__ import annotations
 
-import contextlib
 import copy
 import math
 
@@ -33,27 +32,13 @@ import torch
 import torch.nn as nn
 
 from helpers.gpt import data
+from helpers.measure import bench
 from helpers.measure.params import positive
 
 METHODS = ("rtn", "gptq", "awq")
 
 
 # ---------------------------------------------------------------- threads and validation
-
-@contextlib.contextmanager
-def cpu_threads(device, n: int = 1):
-    """Run the block with `n` intra-op threads when `device` is a CPU (its many small matmuls and
-    column updates run faster on one thread than on threads competing with other processes); else as is."""
-    if torch.device(device).type != "cpu":
-        yield
-        return
-    before = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
 
 def check_bits(bits) -> int:
     """`bits` if it is an int from 2 to 8 (the widths RTN, GPTQ and AWQ accept here), else ValueError."""
@@ -290,7 +275,7 @@ def quantize_model(model: nn.Module, method: str, bits: int, group_size: int | N
     for lin in layers.values():
         _check_group(group_size, lin.in_features)
     info = {"method": method, "bits": bits, "group_size": group_size, "layers": {}}
-    with cpu_threads(next(q.parameters()).device):
+    with bench.cpu_threads(next(q.parameters()).device):
         for name, lin in layers.items():
             X = collect_inputs(q, calib, [name])[name] if calib is not None else None
             W = lin.weight.detach().float()

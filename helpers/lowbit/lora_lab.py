@@ -46,11 +46,12 @@ import torch.nn as nn
 
 from helpers.gpt import data
 from helpers.gpt.pretrained import validation_loss
-from helpers.lowbit.gptq import block_linears, cpu_threads
+from helpers.lowbit.gptq import block_linears
 from helpers.lowbit.lora import (FINETUNE, KINDS, apply_lora, dequantize_nf4, finetune, finetune_gb, finetune_split,
                                  lora_layers, make_optimizer, memory_formula, merged_variants, nf4_linear,
                                  optimizer_state_bytes, prepare, set_module, tensor_bytes, trainable)
 from helpers.lowbit.quant_lab import gap_separated, loss_gap, window_losses, yardstick
+from helpers.measure import bench
 from helpers.measure.params import positive
 from helpers.show import plots, tables
 
@@ -105,7 +106,7 @@ def finetune_section(trained, steps: int = 30, *, lr_full: float = 3e-4, lr_lora
     model = getattr(trained, "model", trained)
     tune, held = finetune_split()
     res = {"losses": {}, "after": {}, "seconds": {}, "trainable": {}, "steps": steps}
-    with cpu_threads(next(model.parameters()).device):
+    with bench.cpu_threads(next(model.parameters()).device):
         win = res["windows"] = {"before": _eval_windows(model, held, eval_batches),
                                 "before_nf4": _eval_windows(prepare(model, "qlora", r, alpha, seed), held, eval_batches)}
         res["before"], res["before_nf4"] = float(win["before"].mean()), float(win["before_nf4"].mean())  # B = 0: NF4 base
@@ -302,7 +303,7 @@ def memory_rows(model: nn.Module, r: int = 8, alpha: float | None = None) -> lis
     n_linear = sum(m.weight.numel() for m in lin.values())
     n_all = sum(p.numel() for p in model.parameters())
     rows = []
-    with cpu_threads(next(model.parameters()).device):
+    with bench.cpu_threads(next(model.parameters()).device):
         for kind in KINDS:
             m = prepare(model, kind, r, alpha)
             n_lora = sum(a.lora_A.numel() + a.lora_B.numel() for a in lora_layers(m).values())

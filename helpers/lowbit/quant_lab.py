@@ -22,7 +22,7 @@ torchao's defaults skip lm_head too).
 - Decode on a CPU: `cpu_decode`, batch-1 decode of fp32 against int8 weight-only (PyTorch's fused int8 kernel,
   and dequantize-then-matmul) timed by `helpers.measure.protocol`, as bytes read per token / time per token;
   `cpu_decode_table` and `cpu_decode_sentences` set it against the copy ceiling (`copy_size`: a copy larger
-  than `last_level_cache_bytes`); `decode_claim`, the ledger's verdict from a measured ratio.
+  than `hardware.last_level_cache`); `decode_claim`, the ledger's verdict from a measured ratio.
 - Noise in held-out losses: `window_losses` (one loss per window of `validation_loss`), `loss_gap`,
   `gap_separated`, `yardstick`, `compare_losses` and `highest_loss`: a gap between two models is ranked only
   when it exceeds `NOISE_K` standard errors of the paired per-window difference.
@@ -49,11 +49,10 @@ from helpers.gpt.generation import KVCache, prefill, rewound_step
 from helpers.gpt.model import GPT, PRESETS, GPTConfig
 from helpers.gpt.pretrained import validation_loss
 from helpers.lowbit import quant, quant_linear
-from helpers.lowbit.gptq import (METHODS, awq_quantize, block_linears, check_bits, collect_inputs, cpu_threads,
+from helpers.lowbit.gptq import (METHODS, awq_quantize, block_linears, check_bits, collect_inputs,
                                  gptq_quantize, hessian, output_error, quantize_model, rtn_quantize)
 from helpers.lowbit.lora import finetune_split, make_optimizer, optimizer_state_bytes, prepare, train_steps, trainable
-from helpers.measure import claims, params, protocol
-from helpers.measure.bench import benchmark
+from helpers.measure import bench, claims, hardware, params, protocol
 from helpers.measure.ceilings import measure_copy_bandwidth
 from helpers.measure.params import positive
 from helpers.show import tables
@@ -251,7 +250,7 @@ def layer_error_rows(model: nn.Module, calib: torch.Tensor, bits=(4, 3), group_s
     in execution order."""
     bits = [check_bits(b) for b in bits]
     rows = []
-    with cpu_threads(next(model.parameters()).device):
+    with bench.cpu_threads(next(model.parameters()).device):
         inputs = collect_inputs(model, calib)
         held = inputs if test is None else collect_inputs(model, test)
         for name, lin in block_linears(model).items():
@@ -308,7 +307,7 @@ def perplexity_section(model: nn.Module, calib: torch.Tensor, bits=(4, 3), group
         loss = validation_loss(m, val_tokens, batches=batches)
         return {"method": method, "bits": b, "val_loss": loss, "perplexity": math.exp(loss)}
 
-    with cpu_threads(next(model.parameters()).device):
+    with bench.cpu_threads(next(model.parameters()).device):
         rows = [row("fp32", 32, model)]
         for b in bits:
             for method in METHODS:
@@ -442,7 +441,7 @@ def decode_speed(preset: str = "1.3b", batches=(1, 32), prompt: int = 64, reps: 
                 stored[name] = wbytes
             for b in batches:
                 step = _decode_step(model, b, prompt, "cuda")
-                t = benchmark(step, warmup=5, reps=reps, device="cuda")
+                t = bench.benchmark(step, warmup=5, reps=reps, device="cuda")
                 mc = model.config  # K and V of every layer, bf16, n_kv_head heads (d_model wide without GQA)
                 kv = 2 * mc.n_layer * b * (prompt + 1) * mc.n_kv_head * mc.head_dim * 2
                 rows.append({"variant": name, "batch": b, "ms": 1e3 * t.median, "iqr_ms": 1e3 * (t.q75 - t.q25),
@@ -512,7 +511,7 @@ def optimizer_section(model: nn.Module, steps: int = 5, *, lr: float = 1e-3, bat
     tune, _ = finetune_split()
     res = {"losses": {}, "state_bytes": {}, "bytes_per_param": {}}
     per = {}
-    with cpu_threads(next(model.parameters()).device):
+    with bench.cpu_threads(next(model.parameters()).device):
         for name in ("adamw", "adamw8bit"):
             m = prepare(model, "full")
             params = trainable(m)
@@ -573,30 +572,13 @@ def _cache_bytes(cfg, batch: int, length: int, dtype: torch.dtype) -> int:
     return 2 * cfg.n_layer * batch * length * cfg.n_kv_head * cfg.head_dim * torch.empty((), dtype=dtype).element_size()
 
 
-def last_level_cache_bytes() -> int | None:
-    """The largest CPU cache this Linux machine reports (/sys/devices/system/cpu/cpu0/cache/index*/size), or None."""
-    import glob  # only this probe reads sysfs
-
-    sizes = []
-    for path in glob.glob("/sys/devices/system/cpu/cpu0/cache/index*/size"):
-        try:
-            text = open(path).read().strip()
-        except OSError:
-            continue
-        unit = {"K": 2 ** 10, "M": 2 ** 20, "G": 2 ** 30}.get(text[-1:].upper(), 1)
-        digits = text.rstrip("KMGkmg")
-        if digits.isdigit():
-            sizes.append(int(digits) * unit)
-    return max(sizes) if sizes else None
-
-
 def copy_size(device: str) -> int:
     """Bytes of the source of a copy-bandwidth measurement whose traffic (source + destination) is larger than the
     last-level cache: on a CPU the next power of two at or above that cache (64 MiB when it cannot be read, at most
     1 GiB); on a GPU 1 GiB."""
     if torch.device(device).type != "cpu":
         return 2 ** 30
-    llc = last_level_cache_bytes() or 2 ** 26
+    llc = hardware.last_level_cache("cpu")[0] or 2 ** 26
     return min(2 ** 30, 1 << max(26, (llc - 1).bit_length()))
 
 
@@ -614,7 +596,7 @@ def cpu_decode(preset: str = "small10m", prompt: int = 64, *, variants=CPU_DECOD
 
     Bytes read per token = every parameter and buffer once (`model_bytes`) + the K/V cache of `prompt` + 1
     tokens; bandwidth = bytes / seconds per token (GB/s = 1e9 B/s), with IQR bounds bytes / q75 .. bytes /
-    q25. Timed on `threads` intra-op threads (`gptq.cpu_threads`): one by default, because on a CPU shared with
+    q25. Timed on `threads` intra-op threads (`bench.cpu_threads`): one by default, because on a CPU shared with
     other work two threads wait on each other at every operation and the step time measures the scheduler.
     Returns {"rows": [{variant, bytes, timing (bench.Timing), tokens_per_s, gbps, gbps_lo, gbps_hi}],
     "comparison": protocol.Comparison, "preset", "prompt", "threads"}. `timer` is passed to `compare` (tests
@@ -634,7 +616,7 @@ def cpu_decode(preset: str = "small10m", prompt: int = 64, *, variants=CPU_DECOD
             model, dtype = weight_only_copy(base, 8, "fused" if "fused" in name else "torch"), torch.float32
         fns[name] = _decode_step(model, 1, prompt, "cpu", dtype)
         nbytes[name] = model_bytes(model) + _cache_bytes(model.config, 1, prompt + 1, dtype)
-    with cpu_threads("cpu", positive("threads", threads)):
+    with bench.cpu_threads("cpu", positive("threads", threads)):
         comp = protocol.compare(fns, device="cpu", timer=timer, min_reps=5, max_reps=max_reps, budget_s=budget_s,
                                 max_warmup=max_warmup)
     rows = []
@@ -649,7 +631,7 @@ def cpu_decode(preset: str = "small10m", prompt: int = 64, *, variants=CPU_DECOD
 def copy_gbps_on(threads: int, copy_bytes: int) -> float:
     """The copy bandwidth (GB/s, read + write) of a `copy_bytes` copy on `threads` intra-op threads of this CPU:
     the ceiling for a decode step timed on as many threads (`cpu_decode`)."""
-    with cpu_threads("cpu", positive("threads", threads)):
+    with bench.cpu_threads("cpu", positive("threads", threads)):
         return measure_copy_bandwidth(copy_bytes, "cpu", reps=5)
 
 

@@ -1,6 +1,7 @@
 """The one timing API of the course, plus memory measurement (CUDA peak, and saved-for-backward bytes)."""
 from __future__ import annotations
 
+import contextlib
 import gc
 import math
 import os
@@ -8,7 +9,7 @@ import statistics
 import time
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 import torch
 from helpers.measure import hardware
@@ -273,6 +274,23 @@ def recoverable_failure(err: BaseException) -> str | None:
     if not isinstance(err, RuntimeError) or any(s in first.lower() for s in broken):
         return None
     return f"error: {first}"
+
+
+@contextlib.contextmanager
+def cpu_threads(device, n: int = 1) -> Iterator[None]:
+    """Run the block with `n` torch intra-op threads when `device` is a CPU, restoring the count after; on
+    another device, change nothing. On a CPU shared with other work a parallel loop waits at its end for its
+    slowest thread, and one descheduled thread costs a whole scheduler slice: small kernels timed on two
+    threads then measure the scheduler, and small matmuls run faster on one thread."""
+    if torch.device(device).type != "cpu":
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def release_memory() -> None:

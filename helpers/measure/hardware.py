@@ -269,3 +269,35 @@ def matmul_fn(n: int, dtype: str, device: str, m: int | None = None, k: int | No
     """A zero-argument callable computing an (m×k)@(k×n) product in `dtype`, and its FLOP count."""
     a, b = matmul_operands(n, dtype, device, m, k)
     return (lambda: matmul(a, b, dtype)), 2 * a.shape[0] * b.shape[1] * a.shape[1]
+
+
+def last_level_cache(device: str = "cpu") -> tuple[int | None, str]:
+    """(bytes, name) of the device's last-level cache: the GPU's L2 (torch's device properties) on CUDA, else
+    the CPU's highest cache level from sysconf or /sys/devices/system/cpu/cpu0/cache; (None, "") where unknown."""
+    if device == "cuda":
+        import torch  # heavy: only a GPU's cache needs it
+
+        if torch.cuda.is_available():
+            size = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 0)
+            return (int(size), "L2") if size else (None, "")
+    for level in (4, 3, 2):
+        try:
+            size = os.sysconf(f"SC_LEVEL{level}_CACHE_SIZE")
+        except (ValueError, OSError, AttributeError):
+            size = 0
+        if size and size > 0:
+            return int(size), f"L{level}"
+    best: tuple[int | None, str] = (None, "")
+    root = "/sys/devices/system/cpu/cpu0/cache"
+    for entry in sorted(os.listdir(root)) if os.path.isdir(root) else []:
+        try:
+            level = open(os.path.join(root, entry, "level")).read().strip()
+            text = open(os.path.join(root, entry, "size")).read().strip()
+        except OSError:
+            continue
+        m = re.fullmatch(r"(\d+)([KMG]?)", text)
+        if m:
+            size = int(m.group(1)) * {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}[m.group(2)]
+            if best[0] is None or size > best[0]:
+                best = (size, f"L{level}")
+    return best
