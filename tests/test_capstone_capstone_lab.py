@@ -73,3 +73,42 @@ def test_the_panel_trains_the_ticked_stack_beside_the_baseline_and_leaves_out_wh
 def test_compile_is_left_out_with_its_reason_when_asked():
     rungs, left = capstone_lab.rungs_for("cpu", compile=False)
     assert "compile" not in [r.name for r in rungs] and "COMPILE=False" in left["compile"]
+
+
+def test_leave_one_out_takes_each_technique_out_of_the_whole_stack_once():
+    rungs = stack.ladder("cpu")
+    loo = capstone_lab.leave_one_out(rungs)
+    assert loo[0].name == "whole stack" and loo[0].techniques == rungs[-1].techniques
+    assert [r.name for r in loo[1:]] == [f"without {t}" for t in stack.TECHNIQUES if rungs[-1].has(t)]
+    assert all(r.techniques == rungs[-1].techniques - {r.name.removeprefix("without ")} for r in loo[1:])
+    res = {"whole stack": {"timing": _t(1.0)}, "without sdpa": {"timing": _t(1.5)},
+           "without bf16": {"timing": _t(1.0, 0.3)}, "without data_path": {"timing": _t(0.8)}}
+    rows = {r["technique"]: r for r in capstone_lab.leave_one_out_rows(res)}
+    assert rows["sdpa"]["cost"].value == pytest.approx(1.5) and "1.50x (IQR-bounded" in rows["sdpa"]["sentence"]
+    assert "within the noise" in rows["bf16"]["sentence"]
+    assert "costs more than it saves" in rows["data_path"]["sentence"]
+
+
+def test_stack_claims_judge_the_rung_in_the_stack_beside_the_isolated_verdict():
+    base = _t(1.0)
+    training = [_row("baseline", base, base=base), _row("bf16", _t(0.55), base, base), _row("sdpa", _t(0.5), _t(0.55), base)]
+    serving = [_row("baseline", base, base=base), {"rung": "speculative", "gain": protocol.ratio(base, _t(0.4))}]
+    iso = {"mixed-precision-speed": {"verdict": "supported", "measured": "bf16: step x1.8"}}
+    left = {"training": {"fp8": "FP8 needs FP8 tensor cores", "compile": "left out by COMPILE=False"},
+            "serving": {"compile": "a serving reason"}}
+    on_gpu = {r["claim_id"]: r for r in capstone_lab.stack_claims({"training": training, "serving": serving}, iso,
+                                                                   "cuda", left)}
+    assert set(on_gpu) == {c[0] for c in capstone_lab.STACK_CLAIMS}
+    assert on_gpu["stack-mixed-precision-1-5-2x"]["verdict"] == "supported"  # 1.82x, IQR-bounded 1.75-1.89x
+    assert "alone (notebook 03): supported, measured bf16: step x1.8" in on_gpu["stack-mixed-precision-1-5-2x"]["measured"]
+    assert on_gpu["stack-flash-2-4x"]["verdict"] == "contradicted" and "notebook 06 has not" in on_gpu["stack-flash-2-4x"]["measured"]
+    assert on_gpu["stack-speculative-2-3x"]["verdict"] == "supported"
+    assert on_gpu["stack-fp8-2x"]["verdict"] == "not testable" and "FP8 needs FP8 tensor cores" in on_gpu["stack-fp8-2x"]["reason"]
+    assert "COMPILE=False" in on_gpu["stack-compile-1-5-2x"]["reason"]  # the training ladder's reason, not the serving one
+    on_cpu = {r["claim_id"]: r for r in capstone_lab.stack_claims({"training": training, "serving": serving}, iso,
+                                                                   "cpu", left)}
+    assert on_cpu["stack-mixed-precision-1-5-2x"]["verdict"] == "not testable"
+    assert on_cpu["stack-speculative-2-3x"]["verdict"] == "supported"  # not a GPU-kernel claim: judged on a CPU too
+    noisy = [_row("baseline", base, base=base), _row("bf16", _t(0.6, 0.2), base, base)]
+    spans = capstone_lab.stack_claims({"training": noisy, "serving": []}, {}, "cuda", left)[0]
+    assert spans["verdict"] == "not testable" and "spans the claim's bound" in spans["reason"]

@@ -228,3 +228,90 @@ def stack_panel(cfg: GPTConfig, batches: list, device: str, *, micro_batches: in
         waterfall(table, title="your stack against the baseline")
         return {"baseline": table[0], "stack": table[1]}
     return update
+
+
+def leave_one_out(rungs: list[stack.Rung]) -> list[stack.Rung]:
+    """The ladder's last rung (the whole stack) first, then the stack without each of its techniques in turn
+    (rungs named "without <technique>")."""
+    full = rungs[-1]
+    return [stack.Rung("whole stack", full.techniques, full.skipped)] + [
+        stack.Rung(f"without {t}", full.techniques - {t}, full.skipped) for t in stack.TECHNIQUES if full.has(t)]
+
+
+def leave_one_out_rows(res: dict[str, dict]) -> list[dict]:
+    """Per technique of the whole stack: what the stack loses without it, its step time without the technique over
+    the whole stack's (`protocol.Ratio`: above 1, the stack is slower without it), and one sentence ranked only
+    beyond both spreads."""
+    whole = res["whole stack"]["timing"]
+    out = []
+    for name, r in res.items():
+        if name == "whole stack":
+            continue
+        t = name.removeprefix("without ")
+        cost = protocol.ratio(r["timing"], whole)
+        if not cost.separated:
+            s = f"without {t} the stack's step time is within the noise of the whole stack's ({cost})"
+        elif cost.value > 1:
+            s = f"without {t} the stack is {cost} slower: it still pays its way at the top of the stack"
+        else:
+            s = (f"without {t} the stack is faster ({cost} the whole stack's step time): at the top of the stack it "
+                 "costs more than it saves on this device")
+        out.append({"technique": t, "cost": cost, "sentence": s})
+    return out
+
+
+# the seeds' end-to-end claims, each judged on the gain its rung measured in the stack:
+# (ledger id, ladder, rung, claim lo, claim hi or None, claim, source, the isolated notebook's claim id, its notebook)
+STACK_CLAIMS = (
+    ("stack-mixed-precision-1-5-2x", "training", "bf16", 1.5, 2.0,
+     "mixed precision gives 1.5-2x speed through tensor cores", "the first source text, section 2.4",
+     "mixed-precision-speed", "03"),
+    ("stack-flash-2-4x", "training", "sdpa", 2.0, 4.0, "FlashAttention is 2-4x faster (less memory I/O)",
+     "the survey of training-efficiency techniques (first source text)", "flash-2-4x", "06"),
+    ("stack-compile-1-5-2x", "training", "compile", 1.5, 2.0, "torch.compile gives a 1.5-2x speedup",
+     "the first source text, section 6.2", "compile-1-5-2x", "09"),
+    ("stack-fp8-2x", "training", "fp8", 1.7, None, "FP8 is about 2x faster than BF16",
+     "the first source text, section 5.3", "fp8-2x-bf16", "07"),
+    ("stack-speculative-2-3x", "serving", "speculative", 2.0, 3.0, "speculative decoding gives a 2-3x speedup",
+     "the first source text, section 7.2", "speculative-decoding-t5-xxl", "11"),
+)
+
+
+def _judge_range(value: float, lo: float, hi: float, claim_lo: float, claim_hi: float | None) -> tuple[str, str]:
+    from helpers.decode.spec_lab import judge_range  # the one range-judging rule the ledger uses
+
+    return judge_range(value, lo, hi, claim_lo, claim_hi)
+
+
+def stack_claims(ladders: dict[str, list[dict]], isolated: dict[str, dict], device: str,
+                 left_out: dict[str, dict[str, str]]) -> list[dict]:
+    """`claims.verdict`'s keyword arguments (notebook "14") for each of STACK_CLAIMS: the claim judged on its rung's
+    gain over the rung before in the stack (IQR-bounded; "not testable" while the range spans a bound of the
+    claim, on a CPU for the GPU claims (every one but speculative decoding's), or when the rung is not on this
+    device's ladder), with the isolated notebook's verdict from `isolated` ({claim id: its ledger row}) beside it.
+
+    ladders: {"training": training rows, "serving": serving rows}, each row with "rung" and "gain" (a Ratio);
+    left_out: {ladder: {technique: why it is not on that ladder}}."""
+    out = []
+    for cid, ladder, rung, lo, hi, claim, source, iso_id, nb in STACK_CLAIMS:
+        row = next((r for r in ladders.get(ladder, []) if r["rung"] == rung), None)
+        iso = isolated.get(iso_id)
+        alone = (f"alone (notebook {nb}): {iso['verdict']}, measured {iso['measured']}" if iso else
+                 f"alone: notebook {nb} has not written its verdict into this results folder")
+        if row is None:
+            why = left_out.get(ladder, {}).get(rung, "its rung is not on this ladder")
+            out.append(dict(claim_id=cid, notebook="14", claim=claim, source=source, verdict="not testable",
+                            measured=f"in the stack: not run; {alone}", reason=f"{rung}: {why}"))
+            continue
+        g = row["gain"]
+        measured = f"in the stack, {rung} over the rung before: {g}; {alone}"
+        if device == "cpu" and ladder == "training":
+            verdict, reason = "not testable", "the claim is about GPU kernels (tensor cores, HBM traffic); this run has a CPU"
+        else:
+            verdict, reason = _judge_range(g.value, min(g.lo, g.value), max(g.hi, g.value), lo, hi)
+            if verdict != "not testable":
+                reason = ("in the stack a technique acts on what the rungs before it left, so its gain is of the "
+                          "whole step or reply, not of the kernel alone")
+        out.append(dict(claim_id=cid, notebook="14", claim=claim, source=source, measured=measured, value=g.value,
+                        unit="x", verdict=verdict, reason=reason))
+    return out

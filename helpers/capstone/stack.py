@@ -12,7 +12,7 @@ technique      what it changes                                               not
 `bf16`         bf16 autocast over fp32 master weights                        03
 `sdpa`         attention through `scaled_dot_product_attention` (flash/fused) 06
 `fused_adamw`  AdamW with `fused=True` (one kernel for every parameter)       03
-`compile`      `torch.compile` of the model                                  09
+`compile`      `torch.compile` of each block (regional: one code for all)    09
 `fp8`          the blocks' linears as FP8 rowwise `Float8Linear`             07
 `data_path`    batches from a DataLoader worker, prefetched, pinned on CUDA  12
 `checkpoint`   every block recomputed in backward, the whole batch at once   04, 05
@@ -32,6 +32,7 @@ from typing import Callable, Iterable, Iterator
 
 import torch
 
+from helpers.fusion import compiler
 from helpers.gpt.model import GPT, GPTConfig
 from helpers.lowbit import fp8
 from helpers.measure import hardware
@@ -40,7 +41,7 @@ from helpers.training import accumulation
 
 TECHNIQUES = ("tf32", "bf16", "sdpa", "fused_adamw", "compile", "fp8", "data_path", "checkpoint")
 TITLES = {"tf32": "TF32 matmuls", "bf16": "bf16 autocast", "sdpa": "fused attention (SDPA)",
-          "fused_adamw": "fused AdamW", "compile": "torch.compile", "fp8": "FP8 rowwise linears",
+          "fused_adamw": "fused AdamW", "compile": "torch.compile (each block)", "fp8": "FP8 rowwise linears",
           "data_path": "loader worker, prefetch, pinned", "checkpoint": "checkpointing, larger micro-batch"}
 
 
@@ -104,8 +105,9 @@ def tf32(enabled: bool) -> Iterator[None]:
 
 @dataclass
 class Built:
-    """What `build` returns: the model as built (`model`), what the step calls (`forward`: compiled or
-    not), the optimizer, the micro-batches per step and the autocast dtype (None: fp32)."""
+    """What `build` returns: the model as built (`model`, its blocks compiled in place on a compile rung),
+    what the step calls (`forward`), the optimizer, the micro-batches per step and the autocast dtype
+    (None: fp32)."""
 
     rung: Rung
     model: GPT
@@ -164,9 +166,15 @@ def build_from(cfg: GPTConfig, s: dict, device: str, *, lr: float = 1e-3, seed: 
     if s["fp8"]:
         fp8.convert_to_float8(model, "rowwise")
     model.set_checkpointing(bool(s["checkpoint"]))
+    if s["compile"]:  # regional compilation (notebook 09): the blocks share one compiled code, so one cold
+        compiler.compile_blocks(model)  # compile per rung costs about one block's, not the whole model's
     opt = torch.optim.AdamW(model.parameters(), lr=lr, **s["adamw"])
-    forward = torch.compile(model) if s["compile"] else model
-    return Built(rung or Rung("custom", frozenset()), model, forward, opt, s["micro_batches"], s["autocast"])
+    return Built(rung or Rung("custom", frozenset()), model, model, opt, s["micro_batches"], s["autocast"])
+
+
+def compiled(model: GPT) -> bool:
+    """Whether every block of `model` runs compiled (`nn.Module.compile` in place)."""
+    return all(getattr(b, "_compiled_call_impl", None) is not None for b in model.blocks)
 
 
 def batches(built: Built, data: list[tuple[torch.Tensor, torch.Tensor]], device: str) -> Iterator[tuple]:

@@ -1,0 +1,230 @@
+"""Notebook 14's serving measurements: the serving ladder (`helpers.capstone.serve_stack`) decoded, checked and
+timed rung by rung, its table, sentences and waterfall, and continuous against static batching on one server.
+
+Timing: one call decodes NEW_TOKENS greedy tokens after the first held-out prompt (its prefill included), and
+every rung's call is timed by the course protocol (`helpers.measure.protocol.compare`: warmed up until steady,
+so a compile and CUDA-graph recording stay out; interleaved rounds, rotated). ms/token is the call's median
+over NEW_TOKENS. Achieved bandwidth counts what one decode step must read: the rung's weights once and the
+K and V of the tokens cached so far, at the mean position of the reply (prompt + NEW_TOKENS / 2).
+"""
+from __future__ import annotations
+
+import torch
+
+from helpers.capstone import serve_stack
+from helpers.capstone.serve_stack import Decoder, ServeRung
+from helpers.decode import serving_lab
+from helpers.gpt.model import PRESETS, GPTConfig
+from helpers.lowbit.quant_lab import NOISE_K, loss_gap
+from helpers.measure import params, protocol
+from helpers.measure.bench import Timing
+from helpers.show import plots
+
+GB = 1e9
+
+
+def resolve_parameters(S: params.Setup, *, SERVE_MODEL, DRAFT_WIDTH, PROMPTS, PROMPT_LEN, NEW_TOKENS, GAMMA,
+                       REQUESTS, EVAL_BATCHES) -> dict:
+    """The serving ladder's parameters, validated at once with the profile's defaults.
+
+    Raises ValueError naming the first bad parameter, or when PROMPT_LEN + NEW_TOKENS + GAMMA + 2 tokens (the
+    speculative rung's longest pass) pass SERVE_MODEL's seq_len, or for an odd DRAFT_WIDTH (2 heads)."""
+    R = S.resolve
+    out = {"SERVE_MODEL": R("SERVE_MODEL", SERVE_MODEL, smoke="tiny", full="small10m",
+                            check=lambda n, v: params.choose(n, v, PRESETS)),
+           "DRAFT_WIDTH": R("DRAFT_WIDTH", DRAFT_WIDTH, smoke=64, full=128, check=params.positive),
+           "PROMPTS": R("PROMPTS", PROMPTS, smoke=3, full=4, check=params.positive),
+           "PROMPT_LEN": R("PROMPT_LEN", PROMPT_LEN, smoke=32, full=64, check=params.positive),
+           "NEW_TOKENS": R("NEW_TOKENS", NEW_TOKENS, smoke=32, full=128, check=params.positive),
+           "GAMMA": R("GAMMA", GAMMA, smoke=4, full=4, check=params.positive),
+           "REQUESTS": R("REQUESTS", REQUESTS, smoke=12, full=32, check=params.positive),
+           "EVAL_BATCHES": R("EVAL_BATCHES", EVAL_BATCHES, smoke=2, full=8, check=params.positive)}
+    if out["DRAFT_WIDTH"] % 2:
+        raise ValueError(f"DRAFT_WIDTH={out['DRAFT_WIDTH']} must be even (the draft has 2 heads)")
+    longest = out["PROMPT_LEN"] + out["NEW_TOKENS"] + out["GAMMA"] + 2
+    seq_len = GPTConfig.preset(out["SERVE_MODEL"]).seq_len
+    if longest > seq_len:
+        raise ValueError(f"PROMPT_LEN + NEW_TOKENS + GAMMA + 2 = {longest} passes {out['SERVE_MODEL']}'s "
+                         f"seq_len={seq_len}")
+    out["MAX_LEN"] = longest
+    return out
+
+
+def rungs_for(device: str, compile: bool) -> tuple[list[ServeRung], dict[str, str]]:
+    """The serving ladder on `device`, without the compile rung when `compile` is False; every technique left
+    out with its reason."""
+    techniques = [t for t in serve_stack.TECHNIQUES if compile or t != "compile"]
+    rungs, left = serve_stack.ladder(device, techniques)
+    if not compile:
+        left["compile"] = ("left out by COMPILE=False (the smoke profile on a CPU: a cold compile of the decode step "
+                           "costs more than this notebook's budget there), so int8 and int4 stand on bf16")
+    return rungs, left
+
+
+def exactness(decoders: dict[str, Decoder], prompts: list[torch.Tensor], n: int) -> dict[str, dict]:
+    """Every rung's greedy tokens for every prompt, checked as `serve_stack` says: per rung {"tokens": [(n,)],
+    "identical": prompts whose tokens equal its base's, "differences": [first_difference or None per prompt],
+    "exact_ok": for an EXACT rung, every difference at a tie (None for the others), "agreement": mean share
+    of next tokens agreeing with the baseline's (fp32) tokens given its text}."""
+    out: dict[str, dict] = {}
+    for name, d in decoders.items():
+        out[name] = {"tokens": [d.generate(p, n).cpu() for p in prompts]}
+    ref = out[next(iter(decoders))]["tokens"]  # the baseline's
+    for name, d in decoders.items():
+        r, base = out[name], d.rung.base
+        if base is None:
+            r.update(identical=len(prompts), differences=[None] * len(prompts), exact_ok=None, agreement=1.0)
+            continue
+        bmodel = decoders[base].model
+        r["differences"] = [serve_stack.first_difference(bmodel, p, w, g)
+                            for p, w, g in zip(prompts, out[base]["tokens"], r["tokens"])]
+        r["identical"] = sum(x is None for x in r["differences"])
+        r["exact_ok"] = (all(x is None or x["tie"] for x in r["differences"]) if name in serve_stack.EXACT else None)
+        r["agreement"] = sum(serve_stack.agreement(d.model, p, t) for p, t in zip(prompts, ref)) / len(prompts)
+    return out
+
+
+def held_out(decoders: dict[str, Decoder], tokens: torch.Tensor, *, batches: int, seq_len: int) -> dict[str, dict]:
+    """Per distinct model of the ladder (keyed by the first rung that runs it): held-out windows' losses, their
+    mean, and the gap to the fp32 model's with its standard error ({"windows", "loss", "gap", "se",
+    "separated"}: separated when the gap exceeds NOISE_K standard errors)."""
+    seen: dict[int, str] = {}
+    out: dict[str, dict] = {}
+    for name, d in decoders.items():
+        if id(d.model) in seen:
+            out[name] = out[seen[id(d.model)]]
+            continue
+        seen[id(d.model)] = name
+        w = serve_stack.held_out_windows(d.model, tokens, batches=batches, batch=8, seq_len=seq_len)
+        out[name] = {"windows": w, "loss": float(w.mean())}
+    ref = out[next(iter(decoders))]["windows"]
+    for r in out.values():
+        if "gap" not in r:
+            r["gap"], r["se"] = loss_gap(r["windows"], ref)
+            r["separated"] = abs(r["gap"]) > NOISE_K * r["se"]
+    return out
+
+
+def time_ladder(decoders: dict[str, Decoder], prompt: torch.Tensor, n: int, device: str, *, min_reps: int = 5,
+                max_reps: int = 30, budget_s: float = 20.0) -> protocol.Comparison:
+    """Every rung's call (n greedy tokens after `prompt`, its prefill included) timed by the course protocol."""
+    fns = {name: (lambda d=d: d.generate(prompt, n)) for name, d in decoders.items()}
+    return protocol.compare(fns, device=device, min_reps=min_reps, max_reps=max_reps, budget_s=budget_s)
+
+
+def rows(decoders: dict[str, Decoder], cmp: protocol.Comparison, checks: dict, losses: dict, *, prompt_len: int,
+         n: int, copy_gbps: float | None) -> list[dict]:
+    """One row per rung: the call's Timing, ms/token, tokens/s, achieved GB/s of one decode step (weights + K and
+    V at the mean position) and its share of `copy_gbps`, the gain over the rung it stands on and over the
+    baseline (`protocol.Ratio`s of call times), identical prompts, agreement and held-out loss gap."""
+    base = next(iter(decoders))
+    out = []
+    for name, d in decoders.items():
+        t: Timing = cmp[name]
+        s_per_token = t.median / n
+        gbps = None
+        if d.weight_bytes is not None and name != "speculative":  # a speculative token is not one step's read
+            gbps = (d.weight_bytes + (prompt_len + n / 2) * d.kv_bytes_per_token) / s_per_token / GB
+        c = checks[name]
+        out.append({"rung": name, "title": serve_stack.TITLES[name], "base": d.rung.base, "timing": t,
+                    "ms_per_token": 1e3 * s_per_token, "tokens_per_s": n / t.median, "gbps": gbps,
+                    "copy_share": None if gbps is None or not copy_gbps else gbps / copy_gbps,
+                    "gain": None if d.rung.base is None else protocol.ratio(cmp[d.rung.base], t),
+                    "cumulative": protocol.ratio(cmp[base], t), "identical": c["identical"],
+                    "prompts": len(c["tokens"]), "exact_ok": c["exact_ok"], "agreement": c["agreement"],
+                    "differences": c["differences"], "loss": losses[name]["loss"], "loss_gap": losses[name]["gap"],
+                    "loss_se": losses[name]["se"], "loss_separated": losses[name]["separated"]})
+    return out
+
+
+def exact_sentence(row: dict) -> str:
+    """What a rung's tokens show: identical to its base's (or where they part, a tie), or, for a rung that
+    changes the numbers, its agreement with the fp32 tokens and its held-out loss gap ranked against its noise."""
+    if row["base"] is None:
+        return f"{row['rung']}: the reference tokens."
+    ties = [x for x in row["differences"] if x is not None]
+    same = f"{row['identical']} of {row['prompts']} prompts' tokens identical to {row['base']}'s"
+    if row["exact_ok"] is not None:
+        if not ties:
+            return f"{row['rung']}: {same}, as it must be."
+        parts = "; ".join(f"token {x['index']}: top-2 gap {x['gap']:.3g} {'<=' if x['tie'] else '>'} {x['tolerance']:.3g}"
+                          for x in ties)
+        return (f"{row['rung']}: {same}; the others part at a tie of the reference's top two logits ({parts}), "
+                "which paths of different shapes may round apart." if row["exact_ok"] else
+                f"{row['rung']}: {same}; a difference NOT at a tie ({parts}): this rung does not compute what it "
+                "stands on.")
+    loss = (f"held-out loss {row['loss_gap']:+.4f} nats/byte from fp32's ({'beyond' if row['loss_separated'] else 'within'} "
+            f"{NOISE_K:g} standard errors, {row['loss_se']:.1g})")
+    return f"{row['rung']}: {100 * row['agreement']:.1f}% of next tokens agree with fp32's; {same}; {loss}."
+
+
+def gain_sentence(row: dict) -> str:
+    """What one serving rung bought over the rung it stands on, ranked only when the IQRs do not overlap."""
+    g = row["gain"]
+    if g is None:
+        return f"baseline: {row['ms_per_token']:.3g} ms/token ({row['tokens_per_s']:.0f} tokens/s), prefill included."
+    what = f"{row['rung']} ({row['title']}, on {row['base']})"
+    if not g.separated:
+        return f"{what}: within the noise of {row['base']} ({g}); this run cannot say it helped."
+    if g.value > 1:
+        return f"{what}: {g} faster than {row['base']}."
+    return f"{what}: slower than {row['base']} ({g}): on this device it costs more than it saves."
+
+
+def bandwidth_sentence(table: list[dict], copy_gbps: float | None, where: str) -> str:
+    """The best achieved bandwidth of the ladder's cached rungs against the copy bandwidth."""
+    bw = [r for r in table if r["gbps"] is not None]
+    if not bw or not copy_gbps:
+        return "No copy bandwidth to compare against."
+    best = max(bw, key=lambda r: r["gbps"])
+    return (f"The cached rung closest to the copy bandwidth is {best['rung']}: {best['gbps']:.3g} GB/s, "
+            f"{100 * best['copy_share']:.0f}% of {copy_gbps:.3g} GB/s ({where}); a batch-1 decode step that reads its "
+            "weights once can go no faster than a copy of them.")
+
+
+def batching(model, *, n_requests: int, repeats: int = 3, seed: int = 0) -> dict:
+    """Continuous against static batching of one seeded request mix on the same paged KV memory, by notebook
+    10's `serving_lab.batching_section` (its table and sentence printed); its result with the speed-up's range
+    over the `repeats` interleaved runs."""
+    return serving_lab.batching_section(model, n_requests=n_requests, repeats=repeats, seed=seed, tight_pool=False,
+                                        check_solo=False, show=False)
+
+
+def waterfall(table: list[dict], ax=None, title: str = "serving ladder: tokens/s at batch 1, rung by rung"):
+    """Tokens/s per rung with its IQR, the gain over the baseline above each bar and the rung each stands on
+    below its name."""
+    from helpers.capstone import capstone_lab
+
+    fig = capstone_lab.waterfall([{**r, "rung": r["rung"] if r["base"] is None else f"{r['rung']}\n(on {r['base']})"}
+                                  for r in table], ax=ax, title=title)
+    fig.axes[0].set(xlabel="rung (each adds one technique to the rung named under it)")
+    return fig
+
+
+def copy_bandwidth(device: str) -> tuple[float, str]:
+    """(GB/s, where from) of the copy a batch-1 decode step is measured against: on a CPU one thread's copy of a
+    buffer larger than the last-level cache (the ladder decodes on one thread), on CUDA the best of notebook
+    00's record and a 1 GiB copy now (`ceilings.bandwidth_ceiling`)."""
+    from helpers.lowbit.quant_lab import copy_gbps_on, copy_size
+    from helpers.measure import ceilings
+
+    size = copy_size(device)
+    if torch.device(device).type == "cpu":
+        return copy_gbps_on(1, size), f"one thread's copy of {size / 2**20:g} MiB, measured just now"
+    return ceilings.bandwidth_ceiling(size, device)
+
+
+def record_metrics(table: list[dict], batch: dict, *, model: str, prompt_len: int, n: int,
+                   left_out: dict[str, str]) -> dict:
+    """The "capstone_serving_ladder" record's metrics: per rung its ms/token with quartiles, tokens/s, GB/s, gains
+    and checks; the batching comparison's speed-up with its range."""
+    q = lambda r, k: 1e3 * getattr(r["timing"], k) / n  # noqa: E731 - ms per token at a quartile of the call
+    return {"model": model, "prompt_len": prompt_len, "new_tokens": n, "left_out": left_out,
+            "rungs": [{"rung": r["rung"], "base": r["base"], "ms_per_token": r["ms_per_token"],
+                       "q25_ms_per_token": q(r, "q25"), "q75_ms_per_token": q(r, "q75"),
+                       "tokens_per_s": r["tokens_per_s"], "gbps": r["gbps"], "copy_share": r["copy_share"],
+                       "gain": None if r["gain"] is None else r["gain"].value, "cumulative": r["cumulative"].value,
+                       "identical": r["identical"], "prompts": r["prompts"], "agreement": r["agreement"],
+                       "loss_gap": r["loss_gap"]} for r in table],
+            "batching": {"speedup": batch["speedup"], "lo": batch["speedup_range"][0], "hi": batch["speedup_range"][1],
+                         "separated": batch["separated"]}}
