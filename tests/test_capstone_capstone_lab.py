@@ -112,3 +112,21 @@ def test_stack_claims_judge_the_rung_in_the_stack_beside_the_isolated_verdict():
     noisy = [_row("baseline", base, base=base), _row("bf16", _t(0.6, 0.2), base, base)]
     spans = capstone_lab.stack_claims({"training": noisy, "serving": []}, {}, "cuda", left)[0]
     assert spans["verdict"] == "not testable" and "spans the claim's bound" in spans["reason"]
+
+
+def test_target_rows_measure_each_ratio_from_its_rungs_and_say_why_one_is_missing():
+    base = _t(1.0)
+    train = [_row("baseline", base, base=base), _row("bf16", _t(0.2), base, base, precision="bf16"),
+             _row("fp8", _t(0.15), _t(0.2), base, precision="fp8")]
+    train[1]["mfu"] = 0.55
+    serve = [{"rung": "compile", "base": "bf16", "copy_share": 0.8, "gain": protocol.ratio(base, _t(0.5))},
+             {"rung": "int4", "base": "compile", "copy_share": 0.6, "gain": protocol.ratio(base, _t(0.6))}]
+    rows = {r["target"]: r for r in capstone_lab.target_rows(train, serve, {"speedup": 1.5})}
+    assert len(rows) == len(capstone_lab.TARGETS)
+    mfu, fp8, ladder, bw, int4, spec, cb = rows.values()
+    assert mfu["value"] == 0.55 and mfu["met"] is True
+    assert fp8["value"] == pytest.approx(0.2 / 0.15) and fp8["met"] is True
+    assert ladder["value"] == pytest.approx(1 / 0.15) and ladder["met"] is False
+    assert bw["value"] == 0.8 and int4["value"] == pytest.approx(1 / 0.6) and int4["met"] is False
+    assert spec["value"] is None and spec["met"] is None and spec["why"] == "no speculative rung"
+    assert cb["value"] == 1.5 and cb["met"] is False

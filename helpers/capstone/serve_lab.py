@@ -33,9 +33,9 @@ def resolve_parameters(S: params.Setup, *, SERVE_MODEL, DRAFT_WIDTH, PROMPTS, PR
     out = {"SERVE_MODEL": R("SERVE_MODEL", SERVE_MODEL, smoke="tiny", full="small10m",
                             check=lambda n, v: params.choose(n, v, PRESETS)),
            "DRAFT_WIDTH": R("DRAFT_WIDTH", DRAFT_WIDTH, smoke=64, full=128, check=params.positive),
-           "PROMPTS": R("PROMPTS", PROMPTS, smoke=3, full=4, check=params.positive),
+           "PROMPTS": R("PROMPTS", PROMPTS, smoke=3, full=3, check=params.positive),
            "PROMPT_LEN": R("PROMPT_LEN", PROMPT_LEN, smoke=32, full=64, check=params.positive),
-           "NEW_TOKENS": R("NEW_TOKENS", NEW_TOKENS, smoke=32, full=128, check=params.positive),
+           "NEW_TOKENS": R("NEW_TOKENS", NEW_TOKENS, smoke=32, full=64, check=params.positive),
            "GAMMA": R("GAMMA", GAMMA, smoke=4, full=4, check=params.positive),
            "REQUESTS": R("REQUESTS", REQUESTS, smoke=12, full=32, check=params.positive),
            "EVAL_BATCHES": R("EVAL_BATCHES", EVAL_BATCHES, smoke=2, full=8, check=params.positive)}
@@ -106,7 +106,7 @@ def held_out(decoders: dict[str, Decoder], tokens: torch.Tensor, *, batches: int
 
 
 def time_ladder(decoders: dict[str, Decoder], prompt: torch.Tensor, n: int, device: str, *, min_reps: int = 5,
-                max_reps: int = 30, budget_s: float = 20.0) -> protocol.Comparison:
+                max_reps: int = 30, budget_s: float = 10.0) -> protocol.Comparison:
     """Every rung's call (n greedy tokens after `prompt`, its prefill included) timed by the course protocol."""
     fns = {name: (lambda d=d: d.generate(prompt, n)) for name, d in decoders.items()}
     return protocol.compare(fns, device=device, min_reps=min_reps, max_reps=max_reps, budget_s=budget_s)
