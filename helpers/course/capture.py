@@ -99,10 +99,14 @@ ESTIMATES: dict[str, tuple[float, str]] = {
                   "compiling the 1.3B decode step (~60 s), the decode sweeps and the paged and batching sections"),
     "12": (125.0, "~25 ms per small10m step at 64x256, nine loader settings of 31 steps swept "
                   "twice (interleaved rounds), ~1 s per worker start-up, ~5 s of host-to-device bandwidth sizes"),
-    "14": (200.0, "small10m at 32x512 tokens: ~6*10e6*16k ~ 1e12 FLOPs a step, milliseconds at bf16 rates and "
-                  "~10x that for the fp32 naive-attention baseline; 13 rung runs (the ladder and each technique "
-                  "alone) x 30 steps ~ 15 s; five cold torch.compile graphs (the compile rung and every rung after "
-                  "it, and compile alone) ~25 s each on 16 cores: mostly compile time"),
+    "14": (150.0, "not yet measured on a GPU; counted: start-up, imports and the two matmul ceilings ~10 s; the training "
+                  "ladder, each technique alone and the leave-one-out runs, ~27 runs x 20 steps of small10m at 32x512 "
+                  "(1.3e12 FLOPs a step: ~60 ms in fp32 with naive attention for ~7 runs, ~15 ms launch-bound in bf16 "
+                  "for ~20) ~15 s; ~8 cold regional compiles (one small10m block's forward and backward, ~6 s each on "
+                  "16 cores) ~48 s; the serving ladder on the small10m target and draft that notebooks 10 and 11 cached "
+                  "earlier in the capture (+60-90 s when they did not): three compiled decode steps (bf16, int8, int4; "
+                  "CUDA graphs and coordinate-descent tuning, ~18 s each) ~54 s, the protocol's timing of six rungs "
+                  "(10 s budget plus warm-up) ~15 s, exactness, held-out loss and batching ~10 s"),
     "06": (400.0, "the cells before the speed sweep as timed by a capture that stopped in it "
                   "(results/nvidia-h200/partial-06/README.md); Triton autotuning and compilation of forward and "
                   "backward at d=128 (~1-2 min cold on 16 cores); speed sweep N=512..16384 at 16k tokens: 3.5 x 4BHN^2d ~ 8e12 FLOPs at N=16384, "
