@@ -12,6 +12,8 @@ every other package, and none imports it.
                 (signals, stray processes), where an executed notebook stopped, and the run's summary table
 `report`        the report of a run (report.md and report.html): claims ledger, this run beside the
                 reference GPUs, one section per notebook with its headline numbers and figures
+`report_picture` the report's opening, "the course in one picture": notebook 14's training and serving
+                ladders, tokens/s per rung beside each reference GPU's, one sentence per ladder
 `capture`       `python -m helpers.course.capture`: reference runs on a briefly lent GPU within a time
                 budget, packed as they finish, and their import into results/<gpu>/
 `gpu_smoke`     `python -m helpers.course.gpu_smoke`: step 0 of a capture, every notebook at smoke sizes on the

@@ -6,7 +6,7 @@ import html
 from pathlib import Path
 from typing import Any, Iterable
 
-from helpers.course import gpu_smoke
+from helpers.course import gpu_smoke, report_picture
 from helpers.course.worker import SUMMARY_HEADER, status_word, summary_rows
 from helpers.measure import claims
 from helpers.measure.hardware import library_versions
@@ -334,7 +334,8 @@ def build_blocks(run_dir: Path, outcomes: Iterable, references: Path, profile: s
                  conditions: str | None = None, asked: str | None = None) -> list[Block]:
     """Everything the report says, as blocks that both renderers understand.
 
-    In order: the run's device and conditions with a noise note, the claims ledger, this run beside
+    In order: the run's device, the course in one picture (notebook 14's ladders, report_picture), the
+    run's conditions with a noise note, the claims ledger, this run beside
     the reference GPUs, the notebooks' statuses, one section per notebook in course order (summary,
     headline numbers, figures), the raw records in a collapsed appendix, and every file that could
     not be read (a torn record, a reference file that is not a record, a malformed executed notebook
@@ -351,6 +352,7 @@ def build_blocks(run_dir: Path, outcomes: Iterable, references: Path, profile: s
         ("h1", f"Course run report: {run_dir.name}"),
         ("p", f"Device: {device}. Profile: {profile}" + (f" (asked for: {asked})" if asked and asked != profile else "")
               + ". Versions: " + ", ".join(f"{k} {v}" for k, v in library_versions().items()) + "."),
+        *report_picture.blocks(mine, refs, run_dir, problems),
         ("h2", "Measurement conditions"),
         ("p", f"Run conditions: {conditions}." if conditions else
               "Run conditions: not given (the notebooks were not run through helpers.course.run)."),
