@@ -1,9 +1,14 @@
-"""Notebook 14, the capstone: every technique of the course stacked on one training run, measured rung by
-rung. It may import every technique package; only `course` imports it.
+"""Notebook 14, the capstone: every technique of the course stacked on one training run and one server,
+measured rung by rung. It may import every technique package; only `course` imports it.
 
 `stack`   the training ladder: the techniques of notebooks 03-12 as rungs, each adding one to the rung
           before it, the one sentence a device gives for a technique it cannot run, and the model,
           optimizer and step each rung trains with
 `capstone_lab` notebook 14's parameters and measurements: the ladder trained rung by rung (interleaved in
-          smoke), its table, sentences and waterfall, each technique alone against in the stack, the panel
+          smoke), its table, sentences and waterfall, each technique alone against in the stack, the stack
+          without each technique, the panel, the in-stack claims and the H200 targets
+`serve_stack` the serving ladder: the decoding techniques of notebooks 03 and 08-11 as rungs, each on the rung it
+          stands on, the decoder each builds from the trained GPT, and the checks of its tokens
+`serve_lab` the serving ladder's parameters and measurements: tokens checked, held-out loss, ms/token timed by
+          the protocol, bandwidth against a copy, its table, sentences and waterfall, continuous batching
 """

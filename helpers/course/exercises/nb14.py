@@ -1,14 +1,19 @@
-"""Notebook 14's exercise: the settings a rung's techniques put on the baseline's training step.
+"""Notebook 14's exercises.
 
-The reference is `helpers.capstone.stack.settings`, which the ladder builds every rung from. The learner's
-dict is checked by what it does: one training step of a tiny GPT built from it, against one built from the
-reference, on the same batch and weights (loss and every gradient; the same ops, so bitwise on a CPU).
+14.settings: the settings a rung's techniques put on the baseline's training step. The reference is
+`helpers.capstone.stack.settings`, which the ladder builds every rung from. The learner's dict is checked by
+what it does: one training step of a tiny GPT built from it, against one built from the reference, on the
+same batch and weights (loss and every gradient; the same ops, so bitwise on a CPU).
+
+14.agreement: the serving ladder's yardstick for a rung that changes the numbers, the share of next tokens
+that agree with a reference text given that text so far (`helpers.capstone.serve_stack.agreement`), checked
+on the shipped trained tiny GPTs against their own replies, each other's and the held-out text.
 """
 from __future__ import annotations
 
 import torch
 
-from helpers.capstone import stack
+from helpers.capstone import serve_stack, stack
 from helpers.course.check import Case, register
 from helpers.gpt.model import GPTConfig
 
@@ -73,4 +78,82 @@ register(
     cases=_cases, run=_one_step, rtol=0.0, atol=0.0,
     tolerance="exact: the same settings build the same step, so the loss and every gradient are bitwise equal on a CPU",
     outputs=("the settings", "the step's loss", "the gradients"),
+)
+
+
+# ---------------------------------------------------------------- 14.agreement: the serving ladder's yardstick
+
+def _decoder_case(model_name: str, reference: str, offset: int):
+    """One of the shipped trained course GPTs (notebook 11's tiny target or its one-layer draft), a 16-token prompt
+    from the held-out text at `offset`, and a 12-token reference: the model's own greedy reply, the other model's,
+    or the held-out text that follows the prompt."""
+    from helpers.gpt import data, generation
+    from helpers.gpt.pretrained import pretrained
+
+    kw = {} if model_name == "target" else dict(n_layer=1, d_model=64, n_head=2, d_ff=256)
+    other = dict(n_layer=1, d_model=64, n_head=2, d_ff=256) if model_name == "target" else {}
+    model = pretrained("tiny", device="cpu", quiet=True, progress=False, **kw).model.float().eval()
+    text = data.load_corpus("val")[offset:offset + 28].long()
+    prompt, following = text[:16], text[16:]
+    if reference == "its own":
+        ref = generation.generate(model, prompt, 12)[0]
+    elif reference == "the other model's":
+        ref = generation.generate(pretrained("tiny", device="cpu", quiet=True, progress=False, **other).model.float().eval(),
+                                  prompt, 12)[0]
+    else:
+        ref = following
+    return model, prompt, ref
+
+
+def _agreement_cases() -> list[Case]:
+    return [Case("the target's own greedy reply (every token agrees)", ("target", "its own", 11500)),
+            Case("the target against the draft's greedy reply", ("target", "the other model's", 14500)),
+            Case("the target against the held-out text itself", ("target", "the text", 9000)),
+            Case("the draft against the target's greedy reply", ("draft", "the other model's", 22000)),
+            Case("the draft against the held-out text itself", ("draft", "the text", 17000))]
+
+
+def _run_agreement(fn, case: Case):
+    model, prompt, ref = _decoder_case(*case.args)
+    out = fn(model, prompt, ref)
+    if out is None:
+        raise NotImplementedError("the function returns None")
+    return torch.tensor(float(out), dtype=torch.float64)
+
+
+def _free_running(model, prompt, reference):
+    """Planted wrong: the model's own free-running reply compared with the reference (one early difference
+    decides every later token)."""
+    from helpers.gpt import generation
+
+    mine = generation.generate(model, prompt, reference.numel())[0]
+    return float((mine == reference).double().mean())
+
+
+def _shifted(model, prompt, reference):
+    """Planted wrong: predictions read one position late (position T + i predicts reference[i])."""
+    seq = torch.cat([prompt, reference])[None]
+    with torch.no_grad():
+        pred = model(seq)[0][0, prompt.numel():].argmax(-1)
+    return float((pred == reference).double().mean())
+
+
+def _without_last_prompt_token(model, prompt, reference):
+    """Planted wrong: the first reference token scored from the prompt without its last token."""
+    seq = torch.cat([prompt[:-1], reference])[None]
+    with torch.no_grad():
+        pred = model(seq[:, :-1])[0][0, prompt.numel() - 2:].argmax(-1)
+    return float((pred == reference).double().mean())
+
+
+register(
+    "14.agreement", "code",
+    prompt="write agreement(model, prompt, reference) -> float: the share of positions i where the model's greedy "
+           "next token, given prompt + reference[:i], equals reference[i]",
+    hint="one forward pass over prompt + reference without its last token gives every prediction at once; the "
+         "prediction for reference[0] sits at the prompt's last position",
+    solution=serve_stack.agreement,
+    wrong=(_free_running, _shifted, _without_last_prompt_token),
+    cases=_agreement_cases, run=_run_agreement, rtol=0.0, atol=1e-12,
+    tolerance="exact: a share of 12 positions, so a different count differs by at least 1/12",
 )
