@@ -26,6 +26,7 @@ from helpers.show import plots
 # a rung's final loss must lie this close (relative) to the baseline's: fp32 rungs reorder sums only;
 # bf16 keeps 8 mantissa bits in the matmuls; fp8 3 (e4m3) in forward and 2 (e5m2) in gradients
 TOLERANCE = {"fp32": 1e-3, "bf16": 2e-2, "fp8": 5e-2}
+RECOMPILE_LIMIT = 64  # compiled entries allowed per frame while a ladder runs (Dynamo's default is 8)
 
 
 def resolve_parameters(S: params.Setup, *, MODEL, BATCH, SEQ_LEN, STEPS, WARMUP, MICRO_BATCHES, LR,
@@ -94,12 +95,15 @@ def run_ladder(cfg: GPTConfig, rungs: list[stack.Rung], data: list, device: str,
     order = ([(i, n) for i in range(len(data)) for n in built] if interleave else
              [(i, n) for n in built for i in range(len(data))])
     per_rung_peak = device == "cuda" and not interleave  # interleaved rungs share one peak: none is theirs alone
-    for i, name in progress(order):
-        if per_rung_peak and i == 0:
-            torch.cuda.reset_peak_memory_stats()
-        one(name)
-        if per_rung_peak and i == len(data) - 1:
-            out[name]["peak_bytes"] = torch.cuda.max_memory_allocated()
+    # every compiled rung's blocks run the one Block.forward, so each rung's dtypes, kernels and shapes add a
+    # compiled entry to that one frame; past Dynamo's limit (8) a rung would silently run eagerly
+    with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
+        for i, name in progress(order):
+            if per_rung_peak and i == 0:
+                torch.cuda.reset_peak_memory_stats()
+            one(name)
+            if per_rung_peak and i == len(data) - 1:
+                out[name]["peak_bytes"] = torch.cuda.max_memory_allocated()
     for name, r in out.items():
         timed = r["times"][warmup:]
         r["timing"] = Timing(*bench.quartiles(timed), timed, warmup, device)
