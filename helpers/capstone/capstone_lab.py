@@ -19,7 +19,7 @@ import torch
 from helpers.capstone import stack
 from helpers.cost import flops
 from helpers.gpt.model import PRESETS, GPTConfig
-from helpers.measure import bench, params, protocol
+from helpers.measure import bench, params, profiling, protocol
 from helpers.measure.bench import Timing
 from helpers.show import plots
 
@@ -177,15 +177,19 @@ def waterfall(table: list[dict], ax=None, title: str = "training ladder: tokens/
 
 
 
-def multiply_rows(rungs: list[stack.Rung], table: list[dict], alone: dict[str, dict]) -> list[dict]:
+def multiply_rows(rungs: list[stack.Rung], table: list[dict], alone: dict[str, dict],
+                  comp: dict[str, profiling.Shares] | None = None) -> list[dict]:
     """Per technique: its gain alone on the baseline (from `run_ladder` over the baseline and the rungs
     "<technique> alone") beside its gain where it sits in the stack (`table`'s rung-over-rung gain), and one
-    sentence that says how they differ, ranked only beyond both spreads."""
+    sentence that says how they differ, ranked only beyond both spreads; with `comp` (`composition` of the
+    ladder's rungs) the sentence says why, from the share of the step the technique acts on."""
     base = alone[rungs[0].name]["timing"]
     out = []
-    for rung, row in zip(rungs[1:], table[1:]):
+    for i, (rung, row) in enumerate(zip(rungs[1:], table[1:])):
         a, b = protocol.ratio(base, alone[f"{rung.name} alone"]["timing"]), row["gain"]
-        if a.lo > b.hi:
+        if comp is not None:
+            s = why_sentence(rung.name, rungs[i].name, comp, a, b)
+        elif a.lo > b.hi:
             s = (f"{rung.name} bought less in the stack ({b.value:.2f}x) than alone ({a.value:.2f}x): the rungs before "
                  "it changed the step it acts on (what it speeds up became a smaller share of it, or was done already)")
         elif b.lo > a.hi:
@@ -357,3 +361,86 @@ def target_rows(train: list[dict], serve: list[dict], batching: dict | None) -> 
     ]
     return [{"target": name, "goal": goal, "source": src, "value": v, "met": None if v is None else v >= goal,
              "why": why} for (name, goal, src), (v, why) in zip(TARGETS, got)]
+
+
+# ---------------------------------------------------------------- where each rung's step goes
+
+PARTS = ("matmul", "attention", "optimizer", "casts", "rest")
+# the part of the step each technique acts on (checkpointing and the data path act on the micro-steps and on the
+# host's hand-over, which a profile shows as "rest")
+ACTS_ON = {"tf32": "matmul", "bf16": "matmul", "sdpa": "attention", "fused_adamw": "optimizer", "compile": "rest",
+           "fp8": "matmul", "data_path": "rest", "checkpoint": "rest"}
+PART_WORDS = {"matmul": "the linears' matmuls", "attention": "attention", "optimizer": "the optimizer step",
+              "casts": "dtype casts", "rest": "the rest of the step (elementwise work, launches, host work)"}
+_ATTENTION_WORDS = ("scaled_dot_product", "ScaledDotProduct", "softmax", "Softmax", "flash", "attention")
+
+
+def step_part(names: list[str]) -> str:
+    """The part of a training step an op belongs to, from its name and its callers' (innermost first):
+    "optimizer" inside AdamW's step or zero_grad; "attention" for SDPA and flash kernels, the softmax, the causal
+    mask and the batched matmuls (aten::bmm: only attention multiplies 4-D tensors in the course GPT); "matmul"
+    for the linears' GEMMs; "casts" for dtype conversions (aten::copy_, aten::_to_copy); "rest" for everything
+    else (elementwise ops, normalisation, launches, compiled fused kernels)."""
+    leaf, joined = names[0], " ".join(names)
+    if "Optimizer." in joined:
+        return "optimizer"
+    if any(w in joined for w in _ATTENTION_WORDS) or leaf in ("aten::bmm", "aten::baddbmm", "aten::masked_fill_",
+                                                                "aten::masked_fill"):
+        return "attention"
+    if profiling.is_matmul(leaf):
+        return "matmul"
+    if leaf in ("aten::copy_", "aten::_to_copy", "aten::to"):
+        return "casts"
+    return "rest"
+
+
+def composition(cfg: GPTConfig, rungs: list[stack.Rung], batch: tuple[torch.Tensor, torch.Tensor], device: str, *,
+                micro_batches: int, lr: float, seed: int = 0, steps: int = 2) -> dict[str, profiling.Shares]:
+    """Each rung's step split into PARTS by the profiler (`profiling.category_shares`): the rung built afresh from
+    the seeded weights, one warm-up step, then `steps` profiled steps on `batch` (x, y), on `device`."""
+    out = {}
+    x, y = (t.to(device) for t in batch)
+    with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
+        for rung in rungs:
+            built = stack.build(cfg, rung, device, micro_batches=micro_batches, lr=lr, seed=seed)
+            out[rung.name] = profiling.category_shares(lambda b=built: b.step(x, y), step_part, steps=steps)
+    return out
+
+
+def composition_figure(table: list[dict], comp: dict[str, profiling.Shares], ax=None,
+                       title: str = "where each rung's step goes"):
+    """Stacked bars per rung: its median step time split by the profiled shares of PARTS (ms)."""
+    fig, ax = plots.axes(ax, title)
+    names = [r["rung"] for r in table]
+    bottom = [0.0] * len(names)
+    for j, part in enumerate(PARTS):
+        ms = [1e3 * r["timing"].median * comp[r["rung"]].shares.get(part, 0.0) for r in table]
+        ax.bar(names, ms, bottom=bottom, label=part, color=plots.COLORS[j % len(plots.COLORS)])
+        bottom = [b + m for b, m in zip(bottom, ms)]
+    ax.set(ylabel="ms per step (median, split by profiled share)", xlabel="rung")
+    ax.tick_params(axis="x", rotation=30)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def why_sentence(technique: str, before: str, comp: dict[str, profiling.Shares], alone, in_stack) -> str:
+    """Why a technique's gain alone and in the stack differ on this run, from what it acts on (ACTS_ON): that
+    part's share of the baseline's step against its share of the step of the rung it joined (`before`),
+    with the two gains (`protocol.Ratio`s) ranked only beyond both spreads."""
+    part = ACTS_ON[technique]
+    a, b = comp["baseline"].shares.get(part, 0.0), comp[before].shares.get(part, 0.0)
+    what = ("the number of micro-steps (and adds one forward per block), which a profile shows in the rest of the step"
+            if technique == "checkpoint" else PART_WORDS[part])
+    where = (f"{technique} acts on {what}: {a:.0%} of the baseline's step, {b:.0%} of the step of the rung it joined "
+             f"({before})")
+    if alone.lo > in_stack.hi:
+        why = ("so it had less to act on in the stack" if b < a else
+               "a share as large or larger, so what changed is how that part runs there (its dtype, its kernel, "
+               "or what is fused into it), not how much of it there is")
+        return f"{where}; it bought less in the stack ({in_stack.value:.2f}x against {alone.value:.2f}x alone), {why}."
+    if in_stack.lo > alone.hi:
+        why = ("so it had more to act on in the stack" if b > a else
+               "a share no larger, so the rungs before it changed how that part runs, in its favour")
+        return f"{where}; it bought more in the stack ({in_stack.value:.2f}x against {alone.value:.2f}x alone), {why}."
+    return f"{where}; its gains alone and in the stack lie within each other's spread, so this run shows no interaction."

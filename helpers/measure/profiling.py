@@ -155,3 +155,58 @@ def memory_snapshot(fn: Callable[[], Any], path: str | os.PathLike, *, max_entri
     finally:
         torch.cuda.memory._record_memory_history(enabled=None)
     return path
+
+
+@dataclass
+class Shares:
+    """What `category_shares` measured: each category's share of the profiled self time (summing to 1), the
+    self time per step in ms, and the device whose time it is (kernel time on CUDA, CPU time otherwise)."""
+
+    shares: dict[str, float]
+    ms_per_step: float
+    device: str
+
+
+def _chain(event: Any) -> list[str]:
+    """The names of an event and of every op it was called from, innermost first."""
+    names = []
+    while event is not None:
+        names.append(event.name)
+        event = event.cpu_parent
+    return names
+
+
+def category_shares(fn: Callable[[], Any], categorize: Callable[[list[str]], str], *, steps: int = 2,
+                    warmup: int = 1) -> Shares:
+    """Profile `steps` calls of `fn` (after `warmup`) and sum every op's self time (its kernels' time on CUDA) into
+    the category `categorize(names)` gives it, `names` being the op and every op it was called from, innermost
+    first (so a range such as "Optimizer.step#AdamW.step" claims every op inside it). Raises ValueError for
+    steps < 1 or warmup < 0."""
+    if steps < 1 or warmup < 0:
+        raise ValueError(f"steps={steps}, warmup={warmup}: need steps >= 1 and warmup >= 0")
+    on_cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+    for _ in range(warmup):
+        fn()
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_cuda else [])
+    prof = torch_profile(activities=activities)
+    with quiet_stderr():
+        prof.start()
+    try:
+        for _ in range(steps):
+            fn()
+        if on_cuda:
+            torch.cuda.synchronize()
+    finally:
+        with quiet_stderr():
+            prof.stop()
+    totals: dict[str, float] = {}
+    for e in prof.events():
+        if getattr(e, "device_type", None) is not None and "CUDA" in str(e.device_type):
+            continue  # a kernel's own event: its time is counted with the op that launched it
+        us = _self_us(e, on_cuda)
+        if us > 0:
+            cat = categorize(_chain(e))
+            totals[cat] = totals.get(cat, 0.0) + us
+    total = sum(totals.values())
+    return Shares({k: v / total for k, v in totals.items()} if total else {}, total / steps / 1e3,
+                  "cuda" if on_cuda else "cpu")
