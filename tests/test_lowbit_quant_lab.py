@@ -72,6 +72,26 @@ def test_fused_int8_backend_equals_the_torch_backend():
     torch.testing.assert_close(m(x), ref, rtol=1e-5, atol=1e-5)
 
 
+def test_uncompiled_runs_the_compiled_int8_linears_eagerly_and_restores_them():
+    torch.manual_seed(0)
+    model = quant_lab.weight_only_copy(GPT(GPTConfig.preset("tiny")).eval(), 8, "compile")
+    lins = [m for m in model.modules() if isinstance(m, quant_linear.WeightOnlyLinear)]
+    lins[0].backend = "fused"  # a backend other than "compile" is left as it is
+    with pytest.raises(RuntimeError, match="inside"):
+        with quant_lab.uncompiled(model):
+            assert lins[0].backend == "fused" and {m.backend for m in lins[1:]} == {"torch"}
+            raise RuntimeError("inside")
+    assert lins[0].backend == "fused" and {m.backend for m in lins[1:]} == {"compile"}  # restored after an error too
+    calls = []
+    quant_linear._COMPILED = lambda *a: calls.append(a) or quant_linear._int8_linear(*a)  # stands in for torch.compile
+    try:
+        step = quant_lab._decode_step(model, 2, 8, "cpu", torch.float32)  # the prefill: 2 x 8 tokens, uncompiled
+        assert calls == []
+        step()  # the timed step: one token per sequence, compiled
+        assert {tuple(a[0].shape[:2]) for a in calls} == {(2, 1)}
+    finally:
+        quant_linear._COMPILED = None
+
 def test_copy_size_exceeds_the_last_level_cache(monkeypatch):
     monkeypatch.setattr(quant_lab.hardware, "last_level_cache", lambda device: (480 * 2 ** 20, "L3"))
     assert quant_lab.copy_size("cpu") == 512 * 2 ** 20

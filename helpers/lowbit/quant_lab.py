@@ -18,7 +18,8 @@ torchao's defaults skip lm_head too).
   `weight_bits`, the storage bits per parameter of a format.
 - Decode on a GPU: `decode_speed`, tokens/s and achieved bandwidth of one decode step with bf16, our int8
   / int4 weight-only linears (`weight_only_copy`) and torchao's configs (`row_timing` turns a row back into
-  a Timing).
+  a Timing); each prefill that fills a timed step's cache runs `uncompiled`, so the compiled int8 linear
+  compiles one graph per batch size (the timed decode step's shape), not two.
 - Decode on a CPU: `cpu_decode`, batch-1 decode of fp32 against int8 weight-only (PyTorch's fused int8 kernel,
   and dequantize-then-matmul) timed by `helpers.measure.protocol`, as bytes read per token / time per token;
   `cpu_decode_table` and `cpu_decode_sentences` set it against the copy ceiling (`copy_size`: a copy larger
@@ -40,6 +41,7 @@ from __future__ import annotations
 
 import copy
 import math
+from contextlib import contextmanager
 
 import torch
 from torch import nn
@@ -386,12 +388,30 @@ def grid(model: nn.Module, specs, evaluate) -> dict[tuple, dict]:
 
 # ---------------------------------------------------------------- decode speed (GPU)
 
+@contextmanager
+def uncompiled(model: nn.Module):
+    """Within the block, every `quant_linear.WeightOnlyLinear` of `model` on the "compile" backend computes the
+    same product uncompiled (the "torch" backend); the backends are restored after. Each new input shape is
+    one more graph for the compiled int8 linear to compile (a prefill of B x T tokens is a shape of its own), and
+    a prefill that only fills a timed step's cache need not add one."""
+    mods = [m for m in model.modules() if isinstance(m, quant_linear.WeightOnlyLinear) and m.backend == "compile"]
+    for m in mods:
+        m.backend = "torch"
+    try:
+        yield model
+    finally:
+        for m in mods:
+            m.backend = "compile"
+
+
 def _decode_step(model, batch: int, prompt: int, device: str, dtype: torch.dtype = torch.bfloat16):
     """A callable running one decode step from a `dtype` cache filled with `prompt` tokens (rewound before each
-    call, so every timed step sees the same length)."""
+    call, so every timed step sees the same length). The prefill runs `uncompiled`: only the timed step's shape
+    is compiled."""
     cfg = model.config
     cache = KVCache(cfg, batch, prompt + 1, dtype=dtype, device=device)
-    prefill(model, torch.randint(0, cfg.vocab_size, (batch, prompt), device=device), cache)
+    with uncompiled(model):
+        prefill(model, torch.randint(0, cfg.vocab_size, (batch, prompt), device=device), cache)
     return rewound_step(model, cache, torch.randint(0, cfg.vocab_size, (batch,), device=device))
 
 
