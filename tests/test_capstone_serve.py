@@ -188,3 +188,43 @@ def test_the_serving_parameters_are_validated_at_once():
         serve_lab.resolve_parameters(S, **{**kw, "DRAFT_WIDTH": 65})
     with pytest.raises(ValueError, match="GAMMA"):
         serve_lab.resolve_parameters(S, **{**kw, "GAMMA": 0})
+
+
+def test_a_technique_alone_stands_on_the_fp32_cache_and_keeps_the_tokens_only_if_it_must(models, prompts):
+    r = serve_stack.alone("speculative")
+    assert r.name == "speculative alone" and r.base == "kv_cache" and r.techniques == {"kv_cache", "speculative"}
+    with pytest.raises(ValueError):
+        serve_stack.alone("kv_cache")
+    rungs = {x.name: x for x in serve_stack.ladder("cpu")[0]}
+    assert serve_stack.must_keep_tokens(rungs["compile"], rungs["bf16"]) and serve_stack.must_keep_tokens(r, rungs["kv_cache"])
+    assert not serve_stack.must_keep_tokens(rungs["int8"], rungs["compile"])
+    assert not serve_stack.must_keep_tokens(rungs["bf16"], rungs["kv_cache"])
+    built = serve_stack.build([rungs["baseline"], rungs["kv_cache"], r, serve_stack.alone("int4")], *models, max_len=40)
+    assert next(built["speculative alone"].model.parameters()).dtype == torch.float32
+    assert next(built["speculative alone"].draft.parameters()).dtype == torch.float32
+    ex = serve_lab.exactness(built, prompts, N)
+    assert ex["speculative alone"]["exact_ok"] and ex["int4 alone"]["exact_ok"] is None
+
+
+def test_alone_sentences_give_the_bound_each_rung_is_held_to():
+    check = {"tokens": [torch.zeros(1)], "identical": 1, "exact_ok": None, "agreement": 1.0, "differences": [None]}
+    stack_row = _row("int8", "compile", _t(0.5), _t(1.0), check)
+    row = {"technique": "int8", "alone": protocol.ratio(_t(1.0), _t(0.9)), "bound_alone": 3.6, "bound_stack": 1.8}
+    s = serve_lab.alone_sentence(row, stack_row)
+    assert "more in the stack (2.00x on compile) than alone (1.11x)" in s and "at most 3.60x and 1.80x" in s
+    assert "it reached 31% and 111% of those bounds." in s
+    spec = {"technique": "speculative", "alone": protocol.ratio(_t(1.0), _t(0.5)), "passes_alone": 3.2,
+            "passes_stack": 2.9, "gamma": 4}
+    s = serve_lab.alone_sentence(spec, _row("speculative", "bf16", _t(0.9, 0.3), _t(1.0), check))
+    assert "3.20 tokens alone" in s and "2.90 in the stack" in s and "more alone" in s
+
+
+def test_the_alone_comparison_times_each_technique_against_the_fp32_cache(models, decoders, prompts):
+    alone = serve_stack.build([serve_stack.alone(t) for t in serve_lab.ALONE], *models, max_len=PROMPT_LEN + N + 6,
+                              gamma=3)
+    rows = {r["technique"]: r for r in serve_lab.alone_comparison(decoders, alone, prompts[0], N, "cpu", gamma=3,
+                                                                  budget_s=0.5)}
+    assert set(rows) == {"int8", "int4", "speculative"}
+    assert rows["int8"]["bound_alone"] == pytest.approx(decoders["kv_cache"].weight_bytes / alone["int8 alone"].weight_bytes)
+    assert rows["int4"]["bound_stack"] == pytest.approx(decoders["bf16"].weight_bytes / decoders["int4"].weight_bytes)
+    assert 1 <= rows["speculative"]["passes_alone"] <= 4 and rows["speculative"]["gamma"] == 3

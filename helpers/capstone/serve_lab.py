@@ -79,7 +79,8 @@ def exactness(decoders: dict[str, Decoder], prompts: list[torch.Tensor], n: int)
         r["differences"] = [serve_stack.first_difference(bmodel, p, w, g)
                             for p, w, g in zip(prompts, out[base]["tokens"], r["tokens"])]
         r["identical"] = sum(x is None for x in r["differences"])
-        r["exact_ok"] = (all(x is None or x["tie"] for x in r["differences"]) if name in serve_stack.EXACT else None)
+        keep = serve_stack.must_keep_tokens(d.rung, decoders[base].rung)
+        r["exact_ok"] = all(x is None or x["tie"] for x in r["differences"]) if keep else None
         r["agreement"] = sum(serve_stack.agreement(d.model, p, t) for p, t in zip(prompts, ref)) / len(prompts)
     return out
 
@@ -228,3 +229,63 @@ def record_metrics(table: list[dict], batch: dict, *, model: str, prompt_len: in
                        "loss_gap": r["loss_gap"]} for r in table],
             "batching": {"speedup": batch["speedup"], "lo": batch["speedup_range"][0], "hi": batch["speedup_range"][1],
                          "separated": batch["separated"]}}
+
+
+ALONE = ("int8", "int4", "speculative")  # bf16 stands on kv_cache already, and a compile alone is one cold compile more
+
+
+def alone_comparison(decoders: dict[str, Decoder], alone: dict[str, Decoder], prompt: torch.Tensor, n: int,
+                     device: str, *, gamma: int, budget_s: float = 10.0) -> list[dict]:
+    """Per technique in `alone` (decoders of `serve_stack.alone` rungs): its gain alone on the fp32 KV-cache rung
+    (timed with `decoders["kv_cache"]` by the protocol) and what bounds it alone and in the stack (`decoders`, the
+    ladder): for a quantised rung the ratio of the weight bytes of the rung under it to its own (a step bound by
+    reading its weights gains at most that), for speculative decoding the tokens each target pass committed.
+    Rows {"technique", "alone" (a Ratio), "bound_alone", "bound_stack"} or {..., "passes_alone",
+    "passes_stack", "gamma"}; `alone_sentence` sets them beside the ladder's gain."""
+    cmp = time_ladder({"kv_cache": decoders["kv_cache"], **alone}, prompt, n, device, budget_s=budget_s)
+    out = []
+    for name, d in alone.items():
+        t = name.removesuffix(" alone")
+        row = {"technique": t, "alone": cmp.ratio("kv_cache", name)}
+        if t in ("int8", "int4"):
+            base = decoders[t].rung.base
+            row["bound_alone"] = decoders["kv_cache"].weight_bytes / d.weight_bytes
+            row["bound_stack"] = decoders[base].weight_bytes / decoders[t].weight_bytes
+        else:
+            row["passes_alone"] = tokens_per_pass(d, prompt, n, gamma)
+            row["passes_stack"] = tokens_per_pass(decoders[t], prompt, n, gamma)
+            row["gamma"] = gamma
+        out.append(row)
+    return out
+
+
+def tokens_per_pass(d: Decoder, prompt: torch.Tensor, n: int, gamma: int) -> float:
+    """Tokens a speculative rung commits per target pass on `prompt` (greedy): n / target passes."""
+    from helpers.decode import speculative
+
+    res = speculative.speculative_generate(d.model, d.draft, prompt, n, gamma=gamma, temperature=0)
+    return n / res.target_passes
+
+
+def alone_sentence(row: dict, stack_row: dict) -> str:
+    """What a serving technique bought alone on fp32 with a cache against in the stack, and the bound that says why,
+    ranked only beyond both spreads."""
+    t, a, b = row["technique"], row["alone"], stack_row["gain"]
+    if a.lo > b.hi:
+        rank = f"more alone ({a.value:.2f}x) than in the stack ({b.value:.2f}x on {stack_row['base']})"
+    elif b.lo > a.hi:
+        rank = f"more in the stack ({b.value:.2f}x on {stack_row['base']}) than alone ({a.value:.2f}x)"
+    else:
+        rank = f"alone ({a}) and in the stack ({b}) within each other's spread"
+    if "bound_alone" in row:
+        why = (f"it reads {1 / row['bound_alone']:.2f}x the weight bytes of fp32 alone and {1 / row['bound_stack']:.2f}x "
+               f"those of {stack_row['base']} in the stack, so a step bound by reading its weights could gain at most "
+               f"{row['bound_alone']:.2f}x and {row['bound_stack']:.2f}x: it reached {a.value / row['bound_alone']:.0%} "
+               f"and {b.value / row['bound_stack']:.0%} of those bounds"
+               + (" (well below them: the step is not bound by its weights' bytes, or dequantising costs more than the "
+                  "bytes save)" if max(a.value / row["bound_alone"], b.value / row["bound_stack"]) < 0.5 else ""))
+    else:
+        why = (f"each target pass committed {row['passes_alone']:.2f} tokens alone (fp32 target and draft) and "
+               f"{row['passes_stack']:.2f} in the stack (bf16): the gain is at most that many tokens per pass, less "
+               f"what the draft's {row['gamma']} steps of each round cost")
+    return f"{t}: {rank}; {why}."

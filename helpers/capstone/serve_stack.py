@@ -114,13 +114,14 @@ class Decoder:
     """What one rung decodes with: `generate(prompt (T,) int64) -> (n,) int64 tokens` on the model's device,
     greedy; `model`, the GPT the rung's numbers come from (for the exactness and held-out checks); the bytes
     one decode step reads of its weights (`weight_bytes`; None for the baseline, which rereads the sequence)
-    and of one token's K and V (`kv_bytes_per_token`)."""
+    and of one token's K and V (`kv_bytes_per_token`); for a speculative rung its `draft`."""
 
     rung: ServeRung
     model: GPT
     generate: Callable[[torch.Tensor, int], torch.Tensor]
     weight_bytes: int | None
     kv_bytes_per_token: int
+    draft: GPT | None = None  # the speculative rung's draft, in the target's dtype
 
 
 def model_bytes(model: GPT) -> int:
@@ -186,13 +187,15 @@ def build(rungs: list[ServeRung], target: GPT, draft: GPT | None, *, max_len: in
     out: dict[str, Decoder] = {}
     for r in rungs:
         model = bf16 if r.has("bf16") else fp32
-        if r.name == "baseline":
+        if not r.has("kv_cache"):
+            if r.techniques:
+                raise ValueError(f"rung {r.name!r}: every serving technique decodes against a KV cache")
             gen = lambda prompt, n, m=fp32: generation.generate(m, prompt.to(_dev(m)), n, cache=False)[0]  # noqa: E731
             out[r.name] = Decoder(r, fp32, gen, None, kv(fp32))
             continue
-        if r.name in ("int8", "int4"):
-            model = weight_only(model, 8 if r.name == "int8" else 4, group_size).eval()
-        if r.name == "speculative":
+        if r.has("int8") or r.has("int4"):
+            model = weight_only(model, 8 if r.has("int8") else 4, group_size).eval()
+        if r.has("speculative"):
             if draft is None:
                 raise ValueError("the speculative rung needs a draft GPT")
             if draft.config.vocab_size != cfg.vocab_size:
@@ -205,8 +208,21 @@ def build(rungs: list[ServeRung], target: GPT, draft: GPT | None, *, max_len: in
             gen = static_decoder(model, max_len, compiled=True)
         else:
             gen = lambda prompt, n, m=model: generation.generate(m, prompt.to(_dev(m)), n)[0]  # noqa: E731
-        out[r.name] = Decoder(r, model, gen, model_bytes(model), kv(model))
+        out[r.name] = Decoder(r, model, gen, model_bytes(model), kv(model), d if r.has("speculative") else None)
     return out
+
+
+def alone(technique: str) -> ServeRung:
+    """`technique` alone on the fp32 KV-cache rung: "<technique> alone", standing on kv_cache."""
+    if technique not in TECHNIQUES or technique == "kv_cache":
+        raise ValueError(f"technique={technique!r}; choose one of {', '.join(t for t in TECHNIQUES if t != 'kv_cache')}")
+    return ServeRung(f"{technique} alone", frozenset({"kv_cache", technique}), "kv_cache")
+
+
+def must_keep_tokens(rung: ServeRung, base: ServeRung) -> bool:
+    """Whether `rung` must decode its base's tokens: everything it adds is in EXACT (a cache, a compiled step,
+    speculative decoding compute what they stand on)."""
+    return bool(rung.techniques - base.techniques) and (rung.techniques - base.techniques) <= set(EXACT)
 
 
 def _dev(model: GPT) -> torch.device:
