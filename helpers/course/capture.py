@@ -28,7 +28,9 @@ Triton versions and the date (a torn or foreign pack is refused in one line nami
 before anything is written); a `goals.json` beside the packs (`helpers.course.goals`, which
 `scripts/gpu_capture.sh` runs first) is copied to `results/<device>/goals.json`. Commands::
 
-    python -m helpers.course.capture plan  [--budget-s 540]          # the order and estimates, runs nothing
+    python -m helpers.course.capture plan  [--budget-s 540]          # the order and estimates, runs nothing; beside
+                                                                     # each, the H200's measured seconds (flagged
+                                                                     # when more than OFF_LIMIT apart)
     python -m helpers.course.capture run   --out DIR [--budget-s 540] [--profile full] [--notebooks-dir DIR] [NOTEBOOK ...]
     python -m helpers.course.capture import PACK.tgz [...] [goals.json] [--into results]
 """
@@ -58,6 +60,8 @@ PACK_LIMIT = 12 * 2**20   # bytes per pack; the device tool returns files of up 
 MAX_PACKS = 4             # with gpu.txt, capture.log, goals.json and smoke.tgz (helpers.course.gpu_smoke): 8 files
 MARGIN_S = 25.0           # kept back for packing and the tool's transfer
 RUNNER_GRACE_S = 15.0     # a stopped runner's time to stop its worker and kernel and write its summary
+ESTIMATED_ON = REPO_ROOT / "results" / "nvidia-h200"  # the GPU ESTIMATES are for; its capture.json holds measured s
+OFF_LIMIT = 0.30          # an estimate further than this from a capture's measured seconds is flagged by `plan`
 
 # Full-profile seconds on one H200, each with its basis: for a notebook a capture has measured, that time
 # (results/nvidia-h200/capture.json) with ~15-25% added; otherwise the notebook's FLOP and byte counts
@@ -79,26 +83,61 @@ ESTIMATES: dict[str, tuple[float, str]] = {
                   "~1/15 the rate"),
     "04": (75.0, "a capture's measured time, plus a margin; checkpointing strategies on a gpt2-size model: a few "
                  "dozen steps each, memory probes"),
-    "05": (40.0, "micro-batch sweep of a small model: seconds of GPU work; start-up dominates"),
+    "05": (50.0, "gpt2 at T=1024, 32 sequences per optimizer step, micro-batches 1..32, 3 warm-up + 10 timed rounds: a "
+                 "round is 32x1, 16x2, ..., 1x32 micro-steps ~ 1.3 s at this H200's measured gpt2 steps (02's record: "
+                 "39 ms at 8x1024, 138 ms at 32x1024; ~15 ms launch-bound at 1x1024), 13 rounds ~17 s; a memory probe per "
+                 "size ~2 s; the profiler's two steps and their traces ~5 s; the bf16 ceiling to 16384^3 (8.8e12 FLOPs, "
+                 "~11 ms a call) ~2 s; start-up ~12 s (01's whole capture: 17 s); no compile; ~40 s, plus 25% for what "
+                 "02-04's captures ran over estimates counted this way"),
     "07": (120.0, "bf16 vs fp8 matmul sweeps up to 8192^3 (1.1e12 FLOPs each, ~2 ms in fp8), the linear "
                   "forward+backward per recipe, a short GPT training per recipe, and torch.compile of the GPT "
                   "step in bf16 and fp8 (cold compiles, ~30 s each on 16 cores): mostly compile time"),
-    "08": (340.0, "decode sweeps ~100 s (torch.compile of the int8 path, torchao quantizing a 1.3B "
-                  "model, the Triton int4 compile), GPTQ/AWQ copies and fine-tuning ~60 s, CPU-side error grids ~60 s, "
-                  "and ~90 s to train small10m when notebook 10 has not cached it yet"),
-    "11": (270.0, "the one-layer draft on small10m's schedule ~25 s, the timing grid (5 rounds x 3 "
-                  "temperatures x 14 generations of 128 tokens at ~2 ms a token) ~55 s, the rest ~15 s, plus up to "
-                  "~120 s to train small10m when notebook 10 has not cached it yet"),
-    "13": (150.0, "8 gloo ranks on the host's 16 cores: collectives to 64 MiB ~20 s, the DDP "
-                  "sweep ~40 s, ZeRO memory of small10m at 2 and 4 ranks ~15 s, pipeline ~10 s, torchrun ~10 s, "
-                  "rank start-up"),
+    "08": (125.0, "start-up with bitsandbytes and torchao ~15 s; trains small10m for the capture (the first of 05, 08, "
+                  "10, 11 to need it; 10 and 11 load it): 2000 steps of 64x256 at ~12 ms (02's measured launch-bound "
+                  "small10m steps on this H200: 10-11 ms, plus clipping) ~25 s; error tables and grid on the CPU (30 "
+                  "block weights, 10.6M values; 5.8 s and 2.2 s on a 2-core CPU) ~8 s; GPTQ's column loops (6 layers x "
+                  "3072 columns x ~12 launches ~ 2 s per model and width, x 4) and AWQ ~10 s; ~40 held-out evaluations "
+                  "of 8x16 windows and 3 x 100 fine-tuning steps at 8x64 ~10 s; 1.3b decode: 2 Inductor compiles of the "
+                  "int8 linear (batch 1 and 64; prefills run uncompiled) ~25 s, 3 Triton int4 compiles ~5 s, torchao "
+                  "~5 s, 5 variants x 2 batches x 35 steps of ~6 ms (24 launch-bound layers; the 2.6 GB of weights take "
+                  "0.55 ms at 4.8 TB/s) ~2 s; the rest ~5 s: ~110 s, plus 15%"),
+    "11": (80.0, "start-up ~12 s; loads small10m (08 trains it; +25 s when 11 runs without 08) and trains the "
+                 "one-layer draft for the capture (its only user): 2000 steps at ~4 ms ~8 s; greedy exactness, 2 drafts "
+                 "x 4 gammas x 96 tokens ~3 s; 2 x 1e6 chi-square draws on the CPU (0.2 s) and the step costs (40 rounds "
+                 "x 6 calls of ~2.5 ms) ~2 s; the grid: 5 rounds x 3 temperatures x (2 plain and 1 draft-alone "
+                 "generations of 96 tokens at ~2.5 / 0.7 ms a token ~0.5 s, and 8 speculative configurations ~0.3 s "
+                 "each: passes of gamma draft steps, one verification and the rule) ~43 s; the bandwidth-bound target, "
+                 "panel and records ~6 s; no compile: ~74 s, plus 10%"),
+    "13": (115.0, "CPU work: 8 gloo ranks x 2 threads on the host's 16 cores, forked from a preloaded server (~1 s a "
+                  "launch, 8 launches); start-up ~12 s; collectives to 16 MiB, 30-60 rounds (16 MiB: ~1.75 x 16 MiB per "
+                  "rank at ~1-2 GB/s, 15-30 ms per all-reduce, two of them, and a ping-pong) ~5 s; DDP on an 8 x 1024^2 "
+                  "tower (34 MB of gradients, ~50-100 ms an all-reduce) at 16, 64, 128 rows (0.8, 3.2, 6.4 GFLOP a step "
+                  "at ~100 GFLOP/s a rank), 4 modes x 13-33 rounds of ~0.25-0.55 s, and no_sync against syncing 4 "
+                  "micro-steps ~35 s; the overlap demo, 4 layers of 10 ms against 5/10/20 ms all-reduces, ~0.42 s x "
+                  "13-33 rounds ~8 s; ZeRO memory at 2 and 4 ranks, tensor parallel and DDP checks ~8 s; the pipeline, 8 "
+                  "stages, m = 1, 4, 16, GPipe and 1F1B, (m + 7) x 30 ms each (10 ms forward, 20 ms backward waits): "
+                  "2.5 s a round x 11 rounds ~28 s; torchrun's two launchers ~8 s; the rest ~3 s; no compile: ~115 s"),
     "09": (280.0, "torch.compile of three Triton workloads and four softmax sizes (~40 s), the "
                   "GPT step (~60 s), default / reduce-overhead / max-autotune on a one-token forward (~100-130 s, "
                   "max-autotune the slowest), the rest ~40 s"),
-    "10": (240.0, "training small10m once (~60 s; ~150 s in all once its checkpoint is cached), "
-                  "compiling the 1.3B decode step (~60 s), the decode sweeps and the paged and batching sections"),
-    "12": (125.0, "~25 ms per small10m step at 64x256, nine loader settings of 31 steps swept "
-                  "twice (interleaved rounds), ~1 s per worker start-up, ~5 s of host-to-device bandwidth sizes"),
+    "10": (130.0, "start-up ~12 s; loads small10m (08 trains it; +25 s when 10 runs without 08); cache checks and "
+                  "examples (~1,000 small10m decode steps at ~2.5 ms) ~3 s; per-position and prefill/decode comparisons "
+                  "(20-40 rounds of ms calls) and the ceilings ~8 s; the decode sweep, 4 presets and 1.3b at 8 more "
+                  "batches, 20-40 steps each of at most ~10 ms (1.3b at batch 256 reads 2.6 GB of weights and 25.8 GB of "
+                  "cache, 6 ms at 4.8 TB/s) after prefills of up to 131k tokens (3.4e14 FLOPs, ~0.5 s) ~12 s; latent "
+                  "ranks and variant speeds ~5 s; one Inductor compile of the 24-layer 1.3b static-cache step with "
+                  "CUDA graphs ~40 s, then its steps ~3 s; the paged section, 5 block sizes = 5 Triton compiles (~1.5 s "
+                  "each) and their timing ~10 s; prefix sharing, chunked prefill and waste counts ~5 s; continuous "
+                  "batching, 64 requests of ~44 tokens x 7 served runs of ~130-400 iterations at ~4 ms, and each "
+                  "request alone (~2.8k steps at ~2.5 ms) ~20 s; the rest ~3 s: ~121 s, plus 7%"),
+    "12": (85.0, "start-up ~12 s; 40,000 documents and the packing checks ~4 s; the loader sweep, 10 sources a round "
+                 "(4 worker counts, 3 more prefetch factors, 2 more batch sizes, memmap), each a fresh loader, warm-up "
+                 "and 30 steps of 12-45 ms (small10m at 64x256 ~12 ms, launch-bound as 02 measured; no workers wait "
+                 "64 x 0.5 ms = 32 ms a batch) and its workers' start ~ 9 s a round, at least 3 rounds, 20 s budget "
+                 "~27 s; persistent workers, 5-10 rounds of 3 epochs with 8 workers restarted (~2-3 s) or kept, 10 s "
+                 "budget ~17 s; two forked readers over 60,000 documents ~4 s; pinned copies to 256 MiB x 20 reps x 3 "
+                 "kinds ~3 s; packing against padding (20-40 rounds of two ~12 ms steps) and its profile ~5 s; varlen "
+                 "check, masks, sampler, the panel's 8-worker loader ~6 s; no compile: ~78 s, plus 10%"),
     "14": (150.0, "not yet measured on a GPU; counted: start-up, imports and the two matmul ceilings ~10 s; the training "
                   "ladder, each technique alone and the leave-one-out runs, ~27 runs x 20 steps of small10m at 32x512 "
                   "(1.3e12 FLOPs a step: ~60 ms in fp32 with naive attention for ~7 runs, ~15 ms launch-bound in bf16 "
@@ -151,6 +190,37 @@ def priority(notebooks: Iterable[str], index: dict[str, dict]) -> list[str]:
     missing = [nb for nb in notebooks if not index.get(nb, {}).get("date")]
     dated = sorted((nb for nb in notebooks if nb not in missing), key=lambda nb: (str(index[nb]["date"]), nb))
     return missing + dated
+
+
+def against_measured(index: dict[str, dict], estimates: dict[str, tuple[float, str]] | None = None,
+                     limit: float = OFF_LIMIT) -> dict[str, dict]:
+    """Each estimate beside the seconds a capture measured for its notebook (`index`: `load_index` of the folder of
+    the GPU the estimates are for, `ESTIMATED_ON`): {notebook: {"estimate_s", "measured_s" (None where no capture
+    finished it), "date", "off" (estimate / measured - 1, or None), "flagged" (|off| > `limit`)}}."""
+    out = {}
+    for nb, (est, _) in sorted((estimates if estimates is not None else ESTIMATES).items()):
+        seconds = index.get(nb, {}).get("seconds")
+        measured = float(seconds) if isinstance(seconds, (int, float)) and seconds > 0 else None
+        off = None if measured is None else est / measured - 1
+        out[nb] = {"estimate_s": est, "measured_s": measured, "date": index.get(nb, {}).get("date"), "off": off,
+                   "flagged": off is not None and abs(off) > limit}
+    return out
+
+
+def plan_line(nb: str, estimates: dict[str, tuple[float, str]], checked: dict[str, dict]) -> str:
+    """`plan`'s line for one notebook: its estimate, the measured seconds beside it where a capture measured it
+    (and a flag when they are more than OFF_LIMIT apart), then the estimate's basis."""
+    est, basis = estimates.get(nb, (None, "no estimate"))
+    c = checked.get(nb)
+    if est is None:
+        head = f"{nb}: ? s"
+    elif c is None or c["measured_s"] is None:
+        head = f"{nb}: {est:.0f} s estimated, not measured yet ({ESTIMATED_ON.name})"
+    else:
+        head = (f"{nb}: {est:.0f} s estimated, {c['measured_s']:.1f} s measured ({ESTIMATED_ON.name}, "
+                f"{str(c['date'])[:10]}): estimate {c['off']:+.0%}"
+                + (f" OFF BY MORE THAN {OFF_LIMIT:.0%}: fix the estimate" if c["flagged"] else ""))
+    return f"{head}  ({basis})"
 
 
 # ---------------------------------------------------------------- packing what finished
@@ -485,12 +555,14 @@ def main(argv: list[str] | None = None) -> int:
         args.references = REPO_ROOT / "results" / device_slug()
     order = priority(args.notebooks or known, load_index(args.references))
     if args.command == "plan":
-        total = 0.0
+        checked = against_measured(load_index(ESTIMATED_ON))
         for nb in order:
-            est, basis = ESTIMATES.get(nb, (None, "no estimate"))
-            total += est or 0
-            print(f"{nb}: {'?' if est is None else f'{est:.0f}'} s  ({basis})")
-        print(f"total {total:.0f} s of {args.budget_s:.0f} s budget ({MARGIN_S:.0f} s kept for packing)")
+            print(plan_line(nb, ESTIMATES, checked))
+        total = sum(ESTIMATES.get(nb, (0.0, ""))[0] for nb in order)
+        flagged = [nb for nb in order if checked.get(nb, {}).get("flagged")]
+        print(f"total {total:.0f} s of {args.budget_s:.0f} s budget ({MARGIN_S:.0f} s kept for packing)"
+              + (f"; estimates off their measured seconds by more than {OFF_LIMIT:.0%}: {' '.join(flagged)}"
+                 if flagged else ""))
         return 0
     problem = folder_problem(args.out)
     if problem:
