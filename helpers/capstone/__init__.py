@@ -9,6 +9,7 @@ measured rung by rung. It may import every technique package; only `course` impo
           without each technique, the panel, the in-stack claims and the H200 targets
 `serve_stack` the serving ladder: the decoding techniques of notebooks 03 and 08-11 as rungs, each on the rung it
           stands on, the decoder each builds from the trained GPT, and the checks of its tokens
+`waterfall` the figure both ladders draw: tokens/s per rung with its spread and its gain over the baseline
 `serve_lab` the serving ladder's parameters and measurements: tokens checked, held-out loss, ms/token timed by
           the protocol, bandwidth against a copy, its table, sentences and waterfall, continuous batching
 """

@@ -16,7 +16,8 @@ from typing import Callable
 
 import torch
 
-from helpers.capstone import stack
+from helpers.capstone import serve_lab, stack
+from helpers.capstone.waterfall import waterfall  # noqa: F401 - the notebook draws it from here
 from helpers.cost import flops
 from helpers.gpt.model import PRESETS, GPTConfig
 from helpers.measure import bench, params, profiling, protocol
@@ -29,12 +30,15 @@ TOLERANCE = {"fp32": 1e-3, "bf16": 2e-2, "fp8": 5e-2}
 RECOMPILE_LIMIT = 64  # compiled entries allowed per frame while a ladder runs (Dynamo's default is 8)
 
 
-def resolve_parameters(S: params.Setup, *, MODEL, BATCH, SEQ_LEN, STEPS, WARMUP, MICRO_BATCHES, LR,
-                       COMPILE) -> dict:
-    """Notebook 14's parameters, validated at once with the profile's defaults; plus "CFG".
+def resolve_parameters(S: params.Setup, *, MODEL, BATCH, SEQ_LEN, STEPS, WARMUP, MICRO_BATCHES, LR, COMPILE,
+                       LEAVE_ONE_OUT, SERVE_MODEL, DRAFT_WIDTH, PROMPTS, PROMPT_LEN, NEW_TOKENS, GAMMA, REQUESTS,
+                       EVAL_BATCHES) -> dict:
+    """Notebook 14's parameters, validated at once with the profile's defaults; plus "CFG" (the training model's
+    config) and the serving ladder's "MAX_LEN" (`serve_lab.resolve_parameters`).
 
     Raises ValueError naming the first bad parameter: STEPS not above WARMUP + 2 (a median and an IQR
-    need three timed steps), a MICRO_BATCHES that does not divide BATCH, a non-finite LR."""
+    need three timed steps), a MICRO_BATCHES that does not divide BATCH, a non-finite LR, or a serving parameter
+    `serve_lab.resolve_parameters` refuses."""
     R = S.resolve
     out = {"MODEL": R("MODEL", MODEL, smoke="tiny", full="small10m", check=lambda n, v: params.choose(n, v, PRESETS)),
            "BATCH": R("BATCH", BATCH, smoke=8, full=32, check=params.positive),
@@ -50,8 +54,12 @@ def resolve_parameters(S: params.Setup, *, MODEL, BATCH, SEQ_LEN, STEPS, WARMUP,
     if out["BATCH"] % out["MICRO_BATCHES"]:
         raise ValueError(f"MICRO_BATCHES={out['MICRO_BATCHES']} must divide BATCH={out['BATCH']} (equal micro-batches "
                          "keep every rung's tokens per step and gradient the same)")
+    out["LEAVE_ONE_OUT"] = R("LEAVE_ONE_OUT", LEAVE_ONE_OUT, smoke=False, full=True, check=params.boolean)
     cfg = GPTConfig.preset(out["MODEL"], seq_len=out["SEQ_LEN"])
-    return {**out, "CFG": cfg}
+    serving = serve_lab.resolve_parameters(S, SERVE_MODEL=SERVE_MODEL, DRAFT_WIDTH=DRAFT_WIDTH, PROMPTS=PROMPTS,
+                                           PROMPT_LEN=PROMPT_LEN, NEW_TOKENS=NEW_TOKENS, GAMMA=GAMMA, REQUESTS=REQUESTS,
+                                           EVAL_BATCHES=EVAL_BATCHES)
+    return {**out, **serving, "CFG": cfg}
 
 
 def rungs_for(device: str, compile: bool) -> tuple[list[stack.Rung], dict[str, str]]:
@@ -155,26 +163,6 @@ def rung_sentence(row: dict) -> str:
             f"final loss {row['loss_gap']:+.2%} from the baseline's, OUTSIDE the {TOLERANCE[row['precision']]:.0e} "
             f"allowed for {row['precision']}")
     return verdict + "; " + loss + ("" if row["steady"] else "; its last timed steps were not steady (within 25%)") + "."
-
-
-def waterfall(table: list[dict], ax=None, title: str = "training ladder: tokens/s, rung by rung"):
-    """Tokens/s per rung as bars, each with its IQR as an error bar, the cumulative gain over the baseline
-    written above it."""
-    fig, ax = plots.axes(ax, title)
-    names = [r["rung"] for r in table]
-    tps = [r["tokens_per_s"] for r in table]
-    tokens = [r["tokens_per_s"] * r["timing"].median for r in table]
-    lo = [t - n / r["timing"].q75 for t, n, r in zip(tps, tokens, table)]
-    hi = [n / r["timing"].q25 - t for t, n, r in zip(tps, tokens, table)]
-    ax.bar(names, tps, yerr=[lo, hi], color=[plots.COLORS[i % len(plots.COLORS)] for i in range(len(names))],
-           capsize=3)
-    for i, r in enumerate(table):
-        ax.text(i, tps[i] + hi[i], f"{r['cumulative'].value:.2f}x", ha="center", va="bottom", fontsize=8)
-    ax.set(ylabel="tokens/s (median, IQR)", xlabel="rung (each adds one technique)")
-    ax.tick_params(axis="x", rotation=30)
-    fig.tight_layout()
-    return fig
-
 
 
 def multiply_rows(rungs: list[stack.Rung], table: list[dict], alone: dict[str, dict],

@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from helpers.capstone import serve_stack
+from helpers.capstone.waterfall import waterfall as draw_waterfall
 from helpers.capstone.serve_stack import Decoder, ServeRung
 from helpers.decode import serving_lab
 from helpers.gpt.model import PRESETS, GPTConfig
@@ -194,9 +195,7 @@ def batching(model, *, n_requests: int, repeats: int = 3, seed: int = 0) -> dict
 def waterfall(table: list[dict], ax=None, title: str = "serving ladder: tokens/s at batch 1, rung by rung"):
     """Tokens/s per rung with its IQR, the gain over the baseline above each bar and the rung each stands on
     below its name."""
-    from helpers.capstone import capstone_lab
-
-    fig = capstone_lab.waterfall([{**r, "rung": r["rung"] if r["base"] is None else f"{r['rung']}\n(on {r['base']})"}
+    fig = draw_waterfall([{**r, "rung": r["rung"] if r["base"] is None else f"{r['rung']}\n(on {r['base']})"}
                                   for r in table], ax=ax, title=title)
     fig.axes[0].set(xlabel="rung (each adds one technique to the rung named under it)")
     return fig
