@@ -90,15 +90,8 @@ def _self_us(event: Any, on_cuda: bool) -> float:
     return float(event.self_cpu_time_total)
 
 
-def profile(fn: Callable[[], Any], *, steps: int = 3, warmup: int = 1, top: int = 10,
-            trace_dir: str | os.PathLike | None = None, name: str = "trace") -> Profile:
-    """Profile `steps` calls of `fn` (after `warmup` unprofiled ones); save the trace under `trace_dir`.
-
-    `trace_dir=None` saves into the run's results folder (`helpers.measure.results.results_dir()/traces`).
-    Raises ValueError for steps < 1, warmup < 0 or top < 1.
-    """
-    if steps < 1 or warmup < 0 or top < 1:
-        raise ValueError(f"steps={steps}, warmup={warmup}, top={top}: need steps >= 1, warmup >= 0, top >= 1")
+def _profiled(fn: Callable[[], Any], steps: int, warmup: int):
+    """(the profiler after `steps` calls of `fn` that followed `warmup` unprofiled ones, whether CUDA was traced)."""
     on_cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
     for _ in range(warmup):
         fn()
@@ -114,6 +107,19 @@ def profile(fn: Callable[[], Any], *, steps: int = 3, warmup: int = 1, top: int 
     finally:
         with quiet_stderr():
             prof.stop()
+    return prof, on_cuda
+
+
+def profile(fn: Callable[[], Any], *, steps: int = 3, warmup: int = 1, top: int = 10,
+            trace_dir: str | os.PathLike | None = None, name: str = "trace") -> Profile:
+    """Profile `steps` calls of `fn` (after `warmup` unprofiled ones); save the trace under `trace_dir`.
+
+    `trace_dir=None` saves into the run's results folder (`helpers.measure.results.results_dir()/traces`).
+    Raises ValueError for steps < 1, warmup < 0 or top < 1.
+    """
+    if steps < 1 or warmup < 0 or top < 1:
+        raise ValueError(f"steps={steps}, warmup={warmup}, top={top}: need steps >= 1, warmup >= 0, top >= 1")
+    prof, on_cuda = _profiled(fn, steps, warmup)
     events = [e for e in prof.key_averages() if _self_us(e, on_cuda) > 0]
     total = sum(_self_us(e, on_cuda) for e in events)
     events.sort(key=lambda e: _self_us(e, on_cuda), reverse=True)
@@ -184,21 +190,7 @@ def category_shares(fn: Callable[[], Any], categorize: Callable[[list[str]], str
     steps < 1 or warmup < 0."""
     if steps < 1 or warmup < 0:
         raise ValueError(f"steps={steps}, warmup={warmup}: need steps >= 1 and warmup >= 0")
-    on_cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
-    for _ in range(warmup):
-        fn()
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_cuda else [])
-    prof = torch_profile(activities=activities)
-    with quiet_stderr():
-        prof.start()
-    try:
-        for _ in range(steps):
-            fn()
-        if on_cuda:
-            torch.cuda.synchronize()
-    finally:
-        with quiet_stderr():
-            prof.stop()
+    prof, on_cuda = _profiled(fn, steps, warmup)
     totals: dict[str, float] = {}
     for e in prof.events():
         if getattr(e, "device_type", None) is not None and "CUDA" in str(e.device_type):
