@@ -185,3 +185,8 @@ def test_composition_profiles_each_rung_built_afresh():
     assert list(comp) == ["baseline", "sdpa", "fused_adamw"]
     assert all(sum(c.shares.values()) == pytest.approx(1.0) for c in comp.values())
     assert all(comp[n].shares["optimizer"] > 0 and comp[n].shares["matmul"] > 0 for n in comp)
+
+
+def test_the_attention_row_is_left_out_on_a_cpu_with_its_reason():
+    rows, sentence = capstone_lab.attention_rows(CFG, stack.ladder("cpu"), [], "cpu", micro_batches=2, lr=1e-3, warmup=1)
+    assert rows is None and "not run" in sentence and "interpreter" in sentence

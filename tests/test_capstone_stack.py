@@ -84,3 +84,11 @@ def test_tf32_is_switched_for_the_block_only():
     with stack.tf32(not before):
         assert torch.backends.cuda.matmul.allow_tf32 is (not before)
     assert torch.backends.cuda.matmul.allow_tf32 is before
+
+
+def test_the_triton_attention_row_stands_in_for_sdpa_and_says_why_a_cpu_cannot_run_it():
+    assert stack.settings({"bf16", "triton_attention"}, 2)["attn_impl"] == "flash_triton"
+    with pytest.raises(ValueError, match="two attention kernels"):
+        stack.settings({"sdpa", "triton_attention"}, 2)
+    assert "interpreter" in stack.unavailable("triton_attention", "cpu")
+    assert "triton_attention" not in [r.name for r in stack.ladder("cpu")]

@@ -432,3 +432,22 @@ def why_sentence(technique: str, before: str, comp: dict[str, profiling.Shares],
                "a share no larger, so the rungs before it changed how that part runs, in its favour")
         return f"{where}; it bought more in the stack ({in_stack.value:.2f}x against {alone.value:.2f}x alone), {why}."
     return f"{where}; its gains alone and in the stack lie within each other's spread, so this run shows no interaction."
+
+
+def attention_rows(cfg: GPTConfig, rungs: list[stack.Rung], data: list, device: str, *, micro_batches: int, lr: float,
+                   warmup: int, interleave: bool = True, seed: int = 0,
+                   progress: Callable = iter) -> tuple[list[dict] | None, str]:
+    """The ladder's sdpa rung beside the same rung with the course's Triton FlashAttention (notebook 06) in SDPA's
+    place, trained on the same batches from the same weights: (their `rows`, the sentence ranking their step
+    times), or (None, why not) where the kernel cannot run or the ladder has no sdpa rung."""
+    why = stack.unavailable("triton_attention", device)
+    sdpa = next((r for r in rungs if r.name == "sdpa"), None)
+    if why or sdpa is None:
+        return None, f"The course's Triton FlashAttention as a second attention row: not run. {why or 'The ladder has no sdpa rung.'}"
+    tri = stack.Rung("triton_attention", (sdpa.techniques - {"sdpa"}) | {"triton_attention"}, sdpa.skipped)
+    res = run_ladder(cfg, [sdpa, tri], data, device, micro_batches=micro_batches, lr=lr, warmup=warmup,
+                     interleave=interleave, seed=seed, progress=progress)
+    x = data[0][0]
+    table = rows(cfg, [sdpa, tri], res, x.shape[0], x.shape[1], None)
+    return table, ("In the stack: " + protocol.rank_sentence("the course's Triton FlashAttention", table[1]["timing"],
+                                                             "SDPA", table[0]["timing"], "step time") + ".")

@@ -40,16 +40,28 @@ from helpers.measure.params import positive
 from helpers.training import accumulation
 
 TECHNIQUES = ("tf32", "bf16", "sdpa", "fused_adamw", "compile", "fp8", "data_path", "checkpoint")
+# a technique that stands in for one of the ladder's rather than adding a rung: the course's own Triton
+# FlashAttention (notebook 06) in sdpa's place, as a second attention row
+VARIANTS = {"triton_attention": "sdpa"}
 TITLES = {"tf32": "TF32 matmuls", "bf16": "bf16 autocast", "sdpa": "fused attention (SDPA)",
           "fused_adamw": "fused AdamW", "compile": "torch.compile (each block)", "fp8": "FP8 rowwise linears",
-          "data_path": "loader worker, prefetch, pinned", "checkpoint": "checkpointing, larger micro-batch"}
+          "data_path": "loader worker, prefetch, pinned", "checkpoint": "checkpointing, larger micro-batch",
+          "triton_attention": "the course's Triton FlashAttention"}
 
 
 def unavailable(technique: str, device: str) -> str | None:
     """Why `device` ("cpu" or "cuda") cannot run `technique`, in one sentence; None when it can.
     Raises ValueError for an unknown technique."""
-    if technique not in TECHNIQUES:
-        raise ValueError(f"technique={technique!r}; choose one of {', '.join(TECHNIQUES)}")
+    if technique not in TECHNIQUES and technique not in VARIANTS:
+        raise ValueError(f"technique={technique!r}; choose one of {', '.join([*TECHNIQUES, *VARIANTS])}")
+    if technique == "triton_attention":
+        from helpers.attention import kernels  # heavy: imports Triton, and only this row needs it
+
+        if device != "cuda":
+            return "the course's Triton kernel runs on a CPU only in Triton's interpreter, far too slow to train with"
+        if kernels.TRITON_MISSING:
+            return f"the course's Triton kernel cannot run here: {kernels.TRITON_MISSING}"
+        return None
     caps = hardware.capabilities()
     if technique == "tf32" and not (device == "cuda" and caps["tf32"]):
         return "TF32 needs an NVIDIA GPU of compute capability 8.0 or newer (A100, H100)"
@@ -129,16 +141,20 @@ class Built:
 
 def settings(techniques: Iterable[str], micro_batches: int) -> dict:
     """What a set of techniques sets on the baseline's training step (device-independent):
-    {"attn_impl": "sdpa" or "naive", "adamw": AdamW's keyword arguments ({"fused": True} or
+    {"attn_impl": "sdpa", "flash_triton" (triton_attention) or "naive", "adamw": AdamW's keyword arguments ({"fused": True} or
     {"foreach": False}), "autocast": torch.bfloat16 or None, "fp8": bool, "checkpoint": bool,
     "compile": bool, "micro_batches": `micro_batches`, or 1 with checkpointing (the whole batch at once)}.
-    Raises ValueError for an unknown technique or micro_batches < 1."""
+    Raises ValueError for an unknown technique, sdpa with triton_attention (two attention kernels) or
+    micro_batches < 1."""
     positive("micro_batches", micro_batches)
     techniques = set(techniques)
-    bad = sorted(techniques - set(TECHNIQUES))
+    bad = sorted(techniques - set(TECHNIQUES) - set(VARIANTS))
     if bad:
-        raise ValueError(f"unknown technique(s) {bad}; choose from {', '.join(TECHNIQUES)}")
-    return {"attn_impl": "sdpa" if "sdpa" in techniques else "naive",
+        raise ValueError(f"unknown technique(s) {bad}; choose from {', '.join([*TECHNIQUES, *VARIANTS])}")
+    if {"sdpa", "triton_attention"} <= techniques:
+        raise ValueError("sdpa and triton_attention are two attention kernels: choose one")
+    return {"attn_impl": "sdpa" if "sdpa" in techniques else "flash_triton" if "triton_attention" in techniques
+            else "naive",
             "adamw": {"fused": True} if "fused_adamw" in techniques else {"foreach": False},
             "autocast": torch.bfloat16 if "bf16" in techniques else None, "fp8": "fp8" in techniques,
             "checkpoint": "checkpoint" in techniques, "compile": "compile" in techniques,
@@ -161,6 +177,10 @@ def build(cfg: GPTConfig, rung: Rung, device: str, *, micro_batches: int = 4, lr
 def build_from(cfg: GPTConfig, s: dict, device: str, *, lr: float = 1e-3, seed: int = 0,
                rung: Rung | None = None) -> Built:
     """A model, optimizer and step made from `settings`' dict `s` (the seeded weights of every rung)."""
+    if s["attn_impl"] == "flash_triton":
+        from helpers.attention import kernels  # heavy: imports Triton
+
+        kernels.register_course_kernels()
     torch.manual_seed(seed)
     model = GPT(cfg, attn_impl=s["attn_impl"]).to(device)
     if s["fp8"]:
