@@ -443,7 +443,8 @@ def attention_rows(cfg: GPTConfig, rungs: list[stack.Rung], data: list, device: 
     why = stack.unavailable("triton_attention", device)
     sdpa = next((r for r in rungs if r.name == "sdpa"), None)
     if why or sdpa is None:
-        return None, f"The course's Triton FlashAttention as a second attention row: not run. {why or 'The ladder has no sdpa rung.'}"
+        return None, (f"The course's Triton FlashAttention as a second attention row: not run, because "
+                      f"{why or 'the ladder has no sdpa rung'}.")
     tri = stack.Rung("triton_attention", (sdpa.techniques - {"sdpa"}) | {"triton_attention"}, sdpa.skipped)
     res = run_ladder(cfg, [sdpa, tri], data, device, micro_batches=micro_batches, lr=lr, warmup=warmup,
                      interleave=interleave, seed=seed, progress=progress)
