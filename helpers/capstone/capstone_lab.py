@@ -446,6 +446,9 @@ def attention_rows(cfg: GPTConfig, rungs: list[stack.Rung], data: list, device: 
         return None, (f"The course's Triton FlashAttention as a second attention row: not run, because "
                       f"{why or 'the ladder has no sdpa rung'}.")
     tri = stack.Rung("triton_attention", (sdpa.techniques - {"sdpa"}) | {"triton_attention"}, sdpa.skipped)
+    from helpers.attention import flash_triton  # heavy: Triton, on CUDA only
+
+    flash_triton.use_configs("shortlist")  # the tiles an H200's autotuner picked: 4 kernels to compile, not 10
     res = run_ladder(cfg, [sdpa, tri], data, device, micro_batches=micro_batches, lr=lr, warmup=warmup,
                      interleave=interleave, seed=seed, progress=progress)
     x = data[0][0]
