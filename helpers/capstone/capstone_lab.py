@@ -47,7 +47,7 @@ def resolve_parameters(S: params.Setup, *, MODEL, BATCH, SEQ_LEN, STEPS, WARMUP,
            "MICRO_BATCHES": R("MICRO_BATCHES", MICRO_BATCHES, smoke=4, full=4, check=params.positive),
            "LR": R("LR", LR, smoke=1e-3, full=6e-4, check=params.positive_number),
            "COMPILE": R("COMPILE", COMPILE, smoke=S.device == "cuda", full=True, check=params.boolean)}
-    out["STEPS"] = R("STEPS", STEPS, smoke=8, full=20, check=params.positive)
+    out["STEPS"] = R("STEPS", STEPS, smoke=8, full=16, check=params.positive)
     if out["STEPS"] < out["WARMUP"] + 3:
         raise ValueError(f"STEPS={out['STEPS']} leaves fewer than 3 timed steps after WARMUP={out['WARMUP']}: "
                          "a median and an IQR need three")
