@@ -11,7 +11,8 @@ from helpers.gpt.model import naive_attention
 from helpers.measure import params
 
 RAW = dict(DTYPE="auto", SEQ_LENS=None, HEAD_DIMS=None, TOKENS=None, D_MODEL=None, MEMORY_SEQ_LENS=None,
-           MEMORY_BUDGET_GB="auto", BLOCK_SIZES=None, PYTORCH_MAX_N=None, GPT_PRESET=None, GPT_BATCH=None, REPS=None)
+           MEMORY_BUDGET_GB="auto", BLOCK_SIZES=None, PYTORCH_MAX_N=None, GPT_PRESET=None, GPT_BATCH=None, REPS=None,
+           AUTOTUNE=None)
 
 
 @pytest.fixture
@@ -32,6 +33,28 @@ def test_defaults_follow_the_profile(setup):
 def test_a_bad_parameter_fails_at_once_naming_itself(setup, name, value):
     with pytest.raises(ValueError, match=name):
         flash_lab.resolve_parameters(setup, **(RAW | {name: value}))
+
+
+def test_full_profile_sizes_keep_the_crossing_the_goal_and_the_wall(tmp_path):
+    full = params.Setup(profile="full", device="cpu", seed=0, interactive=False, results_dir=tmp_path)
+    p = flash_lab.resolve_parameters(full, **RAW)
+    assert p.seq_lens == [256, 1024, 4096, 16384] and p.head_dims == [128] and p.pytorch_max_n == 1024
+    assert sum(n >= flash_lab.GOAL_MIN_N for n in p.seq_lens) == 2  # the goal is measured at two N
+    assert p.memory_seq_lens == [4096, 8192, 16384, 32768, 65536] and p.autotune == "shortlist"
+    naive_gib = [3 * 16 * n * n * 2 / 2**30 for n in p.memory_seq_lens]  # 16 heads of bf16 N x N buffers
+    assert naive_gib[-2] > 80 and naive_gib[-1] > 192 and naive_gib[0] < 2  # fits at first, past any GPU at last
+
+
+def test_use_autotune_says_what_the_autotuner_tries(monkeypatch):
+    assert "not used" in flash_lab.use_autotune("shortlist")  # the interpreter: nothing autotuned
+    monkeypatch.setattr(kernels.flash_triton, "TUNED", dict(kernels.flash_triton.autotuners(kernels.flash_triton.AUTOTUNE)))
+    text = flash_lab.use_autotune("shortlist")
+    assert text.startswith("Triton's autotuner tries 2 forward, 1 dK/dV and 1 dQ") and "compiles 4 kernels" in text
+    assert "every configuration of flash_triton.AUTOTUNE (10 kernels per case)" in text
+    text = flash_lab.use_autotune("all")
+    assert "tries 4 forward, 3 dK/dV and 3 dQ" in text and "compiles 10 kernels" in text and "SHORTLIST" not in text
+    with pytest.raises(ValueError, match="AUTOTUNE"):
+        flash_lab.use_autotune("most")
 
 
 def test_memory_budget_semantics(setup):

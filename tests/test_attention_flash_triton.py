@@ -137,3 +137,21 @@ def test_tuned_configs_lists_the_autotuner_choice_per_shape(monkeypatch):
     monkeypatch.setattr(flash_triton, "TUNED", {("forward", 128): Tuned()})
     assert flash_triton.tuned_configs() == {"forward N=1040x1040 d_pad=128 causal": "BLOCK_M: 128, BLOCK_N: 64, num_warps: 8",
                                   "forward N=2048x2048 d_pad=128": "BLOCK_M: 128, BLOCK_N: 128, num_warps: 8"}
+
+
+def test_the_shortlist_is_drawn_from_autotune_and_shrinks_what_use_configs_installs(monkeypatch):
+    for name, by_class in flash_triton.SHORTLIST.items():
+        for d_class, configs in by_class.items():
+            assert configs and set(configs) <= set(flash_triton.AUTOTUNE[name][d_class]), (name, d_class)
+    monkeypatch.setattr(flash_triton, "TUNED", {})
+    assert flash_triton.use_configs("shortlist") is False  # nothing is autotuned: nothing installed
+    assert flash_triton.TUNED == {}
+    monkeypatch.setattr(flash_triton, "TUNED", dict(flash_triton.autotuners(flash_triton.AUTOTUNE)))
+    assert flash_triton.use_configs("shortlist") is True
+    counts = {key: len(fn.configs) for key, fn in flash_triton.TUNED.items()}
+    assert counts == {(k, d): len(flash_triton.SHORTLIST[k][d]) for k in ("forward", "dkdv", "dq") for d in (64, 128)}
+    assert sum(counts[(k, 128)] for k in ("forward", "dkdv", "dq")) == 4
+    flash_triton.use_configs("all")
+    assert sum(len(flash_triton.TUNED[(k, 128)].configs) for k in ("forward", "dkdv", "dq")) == 10
+    with pytest.raises(ValueError, match="which"):
+        flash_triton.use_configs("some")

@@ -2,7 +2,8 @@
 the speed sweep and its goal, the figures, the traffic sentence, the course GPT per kernel and the panel.
 
 * `resolve_parameters`: every parameter of the notebook validated at once, None meaning "the profile's
-  default" (MEMORY_BUDGET_GB keeps its own documented values, see there).
+  default" (MEMORY_BUDGET_GB keeps its own documented values, see there); `use_autotune`: which
+  configurations the Triton kernels' autotuner tries (fewer configurations, fewer compiles).
 * `outputs_and_grads`, `compare`, `RULE`, `FP32_TOL`: one implementation's O, dQ, dK, dV against naive
   attention in fp32, by flash-attn's test rule; `correctness`: every implementation x precision x
   causal flag so, and the combinations that could *not* be checked here, each with its reason.
@@ -56,6 +57,7 @@ class Parameters:
     gpt_batch: int
     reps: int
     warmup: int
+    autotune: str
 
 
 def _head_dims(name: str, values: Any) -> list:
@@ -100,12 +102,14 @@ def _block_sizes(device: str):
 
 
 def resolve_parameters(S: params.Setup, *, DTYPE, SEQ_LENS, HEAD_DIMS, TOKENS, D_MODEL, MEMORY_SEQ_LENS,
-                       MEMORY_BUDGET_GB, BLOCK_SIZES, PYTORCH_MAX_N, GPT_PRESET, GPT_BATCH, REPS) -> Parameters:
+                       MEMORY_BUDGET_GB, BLOCK_SIZES, PYTORCH_MAX_N, GPT_PRESET, GPT_BATCH, REPS,
+                       AUTOTUNE) -> Parameters:
     """Validate every parameter of notebook 06 (ValueError naming the first bad one) and fill in defaults.
 
     DTYPE "auto" is bf16 on CUDA (fp16 on a GPU without bf16 units), fp32 on a CPU; bf16 asked for on a
     GPU without bf16 units becomes fp16, with a printed sentence. Where the compiled Triton kernel tiles
-    the traffic sweep (`triton_compiled`), BLOCK_SIZES must be powers of two from 16.
+    the traffic sweep (`triton_compiled`), BLOCK_SIZES must be powers of two from 16. AUTOTUNE names the
+    autotuner's configuration lists (`use_autotune` applies it).
     """
     params.choose("DTYPE", DTYPE, ("auto", *DTYPE_NAMES))
     bf16_ok = hardware.capabilities()["bf16"]
@@ -118,26 +122,53 @@ def resolve_parameters(S: params.Setup, *, DTYPE, SEQ_LENS, HEAD_DIMS, TOKENS, D
     R = S.resolve
     return Parameters(
         dtype=dtype, torch_dtype=hardware.torch_dtype(dtype), bf16_ok=bf16_ok,
-        seq_lens=R("SEQ_LENS", SEQ_LENS, smoke=[64, 128, 256], full=[512, 1024, 2048, 4096, 8192, 16384],
-                   check=params.positives),
+        # full: N four-fold apart, from short sequences (naive's N x N matrices small) to the FlashAttention-2
+        # paper's longest, so the sweep shows where the fused kernels pull ahead; the goal's N >= 2048: 4096, 16384
+        seq_lens=R("SEQ_LENS", SEQ_LENS, smoke=[64, 128, 256], full=[256, 1024, 4096, 16384], check=params.positives),
         # full: d=128 only (the head dim of the kernel's goal), so the whole course fits one lent-GPU
         # window; HEAD_DIMS=[64, 128] adds the paper's other head dim at about twice the compile time
         head_dims=R("HEAD_DIMS", HEAD_DIMS, smoke=[64], full=[128], check=_head_dims),
         tokens=R("TOKENS", TOKENS, smoke=512, full=16384, check=params.positive),
         d_model=R("D_MODEL", D_MODEL, smoke=256, full=2048, check=params.positive),
+        # full: naive's three N x N buffers (16 heads, bf16) pass 80 GiB at N = 32768 and any GPU's memory at 65536
         memory_seq_lens=R("MEMORY_SEQ_LENS", MEMORY_SEQ_LENS, smoke=[256, 512, 1024, 2048],
-                          full=[4096, 8192, 16384, 32768, 65536, 131072], check=params.positives),
+                          full=[4096, 8192, 16384, 32768, 65536], check=params.positives),
         memory_budget_gb=_budget(MEMORY_BUDGET_GB, S.device),
         block_sizes=R("BLOCK_SIZES", BLOCK_SIZES, smoke=[16, 32, 64, 128, 256], full=[16, 32, 64, 128],
                       check=_block_sizes(S.device)),
-        pytorch_max_n=R("PYTORCH_MAX_N", PYTORCH_MAX_N, smoke=256, full=2048, check=params.positive),
+        pytorch_max_n=R("PYTORCH_MAX_N", PYTORCH_MAX_N, smoke=256, full=1024, check=params.positive),
         gpt_preset=R("GPT_PRESET", GPT_PRESET, smoke="tiny", full="gpt2",
                      check=lambda name, v: params.choose(name, v, PRESETS)),
         gpt_batch=R("GPT_BATCH", GPT_BATCH, smoke=2, full=8 if gib is None or gib >= 24 else 2,  # 2 on a T4
                     check=params.positive),
         reps=R("REPS", REPS, smoke=3, full=10, check=params.positive),
         warmup=S.pick(smoke=1, full=3),
+        autotune=R("AUTOTUNE", AUTOTUNE, smoke="shortlist", full="shortlist",
+                   check=lambda name, v: params.choose(name, v, AUTOTUNE_CHOICES)),
     )
+
+
+AUTOTUNE_CHOICES = ("shortlist", "all")  # the keys of flash_triton.CONFIG_LISTS
+
+
+def use_autotune(which: str) -> str:
+    """Have the course Triton kernels' autotuner try flash_triton.CONFIG_LISTS[which] ("shortlist" or "all")
+    from now on, and say what it tries, in one sentence (or why nothing is autotuned here). Raises ValueError
+    for another name."""
+    params.choose("AUTOTUNE", which, AUTOTUNE_CHOICES)
+    if kernels.TRITON_MISSING:
+        return f"Triton's autotuner: not used ({kernels.TRITON_MISSING})"
+    ft = kernels.flash_triton
+    if not ft.use_configs(which):
+        return "Triton's autotuner: not used here (the interpreter runs each kernel with fixed tiles)"
+    count = lambda lists: {k: len(lists[k][128]) for k in ("forward", "dkdv", "dq")}  # noqa: E731
+    n, every = count(ft.CONFIG_LISTS[which]), count(ft.AUTOTUNE)
+    text = (f"Triton's autotuner tries {n['forward']} forward, {n['dkdv']} dK/dV and {n['dq']} dQ tile configuration(s) "
+            f"per head-dim class, so each (dtype, head dim, causal flag) compiles {sum(n.values())} kernels")
+    if which == "shortlist":
+        text += (f": flash_triton.SHORTLIST, the tiles an H200 picked at every shape it tuned; AUTOTUNE=\"all\" tries "
+                 f"every configuration of flash_triton.AUTOTUNE ({sum(every.values())} kernels per case)")
+    return text
 
 
 # ---------------------------------------------------------------- correctness

@@ -282,14 +282,39 @@ def head_dim_class(d_pad: int) -> int:
     return 64 if d_pad <= 64 else 128
 
 
-def _autotuned(name: str, d_class: int):
-    configs = [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s)
-               for bm, bn, w, s in AUTOTUNE[name][d_class]]
-    return triton.autotune(configs, key=_KEY)(KERNELS[name])
+def autotuners(lists: dict) -> dict:
+    """{(kernel, head-dim class): the kernel wrapped in triton.autotune over `lists`' configurations}, for
+    `lists` shaped like AUTOTUNE ({kernel: {64 | 128: [(BLOCK_M, BLOCK_N, num_warps, num_stages), ...]}})."""
+    return {(name, d_class): triton.autotune([triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s)
+                                              for bm, bn, w, s in lists[name][d_class]], key=_KEY)(KERNELS[name])
+            for name in lists for d_class in (64, 128)}
 
 
-TUNED = {} if INTERPRETED or AHEAD_OF_TIME else {
-    (name, d_class): _autotuned(name, d_class) for name in AUTOTUNE for d_class in (64, 128)}
+TUNED = {} if INTERPRETED or AHEAD_OF_TIME else autotuners(AUTOTUNE)
+
+# What an H200's autotuner picked from AUTOTUNE at every shape it tuned (results/nvidia-h200/flash_check/log.txt:
+# d_pad 64 and 128, N from 32 to 16384, causal and not): two forward tiles per head-dim class and one tile per
+# backward kernel. Each (dtype, head dim, causal flag, specialisation) then compiles 4 kernels instead of 10.
+SHORTLIST = {
+    "forward": {64: [(64, 64, 4, 4), (128, 64, 8, 3)], 128: [(128, 64, 8, 3), (128, 128, 8, 3)]},
+    "dkdv": {64: [(64, 64, 4, 3)], 128: [(32, 64, 4, 3)]},
+    "dq": {64: [(64, 64, 4, 3)], 128: [(128, 64, 8, 3)]},
+}
+CONFIG_LISTS = {"all": AUTOTUNE, "shortlist": SHORTLIST}
+
+
+def use_configs(which: str) -> bool:
+    """From now on the autotuner tries CONFIG_LISTS[which]: "all" (AUTOTUNE) or "shortlist" (SHORTLIST).
+
+    Kernels already compiled stay compiled; shapes are tuned again among the new lists. Returns False, changing
+    nothing, where nothing is autotuned (the interpreter, or compiling ahead of time). Raises ValueError for
+    another name."""
+    if which not in CONFIG_LISTS:
+        raise ValueError(f"which={which!r}; choose one of {', '.join(map(repr, CONFIG_LISTS))}")
+    if not TUNED:
+        return False
+    TUNED.update(autotuners(CONFIG_LISTS[which]))
+    return True
 
 
 def tuned_configs() -> dict[str, str]:

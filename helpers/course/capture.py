@@ -146,11 +146,20 @@ ESTIMATES: dict[str, tuple[float, str]] = {
                   "earlier in the capture (+60-90 s when they did not): three compiled decode steps (bf16, int8, int4; "
                   "CUDA graphs and coordinate-descent tuning, ~18 s each) ~54 s, the protocol's timing of six rungs "
                   "(10 s budget plus warm-up) ~15 s, exactness, held-out loss and batching ~10 s"),
-    "06": (400.0, "the cells before the speed sweep as timed by a capture that stopped in it "
-                  "(results/nvidia-h200/partial-06/README.md); Triton autotuning and compilation of forward and "
-                  "backward at d=128 (~1-2 min cold on 16 cores); speed sweep N=512..16384 at 16k tokens: 3.5 x 4BHN^2d ~ 8e12 FLOPs at N=16384, "
-                  "~20 ms per fwd+bwd at 400 TFLOP/s, x 6 implementations x 13 calls; memory wall to 131k "
-                  "(stops at the out-of-memory error); the estimate is mostly compile time"),
+    "06": (140.0, "a Triton kernel compile ~1.2 s all-in (results/nvidia-h200/partial-06: 101 s from the memory-wall "
+                  "record to the correctness record for ~67 compiles and little else; flash_check/log.txt: ~50 cold "
+                  "compiles in ~50 s); start-up ~10 s; 53 kernel compiles (was ~123: the autotuner tries "
+                  "flash_triton.SHORTLIST, 4 kernels per dtype, head dim and causal flag instead of 10; the memory wall "
+                  "at d=128 and the correctness check at N=1040 with 16 heads compile the kernels the speed sweep "
+                  "launches; the compiler report at d=128 only) ~65 s; memory wall to N=65536 (was 131072; 3.5 x 4BHN^2d "
+                  "~ 1.2e14 FLOPs fwd+bwd there, ~0.3 s a call at 400 TFLOP/s, 3 calls each for sdpa and Triton and ~8 "
+                  "per autotuned forward config) ~6 s; speed sweep N=256, 1024, 4096, 16384 (was 512..16384 in 6) at 16k "
+                  "tokens: 7.7e12 FLOPs fwd+bwd at N=16384, ~20 ms at 400 TFLOP/s, 8 implementations x 2 passes x 13 "
+                  "calls x 2 causal flags ~6.5 s there and 1.3x that over the sweep, the PyTorch-tiled loops to N=1024 "
+                  "(was 2048; ~0.3 ms a tile) ~2 s, cuDNN plans ~3 s: ~16 s; correctness of 8 implementations x 3 dtypes "
+                  "x 2 ~8 s; build checks, GQA, profiler and traffic sweep ~10 s; the GPT step per kernel (gpt2 at 8x1024, "
+                  "~13 steps each; the PyTorch-tiled one ~0.5 s a step) ~14 s; the compiler-report subprocess ~5 s; the "
+                  "rest ~5 s: ~140 s"),
 }
 
 
