@@ -411,6 +411,21 @@ def test_linear_profile_attributes_time_to_ops(tmp_path):
     assert f"{fp8_lab.cast_share(prof):.0%} of the profiled CPU time" in sentences[0]
 
 
+def test_compiled_linears_each_get_their_graph_past_dynamos_recompile_limit(monkeypatch):
+    # every compiled module shares Dynamo's recompile limit: without a reset per layer, those past it run eagerly
+    graphs, real = [], torch.compile
+
+    def counting(gm, example_inputs):
+        graphs.append(len(gm.graph.nodes))
+        return gm.forward
+    monkeypatch.setattr(torch, "compile", lambda model: real(model, backend=counting))  # Dynamo only: cheap
+    sizes = range(16, 16 * (torch._dynamo.config.recompile_limit + 3), 16)
+    for n in sizes:
+        assert fp8_lab.linear_tflops(n, "bf16", reps=1, compile=True, device="cpu") > 0
+    assert len(graphs) == len(sizes)
+    torch._dynamo.reset()
+
+
 def test_speed_sweep_leaves_out_just_the_torchao_recipe_that_cannot_run(monkeypatch):
     why = "torchao's rowwise recipe does not run on cuda here."
     monkeypatch.setattr(fp8, "_TORCHAO_PROBLEMS", {("rowwise", "cuda"): why, ("tensorwise", "cuda"): None})

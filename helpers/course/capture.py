@@ -89,9 +89,17 @@ ESTIMATES: dict[str, tuple[float, str]] = {
                  "size ~2 s; the profiler's two steps and their traces ~5 s; the bf16 ceiling to 16384^3 (8.8e12 FLOPs, "
                  "~11 ms a call) ~2 s; start-up ~12 s (01's whole capture: 17 s); no compile; ~40 s, plus 25% for what "
                  "02-04's captures ran over estimates counted this way"),
-    "07": (120.0, "bf16 vs fp8 matmul sweeps up to 8192^3 (1.1e12 FLOPs each, ~2 ms in fp8), the linear "
-                  "forward+backward per recipe, a short GPT training per recipe, and torch.compile of the GPT "
-                  "step in bf16 and fp8 (cold compiles, ~30 s each on 16 cores): mostly compile time"),
+    "07": (140.0, "start-up with torchao ~12 s; CPU-side checks (formats, casts, scales, linear parity, blockwise) and "
+                  "torchao's probes ~6 s; training, launch-bound as 02 measured small10m steps on this H200 (10-11 ms "
+                  "at 8-32 x 256, whatever the batch), 150 steps at 32x256 (was 300 at 16x256: as many tokens): the "
+                  "baseline twice ~3 s, six FP8 variants at their aten ops per step counted against the baseline's "
+                  "(tensorwise 2.2x, delayed 1.9x, rowwise 3.0x, blockwise 6.3x, torchao's 2.2-2.5x: ~180 ms a step in "
+                  "all) ~27 s, capture, error tables and evaluations ~6 s; speed: bf16 and fp8 matmuls to 8192^3 "
+                  "(1.1e12 FLOPs, ~2 ms) and five linears eager (6n^3 = 3.3e12 FLOPs at 8192, ~5 ms; was 20 compiles, "
+                  "of which Dynamo's recompile limit left 12 eager) x 4 sizes x 23 calls ~6 s, profile and protocol "
+                  "headline ~6 s; 3 Inductor compiles of the small10m GPT step (bf16, our rowwise, torchao's rowwise, as "
+                  "before) ~20 s each plus Inductor's start-up ~65 s; the rest ~5 s: ~136 s (~110 s where torchao "
+                  "cannot run)"),
     "08": (125.0, "start-up with bitsandbytes and torchao ~15 s; trains small10m for the capture (the first of 05, 08, "
                   "10, 11 to need it; 10 and 11 load it): 2000 steps of 64x256 at ~12 ms (02's measured launch-bound "
                   "small10m steps on this H200: 10-11 ms, plus clipping) ~25 s; error tables and grid on the CPU (30 "

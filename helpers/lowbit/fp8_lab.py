@@ -39,20 +39,23 @@ def _outlier(name: str, value) -> float:
 
 
 def resolve_parameters(S: params.Setup, *, MODEL, BATCH, SEQ_LEN, STEPS, LR, LAYER, OUTLIER, BLOCK, HISTORY_LEN,
-                       MATMUL_SIZES, REPS) -> dict:
+                       MATMUL_SIZES, REPS, COMPILE_LINEAR) -> dict:
     """Notebook 07's parameters, validated at once and with the profile's defaults filled in: {name: value},
     plus "CFG" (the GPTConfig trained) and "LINEARS" (its linears but the LM head, LAYER's choices).
 
     Raises ValueError naming the first bad parameter, and where a later cell could not use a value:
     STEPS below 2 (the noise of the last training losses is their standard deviation, which needs two),
     a non-finite LR, an OUTLIER above 2**64 (planted into fp32 activations it would be inf, and every
-    error measured with it NaN). Builds the GPT once (on the CPU) to list its linears.
+    error measured with it NaN). Builds the GPT once (on the CPU) to list its linears. COMPILE_LINEAR (a bool,
+    False by default) compiles each layer of the speed sweep.
     """
     R = S.resolve
     out = {"MODEL": R("MODEL", MODEL, smoke="tiny", full="small10m", check=lambda n, v: params.choose(n, v, PRESETS)),
-           "BATCH": R("BATCH", BATCH, smoke=4, full=16, check=params.positive),
+           # full: a step's eager kernels cost host time, not FLOPs, at this size: twice the batch for half the
+           # steps trains on as many tokens in about half the time
+           "BATCH": R("BATCH", BATCH, smoke=4, full=32, check=params.positive),
            "SEQ_LEN": R("SEQ_LEN", SEQ_LEN, smoke=64, full=256, check=params.positive),
-           "STEPS": R("STEPS", STEPS, smoke=12, full=300, check=params.positive)}
+           "STEPS": R("STEPS", STEPS, smoke=12, full=150, check=params.positive)}
     if out["STEPS"] < 2:
         raise ValueError(f"STEPS={out['STEPS']} is too few: the training comparison measures the noise of the last "
                          "losses as their standard deviation, which needs at least 2 steps")
@@ -67,6 +70,7 @@ def resolve_parameters(S: params.Setup, *, MODEL, BATCH, SEQ_LEN, STEPS, LR, LAY
     out["MATMUL_SIZES"] = R("MATMUL_SIZES", MATMUL_SIZES, smoke=[256, 512], full=[1024, 2048, 4096, 8192],
                             check=params.positives)
     out["REPS"] = R("REPS", REPS, smoke=3, full=20, check=params.positive)
+    out["COMPILE_LINEAR"] = R("COMPILE_LINEAR", COMPILE_LINEAR, smoke=False, full=False, check=params.boolean)
     return {**out, "CFG": cfg, "LINEARS": linears}
 
 
@@ -445,6 +449,8 @@ def linear_tflops(n: int, variant: str, reps: int, compile: bool = False, device
     """TFLOP/s of a bf16 linear n→n on n tokens, forward + backward (6 n³ FLOPs), casts included:
     variant "bf16", "ours tensorwise", "ours rowwise", "torchao tensorwise" or "torchao rowwise"."""
     lin, x, g = _bf16_linear(n, variant, device)
+    if compile:  # every compiled module's graph counts against one recompile limit (Dynamo wraps them all in the
+        torch._dynamo.reset()  # same function): past torch._dynamo.config.recompile_limit the rest would run eagerly
     model = torch.compile(lin) if compile else lin
 
     def step():
@@ -513,6 +519,8 @@ def gpt_steps(base: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, reps: int
             model = copy.deepcopy(base).to(torch.bfloat16)
             _convert(model, variant)
             opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+            if compile:  # as in linear_tflops: each variant's graph counts against Dynamo's recompile limit
+                torch._dynamo.reset()
             fwd = torch.compile(model) if compile else model
 
             def step():
