@@ -99,6 +99,25 @@ def test_regional_parameters_are_checked_and_defaulted(tmp_path):
         compile_lab.resolve_parameters(S, **(base | {"REGIONAL_LAYERS": 0}))
 
 
+def test_full_profile_on_cuda_times_two_modes_traces_regions_and_says_what_it_leaves_out(tmp_path, monkeypatch):
+    from helpers.measure import params
+
+    base = dict(ROWS=None, COLS=None, DTYPE=None, REPS=None, SOFTMAX_COLS=None, MODEL=None, N_LAYER=None, BATCH=None,
+                SEQ_LEN=None, MODES=None, REGIONAL_LAYERS=None, REGIONAL_BACKEND=None)
+    full = lambda device: params.Setup(profile="full", device=device, seed=0, interactive=False, results_dir=tmp_path)  # noqa: E731
+    P = compile_lab.resolve_parameters(full("cuda"), **base)  # resolving needs no GPU
+    assert P["MODES"] == ["default", "reduce-overhead"] and P["REGIONAL_BACKEND"] == "aot_eager"
+    assert P["SOFTMAX_COLS"] == [256, 4096, 16384] and P["COLS"] in P["SOFTMAX_COLS"]  # 4096: the workloads' own
+    assert compile_lab.resolve_parameters(full("cuda"), **(base | {"MODES": list(compile_lab.ALL_MODES)}))["MODES"] == \
+        list(compile_lab.ALL_MODES)  # max-autotune stays one parameter away
+    assert compile_lab.resolve_parameters(full("cpu"), **base)["MODES"] == ["default"]
+    note = compile_lab.modes_note(P["MODES"], "cuda")
+    assert note.startswith("Not timed in this run: max-autotune.") and "leaves max-autotune out" in note
+    assert "MODES=['default', 'reduce-overhead', 'max-autotune']" in note
+    assert compile_lab.modes_note(["default"], "cuda").startswith("Not timed in this run: reduce-overhead, max-autotune.")
+    assert compile_lab.modes_note(list(compile_lab.ALL_MODES), "cuda") == "" == compile_lab.modes_note(["default"], "cpu")
+
+
 def test_parameter_checks_name_the_parameter():
     assert compile_lab.check_modes("MODES", []) == [] and compile_lab.check_modes("MODES", ("default",)) == ["default"]
     with pytest.raises(ValueError, match="MODES"):

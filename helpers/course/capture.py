@@ -125,9 +125,15 @@ ESTIMATES: dict[str, tuple[float, str]] = {
                   "13-33 rounds ~8 s; ZeRO memory at 2 and 4 ranks, tensor parallel and DDP checks ~8 s; the pipeline, 8 "
                   "stages, m = 1, 4, 16, GPipe and 1F1B, (m + 7) x 30 ms each (10 ms forward, 20 ms backward waits): "
                   "2.5 s a round x 11 rounds ~28 s; torchrun's two launchers ~8 s; the rest ~3 s; no compile: ~115 s"),
-    "09": (280.0, "torch.compile of three Triton workloads and four softmax sizes (~40 s), the "
-                  "GPT step (~60 s), default / reduce-overhead / max-autotune on a one-token forward (~100-130 s, "
-                  "max-autotune the slowest), the rest ~40 s"),
+    "09": (125.0, "start-up ~10 s; Dynamo-only sections (explain, CompileCounter, logs, fullgraph) ~4 s; 10 Inductor "
+                  "compiles (was 14): three workloads at 8192x4096 bf16 (~3 s each plus Inductor's start-up ~8 s), their "
+                  "protocol timing (64 MiB passes, ~30 us at 4.8 TB/s) and kernel counts ~24 s; cold and warm compile of "
+                  "the chain ~6 s; the small10m training step at 16x256 under bf16 autocast, one compile of forward and "
+                  "backward ~20 s, 40 rounds of ~10 ms steps and the matmul profile ~5 s; regional compilation traced "
+                  "with aot_eager (was two more Inductor compiles of the model) ~5 s; the one-token forward in default "
+                  "and reduce-overhead ~10 s + ~7 s (max-autotune, tuning Triton matmul templates per shape, left out: "
+                  "+40-60 s) ~19 s; softmax sweep at 256, 4096 (reused) and 16384, 2 static compiles ~3 s each and 2 "
+                  "Triton kernels ~1 s each, and the Triton checks ~13 s; the rest ~4 s: ~110 s, plus 15%"),
     "10": (130.0, "start-up ~12 s; loads small10m (08 trains it; +25 s when 10 runs without 08); cache checks and "
                   "examples (~1,000 small10m decode steps at ~2.5 ms) ~3 s; per-position and prefill/decode comparisons "
                   "(20-40 rounds of ms calls) and the ceilings ~8 s; the decode sweep, 4 presets and 1.3b at 8 more "
