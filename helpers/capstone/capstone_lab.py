@@ -41,7 +41,7 @@ def resolve_parameters(S: params.Setup, *, MODEL, BATCH, SEQ_LEN, STEPS, WARMUP,
     `serve_lab.resolve_parameters` refuses."""
     R = S.resolve
     out = {"MODEL": R("MODEL", MODEL, smoke="tiny", full="small10m", check=lambda n, v: params.choose(n, v, PRESETS)),
-           "BATCH": R("BATCH", BATCH, smoke=8, full=32, check=params.positive),
+           "BATCH": R("BATCH", BATCH, smoke=8, full=16, check=params.positive),
            "SEQ_LEN": R("SEQ_LEN", SEQ_LEN, smoke=64, full=512, check=params.positive),
            "WARMUP": R("WARMUP", WARMUP, smoke=2, full=4, check=params.positive),
            "MICRO_BATCHES": R("MICRO_BATCHES", MICRO_BATCHES, smoke=4, full=4, check=params.positive),

@@ -108,7 +108,7 @@ def held_out(decoders: dict[str, Decoder], tokens: torch.Tensor, *, batches: int
 
 
 def time_ladder(decoders: dict[str, Decoder], prompt: torch.Tensor, n: int, device: str, *, min_reps: int = 5,
-                max_reps: int = 30, budget_s: float = 10.0) -> protocol.Comparison:
+                max_reps: int = 30, budget_s: float = 6.0) -> protocol.Comparison:
     """Every rung's call (n greedy tokens after `prompt`, its prefill included) timed by the course protocol."""
     fns = {name: (lambda d=d: d.generate(prompt, n)) for name, d in decoders.items()}
     return protocol.compare(fns, device=device, min_reps=min_reps, max_reps=max_reps, budget_s=budget_s)
@@ -234,7 +234,7 @@ ALONE = ("int8", "int4", "speculative")  # bf16 stands on kv_cache already, and 
 
 
 def alone_comparison(decoders: dict[str, Decoder], alone: dict[str, Decoder], prompt: torch.Tensor, n: int,
-                     device: str, *, gamma: int, budget_s: float = 10.0) -> list[dict]:
+                     device: str, *, gamma: int, budget_s: float = 5.0) -> list[dict]:
     """Per technique in `alone` (decoders of `serve_stack.alone` rungs): its gain alone on the fp32 KV-cache rung
     (timed with `decoders["kv_cache"]` by the protocol) and what bounds it alone and in the stack (`decoders`, the
     ladder): for a quantised rung the ratio of the weight bytes of the rung under it to its own (a step bound by

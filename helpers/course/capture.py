@@ -153,13 +153,15 @@ ESTIMATES: dict[str, tuple[float, str]] = {
                  "kinds ~3 s; packing against padding (20-40 rounds of two ~12 ms steps) and its profile ~5 s; varlen "
                  "check, masks, sampler, the panel's 8-worker loader ~6 s; no compile: ~78 s, plus 10%"),
     "14": (150.0, "not yet measured on a GPU; counted: start-up, imports and the two matmul ceilings ~10 s; the training "
-                  "ladder, each technique alone and the leave-one-out runs, ~27 runs x 20 steps of small10m at 32x512 "
-                  "(1.3e12 FLOPs a step: ~60 ms in fp32 with naive attention for ~7 runs, ~15 ms launch-bound in bf16 "
-                  "for ~20) ~15 s; ~8 cold regional compiles (one small10m block's forward and backward, ~6 s each on "
-                  "16 cores) ~48 s; the serving ladder on the small10m target and draft that notebooks 10 and 11 cached "
-                  "earlier in the capture (+60-90 s when they did not): three compiled decode steps (bf16, int8, int4; "
-                  "CUDA graphs and coordinate-descent tuning, ~18 s each) ~54 s, the protocol's timing of six rungs "
-                  "(10 s budget plus warm-up) ~15 s, exactness, held-out loss and batching ~10 s"),
+                  "ladder, each technique alone and the leave-one-out runs, ~27 runs x 16 steps of small10m at 16x512 "
+                  "(6.5e11 FLOPs a step: ~30 ms in fp32 with naive attention for ~7 runs, ~12 ms launch-bound in bf16 "
+                  "for ~20) ~6 s; ~8 cold regional compiles (one small10m block's forward and backward, ~5 s each on "
+                  "16 cores) ~40 s; the step profiles of 9 rungs ~4 s; the Triton attention row, 4 kernels from the "
+                  "H200 shortlist at ~1.2 s (cached when notebook 06 ran first) and 32 steps ~6 s; the serving ladder "
+                  "on the small10m target and draft that notebooks 08 and 11 cached earlier in the capture (+30 s when "
+                  "they did not): three compiled decode steps (bf16, int8, int4; CUDA graphs and coordinate-descent "
+                  "tuning, ~18 s each) ~54 s, the protocol's timing of six rungs (6 s budget plus warm-up) ~10 s, three "
+                  "techniques alone (5 s budget) ~8 s, exactness, held-out loss and batching ~10 s"),
     "06": (140.0, "a Triton kernel compile ~1.2 s all-in (results/nvidia-h200/partial-06: 101 s from the memory-wall "
                   "record to the correctness record for ~67 compiles and little else; flash_check/log.txt: ~50 cold "
                   "compiles in ~50 s); start-up ~10 s; 53 kernel compiles (was ~123: the autotuner tries "
