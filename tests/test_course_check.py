@@ -278,3 +278,9 @@ def test_a_count_the_task_states_is_said_outright():
         check.register("97.x", "code", prompt="p", hint="h", solution=lambda: 1, cases=lambda: [],
                        outputs=("a",), stated=("graphs",))
     assert "97.x" not in check.REGISTRY
+
+
+def test_a_whole_number_off_by_a_power_of_two_is_not_told_to_check_exponents():
+    why = check.compare(4, 1, 0.0, 0.0)
+    assert why == "got 4: too high by a factor between 2.5 and 10" and "exponent" not in why
+    assert "exact power of two" in check.compare(4.0, 1.0, 0.0, 0.0)  # a float's factor 2^k still is

@@ -202,7 +202,7 @@ def how_far(given: float, expected: float, rtol: float | None = None) -> str:
     if factor < 1.1:
         precision = f": give it to within {100 * rtol:.2g}% (relative), more digits than you gave" if rtol else ""
         return f"close, but {word} by less than 10%{precision}"
-    if _power_of_two(factor):
+    if _power_of_two(factor) and not (isinstance(given, int) and isinstance(expected, int)):  # counts have no exponent
         return (f"{word} by an exact power of two (a factor 2^k for a whole k): check each exponent, and the "
                 "sign of each exponent")
     if factor < 1.5:
@@ -312,6 +312,7 @@ def compare(got: Any, want: Any, rtol: float, atol: float, names: Sequence[str] 
                     f"tensor (call .to_dense() on it)")
         if isinstance(want, torch.Tensor) and _dtype_name(want.dtype) in dtypes and got.dtype != want.dtype:
             return f"expected dtype {_dtype_name(want.dtype)}, got {_dtype_name(got.dtype)}"
+    counts = _integral(got) and _integral(want)
     try:
         g = torch.as_tensor(got, dtype=torch.float64) if not isinstance(got, torch.Tensor) else got.double()
     except (TypeError, ValueError, RuntimeError):
@@ -323,18 +324,30 @@ def compare(got: Any, want: Any, rtol: float, atol: float, names: Sequence[str] 
     try:
         torch.testing.assert_close(g, w, rtol=rtol, atol=atol, equal_nan=True)
     except AssertionError:
-        return _difference(g, w, rtol, atol)
+        return _difference(g, w, rtol, atol, counts)
     return None
 
 
-def _difference(got, want, rtol: float, atol: float) -> str:
-    """How `got` differs from `want`, without printing `want` (that would be the answer)."""
+def _integral(x: Any) -> bool:
+    """Whether x is a Python int or an integer tensor (not a float that happens to be whole)."""
+    import torch  # heavy: as in compare
+
+    if isinstance(x, torch.Tensor):
+        return not (x.is_floating_point() or x.is_complex())
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _difference(got, want, rtol: float, atol: float, counts: bool = False) -> str:
+    """How `got` differs from `want`, without printing `want` (that would be the answer); `counts`: both were
+    whole numbers before the comparison made them float64."""
     import torch  # heavy: as in compare
 
     if got.numel() == 1:
         g, w = float(got.reshape(())), float(want.reshape(()))
         if not (torch.isfinite(got).all() and torch.isfinite(want).all()):
             return f"got {g}, which is not what a correct version gives here (infinities and NaNs must match)"
+        if counts:  # whole numbers (a count, a size): said as ints, and no talk of exponents
+            g, w = int(g), int(w)
         return f"got {g:.6g}: {how_far(g, w)}"
     same_nan = torch.isnan(got) & torch.isnan(want)
     close = torch.isclose(got, want, rtol=rtol, atol=atol) | same_nan

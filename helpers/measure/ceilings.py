@@ -67,7 +67,8 @@ def matmul_ceiling(dtype: str, sizes, device: str | None = None, reps: int = 5) 
     if best_rec is None:
         if now is None:
             return None, f"{dtype} matmul cannot run on this device"
-        return now[0], f"measured just now: the best of {shapes}, reached at {_shape_name(now[1])}"
+        return now[0], (f"measured just now at {shapes}" if len(sizes) == 1 else
+                        f"measured just now: the best of {shapes}, reached at {_shape_name(now[1])}")
     if now is None or best_rec >= now[0]:
         return best_rec, (f"notebook 00, this results folder (best of that record and {shapes} measured now"
                           + (f", {now[0]:.4g} TFLOP/s)" if now else ")"))

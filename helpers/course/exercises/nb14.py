@@ -154,6 +154,6 @@ register(
          "prediction for reference[0] sits at the prompt's last position",
     solution=serve_stack.agreement,
     wrong=(_free_running, _shifted, _without_last_prompt_token),
-    cases=_agreement_cases, run=_run_agreement, rtol=0.0, atol=1e-12,
-    tolerance="exact: a share of 12 positions, so a different count differs by at least 1/12",
+    cases=_agreement_cases, run=_run_agreement, rtol=0.0, atol=1e-6,
+    tolerance="within 1e-6, float32's rounding of a share: a different count of 12 positions differs by at least 1/12",
 )
