@@ -1,7 +1,8 @@
 """Notebook 14's parameters and measurements: the training ladder run rung by rung, its table, sentences
 and waterfall. The stack itself (rungs, what each builds) is `helpers.capstone.stack`.
 
-Timing: every rung trains the same STEPS batches from the same weights. With `interleave` the rungs step
+Timing: every rung trains the same STEPS batches from the same weights, on one thread on a CPU (a small model's
+ops are too small to share between two cores, and on a busy machine a descheduled thread stalls every op). With `interleave` the rungs step
 round-robin (step i of every rung, then step i + 1), so a burst of other work on the machine slows
 every rung alike; otherwise one rung after the other (a large model cannot hold every rung in memory).
 The first `warmup` steps of each rung pay its one-time costs (allocation, compilation) and are left out
@@ -27,6 +28,7 @@ from helpers.show import plots
 # a rung's final loss must lie this close (relative) to the baseline's: fp32 rungs reorder sums only;
 # bf16 keeps 8 mantissa bits in the matmuls; fp8 3 (e4m3) in forward and 2 (e5m2) in gradients
 TOLERANCE = {"fp32": 1e-3, "bf16": 2e-2, "fp8": 5e-2}
+MAX_SPREAD = 0.5  # a rung whose IQR passes half its median (+-25%) has a fragile median, and says so
 RECOMPILE_LIMIT = 64  # compiled entries allowed per frame while a ladder runs (Dynamo's default is 8)
 
 
@@ -47,7 +49,7 @@ def resolve_parameters(S: params.Setup, *, MODEL, BATCH, SEQ_LEN, STEPS, WARMUP,
            "MICRO_BATCHES": R("MICRO_BATCHES", MICRO_BATCHES, smoke=4, full=4, check=params.positive),
            "LR": R("LR", LR, smoke=1e-3, full=6e-4, check=params.positive_number),
            "COMPILE": R("COMPILE", COMPILE, smoke=S.device == "cuda", full=True, check=params.boolean)}
-    out["STEPS"] = R("STEPS", STEPS, smoke=8, full=16, check=params.positive)
+    out["STEPS"] = R("STEPS", STEPS, smoke=12, full=16, check=params.positive)
     if out["STEPS"] < out["WARMUP"] + 3:
         raise ValueError(f"STEPS={out['STEPS']} leaves fewer than 3 timed steps after WARMUP={out['WARMUP']}: "
                          "a median and an IQR need three")
@@ -105,7 +107,7 @@ def run_ladder(cfg: GPTConfig, rungs: list[stack.Rung], data: list, device: str,
     per_rung_peak = device == "cuda" and not interleave  # interleaved rungs share one peak: none is theirs alone
     # every compiled rung's blocks run the one Block.forward, so each rung's dtypes, kernels and shapes add a
     # compiled entry to that one frame; past Dynamo's limit (8) a rung would silently run eagerly
-    with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
+    with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT), bench.cpu_threads(device):
         for i, name in progress(order):
             if per_rung_peak and i == 0:
                 torch.cuda.reset_peak_memory_stats()
@@ -115,7 +117,8 @@ def run_ladder(cfg: GPTConfig, rungs: list[stack.Rung], data: list, device: str,
     for name, r in out.items():
         timed = r["times"][warmup:]
         r["timing"] = Timing(*bench.quartiles(timed), timed, warmup, device)
-        r["steady"] = protocol.steady(timed, 3, 0.25) if len(timed) >= 3 else False
+        r["steady"] = (protocol.steady(timed, 3, 0.25) if len(timed) >= 3 else False) and \
+            r["timing"].spread <= MAX_SPREAD
     return out
 
 
@@ -123,7 +126,7 @@ def rows(cfg: GPTConfig, rungs: list[stack.Rung], res: dict, batch: int, seq_len
          peak_flops: dict[str, float | None] | None, last: int = 3) -> list[dict]:
     """One row per rung: step Timing, tokens/s, MFU (exact FLOPs of the course count over the step time,
     against `peak_flops[format]` in FLOP/s, format "fp32" or "bf16" (an fp8 rung's against bf16's); None
-    without one), final loss (mean of the last `last`) and its gap to the
+    without one, and None with "mfu_above_ceiling" when it passes 100%: a ceiling measured low by a disturbance), final loss (mean of the last `last`) and its gap to the
     baseline's, whether it is within the rung's TOLERANCE, and the gain over the rung before and over the
     baseline (`protocol.Ratio`s of step times)."""
     step_flops = flops.transformer_flops(cfg, batch, seq_len, backward=True)["total"]["total"]
@@ -134,10 +137,10 @@ def rows(cfg: GPTConfig, rungs: list[stack.Rung], res: dict, batch: int, seq_len
         r = res[rung.name]
         t = r["timing"]
         gap = (tail(r) - tail(base)) / tail(base)
+        mfu = flops.mfu(step_flops / t.median, (peak_flops or {}).get("fp32" if precision_of(rung) == "fp32" else "bf16"))
         out.append({"rung": rung.name, "title": stack.TITLES.get(rung.name, "baseline"), "timing": t,
                     "tokens_per_s": batch * seq_len / t.median,
-                    "mfu": flops.mfu(step_flops / t.median, (peak_flops or {}).get(
-                        "fp32" if precision_of(rung) == "fp32" else "bf16")),
+                    "mfu": None if mfu is not None and mfu > 1 else mfu, "mfu_above_ceiling": mfu is not None and mfu > 1,
                     "loss": tail(r), "loss_gap": gap, "precision": precision_of(rung),
                     "within": abs(gap) <= TOLERANCE[precision_of(rung)], "steady": r["steady"],
                     "gain": None if prev is None else protocol.ratio(prev, t),
@@ -150,7 +153,8 @@ def rung_sentence(row: dict) -> str:
     """What one rung's technique bought on this run, ranked only when the step times' IQRs do not overlap."""
     g = row["gain"]
     if g is None:
-        return f"baseline: {row['timing']} per step, {row['tokens_per_s']:.0f} tokens/s."
+        return (f"baseline: {row['timing']} per step, {row['tokens_per_s']:.0f} tokens/s"
+                + ("" if row["steady"] else "; " + unsteady(row)) + ".")
     what = f"{row['rung']} ({row['title']})"
     if not g.separated:
         verdict = f"{what}: within the noise of the rung before ({g}); this run cannot say it helped"
@@ -162,7 +166,13 @@ def rung_sentence(row: dict) -> str:
             f"allowed for {row['precision']}" if row["within"] else
             f"final loss {row['loss_gap']:+.2%} from the baseline's, OUTSIDE the {TOLERANCE[row['precision']]:.0e} "
             f"allowed for {row['precision']}")
-    return verdict + "; " + loss + ("" if row["steady"] else "; its last timed steps were not steady (within 25%)") + "."
+    return verdict + "; " + loss + ("" if row["steady"] else "; " + unsteady(row)) + "."
+
+
+def unsteady(row: dict) -> str:
+    """The warning a rung's sentence carries when its step times were widely spread or still drifting."""
+    return (f"its step times were widely spread or still drifting at the end (IQR ±{50 * row['timing'].spread:.0f}%), "
+            "so read its median with care")
 
 
 def multiply_rows(rungs: list[stack.Rung], table: list[dict], alone: dict[str, dict],
@@ -195,6 +205,9 @@ def multiply_sentence(mult: list[dict], table: list[dict]) -> str:
     prod = math.prod(m["alone"].value for m in mult)
     lo, hi = math.prod(m["alone"].lo for m in mult), math.prod(m["alone"].hi for m in mult)
     cum = table[-1]["cumulative"]
+    if hi > 10 * lo:
+        return (f"The gains alone multiply to {prod:.2f}x, but their spreads multiply to {lo:.2f}-{hi:.2f}x: too wide on "
+                f"this run to set beside the whole stack's {cum} over the baseline.")
     if hi < cum.lo:
         how = "the stack gave more than the product: together the techniques did better than alone"
     elif lo > cum.hi:
@@ -306,8 +319,9 @@ def stack_claims(ladders: dict[str, list[dict]], isolated: dict[str, dict], devi
         else:
             verdict, reason = _judge_range(g.value, min(g.lo, g.value), max(g.hi, g.value), lo, hi)
             if verdict != "not testable":
-                reason = ("in the stack a technique acts on what the rungs before it left, so its gain is of the "
-                          "whole step or reply, not of the kernel alone")
+                reason = (f"measured over the rung {rung} joins in the stack, as a gain of the whole "
+                          f"{'training step' if ladder == 'training' else 'reply'}, not of its kernel alone"
+                          + (f"; on {device}, with the course's small models" if device == "cpu" else ""))
         out.append(dict(claim_id=cid, notebook="14", claim=claim, source=source, measured=measured, value=g.value,
                         unit="x", verdict=verdict, reason=reason))
     return out
@@ -327,28 +341,38 @@ TARGETS = (
 )
 
 
-def target_rows(train: list[dict], serve: list[dict], batching: dict | None) -> list[dict]:
+def target_rows(train: list[dict], serve: list[dict], batching: dict | None, judged: bool = True) -> list[dict]:
     """Each of TARGETS with this run's measured value (None with the reason when its rung is not on this
-    device's ladders) and whether it was met: {"target", "goal", "source", "value", "met", "why"}."""
+    device's ladders), its range where it has one, and whether it was met: {"target", "goal", "source", "value",
+    "range" ((lo, hi) or None), "met", "why"}. met: True when the whole range is at or above the goal, False when
+    it is below, None when the range straddles the goal, nothing was measured, or `judged` is False (the targets
+    are the H200's)."""
     rows = {r["rung"]: r for r in train}
     srows = {r["rung"]: r for r in serve}
     bf16 = [r for r in train if r["precision"] == "bf16"]
     best = max(bf16, key=lambda r: r["tokens_per_s"]) if bf16 else None
-    got: list[tuple[float | None, str]] = [
-        (best["mfu"], "") if best and best["mfu"] is not None else
-        (None, "no bf16 rung" if not best else "no measured bf16 matmul ceiling"),
-        (rows["fp8"]["tokens_per_s"] / best["tokens_per_s"], "") if "fp8" in rows and best else
+    rr = lambda x: (x.value, (x.lo, x.hi))  # noqa: E731 - a Ratio as (value, range)
+    got: list[tuple[tuple | None, str]] = [
+        ((best["mfu"], None), "") if best and best["mfu"] is not None else
+        (None, "no bf16 rung" if not best else "no MFU: no measured bf16 matmul ceiling, or one measured low"),
+        (rr(protocol.ratio(best["timing"], rows["fp8"]["timing"])), "") if "fp8" in rows and best else
         (None, "no FP8 rung on this device" if "fp8" not in rows else "no bf16 rung"),
-        (train[-1]["cumulative"].value, ""),
-        (srows["compile"]["copy_share"], "") if "compile" in srows and srows["compile"]["copy_share"] is not None else
-        (None, "no compiled decode rung on this ladder"),
-        (srows["int4"]["gain"].value, "") if "int4" in srows and srows["int4"]["base"] == "compile" else
+        (rr(train[-1]["cumulative"]), ""),
+        ((srows["compile"]["copy_share"], None), "") if "compile" in srows and srows["compile"]["copy_share"] is not None
+        else (None, "no compiled decode rung on this ladder"),
+        (rr(srows["int4"]["gain"]), "") if "int4" in srows and srows["int4"]["base"] == "compile" else
         (None, "int4 does not stand on a compiled bf16 rung here"),
-        (srows["speculative"]["gain"].value, "") if "speculative" in srows else (None, "no speculative rung"),
-        (batching["speedup"], "") if batching else (None, "batching not measured"),
+        (rr(srows["speculative"]["gain"]), "") if "speculative" in srows else (None, "no speculative rung"),
+        ((batching["speedup"], tuple(batching["speedup_range"])), "") if batching else (None, "batching not measured"),
     ]
-    return [{"target": name, "goal": goal, "source": src, "value": v, "met": None if v is None else v >= goal,
-             "why": why} for (name, goal, src), (v, why) in zip(TARGETS, got)]
+    out = []
+    for (name, goal, src), (m, why) in zip(TARGETS, got):
+        value, span = m if m else (None, None)
+        lo, hi = span if span else (value, value)
+        met = None if value is None or not judged else True if lo >= goal else False if hi < goal else None
+        out.append({"target": name, "goal": goal, "source": src, "value": value, "range": span, "met": met,
+                    "why": why})
+    return out
 
 
 # ---------------------------------------------------------------- where each rung's step goes
@@ -388,7 +412,7 @@ def composition(cfg: GPTConfig, rungs: list[stack.Rung], batch: tuple[torch.Tens
     the seeded weights, one warm-up step, then `steps` profiled steps on `batch` (x, y), on `device`."""
     out = {}
     x, y = (t.to(device) for t in batch)
-    with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
+    with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT), bench.cpu_threads(device):
         for rung in rungs:
             built = stack.build(cfg, rung, device, micro_batches=micro_batches, lr=lr, seed=seed)
             out[rung.name] = profiling.category_shares(lambda b=built: b.step(x, y), step_part, steps=steps)
@@ -397,17 +421,17 @@ def composition(cfg: GPTConfig, rungs: list[stack.Rung], batch: tuple[torch.Tens
 
 def composition_figure(table: list[dict], comp: dict[str, profiling.Shares], ax=None,
                        title: str = "where each rung's step goes"):
-    """Stacked bars per rung: its median step time split by the profiled shares of PARTS (ms)."""
+    """Stacked bars per rung: the profiled self time of one step (ms) split into PARTS."""
     fig, ax = plots.axes(ax, title)
     names = [r["rung"] for r in table]
     bottom = [0.0] * len(names)
     for j, part in enumerate(PARTS):
-        ms = [1e3 * r["timing"].median * comp[r["rung"]].shares.get(part, 0.0) for r in table]
+        ms = [comp[r["rung"]].ms_per_step * comp[r["rung"]].shares.get(part, 0.0) for r in table]
         ax.bar(names, ms, bottom=bottom, label=part, color=plots.COLORS[j % len(plots.COLORS)])
         bottom = [b + m for b, m in zip(bottom, ms)]
-    ax.set(ylabel="ms per step (median, split by profiled share)", xlabel="rung")
+    ax.set(ylabel="profiled self time per step (ms)", xlabel="rung (the profiler adds its own overhead)")
     ax.tick_params(axis="x", rotation=30)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.tight_layout()
     return fig
 

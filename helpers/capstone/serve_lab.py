@@ -197,7 +197,8 @@ def waterfall(table: list[dict], ax=None, title: str = "serving ladder: tokens/s
     below its name."""
     fig = draw_waterfall([{**r, "rung": r["rung"] if r["base"] is None else f"{r['rung']}\n(on {r['base']})"}
                                   for r in table], ax=ax, title=title)
-    fig.axes[0].set(xlabel="rung (each adds one technique to the rung named under it)")
+    fig.axes[0].set(xlabel="rung (each adds one technique to the rung named under it); above each bar: its gain over the "
+                           "baseline")
     return fig
 
 
@@ -271,9 +272,9 @@ def alone_sentence(row: dict, stack_row: dict) -> str:
     ranked only beyond both spreads."""
     t, a, b = row["technique"], row["alone"], stack_row["gain"]
     if a.lo > b.hi:
-        rank = f"more alone ({a.value:.2f}x) than in the stack ({b.value:.2f}x on {stack_row['base']})"
+        rank = f"it did better alone ({a.value:.2f}x) than in the stack ({b.value:.2f}x on {stack_row['base']})"
     elif b.lo > a.hi:
-        rank = f"more in the stack ({b.value:.2f}x on {stack_row['base']}) than alone ({a.value:.2f}x)"
+        rank = f"it did better in the stack ({b.value:.2f}x on {stack_row['base']}) than alone ({a.value:.2f}x)"
     else:
         rank = f"alone ({a}) and in the stack ({b}) within each other's spread"
     if "bound_alone" in row:

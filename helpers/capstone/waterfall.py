@@ -17,7 +17,7 @@ def waterfall(table: list[dict], ax=None, title: str = "training ladder: tokens/
            capsize=3)
     for i, r in enumerate(table):
         ax.text(i, tps[i] + hi[i], f"{r['cumulative'].value:.2f}x", ha="center", va="bottom", fontsize=8)
-    ax.set(ylabel="tokens/s (median, IQR)", xlabel="rung (each adds one technique)")
+    ax.set(ylabel="tokens/s (median, IQR)", xlabel="rung (each adds one technique); above each bar: its gain over the baseline")
     ax.tick_params(axis="x", rotation=30)
     fig.tight_layout()
     return fig
