@@ -84,7 +84,8 @@ def test_report_renders_ledger_sections_and_figures(browser_requirements, browse
         page.goto(report_page.as_uri())
         page.wait_for_load_state("load")
         headings = page.locator("h2").all_inner_texts()
-        assert headings[:3] == ["Measurement conditions", "Claims ledger", "Your device vs reference"], headings
+        assert headings[:4] == ["The course in one picture", "Measurement conditions", "Claims ledger",
+                                "Your device vs reference"], headings
         ledger = page.locator("h2:has-text('Claims ledger') ~ div.scroll table").first
         rows = ledger.locator("tr").all_inner_texts()
         assert any("claim gap" in r and "contradicted" in r and "CPU: fixture" in r for r in rows), rows
