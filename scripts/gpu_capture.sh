@@ -22,6 +22,12 @@ SMOKE_BUDGET_S="${SMOKE_BUDGET_S:-240}"
 START_S=$(date +%s)
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 TRITON_DEFAULT_FP_FUSION=1 MPLBACKEND=Agg
+# one cache for the whole capture, outside $OUT (only the listed files come back): the trained models the goals
+# and the notebooks load (helpers.gpt.pretrained), Inductor's compiled graphs and Triton's kernels, so that a
+# graph or model one step made is not made again by the next (while the machine stays warm between calls too)
+export COURSE_CACHE_DIR="${COURSE_CACHE_DIR:-${TMPDIR:-/tmp}/course-cache}"
+export TORCHINDUCTOR_CACHE_DIR="${TORCHINDUCTOR_CACHE_DIR:-$COURSE_CACHE_DIR/inductor}"
+export TRITON_CACHE_DIR="${TRITON_CACHE_DIR:-$COURSE_CACHE_DIR/triton}"
 if ls .whl/*.whl >/dev/null 2>&1; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
         || { echo "installing the carried wheels failed"; exit 1; }
@@ -47,7 +53,7 @@ if [ "${SMOKE_BUDGET_S%.*}" -gt 0 ]; then  # step 0: does every notebook run on 
     fi
 fi
 if [ "${GOALS_BUDGET_S%.*}" -gt 0 ]; then  # then the goals: one goals.json, rewritten after each goal
-    python3 -m helpers.course.goals run --out "$OUT" --cache-dir "${TMPDIR:-/tmp}/goals-cache" --budget-s "$GOALS_BUDGET_S" \
+    python3 -m helpers.course.goals run --out "$OUT" --cache-dir "$COURSE_CACHE_DIR" --budget-s "$GOALS_BUDGET_S" \
         --profile "$PROFILE" 2>&1 | tee -a "$OUT/capture.log"
     goals_status=${PIPESTATUS[0]}
     [ "$goals_status" -ne 0 ] && status=$goals_status
