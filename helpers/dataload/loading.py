@@ -258,6 +258,28 @@ def train_step(model, batch: packing.Batch, optimizer, mask: bool) -> None:
 
 # ---------------------------------------------------------------- host memory for pinned copies
 
+def sync(device: str) -> None:
+    """Wait for `device`'s queued work (CUDA); nothing on a CPU, whose ops return when done."""
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def timed_step(model, it, optimizer, *, device: str = "cpu", mask: bool = False,
+               non_blocking: bool = False) -> tuple[float, float, float, int]:
+    """One `train_step` on the next batch of `it`: (wait, copy, compute) seconds, each closed by a device sync,
+    and the batch's real tokens. Raises StopIteration when `it` is exhausted."""
+    t0 = time.perf_counter()
+    batch = next(it)
+    t1 = time.perf_counter()
+    batch = batch.to(device, non_blocking=non_blocking)
+    sync(device)
+    t2 = time.perf_counter()
+    train_step(model, batch, optimizer, mask)
+    sync(device)
+    t3 = time.perf_counter()
+    return t1 - t0, t2 - t1, t3 - t2, batch.tokens
+
+
 def host_buffer(nbytes: int) -> torch.Tensor:
     """A pageable uint8 CPU tensor of `nbytes` bytes, every byte written (set to 1).
 

@@ -62,11 +62,6 @@ class Breakdown:
         return self.tokens / self.seconds if self.seconds > 0 else 0.0
 
 
-def _sync(device: str) -> None:
-    if device == "cuda":
-        torch.cuda.synchronize()
-
-
 def step_breakdown(model, batches: Iterable[packing.Batch], *, steps: int, warmup: int = 1, device: str = "cpu",
                    mask: bool = False, non_blocking: bool = False, lr: float = 1e-3) -> Breakdown:
     """Train `warmup + steps` steps from `batches` and time the last `steps`: wait, copy and compute per step.
@@ -86,25 +81,18 @@ def step_breakdown(model, batches: Iterable[packing.Batch], *, steps: int, warmu
     start = None
     for i in range(warmup + steps):
         if i == warmup:
-            _sync(device)
+            loading.sync(device)
             start = time.perf_counter()
-        t0 = time.perf_counter()
         try:
-            batch = next(it)
+            wait, copy, compute, n = loading.timed_step(model, it, opt, device=device, mask=mask,
+                                                        non_blocking=non_blocking)
         except StopIteration:
             raise ValueError(f"the loader ran out after {i} batches; {warmup + steps} were asked for") from None
-        t1 = time.perf_counter()
-        batch = batch.to(device, non_blocking=non_blocking)
-        _sync(device)
-        t2 = time.perf_counter()
-        loading.train_step(model, batch, opt, mask)
-        _sync(device)
-        t3 = time.perf_counter()
         if i >= warmup:
-            waits.append(t1 - t0)
-            copies.append(t2 - t1)
-            computes.append(t3 - t2)
-            tokens += batch.tokens
+            waits.append(wait)
+            copies.append(copy)
+            computes.append(compute)
+            tokens += n
     seconds = time.perf_counter() - start
     med = lambda xs: float(np.median(xs))  # noqa: E731
     return Breakdown(med(waits), med(copies), med(computes), tokens, seconds, steps, waits)

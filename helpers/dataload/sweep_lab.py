@@ -24,11 +24,6 @@ from helpers.measure.params import positive
 MAX_WARMUP_STEPS = 6  # steps a block may spend warming up before its timed steps
 
 
-def _sync(device: str) -> None:
-    if device == "cuda":
-        torch.cuda.synchronize()
-
-
 # ---------------------------------------------------------------- one block of training steps from a source
 
 def cycle(make_batches: Callable[[], Iterable[packing.Batch]]) -> Iterator[packing.Batch]:
@@ -43,19 +38,7 @@ def cycle(make_batches: Callable[[], Iterable[packing.Batch]]) -> Iterator[packi
             raise ValueError("the loader gave no batch at all")
 
 
-def timed_step(model, it: Iterator[packing.Batch], optimizer, *, device: str = "cpu", mask: bool = False,
-               non_blocking: bool = False) -> tuple[float, float, float, int]:
-    """One training step from `it`: (wait, copy, compute) seconds, each closed by a device sync, and real tokens."""
-    t0 = time.perf_counter()
-    batch = next(it)
-    t1 = time.perf_counter()
-    batch = batch.to(device, non_blocking=non_blocking)
-    _sync(device)
-    t2 = time.perf_counter()
-    loading.train_step(model, batch, optimizer, mask)
-    _sync(device)
-    t3 = time.perf_counter()
-    return t1 - t0, t2 - t1, t3 - t2, batch.tokens
+timed_step = loading.timed_step  # one training step timed in parts, as notebook 12 measures it
 
 
 @dataclass
@@ -194,11 +177,7 @@ def sweep_protocol(model, sources: dict[str, Source], *, steps: int, device: str
     """
     if not sources:
         raise ValueError("sources is empty: give at least one {name: Source}")
-    positive("min_rounds", min_rounds)
-    if max_rounds < min_rounds:
-        raise ValueError(f"max_rounds={max_rounds!r} must be at least min_rounds={min_rounds}")
-    if not budget_s > 0:
-        raise ValueError(f"budget_s={budget_s!r} must be a positive number of seconds")
+    protocol.check_rounds("min_rounds", min_rounds, "max_rounds", max_rounds, budget_s)
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
     names = list(sources)
     steps_of: dict[str, list[tuple]] = {n: [] for n in names}

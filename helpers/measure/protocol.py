@@ -128,6 +128,16 @@ class Comparison:
                 f"stopped: {self.stopped}")
 
 
+def check_rounds(min_name: str, min_value, max_name: str, max_value, budget_s) -> None:
+    """The arguments every round-based comparison takes, validated alike: a positive int of rounds at least,
+    no fewer at most, and a positive budget in seconds. Raises ValueError naming the bad one."""
+    positive(min_name, min_value)
+    if max_value < min_value:
+        raise ValueError(f"{max_name}={max_value!r} must be at least {min_name}={min_value}")
+    if not budget_s > 0:
+        raise ValueError(f"budget_s={budget_s!r} must be a positive number of seconds")
+
+
 def compare(fns: dict[str, Callable[[], Any]], *, device: str | None = None, timer: Timer | None = None,
             min_reps: int = 5, max_reps: int = 30, target_spread: float = 0.05, budget_s: float = 10.0,
             warmup_tol: float = 0.15, max_warmup: int = 20, confirm: int = 3,
@@ -143,11 +153,7 @@ def compare(fns: dict[str, Callable[[], Any]], *, device: str | None = None, tim
     """
     if not fns:
         raise ValueError("fns is empty: give at least one {name: callable}")
-    positive("min_reps", min_reps)
-    if max_reps < min_reps:
-        raise ValueError(f"max_reps={max_reps!r} must be at least min_reps={min_reps}")
-    if not budget_s > 0:
-        raise ValueError(f"budget_s={budget_s!r} must be a positive number of seconds")
+    check_rounds("min_reps", min_reps, "max_reps", max_reps, budget_s)
     positive("confirm", confirm)
     timer = timer or device_timer(device)
     dev = bench.resolve_device(device)
