@@ -20,6 +20,7 @@ import torch
 from helpers.capstone import serve_lab, stack
 from helpers.capstone.waterfall import waterfall  # noqa: F401 - the notebook draws it from here
 from helpers.cost import flops
+from helpers.decode.spec_lab import judge_range  # the one range-judging rule the ledger uses
 from helpers.gpt.model import PRESETS, GPTConfig
 from helpers.measure import bench, params, profiling, protocol
 from helpers.measure.bench import Timing
@@ -286,12 +287,6 @@ STACK_CLAIMS = (
 )
 
 
-def _judge_range(value: float, lo: float, hi: float, claim_lo: float, claim_hi: float | None) -> tuple[str, str]:
-    from helpers.decode.spec_lab import judge_range  # the one range-judging rule the ledger uses
-
-    return judge_range(value, lo, hi, claim_lo, claim_hi)
-
-
 def stack_claims(ladders: dict[str, list[dict]], isolated: dict[str, dict], device: str,
                  left_out: dict[str, dict[str, str]]) -> list[dict]:
     """`claims.verdict`'s keyword arguments (notebook "14") for each of STACK_CLAIMS: the claim judged on its rung's
@@ -317,7 +312,7 @@ def stack_claims(ladders: dict[str, list[dict]], isolated: dict[str, dict], devi
         if device == "cpu" and ladder == "training":
             verdict, reason = "not testable", "the claim is about GPU kernels (tensor cores, HBM traffic); this run has a CPU"
         else:
-            verdict, reason = _judge_range(g.value, min(g.lo, g.value), max(g.hi, g.value), lo, hi)
+            verdict, reason = judge_range(g.value, min(g.lo, g.value), max(g.hi, g.value), lo, hi)
             if verdict != "not testable":
                 reason = (f"measured over the rung {rung} joins in the stack, as a gain of the whole "
                           f"{'training step' if ladder == 'training' else 'reply'}, not of its kernel alone"

@@ -16,10 +16,9 @@ from helpers.capstone.waterfall import waterfall as draw_waterfall
 from helpers.capstone.serve_stack import Decoder, ServeRung
 from helpers.decode import serving_lab
 from helpers.gpt.model import PRESETS, GPTConfig
-from helpers.lowbit.quant_lab import NOISE_K, loss_gap
+from helpers.lowbit.quant_lab import NOISE_K, loss_gap, window_losses
 from helpers.measure import params, protocol
 from helpers.measure.bench import Timing
-from helpers.show import plots
 
 GB = 1e9
 
@@ -97,7 +96,7 @@ def held_out(decoders: dict[str, Decoder], tokens: torch.Tensor, *, batches: int
             out[name] = out[seen[id(d.model)]]
             continue
         seen[id(d.model)] = name
-        w = serve_stack.held_out_windows(d.model, tokens, batches=batches, batch=8, seq_len=seq_len)
+        w = window_losses(d.model, tokens, batches=batches, batch=8, seq_len=seq_len)  # notebook 08's, in fp32
         out[name] = {"windows": w, "loss": float(w.mean())}
     ref = out[next(iter(decoders))]["windows"]
     for r in out.values():

@@ -100,15 +100,6 @@ def ladder(device: str, techniques: Iterable[str] = TECHNIQUES) -> tuple[list[Se
     return list(rungs.values()), left
 
 
-@torch.no_grad()
-def held_out_windows(model: GPT, tokens: torch.Tensor, *, batches: int, batch: int, seq_len: int) -> torch.Tensor:
-    """Cross-entropy (nats/byte) of `model` on fixed held-out windows (seeded draws, the same for every model),
-    logits taken in fp32: a float64 tensor of batches * batch values (helpers.lowbit.quant_lab.window_losses)."""
-    from helpers.lowbit.quant_lab import window_losses  # the one implementation notebook 08 measures with
-
-    return window_losses(model, tokens, batches=batches, batch=batch, seq_len=seq_len)
-
-
 @dataclass
 class Decoder:
     """What one rung decodes with: `generate(prompt (T,) int64) -> (n,) int64 tokens` on the model's device,
