@@ -202,3 +202,19 @@ def test_composition_profiles_each_rung_built_afresh():
 def test_the_attention_row_is_left_out_on_a_cpu_with_its_reason():
     rows, sentence = capstone_lab.attention_rows(CFG, stack.ladder("cpu"), [], "cpu", micro_batches=2, lr=1e-3, warmup=1)
     assert rows is None and "not run" in sentence and "interpreter" in sentence
+
+
+def test_multiply_rows_set_each_gain_alone_beside_its_gain_on_the_rung_it_joined():
+    from helpers.measure.profiling import Shares
+
+    rungs = [stack.Rung("baseline", frozenset()), stack.Rung("sdpa", frozenset({"sdpa"})),
+             stack.Rung("fused_adamw", frozenset({"sdpa", "fused_adamw"}))]
+    base = _t(1.0)
+    table = [_row("baseline", base, base=base), _row("sdpa", _t(0.9), base, base), _row("fused_adamw", _t(0.8), _t(0.9), base)]
+    alone = {"baseline": {"timing": base}, "sdpa alone": {"timing": _t(0.5)}, "fused_adamw alone": {"timing": _t(0.9)}}
+    comp = {n: Shares({"attention": 0.4, "optimizer": 0.1, "rest": 0.5}, 10.0, "cpu") for n in ("baseline", "sdpa")}
+    rows = capstone_lab.multiply_rows(rungs, table, alone, comp)
+    assert [r["technique"] for r in rows] == ["sdpa", "fused_adamw"]
+    assert rows[0]["alone"].value == pytest.approx(2.0) and rows[0]["in_stack"].value == pytest.approx(1 / 0.9)
+    assert "bought less in the stack" in rows[0]["sentence"] and "the rung it joined (baseline)" in rows[0]["sentence"]
+    assert "the rung it joined (sdpa)" in rows[1]["sentence"]

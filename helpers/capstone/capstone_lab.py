@@ -177,26 +177,17 @@ def unsteady(row: dict) -> str:
 
 
 def multiply_rows(rungs: list[stack.Rung], table: list[dict], alone: dict[str, dict],
-                  comp: dict[str, profiling.Shares] | None = None) -> list[dict]:
+                  comp: dict[str, profiling.Shares]) -> list[dict]:
     """Per technique: its gain alone on the baseline (from `run_ladder` over the baseline and the rungs
-    "<technique> alone") beside its gain where it sits in the stack (`table`'s rung-over-rung gain), and one
-    sentence that says how they differ, ranked only beyond both spreads; with `comp` (`composition` of the
-    ladder's rungs) the sentence says why, from the share of the step the technique acts on."""
+    "<technique> alone") beside its gain where it sits in the stack (`table`'s rung-over-rung gain), and the
+    sentence (`why_sentence`, from `comp`, the `composition` of the ladder's rungs) that says why they differ,
+    ranked only beyond both spreads."""
     base = alone[rungs[0].name]["timing"]
     out = []
     for i, (rung, row) in enumerate(zip(rungs[1:], table[1:])):
         a, b = protocol.ratio(base, alone[f"{rung.name} alone"]["timing"]), row["gain"]
-        if comp is not None:
-            s = why_sentence(rung.name, rungs[i].name, comp, a, b)
-        elif a.lo > b.hi:
-            s = (f"{rung.name} bought less in the stack ({b.value:.2f}x) than alone ({a.value:.2f}x): the rungs before "
-                 "it changed the step it acts on (what it speeds up became a smaller share of it, or was done already)")
-        elif b.lo > a.hi:
-            s = (f"{rung.name} bought more in the stack ({b.value:.2f}x) than alone ({a.value:.2f}x): the rungs before "
-                 "it made what it speeds up a larger share of the step")
-        else:
-            s = f"{rung.name}: alone and in the stack within each other's spread; this run shows no interaction"
-        out.append({"technique": rung.name, "alone": a, "in_stack": b, "sentence": s})
+        out.append({"technique": rung.name, "alone": a, "in_stack": b,
+                    "sentence": why_sentence(rung.name, rungs[i].name, comp, a, b)})
     return out
 
 
