@@ -337,9 +337,9 @@ def resolve_parameters(S: params.Setup, *, MODEL, ROW_LEN, N_DOCS, MEDIAN_LEN, L
            "LATENCY_MS": R("LATENCY_MS", LATENCY_MS, smoke=10.0, full=0.5, check=check_nonnegative),
            "BATCH": R("BATCH", BATCH, smoke=8, full=64, check=params.positive),
            "WORKERS": R("WORKERS", WORKERS, smoke=[0, 2], full=[0, 2, 4, 8], check=check_worker_counts),
-           "PREFETCH": R("PREFETCH", PREFETCH, smoke=[2, 4], full=[1, 2, 4, 8], check=params.positives),
-           "BATCHES": R("BATCHES", BATCHES, smoke=[4, 16], full=[16, 64, 256], check=params.positives),
-           "STEPS": R("STEPS", STEPS, smoke=4, full=30, check=params.positive),
+           "PREFETCH": R("PREFETCH", PREFETCH, smoke=[2, 4], full=[1, 2, 8], check=params.positives),
+           "BATCHES": R("BATCHES", BATCHES, smoke=[4, 16], full=[64, 256], check=params.positives),
+           "STEPS": R("STEPS", STEPS, smoke=4, full=20, check=params.positive),
            "REPS": R("REPS", REPS, smoke=8, full=20, check=params.positive)}
     row_len, n_docs, median = out["ROW_LEN"], out["N_DOCS"], out["MEDIAN_LEN"]
     if row_len < MIN_DOC:

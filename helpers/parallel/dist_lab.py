@@ -703,12 +703,13 @@ def pipeline_row(kind: str, micro: int, stages: int, runs: list[list[dict]]) -> 
 
 def measure_pipeline(rank: int, world: int, micros: list[int], forward_ms: float, rounds: int = 5) -> list[dict] | None:
     """GPipe and 1F1B on `world` stages for each micro-batch count, `rounds` interleaved rounds (one run of
-    every configuration per round, their order rotated) after one warm-up run each; rank 0 gets
-    `pipeline_row` for each configuration."""
+    every configuration per round, their order rotated) after one warm-up run of each schedule at the fewest
+    micro-batches (its first sends set up the connections both ways between neighbours; a larger m sends the
+    same messages, only more of them); rank 0 gets `pipeline_row` for each configuration."""
     configs = [(kind, m) for kind in ("gpipe", "1f1b") for m in micros]
     runs: dict[tuple, list] = {c: [] for c in configs}
-    for c in configs:
-        run_pipeline(rank, world, c[0], c[1], forward_ms)  # warm-up: first sends set up the connections
+    for kind in ("gpipe", "1f1b"):
+        run_pipeline(rank, world, kind, min(micros), forward_ms)
     for k in range(rounds):
         for c in configs[k % len(configs):] + configs[:k % len(configs)]:
             r = run_pipeline(rank, world, c[0], c[1], forward_ms)
@@ -915,9 +916,9 @@ def resolve_parameters(S: params.Setup, *, WORLD_SIZE, MEMORY_RANKS, MSG_SIZES, 
            "MEMORY_RANKS": R("MEMORY_RANKS", MEMORY_RANKS, smoke=[2], full=[2, 4], check=positive_ints),
            "MSG_SIZES": R("MSG_SIZES", MSG_SIZES, smoke=[2 ** k for k in (10, 14, 18, 22)],
                           full=[2 ** k for k in range(10, 25, 2)], check=message_sizes),
-           "REPS": R("REPS", REPS, smoke=5, full=10, check=params.positive),
+           "REPS": R("REPS", REPS, smoke=5, full=5, check=params.positive),
            "DDP_WIDTH": R("DDP_WIDTH", DDP_WIDTH, smoke=1024, full=1024, check=params.positive),
-           "DDP_ROWS": R("DDP_ROWS", DDP_ROWS, smoke=[4, 32], full=[16, 64, 128], check=positive_ints),
+           "DDP_ROWS": R("DDP_ROWS", DDP_ROWS, smoke=[4, 32], full=[16, 128], check=positive_ints),
            "MICROS": R("MICROS", MICROS, smoke=[1, 2, 4, 8], full=[1, 4, 16], check=positive_ints),
            "STAGE_MS": R("STAGE_MS", STAGE_MS, smoke=10.0, full=10.0, check=positive_number),
            "MEMORY_MODEL": R("MEMORY_MODEL", MEMORY_MODEL, smoke="tiny", full="small10m",
