@@ -384,6 +384,17 @@ def test_gpt_steps_times_every_variant_or_says_why():
     assert next(base.parameters()).dtype == torch.float32  # the base model is left as it was
 
 
+def test_gpt_steps_compiles_each_block_not_the_whole_model(monkeypatch):
+    compiled = []
+    monkeypatch.setattr(torch.nn.Module, "compile", lambda self, *a, **k: compiled.append(type(self).__name__))
+    monkeypatch.setattr(torch, "compile", lambda *a, **k: pytest.fail("the whole model was compiled"))
+    base = GPT(GPTConfig(n_layer=2, n_head=2, d_model=32, d_ff=64, seq_len=16))
+    x = torch.randint(0, 256, (2, 16))
+    out = fp8_lab.gpt_steps(base, x, x, reps=1, compile=True, with_torchao=False)
+    assert out["failed"] == [] and out["bf16"] > 0 and out["ours rowwise"] > 0
+    assert compiled == ["Block"] * 4  # two blocks in each of the two variants
+
+
 def test_gpt_steps_skips_just_the_torchao_recipe_that_cannot_run(monkeypatch):
     if fp8.import_torchao()[0] is None:
         pytest.skip(fp8.import_torchao()[1])
