@@ -108,6 +108,8 @@ def test_full_profile_on_cuda_times_two_modes_traces_regions_and_says_what_it_le
     P = compile_lab.resolve_parameters(full("cuda"), **base)  # resolving needs no GPU
     assert P["MODES"] == ["default", "reduce-overhead"] and P["REGIONAL_BACKEND"] == "aot_eager"
     assert P["SOFTMAX_COLS"] == [256, 4096, 16384] and P["COLS"] in P["SOFTMAX_COLS"]  # 4096: the workloads' own
+    assert (P["MODEL"], P["N_LAYER"], P["REGIONAL_LAYERS"]) == ("small10m", 3, 6)  # whole-model compiles at half depth
+    assert compile_lab.resolve_parameters(full("cuda"), **(base | {"MODEL": "tiny"}))["N_LAYER"] == 2  # the preset's
     assert compile_lab.resolve_parameters(full("cuda"), **(base | {"MODES": list(compile_lab.ALL_MODES)}))["MODES"] == \
         list(compile_lab.ALL_MODES)  # max-autotune stays one parameter away
     assert compile_lab.resolve_parameters(full("cpu"), **base)["MODES"] == ["default"]

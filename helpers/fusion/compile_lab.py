@@ -93,7 +93,9 @@ def resolve_parameters(S: params.Setup, *, ROWS, COLS, DTYPE, REPS, SOFTMAX_COLS
     out["SOFTMAX_COLS"] = R("SOFTMAX_COLS", SOFTMAX_COLS, smoke=[out["COLS"]], full=[256, 4096, 16384],
                             check=params.positives)
     out["MODEL"] = R("MODEL", MODEL, smoke="tiny", full="small10m", check=lambda n, v: params.choose(n, v, PRESETS))
-    out["N_LAYER"] = R("N_LAYER", N_LAYER, smoke=1, full=PRESETS[out["MODEL"]]["n_layer"], check=params.positive)
+    # full: 3 layers of the preset (small10m has 6): a whole-model compile's time grows with the layers it traces,
+    # while every layer is the same block, so what compiling buys per step is the blocks' and stays
+    out["N_LAYER"] = R("N_LAYER", N_LAYER, smoke=1, full=min(3, PRESETS[out["MODEL"]]["n_layer"]), check=params.positive)
     out["BATCH"] = R("BATCH", BATCH, smoke=4, full=16, check=params.positive)
     out["SEQ_LEN"] = R("SEQ_LEN", SEQ_LEN, smoke=32, full=256, check=params.positive)
     # full on CUDA: no max-autotune (`modes_note` says why; MODES=ALL_MODES adds it); smoke walks every mode
