@@ -217,3 +217,14 @@ def test_notebook_03_defaults_and_an_int_scale(tmp_path, capsys):
     assert ns["INIT_SCALE"] == 65536.0 and isinstance(ns["INIT_SCALE"], float)
     assert ns["GROWTH_INTERVAL"] == ns["STEPS"] == 12 and ns["LOG2_SCALES"] == [0, 4, 8, 12, 16, 20, 24]
     assert _validate_nb03(tmp_path)["INIT_SCALE"] == 2.0**12
+
+
+def test_the_full_profile_trains_long_enough_for_two_growth_probes(tmp_path):
+    from helpers.measure import params
+
+    S = params.Setup(profile="full", device="cuda", seed=0, interactive=False, results_dir=tmp_path)
+    P = precision_lab.resolve_parameters(S, MODEL=None, BATCH=None, SEQ_LEN=None, STEPS=None, LR=None,
+                                         INIT_SCALE=None, GROWTH_INTERVAL=None, LOG2_SCALES=None, REPS=None,
+                                         CPU_THREADS=None)
+    assert (P["MODEL"], P["BATCH"], P["SEQ_LEN"], P["STEPS"]) == ("gpt2", 16, 512, 120)
+    assert P["STEPS"] // P["GROWTH_INTERVAL"] == 2  # the scaler tries to grow twice (steps 50 and 100)

@@ -50,7 +50,7 @@ def resolve_parameters(S: params.Setup, *, MODEL, BATCH, SEQ_LEN, STEPS, LR, INI
     out = {"MODEL": R("MODEL", MODEL, smoke="tiny", full="gpt2", check=lambda n, v: params.choose(n, v, PRESETS)),
            "BATCH": R("BATCH", BATCH, smoke=4, full=16, check=params.positive),
            "SEQ_LEN": R("SEQ_LEN", SEQ_LEN, smoke=32, full=512, check=params.positive),
-           "STEPS": R("STEPS", STEPS, smoke=12, full=200, check=params.positive)}
+           "STEPS": R("STEPS", STEPS, smoke=12, full=120, check=params.positive)}
     out["LR"] = R("LR", LR, smoke=1e-3, full=3e-4, check=params.positive_number)
     out["INIT_SCALE"] = R("INIT_SCALE", INIT_SCALE, smoke=2.0**12, full=2.0**16, check=_loss_scale)
     out["GROWTH_INTERVAL"] = R("GROWTH_INTERVAL", GROWTH_INTERVAL, smoke=out["STEPS"], full=50, check=params.positive)
