@@ -3,7 +3,8 @@
 # (scripts/gpu_wheels.sh, run here first). One call, in this order:
 #   0. the smoke pass: every notebook at smoke sizes on the GPU, 4 at a time (SMOKE_BUDGET_S, default 240;
 #      0 skips it): helpers.course.gpu_smoke writes $OUT/smoke.tgz (gpu-smoke.json, failed notebooks' copies);
-#   1. the performance goals (GOALS_BUDGET_S, default 300; 0 skips them): helpers.course.goals, $OUT/goals.json;
+#   1. the performance goals (GOALS_BUDGET_S, default: what the smoke pass left of BUDGET_S, ~300 s; 0 skips
+#      them): helpers.course.goals, $OUT/goals.json;
 #   2. full-profile references with what is left of BUDGET_S (default 540): helpers.course.capture orders the
 #      notebooks (no reference first, then the oldest), starts one only if its estimate fits, stops one
 #      that overruns, and packs each as it finishes into $OUT/capture-<k>.tgz.
@@ -17,7 +18,7 @@ set -uo pipefail
 OUT="${OUT:-runs/gpu_capture}"
 PROFILE="${PROFILE:-full}"
 BUDGET_S="${BUDGET_S:-540}"
-GOALS_BUDGET_S="${GOALS_BUDGET_S:-300}"
+GOALS_BUDGET_S="${GOALS_BUDGET_S:-rest}"  # rest: BUDGET_S less what the smoke pass took
 SMOKE_BUDGET_S="${SMOKE_BUDGET_S:-240}"
 START_S=$(date +%s)
 mkdir -p "$OUT"
@@ -52,7 +53,11 @@ if [ "${SMOKE_BUDGET_S%.*}" -gt 0 ]; then  # step 0: does every notebook run on 
         status=1
     fi
 fi
-if [ "${GOALS_BUDGET_S%.*}" -gt 0 ]; then  # then the goals: one goals.json, rewritten after each goal
+if [ "$GOALS_BUDGET_S" = rest ]; then
+    GOALS_BUDGET_S=$(( ${BUDGET_S%.*} - ($(date +%s) - START_S) ))
+    [ "$GOALS_BUDGET_S" -lt 0 ] && GOALS_BUDGET_S=0
+fi
+if [ "${GOALS_BUDGET_S%.*}" -gt 30 ]; then  # then the goals: one goals.json, rewritten after each goal
     python3 -m helpers.course.goals run --out "$OUT" --cache-dir "$COURSE_CACHE_DIR" --budget-s "$GOALS_BUDGET_S" \
         --profile "$PROFILE" 2>&1 | tee -a "$OUT/capture.log"
     goals_status=${PIPESTATUS[0]}

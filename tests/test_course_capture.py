@@ -165,7 +165,29 @@ def test_plan_prints_the_measured_seconds_beside_each_estimate_and_flags_one_far
     assert "25 s estimated, 20.0 s measured" in by_nb["00"] and "+25%" in by_nb["00"] and "OFF" not in by_nb["00"]
     assert "20 s estimated, 100.0 s measured" in by_nb["01"] and "-80%" in by_nb["01"] and "OFF BY MORE" in by_nb["01"]
     assert "50 s estimated, not measured yet" in by_nb["02"]
-    assert lines[-1].startswith("total 95 s") and lines[-1].endswith(": 01")
+    total = next(line for line in lines if line.startswith("total"))
+    assert total.startswith("total 95 s") and total.endswith(": 01")
+    assert lines[-1].startswith("left for a later window") or lines[-1].startswith("every notebook")
+
+
+def test_the_call_plan_takes_what_fits_in_order_and_skips_what_does_not():
+    est = {"a": (40.0, ""), "b": (70.0, ""), "c": (30.0, ""), "d": (60.0, "")}
+    calls, left = C.call_plan(["a", "b", "c", "d", "e"], est, [100.0, 95.0], margin_s=10.0)
+    assert calls == [["a", "c"], ["b"]]  # 90 s: a, then c (b does not fit); 85 s: b, then d does not fit
+    assert left == ["d", "e"]  # e has no estimate: never started
+    lines = C.call_plan_lines(["a", "b"], est, (("first", 70.0), ("second", 100.0)))  # less 25 s each
+    assert lines[0] == "first (70 s for references): a, 40 s estimated"
+    assert lines[1] == "second (100 s for references): b, 70 s estimated"
+    assert lines[-1] == "every notebook above is captured in these 2 calls"
+    assert C.call_plan_lines(["b"], est, (("only", 50.0),))[-1] == "left for a later window: b"
+
+
+def test_the_whole_course_fits_its_limit_and_two_windows_capture_what_has_no_reference():
+    assert sum(est for est, _ in C.ESTIMATES.values()) <= C.COURSE_LIMIT_S
+    order = C.priority(C.available_notebooks(), C.load_index(C.ESTIMATED_ON))
+    missing = [nb for nb in order if not C.load_index(C.ESTIMATED_ON).get(nb, {}).get("date")]
+    calls, left = C.call_plan(order, C.ESTIMATES, [b for _, b in C.CALLS])
+    assert not set(missing) & set(left), f"no call of the two windows takes {sorted(set(missing) & set(left))}"
 
 
 @pytest.mark.notebook

@@ -35,7 +35,7 @@ def test_every_goal_is_registered_once_under_its_notebook_with_an_estimate():
     assert all(g.key.startswith(g.notebook + ".") for g in G.GOALS)
     assert all(g.estimate_s > 0 and g.basis and g.title and g.fn.__doc__.startswith(g.key + ":") for g in G.GOALS)
     assert not any(g.fn.__name__.startswith("g") and g.fn.__name__[1:3].isdigit() for g in G.GOALS)
-    # near the 360 s the capture gives the goals by default, apart from the last (08.compiled_decode),
+    # near what a 540 s call leaves the goals after the smoke pass, apart from the last (08.compiled_decode),
     # which runs where a call gives the goals the whole 540 s (GOALS_BUDGET_S=540)
     assert sum(g.estimate_s for g in G.GOALS if g.key != G.ORDER[-1]) <= 420
     assert sum(g.estimate_s for g in G.GOALS) <= 540

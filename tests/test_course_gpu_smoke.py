@@ -149,4 +149,37 @@ def test_the_capture_script_runs_the_smoke_pass_first_then_the_goals_then_the_re
     steps = [body.index(s) for s in ("helpers.course.gpu_smoke run", "helpers.course.goals run",
                                      "helpers.course.capture run")]
     assert steps == sorted(steps)
-    assert 'SMOKE_BUDGET_S="${SMOKE_BUDGET_S:-240}"' in body and 'GOALS_BUDGET_S="${GOALS_BUDGET_S:-300}"' in body
+    assert 'SMOKE_BUDGET_S="${SMOKE_BUDGET_S:-240}"' in body and 'GOALS_BUDGET_S="${GOALS_BUDGET_S:-rest}"' in body
+
+
+def _fake_capture(tmp_path, env_extra):
+    """Run scripts/gpu_capture.sh with a python3 on PATH that only logs its arguments (and answers every
+    import check yes): [(the module run, its --budget-s)] in the order the script called them."""
+    import os
+    import subprocess
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(parents=True)
+    log = tmp_path / "calls.log"
+    (bin_dir / "python3").write_text(f'#!/bin/sh\necho "$@" >> {log}\nexit 0\n')
+    (bin_dir / "python3").chmod(0o755)
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(tmp_path), "OUT": str(tmp_path / "out"), **env_extra}
+    subprocess.run(["bash", str(root / "scripts" / "gpu_capture.sh")], cwd=tmp_path, env=env, check=True,
+                   capture_output=True, timeout=60)
+    calls = []
+    for line in log.read_text().splitlines():
+        words = line.split()
+        if words[:2] == ["-m", words[1]] and "run" in words:
+            calls.append((words[1], float(words[words.index("--budget-s") + 1])))
+    return calls
+
+
+def test_the_goals_get_what_the_smoke_pass_left_of_the_call_and_references_run_in_the_second_call(tmp_path):
+    calls = _fake_capture(tmp_path / "one", {"BUDGET_S": "540"})
+    # the fake smoke pass and goals take no time, so the goals get the whole rest and the references what they left
+    assert [m for m, _ in calls] == ["helpers.course.gpu_smoke", "helpers.course.goals", "helpers.course.capture"]
+    assert calls[0][1] == 240 and 535 <= calls[1][1] <= 540 and calls[2][1] <= calls[1][1]
+    calls = _fake_capture(tmp_path / "two", {"BUDGET_S": "260", "SMOKE_BUDGET_S": "0", "GOALS_BUDGET_S": "0"})
+    assert [m for m, _ in calls] == ["helpers.course.capture"] and 255 <= calls[0][1] <= 260

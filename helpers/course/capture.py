@@ -70,36 +70,37 @@ OFF_LIMIT = 0.30          # an estimate further than this from a capture's measu
 # takes the notebooks without a reference first, so successive calls (and sessions) complete it.
 # `python -m helpers.course.capture plan` prints them.
 ESTIMATES: dict[str, tuple[float, str]] = {
-    "00": (25.0, "a capture's measured time, plus a margin; matmul sweep 512..16384 in 4 formats x 20 reps: "
-                 "2n^3 FLOPs each, ~0.4 s of GPU work at the datasheet rates; copies up to 4 GiB x reps at "
-                 "4.8 TB/s ~ 1 s; the rest is start-up, warm-up and the timing-mistakes demos"),
-    "01": (20.0, "a capture's measured time, plus a margin; ops at n=8192: each a few hundred MB of traffic or "
-                 "1e12 FLOPs, milliseconds each; start-up and FlopCounterMode checks dominate"),
-    "02": (95.0, "a capture's measured time, plus a margin; training steps of small10m/gpt2/gpt2-medium at T=1024, "
-                 "B up to 32: ~6*355e6*32k FLOPs ~ 7e13 per gpt2-medium step, ~0.1 s at 70% of bf16 peak, x reps; "
-                 "meta-device FLOP checks"),
-    "03": (115.0, "a capture's measured time, plus a margin; gpt2 for 200 steps in 7 precision variants at 16x512 "
-                  "tokens: 6*124e6*8192 ~ 6e12 FLOPs a step, ~10 ms, ~15 s of steps in all plus fp32 variants at "
-                  "~1/15 the rate"),
-    "04": (75.0, "a capture's measured time, plus a margin; checkpointing strategies on a gpt2-size model: a few "
-                 "dozen steps each, memory probes"),
+    "00": (22.0, "the H200 capture's 20.1 s, plus 10%; matmul sweep 512..16384 in 4 formats x 20 reps: 2n^3 FLOPs "
+                 "each, ~0.4 s of GPU work at the datasheet rates; copies up to 4 GiB x reps at 4.8 TB/s ~ 1 s; the "
+                 "rest is start-up, warm-up and the timing-mistakes demos"),
+    "01": (19.0, "the H200 capture's 17.2 s, plus 10%; ops at n=8192: each a few hundred MB of traffic or 1e12 FLOPs,"
+                 " milliseconds each; start-up and FlopCounterMode checks dominate"),
+    "02": (92.0, "the H200 capture's 83.6 s, plus 10%; training steps of small10m, gpt2 and gpt2-medium at B 8-32 "
+                 "(8x256 to 32x1024), 0.77 s for one step of all nine points in that capture (10 ms to 274 ms each) x"
+                 " 3 warm-up + 20 reps ~18 s; the sub-block sweep, the ceilings and meta-device FLOP checks"),
+    "03": (88.0, "the H200 capture's 100.2 s at 200 steps, less the 80 steps cut since: 80 x 256 ms (the six "
+                 "variants' steps measured there: fp32 111 ms, fp16 28, with our scaler 40, with GradScaler 28, bf16 "
+                 "autocast 24, bf16 weights with fp32 master 25) = 20.5 s, ~80 s, plus 10%; gpt2 for 120 steps per "
+                 "variant at 16x512 tokens"),
+    "04": (72.0, "the H200 capture's 65.0 s, plus 10%; checkpointing strategies on gpt2 at 8x1024 (53-73 ms a step "
+                 "there), a few dozen steps each, memory probes"),
     "05": (50.0, "gpt2 at T=1024, 32 sequences per optimizer step, micro-batches 1..32, 3 warm-up + 10 timed rounds: a "
                  "round is 32x1, 16x2, ..., 1x32 micro-steps ~ 1.3 s at this H200's measured gpt2 steps (02's record: "
                  "39 ms at 8x1024, 138 ms at 32x1024; ~15 ms launch-bound at 1x1024), 13 rounds ~17 s; a memory probe per "
                  "size ~2 s; the profiler's two steps and their traces ~5 s; the bf16 ceiling to 16384^3 (8.8e12 FLOPs, "
                  "~11 ms a call) ~2 s; start-up ~12 s (01's whole capture: 17 s); no compile; ~40 s, plus 25% for what "
                  "02-04's captures ran over estimates counted this way"),
-    "07": (140.0, "start-up with torchao ~12 s; CPU-side checks (formats, casts, scales, linear parity, blockwise) and "
-                  "torchao's probes ~6 s; training, launch-bound as 02 measured small10m steps on this H200 (10-11 ms "
-                  "at 8-32 x 256, whatever the batch), 150 steps at 32x256 (was 300 at 16x256: as many tokens): the "
-                  "baseline twice ~3 s, six FP8 variants at their aten ops per step counted against the baseline's "
-                  "(tensorwise 2.2x, delayed 1.9x, rowwise 3.0x, blockwise 6.3x, torchao's 2.2-2.5x: ~180 ms a step in "
-                  "all) ~27 s, capture, error tables and evaluations ~6 s; speed: bf16 and fp8 matmuls to 8192^3 "
-                  "(1.1e12 FLOPs, ~2 ms) and five linears eager (6n^3 = 3.3e12 FLOPs at 8192, ~5 ms; was 20 compiles, "
-                  "of which Dynamo's recompile limit left 12 eager) x 4 sizes x 23 calls ~6 s, profile and protocol "
-                  "headline ~6 s; 3 Inductor compiles of the small10m GPT step (bf16, our rowwise, torchao's rowwise, as "
-                  "before) ~20 s each plus Inductor's start-up ~65 s; the rest ~5 s: ~136 s (~110 s where torchao "
-                  "cannot run)"),
+    "07": (100.0, "start-up with torchao ~12 s; CPU-side checks (formats, casts, scales, linear parity, blockwise) "
+                  "and torchao's probes ~6 s; training, launch-bound as 02 measured small10m steps on this H200 "
+                  "(10-11 ms at 8-32 x 256, whatever the batch), 150 steps at 32x256: the baseline twice ~3 s, six "
+                  "FP8 variants at their aten ops per step counted against the baseline's (tensorwise 2.2x, delayed "
+                  "1.9x, rowwise 3.0x, blockwise 6.3x, torchao's 2.2-2.5x: ~180 ms a step in all) ~27 s, capture, "
+                  "error tables and evaluations ~6 s; speed: bf16 and fp8 matmuls to 8192^3 (1.1e12 FLOPs, ~2 ms) and"
+                  " five linears eager (6n^3 = 3.3e12 FLOPs at 8192, ~5 ms) x 4 sizes x 23 calls ~6 s, profile and "
+                  "protocol headline ~6 s; the small10m GPT step with each block compiled (regional) for bf16, our "
+                  "rowwise and torchao's rowwise: one block's forward and backward a variant, ~5 s in bf16 and ~7 s "
+                  "with FP8's amax, scale and cast ops, plus Inductor's start-up ~5 s, and 23 timed steps each ~1 s: "
+                  "~25 s; the rest ~5 s: ~93 s (~75 s where torchao cannot run), plus 7%"),
     "08": (125.0, "start-up with bitsandbytes and torchao ~15 s; trains small10m for the capture (the first of 05, 08, "
                   "10, 11 to need it; 10 and 11 load it): 2000 steps of 64x256 at ~12 ms (02's measured launch-bound "
                   "small10m steps on this H200: 10-11 ms, plus clipping) ~25 s; error tables and grid on the CPU (30 "
@@ -116,24 +117,29 @@ ESTIMATES: dict[str, tuple[float, str]] = {
                  "generations of 96 tokens at ~2.5 / 0.7 ms a token ~0.5 s, and 8 speculative configurations ~0.3 s "
                  "each: passes of gamma draft steps, one verification and the rule) ~43 s; the bandwidth-bound target, "
                  "panel and records ~6 s; no compile: ~74 s, plus 10%"),
-    "13": (115.0, "CPU work: 8 gloo ranks x 2 threads on the host's 16 cores, forked from a preloaded server (~1 s a "
-                  "launch, 8 launches); start-up ~12 s; collectives to 16 MiB, 30-60 rounds (16 MiB: ~1.75 x 16 MiB per "
-                  "rank at ~1-2 GB/s, 15-30 ms per all-reduce, two of them, and a ping-pong) ~5 s; DDP on an 8 x 1024^2 "
-                  "tower (34 MB of gradients, ~50-100 ms an all-reduce) at 16, 64, 128 rows (0.8, 3.2, 6.4 GFLOP a step "
-                  "at ~100 GFLOP/s a rank), 4 modes x 13-33 rounds of ~0.25-0.55 s, and no_sync against syncing 4 "
-                  "micro-steps ~35 s; the overlap demo, 4 layers of 10 ms against 5/10/20 ms all-reduces, ~0.42 s x "
-                  "13-33 rounds ~8 s; ZeRO memory at 2 and 4 ranks, tensor parallel and DDP checks ~8 s; the pipeline, 8 "
-                  "stages, m = 1, 4, 16, GPipe and 1F1B, (m + 7) x 30 ms each (10 ms forward, 20 ms backward waits): "
-                  "2.5 s a round x 11 rounds ~28 s; torchrun's two launchers ~8 s; the rest ~3 s; no compile: ~115 s"),
-    "09": (125.0, "start-up ~10 s; Dynamo-only sections (explain, CompileCounter, logs, fullgraph) ~4 s; 10 Inductor "
-                  "compiles (was 14): three workloads at 8192x4096 bf16 (~3 s each plus Inductor's start-up ~8 s), their "
-                  "protocol timing (64 MiB passes, ~30 us at 4.8 TB/s) and kernel counts ~24 s; cold and warm compile of "
-                  "the chain ~6 s; the small10m training step at 16x256 under bf16 autocast, one compile of forward and "
-                  "backward ~20 s, 40 rounds of ~10 ms steps and the matmul profile ~5 s; regional compilation traced "
-                  "with aot_eager (was two more Inductor compiles of the model) ~5 s; the one-token forward in default "
-                  "and reduce-overhead ~10 s + ~7 s (max-autotune, tuning Triton matmul templates per shape, left out: "
-                  "+40-60 s) ~19 s; softmax sweep at 256, 4096 (reused) and 16384, 2 static compiles ~3 s each and 2 "
-                  "Triton kernels ~1 s each, and the Triton checks ~13 s; the rest ~4 s: ~110 s, plus 15%"),
+    "13": (76.0, "CPU work: 8 gloo ranks x 2 threads on the host's 16 cores, forked from a preloaded server (~1 s a "
+                 "launch, 8 launches); start-up ~12 s; collectives to 16 MiB, 15-30 rounds (16 MiB: ~1.75 x 16 MiB "
+                 "per rank at ~1-2 GB/s, 15-30 ms per all-reduce, two of them, and a ping-pong) ~3 s; DDP on an 8 x "
+                 "1024^2 tower (34 MB of gradients, ~50-100 ms an all-reduce) at 16 and 128 rows (0.8 and 6.4 GFLOP a"
+                 " step at ~100 GFLOP/s a rank), 4 modes x 3 warm-up + 5-15 rounds of ~0.26 and ~0.48 s (~13 s), the "
+                 "all-reduce alone and bucket copies (~1 s), and no_sync against syncing 4 micro-steps (~0.44 s x "
+                 "6-16 rounds, ~3 s) ~17 s; the overlap demo, 4 layers of 10 ms against 5/10/20 ms all-reduces, ~0.48"
+                 " s x 6 rounds (timed waits separate at the first check, as in smoke) ~3 s; ZeRO memory at 2 and 4 "
+                 "ranks, tensor parallel and DDP checks ~8 s; the pipeline, 8 stages, m = 1, 4, 16, GPipe and 1F1B, "
+                 "(m + 7) x 30 ms each (10 ms forward, 20 ms backward waits): 2.5 s a round x 5 rounds after one m = "
+                 "1 warm-up run per schedule (0.5 s) ~14 s (16.4 s measured for 8 ranks on a 2-core host); torchrun's"
+                 " two launchers ~8 s; the rest ~3 s; no compile: ~76 s"),
+    "09": (112.0, "start-up ~10 s; Dynamo-only sections (explain, CompileCounter, logs, fullgraph) ~4 s; 10 Inductor "
+                  "compiles: three workloads at 8192x4096 bf16 (~3 s each plus Inductor's start-up ~8 s), their "
+                  "protocol timing (64 MiB passes, ~30 us at 4.8 TB/s) and kernel counts ~24 s; cold and warm compile"
+                  " of the chain ~6 s; the training step of small10m cut to 3 of its 6 layers (N_LAYER) at 16x256 "
+                  "under bf16 autocast, one compile of forward and backward ~13 s (a whole-model compile grows with "
+                  "the layers it traces: counted as ~8 s fixed and ~2 s a layer, ~20 s at 6), 40 rounds of ~8 ms "
+                  "steps and the matmul profile ~5 s; regional compilation of all 6 layers traced with aot_eager ~5 "
+                  "s; the 3-layer one-token forward in default and reduce-overhead ~6 s + ~5 s and their timing ~2 s "
+                  "(max-autotune, tuning Triton matmul templates per shape, left out: +40-60 s) ~13 s; softmax sweep "
+                  "at 256, 4096 (reused) and 16384, 2 static compiles ~3 s each and 2 Triton kernels ~1 s each, and "
+                  "the Triton checks ~13 s; the rest ~4 s: ~97 s, plus 15%"),
     "10": (130.0, "start-up ~12 s; loads small10m (08 trains it; +25 s when 10 runs without 08); cache checks and "
                   "examples (~1,000 small10m decode steps at ~2.5 ms) ~3 s; per-position and prefill/decode comparisons "
                   "(20-40 rounds of ms calls) and the ceilings ~8 s; the decode sweep, 4 presets and 1.3b at 8 more "
@@ -144,14 +150,15 @@ ESTIMATES: dict[str, tuple[float, str]] = {
                   "each) and their timing ~10 s; prefix sharing, chunked prefill and waste counts ~5 s; continuous "
                   "batching, 64 requests of ~44 tokens x 7 served runs of ~130-400 iterations at ~4 ms, and each "
                   "request alone (~2.8k steps at ~2.5 ms) ~20 s; the rest ~3 s: ~121 s, plus 7%"),
-    "12": (85.0, "start-up ~12 s; 40,000 documents and the packing checks ~4 s; the loader sweep, 10 sources a round "
-                 "(4 worker counts, 3 more prefetch factors, 2 more batch sizes, memmap), each a fresh loader, warm-up "
-                 "and 30 steps of 12-45 ms (small10m at 64x256 ~12 ms, launch-bound as 02 measured; no workers wait "
-                 "64 x 0.5 ms = 32 ms a batch) and its workers' start ~ 9 s a round, at least 3 rounds, 20 s budget "
-                 "~27 s; persistent workers, 5-10 rounds of 3 epochs with 8 workers restarted (~2-3 s) or kept, 10 s "
-                 "budget ~17 s; two forked readers over 60,000 documents ~4 s; pinned copies to 256 MiB x 20 reps x 3 "
-                 "kinds ~3 s; packing against padding (20-40 rounds of two ~12 ms steps) and its profile ~5 s; varlen "
-                 "check, masks, sampler, the panel's 8-worker loader ~6 s; no compile: ~78 s, plus 10%"),
+    "12": (70.0, "start-up ~12 s; 40,000 documents and the packing checks ~4 s; the loader sweep, 8 sources a round "
+                 "(4 worker counts, 2 more prefetch factors, 1 more batch size, memmap), each a fresh loader, warm-up"
+                 " and 20 steps of 12-45 ms (small10m at 64x256 ~12 ms, launch-bound as 02 measured; no workers wait "
+                 "64 x 0.5 ms = 32 ms a batch; 256 rows on 8 workers 16 ms) and its workers' start (~0.4 s a loader, "
+                 "6 with workers) ~6 s a round, 3 rounds (the 10 s budget ends after the third) ~18 s; persistent "
+                 "workers, 3 warm-up calls and 5 rounds (6 s budget) of 2 epochs with 8 workers restarted (~1 s) or "
+                 "kept (~0.5 s) ~12 s; two forked readers over 60,000 documents ~4 s; pinned copies to 256 MiB x 20 "
+                 "reps x 3 kinds ~3 s; packing against padding (20-40 rounds of two ~12 ms steps) and its profile ~5 "
+                 "s; varlen check, masks, sampler, the panel's 8-worker loader ~6 s; no compile: ~64 s, plus 10%"),
     "14": (150.0, "not yet measured on a GPU; counted: start-up, imports and the two matmul ceilings ~10 s; the training "
                   "ladder, each technique alone and the leave-one-out runs, ~27 runs x 16 steps of small10m at 16x512 "
                   "(6.5e11 FLOPs a step: ~30 ms in fp32 with naive attention for ~7 runs, ~12 ms launch-bound in bf16 "
@@ -246,6 +253,49 @@ def plan_line(nb: str, estimates: dict[str, tuple[float, str]], checked: dict[st
                 f"{str(c['date'])[:10]}): estimate {c['off']:+.0%}"
                 + (f" OFF BY MORE THAN {OFF_LIMIT:.0%}: fix the estimate" if c["flagged"] else ""))
     return f"{head}  ({basis})"
+
+
+# The calls that capture the course on lent GPUs of 15 minutes each (results/README.md): per call, the seconds
+# `run` gets for references. Window 1: start-up (~60 s), call 1 the smoke pass and the goals (540 s, none left for
+# references), call 2 what the window has left; window 2: start-up, then a whole call and what is left.
+CALLS: tuple[tuple[str, float], ...] = (("window 1, call 2", 260.0), ("window 2, call 1", 540.0),
+                                        ("window 2, call 2", 240.0))
+COURSE_LIMIT_S = 1200.0   # the whole course's full profiles on one H200, estimated
+
+
+def call_plan(order: list[str], estimates: dict[str, tuple[float, str]], budgets: Iterable[float],
+              margin_s: float = MARGIN_S) -> tuple[list[list[str]], list[str]]:
+    """What successive `run` calls would take if every notebook took its estimate: per call (budget in seconds),
+    as `capture` does, each notebook of `order` still waiting that fits in what is left (budget less `margin_s`
+    less the estimates already started), in order, skipping one that does not. A notebook a call takes has its
+    reference from then on, so it leaves the queue. Returns (the notebooks of each call, those no call took).
+    A notebook without an estimate is never started (as `capture` would start it on a budget, the plan cannot)."""
+    waiting, calls = list(order), []
+    for budget in budgets:
+        left, took = float(budget) - margin_s, []
+        for nb in waiting:
+            est = estimates.get(nb, (None, ""))[0]
+            if est is not None and est <= left:
+                took.append(nb)
+                left -= est
+        waiting = [nb for nb in waiting if nb not in took]
+        calls.append(took)
+    return calls, waiting
+
+
+def call_plan_lines(order: list[str], estimates: dict[str, tuple[float, str]],
+                    calls: tuple[tuple[str, float], ...] = CALLS) -> list[str]:
+    """`plan`'s closing lines: each call of `calls` with the notebooks it would take and their estimated seconds,
+    then what no call takes (or that every notebook in `order` is taken)."""
+    taken, left = call_plan(order, estimates, [b for _, b in calls])
+    out = []
+    for (name, budget), nbs in zip(calls, taken):
+        secs = sum(estimates[nb][0] for nb in nbs)
+        out.append(f"{name} ({budget:.0f} s for references): {' '.join(nbs) or 'none'}"
+                   + (f", {secs:.0f} s estimated" if nbs else ""))
+    out.append(f"left for a later window: {' '.join(left)}" if left else
+               f"every notebook above is captured in these {len(calls)} calls")
+    return out
 
 
 # ---------------------------------------------------------------- packing what finished
@@ -554,7 +604,8 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--budget-s", type=positive_argument(float), default=540.0,
                        help=f"wall-clock budget in seconds, above {MARGIN_S:.0f} (default 540)")
         p.add_argument("--references", type=Path, default=None,
-                       help="reference folder whose capture.json sets the order (default: results/<this device>)")
+                       help="reference folder whose capture.json sets the order (default: results/<this device> "
+                            f"for run, results/{ESTIMATED_ON.name} for plan)")
         p.add_argument("--notebooks-dir", type=Path, default=NOTEBOOKS_DIR,
                        help="where the notebooks are (default: notebooks/)")
         if name == "run":
@@ -576,8 +627,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{prog} {args.command}: --budget-s {args.budget_s:g} must exceed the {MARGIN_S:.0f} s kept for packing",
               file=sys.stderr)
         return 2
-    if args.references is None:
-        args.references = REPO_ROOT / "results" / device_slug()
+    if args.references is None:  # plan: for the GPU the estimates are for; run: for the GPU it runs on
+        args.references = ESTIMATED_ON if args.command == "plan" else REPO_ROOT / "results" / device_slug()
     order = priority(args.notebooks or known, load_index(args.references))
     if args.command == "plan":
         checked = against_measured(load_index(ESTIMATED_ON))
@@ -588,6 +639,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"total {total:.0f} s of {args.budget_s:.0f} s budget ({MARGIN_S:.0f} s kept for packing)"
               + (f"; estimates off their measured seconds by more than {OFF_LIMIT:.0%}: {' '.join(flagged)}"
                  if flagged else ""))
+        course = sum(est for est, _ in ESTIMATES.values())
+        print(f"the whole course: {course:.0f} s estimated, limit {COURSE_LIMIT_S:.0f} s")
+        for line in call_plan_lines(order, ESTIMATES):
+            print(line)
         return 0
     problem = folder_problem(args.out)
     if problem:

@@ -37,8 +37,9 @@ SIGINT (Ctrl-C) or SIGTERM stops the running goal and every process it started, 
 `--profile smoke` (the default without CUDA) uses tiny sizes, so the plumbing runs on a 2-core CPU in
 about a minute; the CUDA-only goals then say "not measurable". `full` uses the goals' stated sizes.
 
-`scripts/gpu_capture.sh` runs this first on a lent GPU (`GOALS_BUDGET_S`, default 360 s), with the model
-cache outside `$OUT` so that only `goals.json` comes back, then the notebooks with what is left of its budget;
+`scripts/gpu_capture.sh` runs this on a lent GPU after the smoke pass, with what that pass left of the call
+(`GOALS_BUDGET_S` sets it instead) and the model cache outside `$OUT` so that only `goals.json` comes back,
+then the notebooks with what is left;
 `python -m helpers.course.capture import` copies `goals.json` to `results/<gpu>/goals.json`.
 """
 from __future__ import annotations
