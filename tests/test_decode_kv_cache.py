@@ -125,6 +125,14 @@ def test_compiled_decode_options_fuse_the_matvec_under_cuda_graphs():
         kv_cache.decode_compile_options("max-autotune")
 
 
+def test_the_compiled_model_keeps_its_presets_width_and_at_most_its_layers():
+    assert kv_lab.compiled_layers("1.3b", kv_lab.COMPILE_LAYERS_DEFAULT) == 12 < GPTConfig.preset("1.3b").n_layer
+    assert kv_lab.compiled_layers("small10m", 12) == GPTConfig.preset("small10m").n_layer == 6  # smoke: all of them
+    assert kv_lab.compiled_layers("1.3b", 1) == 1
+    with pytest.raises(ValueError, match="layers"):
+        kv_lab.compiled_layers("1.3b", 0)
+
+
 def test_weight_bytes_and_bandwidth_row():
     model = small_gpt(2)
     n = sum(p.numel() for p in model.parameters())  # the tied head counted once

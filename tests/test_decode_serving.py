@@ -269,6 +269,19 @@ def test_notebook_sections_print_their_tables_and_return_consistent_rows(capsys)
         serving_lab.batching_section(model, max_batch=0)
     with pytest.raises(ValueError, match="repeats"):
         serving_lab.batching_section(model, repeats=0)
+    assert run["solo_checked"] == run["record"]["solo_checked"] == 5 and "Against each request served alone" in run["sentence"]
+
+
+def test_batching_checks_one_request_in_solo_every_against_its_solo_tokens():
+    model = _tiny(2, torch.float64)  # float64: batched and solo numerics cannot flip a greedy argmax
+    run = serving_lab.batching_section(model, n_requests=5, max_batch=4, block_size=4, max_new_tokens=8,
+                                       tight_pool=False, solo_every=2, show=False)
+    assert run["solo_checked"] == run["record"]["solo_checked"] == 3  # requests 0, 2 and 4 of the mix
+    assert run["solo_matches"] == {"static": 3, "continuous": 3}
+    assert "3 of the 5 requests (one in 2, in the order of the mix) served alone" in run["sentence"]
+    assert "3 of 3 under static batching" in run["sentence"]
+    with pytest.raises(ValueError, match="solo_every"):
+        serving_lab.batching_section(model, solo_every=0)
 
 
 def test_flexattention_paged_helper_agrees_with_our_block_tables():

@@ -162,6 +162,7 @@ CASES = [  # (notebook, overrides, None: passes | the parameter the ValueError m
     ("10", dict(PROMPT_LEN=100, NEW_TOKENS=27), None), ("10", dict(PROMPT_LEN=100, NEW_TOKENS=28), "NEW_TOKENS"),
     ("10", dict(POSITIONS=[1, 127]), None), ("10", dict(POSITIONS=[128]), "POSITIONS"),
     ("10", dict(RANKS=[1, 128]), None), ("10", dict(RANKS=[129]), "RANKS"), ("10", dict(TRAIN_STEPS=1), None),
+    ("10", dict(COMPILE_LAYERS=1), None), ("10", dict(COMPILE_LAYERS=0), "COMPILE_LAYERS"),
     ("11", dict(DRAFT_WIDTH=2), None), ("11", dict(DRAFT_WIDTH=63), "DRAFT_WIDTH"),
     ("11", dict(PROMPT_LEN=32, NEW_TOKENS=91, GAMMAS=[4]), None),  # 32 + 91 + 4 + 1 = tiny's 128
     ("11", dict(PROMPT_LEN=32, NEW_TOKENS=92, GAMMAS=[4]), "NEW_TOKENS"),

@@ -380,6 +380,7 @@ def compiled_decode(model: GPT, context: int, reps: int, mode: str = "reduce-ove
 # ---------------------------------------------------------------- the parameters
 
 EXAMPLE_PROMPT = "    def __init__(self"  # the prompt of notebook 10's generation examples
+COMPILE_LAYERS_DEFAULT = 12  # layers of the compiled decode step's model (`compiled_layers` caps them)
 CHECK_EXTRA = 8  # the cache checks run PROMPT_LEN + 8 tokens: a prefill, then decode steps to compare
 BUDGET_PRESET, BUDGET_RANK = "1.3b", 512  # the model and latent rank of the budget table, in bf16
 
@@ -415,8 +416,16 @@ def _budget(name: str, value) -> float:
     return value
 
 
+def compiled_layers(preset: str, layers: int) -> int:
+    """The layers of the model whose decode step notebook 10 compiles: `layers`, at most `preset`'s own. The model
+    keeps the preset's width, so each layer reads its weights with the same kernels as in the whole preset and
+    the step's share of the copy bandwidth is about the whole preset's; the compile traces, lowers and
+    schedules every layer, so its time grows with the layers."""
+    return min(positive("layers", layers), GPTConfig.preset(preset).n_layer)
+
+
 def resolve_parameters(S: params.Setup, *, MODEL, TRAIN_STEPS, PROMPT_LEN, NEW_TOKENS, POSITIONS, SIZES, CONTEXT,
-                       BATCHES, RANKS, BUDGET_GB, REPS) -> dict:
+                       BATCHES, COMPILE_LAYERS, RANKS, BUDGET_GB, REPS) -> dict:
     """Notebook 10's parameters, validated at once and with the profile's defaults filled in: {name: value}.
 
     Raises ValueError naming the first bad parameter, and where a later cell could not use a value, with
@@ -432,10 +441,12 @@ def resolve_parameters(S: params.Setup, *, MODEL, TRAIN_STEPS, PROMPT_LEN, NEW_T
            "PROMPT_LEN": R("PROMPT_LEN", PROMPT_LEN, smoke=32, full=128, check=params.positive),
            "NEW_TOKENS": R("NEW_TOKENS", NEW_TOKENS, smoke=32, full=96, check=params.positive),
            "POSITIONS": R("POSITIONS", POSITIONS, smoke=[8, 32, 96], full=[16, 64, 128, 192, 250], check=params.positives),
-           "SIZES": R("SIZES", SIZES, smoke=["tiny", "small10m"], full=["small10m", "gpt2", "gpt2-medium", "1.3b"],
+           "SIZES": R("SIZES", SIZES, smoke=["tiny", "small10m"], full=["small10m", "gpt2", "1.3b"],
                       check=lambda n, v: params.choices(n, v, PRESETS)),
            "CONTEXT": R("CONTEXT", CONTEXT, smoke=64, full=512, check=params.positive),
-           "BATCHES": R("BATCHES", BATCHES, smoke=[1, 4, 16], full=[2**i for i in range(9)], check=params.positives),
+           "BATCHES": R("BATCHES", BATCHES, smoke=[1, 4, 16], full=[1, 4, 16, 64, 256], check=params.positives),
+           "COMPILE_LAYERS": R("COMPILE_LAYERS", COMPILE_LAYERS, smoke=COMPILE_LAYERS_DEFAULT,
+                               full=COMPILE_LAYERS_DEFAULT, check=params.positive),
            "RANKS": R("RANKS", RANKS, smoke=[2, 8, 32], full=[16, 64, 128, 256], check=params.positives),
            "BUDGET_GB": R("BUDGET_GB", BUDGET_GB, smoke=80.0, full=80.0, check=_budget),
            "REPS": R("REPS", REPS, smoke=5, full=20, check=params.positive)}

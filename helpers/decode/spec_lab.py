@@ -79,7 +79,7 @@ def resolve_parameters(S: params.Setup, *, TARGET, BW_TARGET, DRAFT_LAYERS, DRAF
            "PROMPT_LEN": R("PROMPT_LEN", PROMPT_LEN, smoke=32, full=64, check=params.positive),
            "NEW_TOKENS": R("NEW_TOKENS", NEW_TOKENS, smoke=32, full=96, check=params.positive),
            "GAMMAS": R("GAMMAS", GAMMAS, smoke=[1, 2, 4], full=[1, 2, 4, 8], check=check_gammas),
-           "TEMPERATURES": R("TEMPERATURES", TEMPERATURES, smoke=[0.0, 0.5, 1.0], full=[0.0, 0.5, 1.0],
+           "TEMPERATURES": R("TEMPERATURES", TEMPERATURES, smoke=[0.0, 0.5, 1.0], full=[0.0, 1.0],
                              check=check_temperatures),
            "ROUNDS": R("ROUNDS", ROUNDS, smoke=15, full=5, check=params.positive),
            "DRAWS": R("DRAWS", DRAWS, smoke=100_000, full=1_000_000, check=params.positive),
