@@ -228,3 +228,15 @@ def test_the_alone_comparison_times_each_technique_against_the_fp32_cache(models
     assert rows["int8"]["bound_alone"] == pytest.approx(decoders["kv_cache"].weight_bytes / alone["int8 alone"].weight_bytes)
     assert rows["int4"]["bound_stack"] == pytest.approx(decoders["bf16"].weight_bytes / decoders["int4"].weight_bytes)
     assert 1 <= rows["speculative"]["passes_alone"] <= 4 and rows["speculative"]["gamma"] == 3
+
+
+def test_smoke_on_cuda_walks_the_leave_one_out_stacks_and_a_cpu_smoke_run_does_not():
+    from helpers.capstone import capstone_lab
+
+    kw = dict(MODEL=None, BATCH=None, SEQ_LEN=None, STEPS=None, WARMUP=None, MICRO_BATCHES=None, LR=None, COMPILE=None,
+              LEAVE_ONE_OUT=None, SERVE_MODEL=None, DRAFT_WIDTH=None, PROMPTS=None, PROMPT_LEN=None, NEW_TOKENS=None,
+              GAMMA=None, REQUESTS=None, EVAL_BATCHES=None)
+    on = {(profile, device): capstone_lab.resolve_parameters(params.Setup(profile, device, 0, False, None), **kw)
+          for profile in ("smoke", "full") for device in ("cpu", "cuda")}
+    assert [on[k]["LEAVE_ONE_OUT"] for k in sorted(on)] == [True, True, False, True]  # full cpu/cuda, smoke cpu/cuda
+    assert on[("smoke", "cuda")]["COMPILE"] and not on[("smoke", "cpu")]["COMPILE"]

@@ -426,3 +426,11 @@ def test_paged_cache_refuses_a_dtype_it_cannot_hold_or_compute_in():
         with pytest.raises(ValueError, match="reads float32, bfloat16 or float16 tensors, not torch.float64"):
             paged_attention.paged_decode_triton(torch.randn(1, 1, 4, dtype=torch.float64), kp, vp, tables,
                                                 torch.tensor([3]))
+
+
+def test_the_head_dim_64_kernel_check_agrees_with_pytorch_and_uses_eight_warps():
+    if paged_attention.TRITON_MISSING:
+        pytest.skip(paged_attention.TRITON_MISSING)
+    assert paged_attention.decode_warps(64, 64) == 8
+    device = "cuda" if torch.cuda.is_available() else "cpu"  # the interpreter on a CPU
+    assert paged_attention.check_triton_decode(64, dtype=torch.float32, device=device) < 1e-4

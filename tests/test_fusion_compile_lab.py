@@ -301,3 +301,15 @@ def test_timing_threads_sets_one_thread_on_a_cpu_and_restores_the_count():
     assert set(seen) == {compile_lab.TIMING_THREADS} and torch.get_num_threads() == before
     c = compile_lab.timed({"a": lambda: None, "b": lambda: sum(range(10_000))}, device="cpu", reps=12)
     assert c.rounds == 12  # a fixed number of rounds: no stop at the first separated one
+
+
+def test_smoke_on_cuda_runs_bf16_and_a_softmax_row_past_one_block(tmp_path):
+    from helpers.measure import params
+
+    base = dict(ROWS=None, COLS=None, DTYPE=None, REPS=None, SOFTMAX_COLS=None, MODEL=None, N_LAYER=None, BATCH=None,
+                SEQ_LEN=None, MODES=None, REGIONAL_LAYERS=None, REGIONAL_BACKEND=None)
+    smoke = lambda device: params.Setup(profile="smoke", device=device, seed=0, interactive=False, results_dir=tmp_path)  # noqa: E731
+    P = compile_lab.resolve_parameters(smoke("cuda"), **base)
+    assert (P["DTYPE"], P["SOFTMAX_COLS"], P["MODES"]) == ("bf16", [1024, 8192], list(compile_lab.ALL_MODES))
+    P = compile_lab.resolve_parameters(smoke("cpu"), **base)
+    assert (P["DTYPE"], P["SOFTMAX_COLS"], P["MODES"]) == ("fp32", [1024], [])

@@ -283,6 +283,25 @@ def paged_decode_triton(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Ten
     return out
 
 
+def check_triton_decode(head_dim: int = 64, *, tile: int = 64, dtype: torch.dtype = torch.bfloat16,
+                        device: str | torch.device = "cuda", seed: int = 0) -> float:
+    """`paged_decode_triton` against `paged_decode_torch` on random pools of head dim `head_dim` in `dtype`
+    (2 sequences of 37 and 90 tokens, 4 query heads on 2 KV heads, blocks of 16 in a shuffled table):
+    the largest absolute difference of the (2, 4, head_dim) float32 outputs. At `tile` = 64 and a head
+    dim of 64 the kernel runs its 8-warp configuration (`decode_warps`). Raises what `paged_decode_triton`
+    raises."""
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.tensor([37, 90])
+    blocks = -(-int(lengths.max()) // 16)
+    order = torch.randperm(2 * blocks, generator=g)
+    tables = order.view(2, blocks).to(device)
+    q, kp, vp = (torch.randn(shape, generator=g).to(device=device, dtype=dtype)
+                 for shape in ((2, 4, head_dim), (2 * blocks, 16, 2, head_dim), (2 * blocks, 16, 2, head_dim)))
+    got = paged_decode_triton(q, kp, vp, tables, lengths.to(device), tile=tile)
+    want = paged_decode_torch(q, kp, vp, tables, lengths.to(device))
+    return float((got - want.float()).abs().max())
+
+
 def decode_warps(tile: int, head_dim: int) -> int:
     """Warps per program: 8 once a (tile, head_dim) fp32 tile has 4096 elements or more, else 4. With 4
     warps, a 64 x 128 tile spills registers to local memory on sm_90 (compile_decode_kernel's report)."""

@@ -85,13 +85,14 @@ def resolve_parameters(S: params.Setup, *, ROWS, COLS, DTYPE, REPS, SOFTMAX_COLS
     cuda, every = S.device == "cuda", list(ALL_MODES)  # the parameter MODES hides the module's constant here
     out = {"ROWS": R("ROWS", ROWS, smoke=256, full=8192, check=params.positive),
            "COLS": R("COLS", COLS, smoke=1024, full=4096, check=params.positive),
-           "DTYPE": R("DTYPE", DTYPE, smoke="fp32", full="bf16" if cuda else "fp32",
+           "DTYPE": R("DTYPE", DTYPE, smoke="bf16" if cuda else "fp32", full="bf16" if cuda else "fp32",
                       check=lambda n, v: params.choose(n, v, ("fp32", "fp16", "bf16"))),
            "REPS": R("REPS", REPS, smoke=30, full=50, check=params.positive)}
     # full: short rows, the workloads' own (timed once, reused) and rows past one Triton block; each new length
-    # is a static compile
-    out["SOFTMAX_COLS"] = R("SOFTMAX_COLS", SOFTMAX_COLS, smoke=[out["COLS"]], full=[256, 4096, 16384],
-                            check=params.positives)
+    # is a static compile. Smoke on CUDA adds rows of 8192, so that the Triton kernel's widest block (8 warps) and
+    # Inductor's looped reduction run there too
+    out["SOFTMAX_COLS"] = R("SOFTMAX_COLS", SOFTMAX_COLS, smoke=[out["COLS"], 8192] if cuda else [out["COLS"]],
+                            full=[256, 4096, 16384], check=params.positives)
     out["MODEL"] = R("MODEL", MODEL, smoke="tiny", full="small10m", check=lambda n, v: params.choose(n, v, PRESETS))
     # full: 3 layers of the preset (small10m has 6): a whole-model compile's time grows with the layers it traces,
     # while every layer is the same block, so what compiling buys per step is the blocks' and stays
