@@ -40,7 +40,7 @@ def resolve_parameters(S: params.Setup, *, MODELS, SEQ_LEN, BATCH_SIZES, SUB_PRE
            "SUB_BATCH_SIZES": sorted(R("SUB_BATCH_SIZES", SUB_BATCH_SIZES, smoke=[1, 2], full=[1, 8, 32],
                                        check=params.positives)),
            "SUB_PASS": params.choose("SUB_PASS", SUB_PASS, ("train", "forward")),
-           "REPS": R("REPS", REPS, smoke=5, full=20, check=params.positive)}
+           "REPS": R("REPS", REPS, smoke=5, full=10, check=params.positive)}
     params.positive("ASSUMED_MFU", ASSUMED_MFU, float)
     if not ASSUMED_MFU <= 1:  # NaN too
         raise ValueError(f"ASSUMED_MFU={ASSUMED_MFU!r} must be in (0, 1]")

@@ -380,7 +380,7 @@ def compiled_decode(model: GPT, context: int, reps: int, mode: str = "reduce-ove
 # ---------------------------------------------------------------- the parameters
 
 EXAMPLE_PROMPT = "    def __init__(self"  # the prompt of notebook 10's generation examples
-COMPILE_LAYERS_DEFAULT = 12  # layers of the compiled decode step's model (`compiled_layers` caps them)
+COMPILE_LAYERS_DEFAULT = 8  # layers of the compiled decode step's model (`compiled_layers` caps them)
 CHECK_EXTRA = 8  # the cache checks run PROMPT_LEN + 8 tokens: a prefill, then decode steps to compare
 BUDGET_PRESET, BUDGET_RANK = "1.3b", 512  # the model and latent rank of the budget table, in bf16
 

@@ -55,7 +55,7 @@ def resolve_parameters(S: params.Setup, *, MODEL, BATCH, SEQ_LEN, STEPS, LR, LAY
            # steps trains on as many tokens in about half the time
            "BATCH": R("BATCH", BATCH, smoke=4, full=32, check=params.positive),
            "SEQ_LEN": R("SEQ_LEN", SEQ_LEN, smoke=64, full=256, check=params.positive),
-           "STEPS": R("STEPS", STEPS, smoke=12, full=150, check=params.positive)}
+           "STEPS": R("STEPS", STEPS, smoke=12, full=100, check=params.positive)}
     if out["STEPS"] < 2:
         raise ValueError(f"STEPS={out['STEPS']} is too few: the training comparison measures the noise of the last "
                          "losses as their standard deviation, which needs at least 2 steps")

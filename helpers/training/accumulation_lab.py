@@ -47,7 +47,7 @@ def resolve_parameters(S: params.Setup, *, PRESET, SEQ_LEN, EFFECTIVE_BATCH, MIC
         raise ValueError(f"CHECK_ACCUM_STEPS={check_steps} must be at least 2 (one micro-batch accumulates nothing)")
     return {"PRESET": preset, "SEQ_LEN": seq_len, "EFFECTIVE_BATCH": effective, "MICRO_BATCHES": micro,
             "CHECK_MICRO_BATCH": check_micro, "CHECK_ACCUM_STEPS": check_steps,
-            "REPS": R("REPS", REPS, smoke=3, full=10, check=params.positive)}
+            "REPS": R("REPS", REPS, smoke=3, full=7, check=params.positive)}
 
 
 # ---------------------------------------------------------------- timing optimizer steps
