@@ -75,32 +75,33 @@ ESTIMATES: dict[str, tuple[float, str]] = {
                  "rest is start-up, warm-up and the timing-mistakes demos"),
     "01": (19.0, "the H200 capture's 17.2 s, plus 10%; ops at n=8192: each a few hundred MB of traffic or 1e12 FLOPs,"
                  " milliseconds each; start-up and FlopCounterMode checks dominate"),
-    "02": (92.0, "the H200 capture's 83.6 s, plus 10%; training steps of small10m, gpt2 and gpt2-medium at B 8-32 "
-                 "(8x256 to 32x1024), 0.77 s for one step of all nine points in that capture (10 ms to 274 ms each) x"
-                 " 3 warm-up + 20 reps ~18 s; the sub-block sweep, the ceilings and meta-device FLOP checks"),
+    "02": (82.0, "the H200 capture's 83.6 s at 20 reps a point, less the 10 reps cut since: 10 x 0.77 s (one step of "
+                 "all nine training points in that capture: small10m, gpt2 and gpt2-medium at B 8-32, 10 ms to 274 ms"
+                 " each) and 10 x 0.11 s of the sub-block sweep's 15 points ~ 8.8 s, ~75 s, plus 10%; meta-device "
+                 "FLOP checks and the ceilings"),
     "03": (88.0, "the H200 capture's 100.2 s at 200 steps, less the 80 steps cut since: 80 x 256 ms (the six "
                  "variants' steps measured there: fp32 111 ms, fp16 28, with our scaler 40, with GradScaler 28, bf16 "
                  "autocast 24, bf16 weights with fp32 master 25) = 20.5 s, ~80 s, plus 10%; gpt2 for 120 steps per "
                  "variant at 16x512 tokens"),
     "04": (72.0, "the H200 capture's 65.0 s, plus 10%; checkpointing strategies on gpt2 at 8x1024 (53-73 ms a step "
                  "there), a few dozen steps each, memory probes"),
-    "05": (50.0, "gpt2 at T=1024, 32 sequences per optimizer step, micro-batches 1..32, 3 warm-up + 10 timed rounds: a "
-                 "round is 32x1, 16x2, ..., 1x32 micro-steps ~ 1.3 s at this H200's measured gpt2 steps (02's record: "
-                 "39 ms at 8x1024, 138 ms at 32x1024; ~15 ms launch-bound at 1x1024), 13 rounds ~17 s; a memory probe per "
-                 "size ~2 s; the profiler's two steps and their traces ~5 s; the bf16 ceiling to 16384^3 (8.8e12 FLOPs, "
-                 "~11 ms a call) ~2 s; start-up ~12 s (01's whole capture: 17 s); no compile; ~40 s, plus 25% for what "
-                 "02-04's captures ran over estimates counted this way"),
-    "07": (100.0, "start-up with torchao ~12 s; CPU-side checks (formats, casts, scales, linear parity, blockwise) "
-                  "and torchao's probes ~6 s; training, launch-bound as 02 measured small10m steps on this H200 "
-                  "(10-11 ms at 8-32 x 256, whatever the batch), 150 steps at 32x256: the baseline twice ~3 s, six "
-                  "FP8 variants at their aten ops per step counted against the baseline's (tensorwise 2.2x, delayed "
-                  "1.9x, rowwise 3.0x, blockwise 6.3x, torchao's 2.2-2.5x: ~180 ms a step in all) ~27 s, capture, "
-                  "error tables and evaluations ~6 s; speed: bf16 and fp8 matmuls to 8192^3 (1.1e12 FLOPs, ~2 ms) and"
-                  " five linears eager (6n^3 = 3.3e12 FLOPs at 8192, ~5 ms) x 4 sizes x 23 calls ~6 s, profile and "
-                  "protocol headline ~6 s; the small10m GPT step with each block compiled (regional) for bf16, our "
-                  "rowwise and torchao's rowwise: one block's forward and backward a variant, ~5 s in bf16 and ~7 s "
-                  "with FP8's amax, scale and cast ops, plus Inductor's start-up ~5 s, and 23 timed steps each ~1 s: "
-                  "~25 s; the rest ~5 s: ~93 s (~75 s where torchao cannot run), plus 7%"),
+    "05": (45.0, "gpt2 at T=1024, 32 sequences per optimizer step, micro-batches 1..32, 3 warm-up + 7 timed rounds: a"
+                 " round is 32x1, 16x2, ..., 1x32 micro-steps ~ 1.3 s at this H200's measured gpt2 steps (02's "
+                 "record: 39 ms at 8x1024, 138 ms at 32x1024; ~15 ms launch-bound at 1x1024), 10 rounds ~13 s; a "
+                 "memory probe per size ~2 s; the profiler's two steps and their traces ~5 s; the bf16 ceiling to "
+                 "16384^3 (8.8e12 FLOPs, ~11 ms a call) ~2 s; start-up ~12 s (01's whole capture: 17 s); no compile; "
+                 "~36 s, plus 25% for what 02-04's captures ran over estimates counted this way"),
+    "07": (89.0, "start-up with torchao ~12 s; CPU-side checks (formats, casts, scales, linear parity, blockwise) and"
+                 " torchao's probes ~6 s; training, launch-bound as 02 measured small10m steps on this H200 (10-11 ms"
+                 " at 8-32 x 256, whatever the batch), 100 steps at 32x256: the baseline twice ~2 s, six FP8 variants"
+                 " at their aten ops per step counted against the baseline's (tensorwise 2.2x, delayed 1.9x, rowwise "
+                 "3.0x, blockwise 6.3x, torchao's 2.2-2.5x: ~180 ms a step in all) ~18 s, capture, error tables and "
+                 "evaluations ~6 s; speed: bf16 and fp8 matmuls to 8192^3 (1.1e12 FLOPs, ~2 ms) and five linears "
+                 "eager (6n^3 = 3.3e12 FLOPs at 8192, ~5 ms) x 4 sizes x 23 calls ~6 s, profile and protocol headline"
+                 " ~6 s; the small10m GPT step with each block compiled (regional) for bf16, our rowwise and "
+                 "torchao's rowwise: one block's forward and backward a variant, ~5 s in bf16 and ~7 s with FP8's "
+                 "amax, scale and cast ops, plus Inductor's start-up ~5 s, and 23 timed steps each ~1 s: ~25 s; the "
+                 "rest ~5 s: ~83 s (~66 s where torchao cannot run), plus 7%"),
     "08": (125.0, "start-up with bitsandbytes and torchao ~15 s; trains small10m for the capture (the first of 05, 08, "
                   "10, 11 to need it; 10 and 11 load it): 2000 steps of 64x256 at ~12 ms (02's measured launch-bound "
                   "small10m steps on this H200: 10-11 ms, plus clipping) ~25 s; error tables and grid on the CPU (30 "
@@ -110,13 +111,13 @@ ESTIMATES: dict[str, tuple[float, str]] = {
                   "int8 linear (batch 1 and 64; prefills run uncompiled) ~25 s, 3 Triton int4 compiles ~5 s, torchao "
                   "~5 s, 5 variants x 2 batches x 35 steps of ~6 ms (24 launch-bound layers; the 2.6 GB of weights take "
                   "0.55 ms at 4.8 TB/s) ~2 s; the rest ~5 s: ~110 s, plus 15%"),
-    "11": (80.0, "start-up ~12 s; loads small10m (08 trains it; +25 s when 11 runs without 08) and trains the "
-                 "one-layer draft for the capture (its only user): 2000 steps at ~4 ms ~8 s; greedy exactness, 2 drafts "
-                 "x 4 gammas x 96 tokens ~3 s; 2 x 1e6 chi-square draws on the CPU (0.2 s) and the step costs (40 rounds "
-                 "x 6 calls of ~2.5 ms) ~2 s; the grid: 5 rounds x 3 temperatures x (2 plain and 1 draft-alone "
-                 "generations of 96 tokens at ~2.5 / 0.7 ms a token ~0.5 s, and 8 speculative configurations ~0.3 s "
-                 "each: passes of gamma draft steps, one verification and the rule) ~43 s; the bandwidth-bound target, "
-                 "panel and records ~6 s; no compile: ~74 s, plus 10%"),
+    "11": (66.0, "start-up ~12 s; loads small10m (08 trains it; +25 s when 11 runs without 08) and trains the one-"
+                 "layer draft for the capture (its only user): 2000 steps at ~4 ms ~8 s; greedy exactness, 2 drafts x"
+                 " 4 gammas x 96 tokens ~3 s; 2 x 1e6 chi-square draws on the CPU (0.2 s) and the step costs (40 "
+                 "rounds x 6 calls of ~2.5 ms) ~2 s; the grid: 5 rounds x 2 temperatures (0 and 1) x (2 plain and 1 "
+                 "draft-alone generations of 96 tokens at ~2.5 / 0.7 ms a token ~0.5 s, and 8 speculative "
+                 "configurations ~0.3 s each: passes of gamma draft steps, one verification and the rule) ~29 s; the "
+                 "bandwidth-bound target, panel and records ~6 s; no compile: ~60 s, plus 10%"),
     "13": (76.0, "CPU work: 8 gloo ranks x 2 threads on the host's 16 cores, forked from a preloaded server (~1 s a "
                  "launch, 8 launches); start-up ~12 s; collectives to 16 MiB, 15-30 rounds (16 MiB: ~1.75 x 16 MiB "
                  "per rank at ~1-2 GB/s, 15-30 ms per all-reduce, two of them, and a ping-pong) ~3 s; DDP on an 8 x "
@@ -140,16 +141,21 @@ ESTIMATES: dict[str, tuple[float, str]] = {
                   "(max-autotune, tuning Triton matmul templates per shape, left out: +40-60 s) ~13 s; softmax sweep "
                   "at 256, 4096 (reused) and 16384, 2 static compiles ~3 s each and 2 Triton kernels ~1 s each, and "
                   "the Triton checks ~13 s; the rest ~4 s: ~97 s, plus 15%"),
-    "10": (130.0, "start-up ~12 s; loads small10m (08 trains it; +25 s when 10 runs without 08); cache checks and "
-                  "examples (~1,000 small10m decode steps at ~2.5 ms) ~3 s; per-position and prefill/decode comparisons "
-                  "(20-40 rounds of ms calls) and the ceilings ~8 s; the decode sweep, 4 presets and 1.3b at 8 more "
-                  "batches, 20-40 steps each of at most ~10 ms (1.3b at batch 256 reads 2.6 GB of weights and 25.8 GB of "
-                  "cache, 6 ms at 4.8 TB/s) after prefills of up to 131k tokens (3.4e14 FLOPs, ~0.5 s) ~12 s; latent "
-                  "ranks and variant speeds ~5 s; one Inductor compile of the 24-layer 1.3b static-cache step with "
-                  "CUDA graphs ~40 s, then its steps ~3 s; the paged section, 5 block sizes = 5 Triton compiles (~1.5 s "
-                  "each) and their timing ~10 s; prefix sharing, chunked prefill and waste counts ~5 s; continuous "
-                  "batching, 64 requests of ~44 tokens x 7 served runs of ~130-400 iterations at ~4 ms, and each "
-                  "request alone (~2.8k steps at ~2.5 ms) ~20 s; the rest ~3 s: ~121 s, plus 7%"),
+    "10": (88.0, "start-up ~12 s; loads small10m (08 trains it; +25 s when 10 runs without 08); cache checks and "
+                 "examples (~1,000 small10m decode steps at ~2.5 ms) ~3 s; per-position and prefill/decode "
+                 "comparisons (20-40 rounds of ms calls) and the ceilings ~8 s; the decode sweep, 3 presets and 1.3b "
+                 "at 4 more batches (4, 16, 64, 256), 20-40 steps each of at most ~10 ms (1.3b at batch 256 reads 2.6"
+                 " GB of weights and 25.8 GB of cache, 6 ms at 4.8 TB/s) after prefills of up to 131k tokens (3.4e14 "
+                 "FLOPs, ~0.5 s), ~1 s a case ~7 s; latent ranks and variant speeds ~5 s; one Inductor compile of the"
+                 " 1.3b-wide static-cache step with 8 of its 24 layers, CUDA graphs, ~21 s (of the 24-layer ~40 s, "
+                 "~28 s grows with the layers: Dynamo, AOT and Inductor's lowering and scheduling, 5.9/9.7/18.5 s of "
+                 "Python at 6/12/24 layers in a compile measured on a 2-core CPU; ~12 s, each distinct kernel "
+                 "compiled and coordinate-descent tuned once, does not), then its steps ~1.5 s; the paged section, 3 "
+                 "block sizes = 3 Triton compiles (~1.5 s each) and their timing ~6 s; prefix sharing, chunked "
+                 "prefill and waste counts ~5 s; continuous batching, 48 requests x 7 served runs (static 348, "
+                 "continuous 154, tight 154 iterations) ~1,660 iterations at ~4 ms, and one request in four alone (12"
+                 " requests, ~470 steps at ~2.5 ms), with admissions and tables ~11 s; the rest ~3 s: ~82.5 s, plus "
+                 "7%"),
     "12": (70.0, "start-up ~12 s; 40,000 documents and the packing checks ~4 s; the loader sweep, 8 sources a round "
                  "(4 worker counts, 2 more prefetch factors, 1 more batch size, memmap), each a fresh loader, warm-up"
                  " and 20 steps of 12-45 ms (small10m at 64x256 ~12 ms, launch-bound as 02 measured; no workers wait "
@@ -259,7 +265,7 @@ def plan_line(nb: str, estimates: dict[str, tuple[float, str]], checked: dict[st
 # `run` gets for references. Window 1: start-up (~60 s), call 1 the smoke pass and the goals (540 s, none left for
 # references), call 2 what the window has left; window 2: start-up, then a whole call and what is left.
 CALLS: tuple[tuple[str, float], ...] = (("window 1, call 2", 260.0), ("window 2, call 1", 540.0),
-                                        ("window 2, call 2", 240.0))
+                                        ("window 2, call 2", 260.0))
 COURSE_LIMIT_S = 1200.0   # the whole course's full profiles on one H200, estimated
 
 
