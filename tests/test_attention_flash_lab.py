@@ -1,13 +1,14 @@
 """helpers.attention.flash_lab: notebook 06's parameters, the correctness rule, timing, the speed sweep and its goal,
 the memory wall, the unchecked combinations, the figures, the traffic verdict and the panel."""
 import math
+from contextlib import nullcontext
 
 import matplotlib.pyplot as plt
 import pytest
 import torch
 
 from helpers.attention import flash_lab, kernels
-from helpers.gpt.model import naive_attention
+from helpers.gpt.model import GPT, GPTConfig, naive_attention
 from helpers.measure import params
 
 RAW = dict(DTYPE="auto", SEQ_LENS=None, HEAD_DIMS=None, TOKENS=None, D_MODEL=None, MEMORY_SEQ_LENS=None,
@@ -40,9 +41,15 @@ def test_full_profile_sizes_keep_the_crossing_the_goal_and_the_wall(tmp_path):
     p = flash_lab.resolve_parameters(full, **RAW)
     assert p.seq_lens == [256, 1024, 4096, 16384] and p.head_dims == [128] and p.pytorch_max_n == 1024
     assert sum(n >= flash_lab.GOAL_MIN_N for n in p.seq_lens) == 2  # the goal is measured at two N
-    assert p.memory_seq_lens == [4096, 8192, 16384, 32768, 65536] and p.autotune == "shortlist"
+    assert p.memory_seq_lens == [4096, 8192, 16384, 32768] and p.autotune == "shortlist"
     naive_gib = [3 * 16 * n * n * 2 / 2**30 for n in p.memory_seq_lens]  # 16 heads of bf16 N x N buffers
-    assert naive_gib[-2] > 80 and naive_gib[-1] > 192 and naive_gib[0] < 2  # fits at first, past any GPU at last
+    assert naive_gib[-1] > 80 and naive_gib[0] < 2  # fits at first, past an 80 GB GPU at last
+
+
+def test_the_wall_reaches_past_any_gpu_only_on_one_larger_than_an_h200():
+    assert flash_lab.wall_sizes(139.8) == [4096, 8192, 16384, 32768]  # an H200: naive ran out at 32768
+    assert flash_lab.wall_sizes(None) == [4096, 8192, 16384, 32768]
+    assert flash_lab.wall_sizes(178.0)[-2:] == [32768, 65536]  # 3 * 16 * 65536^2 * 2 bytes = 384 GiB: past any GPU
 
 
 def test_use_autotune_says_what_the_autotuner_tries(monkeypatch):
@@ -70,6 +77,33 @@ def test_traffic_verdict_names_the_tiles_that_move_more_than_naive():
     assert "B_r = 16 moved MORE" in text and "B_r = 32, 64 moved fewer" in text and "d/2 = 32" in text
     text = flash_lab.traffic_verdict(traffic[1:], naive, d)
     assert "MORE" not in text
+
+
+def test_correctness_leaves_out_what_it_is_told_and_checks_a_precision_on_its_own_problem(monkeypatch):
+    monkeypatch.setattr(kernels, "IMPLEMENTATIONS", ("naive", "sdpa_math", "flash_pytorch"))
+    made, probed, make, probe = [], [], kernels.make_qkv, kernels._probe
+    monkeypatch.setattr(kernels, "make_qkv", lambda *a, **kw: made.append(a[:4]) or make(*a, **kw))
+    monkeypatch.setattr(kernels, "_probe", lambda impl, device, dtype: probed.append((impl, dtype)) or probe(impl, device, dtype))
+    rows, checked, not_checked = flash_lab.correctness("cpu", (1, 2, 33, 16), False, shapes={"fp32": (1, 1, 20, 16)},
+                                                       skip={("flash_pytorch", "fp16"): "left out here"})
+    assert made == [(1, 1, 20, 16), (1, 2, 33, 16)]  # fp32 on its own problem, fp16 on the shared one; no bf16 units
+    assert ("flash_pytorch", torch.float16) not in probed and ("flash_pytorch", torch.float32) in probed
+    assert {(r[0], r[1]) for r in rows} == {("naive", "fp32"), ("sdpa_math", "fp32"), ("flash_pytorch", "fp32"),
+                                            ("naive", "fp16"), ("sdpa_math", "fp16")}
+    assert len(rows) == len(checked) == 10 and ("flash_pytorch", "fp16", True) not in checked  # x 2 causal flags
+    text = flash_lab.not_checked_sentence(not_checked, only=("flash_pytorch",))
+    assert text == "flash_pytorch: not checked in fp16 (left out here); in bf16 (this GPU has no bf16 units)"
+
+
+def test_gpt_kernels_times_a_slow_kernel_over_its_own_repetitions():
+    torch.manual_seed(0)
+    kernels.register_course_kernels()
+    gpt = GPT(GPTConfig.preset("tiny"))
+    idx, tgt = (torch.randint(0, gpt.config.vocab_size, (1, 32)) for _ in range(2))
+    rows = flash_lab.gpt_kernels(gpt, idx, tgt, ["naive", "flash_pytorch"], device="cpu", reps=3, autocast=nullcontext,
+                                 interpreted=set(), reps_of={"flash_pytorch": 1})
+    assert rows["naive"]["reps"] == 3 and rows["flash_pytorch"]["reps"] == 1
+    assert rows["naive"]["loss"] == pytest.approx(rows["flash_pytorch"]["loss"], rel=1e-5)
 
 
 def test_not_checked_sentence_names_each_kernel_and_reason():

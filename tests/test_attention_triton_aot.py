@@ -81,3 +81,31 @@ def test_matrix_products_use_hopper_tensor_core_instructions(compiled):
         assert r["kernel"] == "preprocess" or r["exp2"] > 0, where  # softmax through the hardware exp2
     thin = [r for r in compiled if tuple(r["config"]) == THIN and r["dtype"] == "bf16"]
     assert thin and all(r["wgmma"] == 0 and r["mma_sync"] > 0 for r in thin)  # wgmma needs 64 rows a warpgroup
+
+
+def test_the_report_compiles_in_process_only_where_the_kernels_are_compiled(monkeypatch):
+    from helpers.attention import flash_triton, triton_aot
+
+    monkeypatch.setattr(triton_aot, "survey", lambda **kw: ("here", kw))
+    monkeypatch.setattr(triton_aot, "survey_in_subprocess", lambda timeout, **kw: ("subprocess", kw))
+    assert triton_aot.survey_here_or_in_subprocess(head_dims=(128,))[0] == ("subprocess" if flash_triton.INTERPRETED
+                                                                             else "here")
+    monkeypatch.setattr(flash_triton, "INTERPRETED", False)
+    assert triton_aot.survey_here_or_in_subprocess(head_dims=(128,)) == ("here", {"head_dims": (128,)})
+
+
+def test_launch_configs_can_name_only_what_the_autotuner_tries():
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("triton")
+    code = ("from helpers.attention.triton_aot import launch_configs as c; "
+            "print([c('forward', 128, 'bf16', 'shortlist'), c('forward', 128, 'bf16'), c('dq', 64, 'fp32', 'shortlist')])")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"} | {"COURSE_TRITON_AOT": "1"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    shortlist, every, fp32 = eval(out)
+    from helpers.attention.flash_triton import AUTOTUNE, SHORTLIST
+
+    assert shortlist == SHORTLIST["forward"][128] and len(every) == len(AUTOTUNE["forward"][128]) + 1  # + the fixed one
+    assert fp32 == [(16, 16, 4, 2)]  # fp32 is never autotuned: its one fixed config either way

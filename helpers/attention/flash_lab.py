@@ -130,9 +130,8 @@ def resolve_parameters(S: params.Setup, *, DTYPE, SEQ_LENS, HEAD_DIMS, TOKENS, D
         head_dims=R("HEAD_DIMS", HEAD_DIMS, smoke=[64], full=[128], check=_head_dims),
         tokens=R("TOKENS", TOKENS, smoke=512, full=16384, check=params.positive),
         d_model=R("D_MODEL", D_MODEL, smoke=256, full=2048, check=params.positive),
-        # full: naive's three N x N buffers (16 heads, bf16) pass 80 GiB at N = 32768 and any GPU's memory at 65536
-        memory_seq_lens=R("MEMORY_SEQ_LENS", MEMORY_SEQ_LENS, smoke=[256, 512, 1024, 2048],
-                          full=[4096, 8192, 16384, 32768, 65536], check=params.positives),
+        memory_seq_lens=R("MEMORY_SEQ_LENS", MEMORY_SEQ_LENS, smoke=[256, 512, 1024, 2048], full=wall_sizes(gib),
+                          check=params.positives),
         memory_budget_gb=_budget(MEMORY_BUDGET_GB, S.device),
         block_sizes=R("BLOCK_SIZES", BLOCK_SIZES, smoke=[16, 32, 64, 128, 256], full=[16, 32, 64, 128],
                       check=_block_sizes(S.device)),
@@ -149,6 +148,14 @@ def resolve_parameters(S: params.Setup, *, DTYPE, SEQ_LENS, HEAD_DIMS, TOKENS, D
 
 
 AUTOTUNE_CHOICES = ("shortlist", "all")  # the keys of flash_triton.CONFIG_LISTS
+WALL_GIB = 150  # GPU memory above which naive attention may pass N = 32768 (16 heads, bf16), so the wall needs 65536
+
+
+def wall_sizes(gib: float | None) -> list[int]:
+    """The full profile's memory-wall sizes for a GPU with `gib` GiB (None: no GPU): N doubling from 4096 to
+    32768, where each N x N buffer of 16 bf16 heads is 32 GiB and naive's forward and backward ran out of an
+    H200's 140 GiB (results/nvidia-h200/partial-06); a GPU with more than WALL_GIB adds 65536, past any GPU."""
+    return [4096, 8192, 16384, 32768] + ([65536] if gib is not None and gib > WALL_GIB else [])
 
 
 def use_autotune(which: str) -> str:
@@ -205,24 +212,32 @@ def compare(impl: str, q, k, v, do, causal: bool) -> dict:
 OURS = ("naive", "flash_pytorch", "flash_triton")  # the course's own code: a failure stops the notebook
 
 
-def correctness(device: str, shape: tuple, bf16_ok: bool, seed: int = 2) -> tuple[list, dict, list]:
+def correctness(device: str, shape: tuple, bf16_ok: bool, seed: int = 2, *, shapes: dict | None = None,
+                skip: dict | None = None) -> tuple[list, dict, list]:
     """compare() every implementation that runs here, per precision and causal flag, on `shape` (B, H, N, d).
 
+    shapes: {dtype name: (B, H, N, d)} for the precisions checked on another problem than `shape`.
+    skip: {(impl, dtype name): reason} for combinations this run leaves out; they are not tried (for a
+    Triton kernel that means not compiled) and are listed as not checked, with the reason.
     Returns (table rows, {(impl, dtype, causal): max error} of those that passed, and
     [(impl, dtype, reason)] for every implementation x precision that could not be checked here).
     Raises AssertionError when one of the course's own implementations breaks the rule.
     """
     rows, checked, not_checked = [], {}, []
+    shapes, skip = shapes or {}, skip or {}
     for dname in DTYPE_NAMES:
         dt = hardware.torch_dtype(dname)
         if dname == "bf16" and not bf16_ok:
             not_checked += [(impl, dname, "this GPU has no bf16 units") for impl in kernels.IMPLEMENTATIONS]
             continue
-        not_checked += [(impl, dname, why) for impl, why in kernels.availability(device, dt).items() if why]
-        q, k, v = kernels.make_qkv(*shape, dt, device, seed=seed)
+        left_out = [impl for impl in kernels.IMPLEMENTATIONS if (impl, dname) in skip]
+        not_checked += [(impl, dname, skip[(impl, dname)]) for impl in left_out]
+        tried = kernels.availability(device, dt, [i for i in kernels.IMPLEMENTATIONS if i not in left_out])
+        not_checked += [(impl, dname, why) for impl, why in tried.items() if why]
+        q, k, v = kernels.make_qkv(*shapes.get(dname, shape), dt, device, seed=seed)
         do = torch.randn(q.shape, device=device).to(dt)
         for causal in (False, True):
-            for impl in kernels.available(device, dt):
+            for impl in [i for i, why in tried.items() if why is None]:
                 try:
                     r = compare(impl, q, k, v, do, causal)
                 except RuntimeError as err:  # a library kernel that refuses this case: reported, not fatal
@@ -246,12 +261,16 @@ def correctness_table(rows: list) -> str:
 
 
 def not_checked_sentence(not_checked: list, only: tuple = ("flash_pytorch", "flash_triton", "sdpa_flash")) -> str:
-    """One line per implementation of `only` with the precisions not checked in this run and why."""
+    """One line per implementation of `only` with the precisions not checked in this run, grouped by the reason."""
     lines = []
     for impl in only:
-        missed = [(d, why) for i, d, why in not_checked if i == impl]
-        if missed:
-            lines.append(f"{impl}: not checked in {', '.join(d for d, _ in missed)} ({missed[0][1]})")
+        by_reason: dict[str, list[str]] = {}
+        for i, d, why in not_checked:
+            if i == impl:
+                by_reason.setdefault(why, []).append(d)
+        if by_reason:
+            lines.append(f"{impl}: not checked " + "; ".join(f"in {', '.join(ds)} ({why})"
+                                                             for why, ds in by_reason.items()))
     return "; ".join(lines) if lines else "every course kernel and SDPA's flash kernel was checked in fp32, fp16 and bf16"
 
 
@@ -463,9 +482,11 @@ def traffic_verdict(traffic: list, naive_bytes: int, d: int) -> str:
 
 # ---------------------------------------------------------------- the course GPT
 
-def gpt_kernels(gpt, idx, tgt, impls: list, *, device: str, reps: int, autocast, interpreted: set) -> dict:
+def gpt_kernels(gpt, idx, tgt, impls: list, *, device: str, reps: int, autocast, interpreted: set,
+                reps_of: dict | None = None) -> dict:
     """One training step of `gpt` per attention kernel: loss, step time, bytes kept for backward, peak CUDA.
 
+    Each kernel's step is timed over `reps` repetitions, or over reps_of[kernel] where given (for a slow one).
     Kernels in `interpreted` (Triton in its interpreter) are run but not timed: their time would be
     Python's. An out-of-memory error or a library kernel's refusal skips that kernel with a sentence.
     """
@@ -488,10 +509,11 @@ def gpt_kernels(gpt, idx, tgt, impls: list, *, device: str, reps: int, autocast,
         try:
             kept = bench.saved_tensors(lambda: forward_keeping_loss(out), ignore=gpt.parameters())  # one step, counted
             out[0].backward()
-            t = None if impl in interpreted else bench.benchmark(step, warmup=1, reps=reps, device=device)
+            n = (reps_of or {}).get(impl, reps)
+            t = None if impl in interpreted else bench.benchmark(step, warmup=1, reps=n, device=device)
             rows[impl] = {"loss": out[0].item(), "step_ms": t and t.ms, "spread": t and t.spread,
-                          "saved_bytes": kept.nbytes, "peak_bytes": bench.peak_cuda_memory(step),
-                          "interpreted": impl in interpreted}
+                          "reps": t and len(t.samples), "saved_bytes": kept.nbytes,
+                          "peak_bytes": bench.peak_cuda_memory(step), "interpreted": impl in interpreted}
         except RuntimeError as err:  # out of memory on a small GPU, or a library kernel's refusal
             status = bench.recoverable_failure(err)
             if not status:

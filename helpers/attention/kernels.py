@@ -288,15 +288,18 @@ def _reason_from(err: Exception, messages: list[str]) -> str:
     return "; ".join(told[:2])[:300] or str(err).strip().splitlines()[0]
 
 
-def availability(device: str | None = None, dtype: torch.dtype = torch.float16) -> dict[str, str | None]:
-    """{implementation: None if it runs here in `dtype`, else the reason why not}."""
+def availability(device: str | None = None, dtype: torch.dtype = torch.float16,
+                 impls=IMPLEMENTATIONS) -> dict[str, str | None]:
+    """{implementation: None if it runs here in `dtype`, else the reason why not}, for each of `impls`
+    (every implementation unless told; each is tried once per device and dtype, and a Triton kernel
+    tried is a kernel compiled)."""
     device = bench.resolve_device(device)
-    return {impl: _probe(impl, device, dtype) for impl in IMPLEMENTATIONS}
+    return {impl: _probe(impl, device, dtype) for impl in impls}
 
 
-def available(device: str | None = None, dtype: torch.dtype = torch.float16) -> list[str]:
-    """The implementations that run here in `dtype`."""
-    return [impl for impl, why in availability(device, dtype).items() if why is None]
+def available(device: str | None = None, dtype: torch.dtype = torch.float16, impls=IMPLEMENTATIONS) -> list[str]:
+    """The implementations of `impls` (every one unless told) that run here in `dtype`."""
+    return [impl for impl, why in availability(device, dtype, impls).items() if why is None]
 
 
 def register_course_kernels() -> list[str]:

@@ -10,8 +10,9 @@ kernel's registers per thread and stack frame, and lists its machine code (SASS)
 - MUFU.EX2, the hardware exp2 the kernels use for the softmax.
 
 No GPU is needed, but Triton's interpreter must be off in the compiling process, so from a
-notebook or test (where it may be on) call `survey_in_subprocess`. `python -m helpers.attention.triton_aot`
-prints the table for every configuration the kernels can launch with.
+notebook or test (where it may be on) call `survey_in_subprocess`, or `survey_here_or_in_subprocess`,
+which compiles in the calling process where that process compiles the course's kernels (a GPU).
+`python -m helpers.attention.triton_aot` prints the table for every configuration the kernels can launch with.
 """
 from __future__ import annotations
 
@@ -115,28 +116,35 @@ def resources(compiled) -> dict[str, int]:
             "mma_sync": ops.get("HMMA", 0), "exp2": sass.count("MUFU.EX2"), "instructions": sum(ops.values())}
 
 
-def launch_configs(kernel: str, head_dim: int, dtype: str) -> list[tuple[int, int, int, int]]:
-    """Every config flash_triton may launch `kernel` with on a GPU: the autotuner's list, or the fixed one."""
+def launch_configs(kernel: str, head_dim: int, dtype: str,
+                   autotuned: str | None = None) -> list[tuple[int, int, int, int]]:
+    """Every config flash_triton may launch `kernel` with on a GPU: the autotuner's list, or the fixed one.
+
+    autotuned: a name of flash_triton.CONFIG_LISTS ("shortlist", "all"): only the configs that list has the
+    autotuner try (fp16/bf16; fp32 and the preprocess kernel are never autotuned and keep their one config)."""
     ft = _flash_triton()
     d_pad = ft.padded_head_dim(head_dim)
     if kernel == "preprocess":
         return [(ft.PREPROCESS_BLOCK, ft.PREPROCESS_BLOCK, 4, 3)]  # launched with Triton's defaults; BLOCK_N unused
     if dtype == "fp32":
         return [ft.fixed_config(None, None, d_pad, fp32=True)]
+    if autotuned is not None:
+        return list(ft.CONFIG_LISTS[autotuned][kernel][ft.head_dim_class(d_pad)])
     return ft.AUTOTUNE[kernel][ft.head_dim_class(d_pad)] + [ft.fixed_config(None, None, d_pad, fp32=False)]
 
 
 def survey(kernels=("forward", "dkdv", "dq"), head_dims=(64, 128), dtypes=("bf16",), causal=(False, True),
-           arch: int = 90, extra: dict | None = None) -> list[dict]:
+           arch: int = 90, extra: dict | None = None, autotuned: str | None = None) -> list[dict]:
     """One row per (kernel, dtype, head dim, causal, config): the config and its `resources`.
 
     extra: {kernel: [config, ...]} compiled besides the ones flash_triton launches (marked launched=False).
+    autotuned: as in `launch_configs` (None: every config flash_triton may launch).
     """
     rows = []
     for kernel in kernels:
         for dtype in dtypes:
             for d in head_dims:
-                configs = [(c, True) for c in dict.fromkeys(launch_configs(kernel, d, dtype))]
+                configs = [(c, True) for c in dict.fromkeys(launch_configs(kernel, d, dtype, autotuned))]
                 configs += [(c, False) for c in (extra or {}).get(kernel, []) if (c, True) not in configs]
                 for is_causal in causal:
                     for config, launched in configs:
@@ -155,6 +163,15 @@ def survey_in_subprocess(timeout: float = 900, **kwargs) -> list[dict]:
     if done.returncode != 0:
         raise RuntimeError(f"the compile survey failed:\n{done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def survey_here_or_in_subprocess(timeout: float = 900, **kwargs) -> list[dict]:
+    """`survey(**kwargs)` in this process where the course's Triton kernels are compiled here (a GPU), which
+    saves a Python start-up; elsewhere (Triton's interpreter on, or not yet known) `survey_in_subprocess`."""
+    ft = sys.modules.get("helpers.attention.flash_triton")
+    if ft is not None and not ft.INTERPRETED:
+        return survey(**kwargs)
+    return survey_in_subprocess(timeout, **kwargs)
 
 
 def format_rows(rows: list[dict]) -> str:
