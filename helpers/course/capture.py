@@ -64,11 +64,17 @@ ESTIMATED_ON = REPO_ROOT / "results" / "nvidia-h200"  # the GPU ESTIMATES are fo
 OFF_LIMIT = 0.30          # an estimate further than this from a capture's measured seconds is flagged by `plan`
 
 # Full-profile seconds on one H200, each with its basis: for a notebook a capture has measured, that time
-# (results/nvidia-h200/capture.json) with ~15-25% added; otherwise the notebook's FLOP and byte counts
-# against the H200's published rates (dense bf16 ~990 TFLOP/s, fp32 ~67 TFLOP/s, 4.8 TB/s: NVIDIA H200
-# datasheet) plus start-up and compile time. The whole course does not fit one 540 s call: the capture
-# takes the notebooks without a reference first, so successive calls (and sessions) complete it.
-# `python -m helpers.course.capture plan` prints them.
+# (results/nvidia-h200/capture.json) with 10% added, less the measured cost of what was cut since; otherwise
+# the notebook's FLOP and byte counts against the H200's published rates (dense bf16 ~990 TFLOP/s, fp32
+# ~67 TFLOP/s, 4.8 TB/s: NVIDIA H200 datasheet) plus start-up, training and compile time. A cold Inductor
+# compile is counted in two parts: the Python work (Dynamo, AOT autograd, Inductor's lowering and scheduling)
+# grows with the layers traced, ~1.2 s a layer forward only and about twice that with the backward (5.9, 9.7
+# and 18.5 s at 6, 12 and 24 layers of a decode step profiled on a 2-core CPU); each distinct Triton kernel is
+# compiled (and, under coordinate-descent tuning, tuned) once per process and cache, ~1 s, 16 at a time on the
+# H200's host, so a second graph that shares most of its kernels with one compiled before pays mostly the
+# Python part. The whole course does not fit one 540 s call: the capture takes the notebooks without a
+# reference first, so successive calls complete it (CALLS, `call_plan`). `python -m helpers.course.capture
+# plan` prints them.
 ESTIMATES: dict[str, tuple[float, str]] = {
     "00": (22.0, "the H200 capture's 20.1 s, plus 10%; matmul sweep 512..16384 in 4 formats x 20 reps: 2n^3 FLOPs "
                  "each, ~0.4 s of GPU work at the datasheet rates; copies up to 4 GiB x reps at 4.8 TB/s ~ 1 s; the "
@@ -102,15 +108,16 @@ ESTIMATES: dict[str, tuple[float, str]] = {
                  "torchao's rowwise: one block's forward and backward a variant, ~5 s in bf16 and ~7 s with FP8's "
                  "amax, scale and cast ops, plus Inductor's start-up ~5 s, and 23 timed steps each ~1 s: ~25 s; the "
                  "rest ~5 s: ~83 s (~66 s where torchao cannot run), plus 7%"),
-    "08": (125.0, "start-up with bitsandbytes and torchao ~15 s; trains small10m for the capture (the first of 05, 08, "
-                  "10, 11 to need it; 10 and 11 load it): 2000 steps of 64x256 at ~12 ms (02's measured launch-bound "
-                  "small10m steps on this H200: 10-11 ms, plus clipping) ~25 s; error tables and grid on the CPU (30 "
-                  "block weights, 10.6M values; 5.8 s and 2.2 s on a 2-core CPU) ~8 s; GPTQ's column loops (6 layers x "
-                  "3072 columns x ~12 launches ~ 2 s per model and width, x 4) and AWQ ~10 s; ~40 held-out evaluations "
-                  "of 8x16 windows and 3 x 100 fine-tuning steps at 8x64 ~10 s; 1.3b decode: 2 Inductor compiles of the "
-                  "int8 linear (batch 1 and 64; prefills run uncompiled) ~25 s, 3 Triton int4 compiles ~5 s, torchao "
-                  "~5 s, 5 variants x 2 batches x 35 steps of ~6 ms (24 launch-bound layers; the 2.6 GB of weights take "
-                  "0.55 ms at 4.8 TB/s) ~2 s; the rest ~5 s: ~110 s, plus 15%"),
+    "08": (105.0, "start-up with bitsandbytes and torchao ~15 s; trains small10m for the capture (the first of 05, "
+                  "08, 10, 11 to need it; 10 and 11 load it): 2000 steps of 64x256 at ~12 ms (02's measured launch-"
+                  "bound small10m steps on this H200: 10-11 ms, plus clipping) ~25 s; error tables and grid on the "
+                  "CPU (30 block weights, 10.6M values; 5.8 s and 2.2 s on a 2-core CPU) ~8 s; GPTQ's column loops (6"
+                  " layers x 3072 columns x ~12 launches ~ 2 s per model and width, x 4) and AWQ ~10 s; ~40 held-out "
+                  "evaluations of 8x16 windows and 3 x 100 fine-tuning steps at 8x64 ~10 s; 1.3b decode: the int8 "
+                  "linear alone compiled with dynamic shapes (prefills run uncompiled), one graph at batch 1 and one "
+                  "at 64, each ~1 s of Python and one or two kernels compiled and tuned ~2 s: ~6 s, 3 Triton int4 "
+                  "compiles ~5 s, torchao ~5 s, 5 variants x 2 batches x 35 steps of ~6 ms (24 launch-bound layers; "
+                  "the 2.6 GB of weights take 0.55 ms at 4.8 TB/s) ~2 s; the rest ~5 s: ~91 s, plus 15%"),
     "11": (66.0, "start-up ~12 s; loads small10m (08 trains it; +25 s when 11 runs without 08) and trains the one-"
                  "layer draft for the capture (its only user): 2000 steps at ~4 ms ~8 s; greedy exactness, 2 drafts x"
                  " 4 gammas x 96 tokens ~3 s; 2 x 1e6 chi-square draws on the CPU (0.2 s) and the step costs (40 "
@@ -165,30 +172,39 @@ ESTIMATES: dict[str, tuple[float, str]] = {
                  "kept (~0.5 s) ~12 s; two forked readers over 60,000 documents ~4 s; pinned copies to 256 MiB x 20 "
                  "reps x 3 kinds ~3 s; packing against padding (20-40 rounds of two ~12 ms steps) and its profile ~5 "
                  "s; varlen check, masks, sampler, the panel's 8-worker loader ~6 s; no compile: ~64 s, plus 10%"),
-    "14": (150.0, "not yet measured on a GPU; counted: start-up, imports and the two matmul ceilings ~10 s; the training "
-                  "ladder, each technique alone and the leave-one-out runs, ~27 runs x 16 steps of small10m at 16x512 "
-                  "(6.5e11 FLOPs a step: ~30 ms in fp32 with naive attention for ~7 runs, ~12 ms launch-bound in bf16 "
-                  "for ~20) ~6 s; ~8 cold regional compiles (one small10m block's forward and backward, ~5 s each on "
-                  "16 cores) ~40 s; the step profiles of 9 rungs ~4 s; the Triton attention row, 4 kernels from the "
-                  "H200 shortlist at ~1.2 s (cached when notebook 06 ran first) and 32 steps ~6 s; the serving ladder "
-                  "on the small10m target and draft that notebooks 08 and 11 cached earlier in the capture (+30 s when "
-                  "they did not): three compiled decode steps (bf16, int8, int4; CUDA graphs and coordinate-descent "
-                  "tuning, ~18 s each) ~54 s, the protocol's timing of six rungs (6 s budget plus warm-up) ~10 s, three "
-                  "techniques alone (5 s budget) ~8 s, exactness, held-out loss and batching ~10 s"),
-    "06": (140.0, "a Triton kernel compile ~1.2 s all-in (results/nvidia-h200/partial-06: 101 s from the memory-wall "
-                  "record to the correctness record for ~67 compiles and little else; flash_check/log.txt: ~50 cold "
-                  "compiles in ~50 s); start-up ~10 s; 53 kernel compiles (was ~123: the autotuner tries "
-                  "flash_triton.SHORTLIST, 4 kernels per dtype, head dim and causal flag instead of 10; the memory wall "
-                  "at d=128 and the correctness check at N=1040 with 16 heads compile the kernels the speed sweep "
-                  "launches; the compiler report at d=128 only) ~65 s; memory wall to N=65536 (was 131072; 3.5 x 4BHN^2d "
-                  "~ 1.2e14 FLOPs fwd+bwd there, ~0.3 s a call at 400 TFLOP/s, 3 calls each for sdpa and Triton and ~8 "
-                  "per autotuned forward config) ~6 s; speed sweep N=256, 1024, 4096, 16384 (was 512..16384 in 6) at 16k "
-                  "tokens: 7.7e12 FLOPs fwd+bwd at N=16384, ~20 ms at 400 TFLOP/s, 8 implementations x 2 passes x 13 "
-                  "calls x 2 causal flags ~6.5 s there and 1.3x that over the sweep, the PyTorch-tiled loops to N=1024 "
-                  "(was 2048; ~0.3 ms a tile) ~2 s, cuDNN plans ~3 s: ~16 s; correctness of 8 implementations x 3 dtypes "
-                  "x 2 ~8 s; build checks, GQA, profiler and traffic sweep ~10 s; the GPT step per kernel (gpt2 at 8x1024, "
-                  "~13 steps each; the PyTorch-tiled one ~0.5 s a step) ~14 s; the compiler-report subprocess ~5 s; the "
-                  "rest ~5 s: ~140 s"),
+    "14": (132.0, "counted: start-up, imports and the two matmul ceilings ~10 s; the training ladder, each technique "
+                  "alone and the leave-one-out runs, ~27 runs x 16 steps of small10m at 16x512 (6.5e11 FLOPs a step: "
+                  "~30 ms in fp32 with naive attention for ~7 runs, ~12 ms launch-bound in bf16 for ~20) ~6 s; 8 "
+                  "distinct regional compiles (the compile, fp8 and checkpoint rungs, compile alone in fp32 with "
+                  "naive attention, the stack without bf16, without sdpa and without fp8, and the Triton attention "
+                  "row; the other stacks and every rebuilt rung reuse a graph compiled before), one small10m block's "
+                  "forward and backward each: the first ~6 s (~2.5 s of Python and the ~20 kernels the variants "
+                  "share), each later one ~2.5 s of Python and a few new kernels ~3.5 s: ~31 s; the step profiles of "
+                  "9 rungs ~4 s; the Triton attention row's kernels, 4 from the H200 shortlist at ~1.2 s, and its "
+                  "steps beside sdpa's (32 in all) ~6 s; the serving ladder on the small10m target and draft cached "
+                  "earlier in the capture by 08 and 11 (+30 s when they were not): three compiled decode steps of the"
+                  " 6-layer model with CUDA graphs and coordinate-descent tuning, bf16 first (~7 s of Python, ~25 "
+                  "kernels compiled and tuned ~11 s) ~18 s, then int8 and int4, which share its attention, norm and "
+                  "rope kernels (~7 s of Python and their dequantising matvecs ~3 s) ~10 s each: ~38 s; the "
+                  "protocol's timing of the seven rungs (6 s budget plus warm-up) ~10 s, three techniques alone (5 s "
+                  "budget) ~8 s, exactness, held-out loss and batching ~10 s: ~123 s, plus 7%"),
+    "06": (98.0, "a Triton kernel compile ~1.2 s all-in (results/nvidia-h200/partial-06: 101 s from the memory-wall "
+                 "record to the correctness record for ~67 compiles and little else; flash_check/log.txt: ~50 cold "
+                 "compiles in ~50 s); start-up ~10 s; 29 kernel compiles (one per kernel, dtype, head dim, causal "
+                 "flag, tile config and Triton's divisible-by-16 specialisation of H, N and strides): the "
+                 "availability probes 3 (bf16 at d=64, the 2 forward tiles of flash_triton.SHORTLIST, which the GPT "
+                 "step's forward reuses; fp32, which the GQA check reuses; no fp16 probe), the memory wall 5 (bf16, "
+                 "d=128, 16 heads: 2 forward tiles, dK/dV, dQ, D, reused by the correctness table and the speed "
+                 "sweep), the fp32 Triton check 7 (16 x 16 tiles at N=1000, reused by the correctness table's fp32 "
+                 "row), the compiler report 3 (in the notebook's process on a GPU: the shortlist's 2 forward tiles "
+                 "and the 4-warp one), the correctness table 4 (bf16 causal; flash_triton in fp16 left out), the "
+                 "traffic sweep 4 (fixed tiles 16..128 at d=64), the GPT step 3 (bf16 d=64 backward), the speed sweep"
+                 " none ~35 s; memory wall to N=32768 (on the H200 naive ran out of memory at 32768; 3.5 x 4BHN^2d ~ "
+                 "3.1e13 FLOPs fwd+bwd there, ~80 ms a call at 400 TFLOP/s, 3 calls each for sdpa and Triton and ~8 "
+                 "per autotuned forward config) ~3 s; speed sweep N=256, 1024, 4096, 16384 at 16k tokens ~16 s; "
+                 "correctness of 8 implementations x 3 dtypes x 2, less flash_triton in fp16 ~8 s; build checks, GQA,"
+                 " profiler and traffic sweep ~10 s; the GPT step per kernel (gpt2 at 8x1024, ~13 steps each for "
+                 "naive, sdpa and Triton, 6 for the PyTorch-tiled one at ~0.5 s a step) ~10.5 s; the rest ~5 s: ~98 s"),
 }
 
 
