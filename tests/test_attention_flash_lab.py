@@ -253,3 +253,14 @@ def test_notebook_06_text_points_the_right_way_and_cites_in_words():
             assert cells[i + 1]["cell_type"] == "code", f"markdown cell {i} announces a next cell that is not code"
         assert "4d/B_r" not in text and "6N^2" not in text, "the traffic model is 2d/B_r N² against naive's 4N²"
         assert "`000`" not in text and "`003`" not in text and ".txt" not in text, "cite source texts in words"
+
+
+def test_smoke_on_a_gpu_sweeps_the_head_dim_128_kernels(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: SimpleNamespace(total_memory=141 * 2**30))
+    monkeypatch.setattr(flash_lab.hardware, "capabilities", lambda: {"bf16": True})
+    gpu = params.Setup(profile="smoke", device="cuda", seed=0, interactive=False, results_dir=tmp_path)
+    cpu = params.Setup(profile="smoke", device="cpu", seed=0, interactive=False, results_dir=tmp_path)
+    assert flash_lab.resolve_parameters(gpu, **RAW).head_dims == [128]
+    assert flash_lab.resolve_parameters(cpu, **RAW).head_dims == [64]
