@@ -86,6 +86,9 @@ def test_separated_variants_stop_early_and_are_ranked_by_their_medians():
     assert c.stopped == "separated" and c.rounds == 5  # separated from round 3 on: three rounds in a row by 5
     s = protocol.rank_sentence("slow", c["slow"], "fast", c["fast"])
     assert re.match(r"fast was (2\.9\d|3\.0\d)x \(IQR-bounded", s) and "faster than slow" in s
+    assert s.endswith(f"(time per call: {c['fast']} vs {c['slow']})")  # the faster's time first, as named
+    wait = protocol.rank_sentence("slow", c["slow"], "fast", c["fast"], what="data wait", better="shorter")
+    assert "fast was" in wait and "shorter than slow (data wait:" in wait and "faster" not in wait
     r = c.ratio("slow", "fast")
     assert r.lo <= r.value <= r.hi and r.separated
 

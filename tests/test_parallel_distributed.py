@@ -303,6 +303,15 @@ def test_bucketing_sentence_ranks_only_separated_timings_and_weighs_the_measured
     assert "2% of the 50.0 ms, the rest is not explained" in fast  # 4 saved messages x 0.2 ms of a 50 ms gain
     medians_only = L.bucketing_sentence({**base, 4: {"overlapped": 0.1, "bucketed": 0.2}}, 4, 2e-4)
     assert "cannot rank them" in medians_only
+    # spreads apart, yet two rounds of five had the bucketed step faster: not ranked, and not called "within"
+    from helpers.measure import bench
+    t = lambda xs: bench.Timing(*bench.quartiles(xs), xs)  # noqa: E731
+    ov, bu = t([0.10, 0.10, 0.10, 0.10, 0.30]), t([0.05, 0.15, 0.15, 0.15, 0.15])
+    split = L.bucketing_sentence({**base, 4: {"timings": {"overlapped": ov, "bucketed": bu}}}, 4, 2e-4)
+    assert "apart by their medians' spreads" in split and "straddles 1" in split and "within" not in split
+    assert "cannot rank them" in split and "slower" not in split
+    said = L.rank_paired("bucketed", bu, "overlapped", ov)
+    assert "apart by their spreads but not round by round" in said and "cannot rank them" in said
 
 
 # ---------------------------------------------------------------- DDP overlap with timed waits

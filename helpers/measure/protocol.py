@@ -89,15 +89,18 @@ def ratio(num: Timing, den: Timing) -> Ratio:
                  separated(num, den))
 
 
-def rank_sentence(name_a: str, a: Timing, name_b: str, b: Timing, what: str = "time per call") -> str:
-    """One sentence comparing two timings: which is faster and by how much when their IQRs do not overlap,
-    else that the run cannot tell them apart."""
+def rank_sentence(name_a: str, a: Timing, name_b: str, b: Timing, what: str = "time per call",
+                  better: str = "faster") -> str:
+    """One sentence comparing two timings: which is `better` (the word for the smaller time: "faster", or
+    "shorter" for a wait) and by how much when their IQRs do not overlap, else that the run cannot tell them
+    apart. The timings in its parenthesis follow the order of the names before it (the better first)."""
     r = ratio(b, a)  # > 1: a is faster
     if not r.separated:
         return (f"{name_a} and {name_b} are within the noise of each other ({what}: {a} vs {b}); "
                 "this run cannot rank them")
-    fast, slow, x = (name_a, name_b, r) if r.value > 1 else (name_b, name_a, ratio(a, b))
-    return f"{fast} was {x} faster than {slow} ({what}: {a} vs {b})"
+    if r.value > 1:
+        return f"{name_a} was {r} {better} than {name_b} ({what}: {a} vs {b})"
+    return f"{name_b} was {ratio(a, b)} {better} than {name_a} ({what}: {b} vs {a})"
 
 
 @dataclass(frozen=True)

@@ -339,8 +339,9 @@ def rank_paired(name_a: str, a: bench.Timing, name_b: str, b: bench.Timing, what
     paired = f"round by round {name_b} / {name_a} {med:.2f}x (IQR {q25:.2f}-{q75:.2f}x)"
     if protocol.separated(a, b) and (q25 > 1 or q75 < 1):
         return protocol.rank_sentence(name_a, a, name_b, b, what=what) + f"; {paired}"
-    return (f"{name_a} and {name_b} are within the noise of each other ({what}: {a} vs {b}; {paired}); "
-            "this run cannot rank them")
+    how = ("apart by their spreads but not round by round" if protocol.separated(a, b) else
+           "within the noise of each other")
+    return f"{name_a} and {name_b} are {how} ({what}: {a} vs {b}; {paired}); this run cannot rank them"
 
 
 def measure_ddp(rank: int, world: int, width: int, depth: int, rows: list[int], reps: int, bucket_mb: float,
@@ -522,8 +523,12 @@ def bucketing_sentence(ddpm: dict, row: int, alpha_s: float) -> str:
     copies = ddpm.get("copies")
     _, pq25, pq75 = paired_ratio(ov, bu) if t.get("timings") else (1.0, 1.0, 1.0)
     if not (t.get("timings") and r.separated and (pq25 > 1 or pq75 < 1)):
-        return (f"{head}, within each other's spread ({r.value:.2f}x, IQR-bounded {r.lo:.2f}-{r.hi:.2f}x): this run "
-                f"cannot rank them. {why[0].upper()}{why[1:]}"
+        if t.get("timings") and r.separated:  # the medians' spreads apart, the round-by-round ratios on both sides of 1
+            spread = (f"apart by their medians' spreads ({r.value:.2f}x, IQR-bounded {r.lo:.2f}-{r.hi:.2f}x) but not "
+                      f"round by round (the ratio's IQR {pq25:.2f}-{pq75:.2f}x straddles 1)")
+        else:
+            spread = f"within each other's spread ({r.value:.2f}x, IQR-bounded {r.lo:.2f}-{r.hi:.2f}x)"
+        return (f"{head}, {spread}: this run cannot rank them. {why[0].upper()}{why[1:]}"
                 + (f" What bucketing adds, the copies into the buckets and back, timed alone: {copies}." if copies else ""))
     gap = bu.median - ov.median
     if gap > 0:
