@@ -42,6 +42,31 @@ def test_timed_block_discards_a_planted_cold_step():
         sweep_lab.timed_block(model, opt, src, steps=0)
 
 
+def _prefetched(ready: int, wait_s: float, n_rows=2, T=16):
+    """An endless batch source with `ready` batches at hand (what workers prefetched), then `wait_s` a batch."""
+    x = torch.randint(1, 256, (n_rows, T), generator=torch.Generator().manual_seed(0))
+    b = packing.Batch(x, x.roll(-1, 1), torch.arange(T).expand(n_rows, T), torch.zeros(n_rows, T, dtype=torch.long),
+                      n_rows * T)
+
+    def gen():
+        for k in itertools.count():
+            if k >= ready:
+                time.sleep(wait_s)
+            yield b
+    return gen
+
+
+def test_timed_block_drains_what_the_workers_prefetched_before_it_times():
+    model = GPT(GPTConfig.preset("tiny", seq_len=16))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    src = sweep_lab.Source(_prefetched(6, 0.03), ahead=6)
+    got, warm = sweep_lab.timed_block(model, opt, src, steps=3)
+    assert warm >= 6 and min(w for w, *_ in got) >= 0.025  # every timed step waited for its batch
+    assert sweep_lab.loader_source(None, batch_size=4, row_len=16, num_workers=3).ahead == 6  # PyTorch's 2 a worker
+    assert sweep_lab.loader_source(None, batch_size=4, row_len=16, num_workers=2, prefetch_factor=4).ahead == 8
+    assert sweep_lab.loader_source(None, batch_size=4, row_len=16).ahead == 0
+
+
 def test_cycle_restarts_a_loader_that_runs_out_and_refuses_an_empty_one():
     it = sweep_lab.cycle(lambda: [1, 2])
     assert [next(it) for _ in range(5)] == [1, 2, 1, 2, 1]

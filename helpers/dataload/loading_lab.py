@@ -339,7 +339,7 @@ def resolve_parameters(S: params.Setup, *, MODEL, ROW_LEN, N_DOCS, MEDIAN_LEN, L
            "WORKERS": R("WORKERS", WORKERS, smoke=[0, 2], full=[0, 2, 4, 8], check=check_worker_counts),
            "PREFETCH": R("PREFETCH", PREFETCH, smoke=[2, 4], full=[1, 2, 8], check=params.positives),
            "BATCHES": R("BATCHES", BATCHES, smoke=[4, 16], full=[64, 256], check=params.positives),
-           "STEPS": R("STEPS", STEPS, smoke=4, full=20, check=params.positive),
+           "STEPS": R("STEPS", STEPS, smoke=8, full=20, check=params.positive),
            "REPS": R("REPS", REPS, smoke=8, full=20, check=params.positive)}
     row_len, n_docs, median = out["ROW_LEN"], out["N_DOCS"], out["MEDIAN_LEN"]
     if row_len < MIN_DOC:

@@ -50,21 +50,27 @@ class Source:
     mask: bool = False  # packed rows: train with the block-diagonal mask
     non_blocking: bool = False  # pinned batches: copy with non_blocking=True
     close: Callable[[Iterable[packing.Batch]], None] = lambda it: None
+    ahead: int = 0  # batches the workers have ready before the first step asks (num_workers x prefetch_factor)
 
 
 def loader_source(dataset, **loader_kw) -> Source:
-    """A `Source` of fresh `loading.make_loader(dataset, **loader_kw)` loaders (batch_size and row_len required)."""
+    """A `Source` of fresh `loading.make_loader(dataset, **loader_kw)` loaders (batch_size and row_len required);
+    `ahead` is what its workers prefetch (PyTorch's default prefetch_factor is 2 a worker)."""
+    workers = loader_kw.get("num_workers", 0)
+    ahead = workers * (loader_kw.get("prefetch_factor") or 2) if workers else 0
     return Source(lambda: loading.make_loader(dataset, **loader_kw), mask=loader_kw.get("kind", "pad") == "pack",
-                  non_blocking=loader_kw.get("pin_memory", False), close=loading.shutdown)
+                  non_blocking=loader_kw.get("pin_memory", False), close=loading.shutdown, ahead=ahead)
 
 
 def timed_block(model, optimizer, source: Source, *, steps: int, device: str = "cpu", window: int = 2,
                 tol: float = 0.25, max_warmup: int = MAX_WARMUP_STEPS) -> tuple[list[tuple], int]:
     """Steps from a fresh `source.make()`: warm up until steady, then time `steps` steps.
 
-    Warm-up is `protocol.warm_up` over whole steps (wait + copy + compute): steps are taken and discarded
-    until the last `window` lie within `tol` of their median, or `max_warmup` steps, so a loader's worker
-    start-up and the process's first-call costs stay out of the timed steps. The loader is restarted
+    Warm-up first takes `source.ahead` steps, the batches its workers prefetched while the loader started
+    (fast steps that would time the buffer, not the loader's rate), then `protocol.warm_up` over whole steps
+    (wait + copy + compute): steps are taken and discarded until the last `window` lie within `tol` of their
+    median, or `max_warmup` more steps, so a loader's worker start-up and the process's first-call costs stay
+    out of the timed steps. The loader is restarted
     for a new epoch when it runs out (`cycle`), and closed after. Returns ([(wait, copy, compute, tokens)]
     per timed step, the warm-up steps taken). Raises ValueError for steps that is not a positive int.
     """
@@ -79,8 +85,9 @@ def timed_block(model, optimizer, source: Source, *, steps: int, device: str = "
     step = lambda: timed_step(model, it, optimizer, device=device, mask=source.mask,  # noqa: E731
                               non_blocking=source.non_blocking)
     try:
+        drained = [step() for _ in range(source.ahead)]
         warm = protocol.warm_up(step, lambda fn: sum(fn()[:3]), window=window, tol=tol, max_warmup=max_warmup)
-        return [step() for _ in range(steps)], len(warm)
+        return [step() for _ in range(steps)], len(drained) + len(warm)
     finally:
         for loader in made:
             source.close(loader)
