@@ -163,15 +163,17 @@ ESTIMATES: dict[str, tuple[float, str]] = {
                  "continuous 154, tight 154 iterations) ~1,660 iterations at ~4 ms, and one request in four alone (12"
                  " requests, ~470 steps at ~2.5 ms), with admissions and tables ~11 s; the rest ~3 s: ~82.5 s, plus "
                  "7%"),
-    "12": (70.0, "start-up ~12 s; 40,000 documents and the packing checks ~4 s; the loader sweep, 8 sources a round "
+    "12": (79.0, "start-up ~12 s; 40,000 documents and the packing checks ~4 s; the loader sweep, 8 sources a round "
                  "(4 worker counts, 2 more prefetch factors, 1 more batch size, memmap), each a fresh loader, warm-up"
                  " and 20 steps of 12-45 ms (small10m at 64x256 ~12 ms, launch-bound as 02 measured; no workers wait "
                  "64 x 0.5 ms = 32 ms a batch; 256 rows on 8 workers 16 ms) and its workers' start (~0.4 s a loader, "
-                 "6 with workers) ~6 s a round, 3 rounds (the 10 s budget ends after the third) ~18 s; persistent "
-                 "workers, 3 warm-up calls and 5 rounds (6 s budget) of 2 epochs with 8 workers restarted (~1 s) or "
-                 "kept (~0.5 s) ~12 s; two forked readers over 60,000 documents ~4 s; pinned copies to 256 MiB x 20 "
-                 "reps x 3 kinds ~3 s; packing against padding (20-40 rounds of two ~12 ms steps) and its profile ~5 "
-                 "s; varlen check, masks, sampler, the panel's 8-worker loader ~6 s; no compile: ~64 s, plus 10%"),
+                 "6 with workers) ~6 s a round, plus the batches each loader's workers prefetched, drained before its"
+                 " warm-up (workers x prefetch factor: 4 to 64 steps, ~150 in all at 12-45 ms) ~2.5 s a round, 3 "
+                 "rounds (the 10 s budget ends after the third) ~26 s; persistent workers, 3 warm-up calls and 5 "
+                 "rounds (6 s budget) of 2 epochs with 8 workers restarted (~1 s) or kept (~0.5 s) ~12 s; two forked "
+                 "readers over 60,000 documents ~4 s; pinned copies to 256 MiB x 20 reps x 3 kinds ~3 s; packing "
+                 "against padding (20-40 rounds of two ~12 ms steps) and its profile ~5 s; varlen check, masks, "
+                 "sampler, the panel's 8-worker loader ~6 s; no compile: ~72 s, plus 10%"),
     "14": (132.0, "counted: start-up, imports and the two matmul ceilings ~10 s; the training ladder, each technique "
                   "alone and the leave-one-out runs, ~27 runs x 16 steps of small10m at 16x512 (6.5e11 FLOPs a step: "
                   "~30 ms in fp32 with naive attention for ~7 runs, ~12 ms launch-bound in bf16 for ~20) ~6 s; 8 "
