@@ -77,12 +77,22 @@ def test_cycle_restarts_a_loader_that_runs_out_and_refuses_an_empty_one():
 def test_loader_timing_pools_steps_into_medians_with_quartiles():
     steps = [(0.01, 0.0, 0.03, 40), (0.03, 0.0, 0.03, 40), (0.02, 0.0, 0.03, 40), (0.0, 0.0, 0.04, 40)]
     t = sweep_lab.loader_timing(steps, [3])
-    assert t.step.median == pytest.approx(0.045) and t.per_token.median == pytest.approx(0.045 / 40)  # 40, 60, 50, 40 ms
-    assert t.tokens_per_s == pytest.approx(40 / 0.045)
+    assert t.step.median == pytest.approx(0.045)  # 40, 60, 50, 40 ms
+    assert t.tokens_per_s == pytest.approx(160 / 0.19)  # one block: its tokens over its time
     assert t.idle[0] == pytest.approx((0.25 + 0.4) / 2)  # the median of the per-step shares 0.25, 0.5, 0.4, 0
     row = t.row()
     assert row["steps"] == 4 and row["warmup_steps"] == [3] and row["wait_ms"][0] == pytest.approx(15.0)
     assert row["tokens_per_s_iqr"][0] <= row["tokens_per_s"] <= row["tokens_per_s_iqr"][1]
+
+
+def test_tokens_per_s_is_each_blocks_total_not_a_median_of_bursty_steps():
+    burst = [(0.0, 0.0, 0.001, 10)] * 3 + [(0.097, 0.0, 0.001, 10)]  # three batches at hand, then a long wait
+    t = sweep_lab.loader_timing(burst * 3, [0, 0, 0], block=4)
+    assert t.step.median == pytest.approx(0.001)  # a median over steps sees only the bursts: 10,000 tokens/s
+    assert t.tokens_per_s == pytest.approx(40 / 0.101) and len(t.per_token.samples) == 3  # the rate, once a round
+    assert t.row()["tokens_per_s_iqr"] == pytest.approx((40 / 0.101, 40 / 0.101))
+    with pytest.raises(ValueError, match="block=5"):
+        sweep_lab.loader_timing(burst * 3, [0], block=5)
 
 
 def test_sweep_protocol_rotates_whole_blocks_and_stops_when_separated(monkeypatch):

@@ -99,9 +99,12 @@ def timed_block(model, optimizer, source: Source, *, steps: int, device: str = "
 class LoaderTiming:
     """One source measured by `sweep_protocol`: every timed step of every round (seconds; tokens per step).
 
-    wait, copy, compute, step and per_token are `bench.Timing`s over the timed steps (per_token: step
-    seconds per real token, so tokens/s = 1 / per_token.median); idle is the per-step share
-    (wait + copy) / step, as (median, q25, q75); warmup_steps: the steps each block discarded.
+    wait, copy, compute and step are `bench.Timing`s over the timed steps; per_token is seconds per real
+    token of each timed block, its steps' total time over their total tokens (one sample a round), so
+    tokens/s = 1 / per_token.median. A loader with workers delivers in bursts: single steps alternate
+    between a batch at hand and a wait for one, so a median over steps can time the bursts rather than the
+    rate; a block's totals time the rate. idle is the per-step share (wait + copy) / step, as (median, q25,
+    q75); warmup_steps: the steps each block discarded.
     """
 
     wait: Timing
@@ -135,13 +138,21 @@ def _timing(xs: list[float], device: str) -> Timing:
     return Timing(*bench.quartiles(xs), list(xs), 0, device)
 
 
-def loader_timing(steps: list[tuple], warmup_steps: list[int], device: str = "cpu") -> LoaderTiming:
-    """A `LoaderTiming` from timed steps [(wait, copy, compute, tokens)] (pooled over rounds)."""
+def loader_timing(steps: list[tuple], warmup_steps: list[int], device: str = "cpu",
+                  block: int | None = None) -> LoaderTiming:
+    """A `LoaderTiming` from timed steps [(wait, copy, compute, tokens)] (pooled over rounds): the blocks are
+    the runs of `block` steps in order (None: all the steps are one block). Raises ValueError for a block
+    that is not a positive int or does not divide the steps."""
+    block = len(steps) if block is None else block
+    positive("block", block)
+    if len(steps) % block:
+        raise ValueError(f"block={block} does not divide the {len(steps)} timed steps into whole blocks")
     wait, copy, compute, tokens = (list(c) for c in zip(*steps))
     step = [w + c + m for w, c, m in zip(wait, copy, compute)]
     idle = [(w + c) / s if s > 0 else 0.0 for w, c, s in zip(wait, copy, step)]
+    per_token = [sum(step[i:i + block]) / sum(tokens[i:i + block]) for i in range(0, len(step), block)]
     return LoaderTiming(_timing(wait, device), _timing(copy, device), _timing(compute, device), _timing(step, device),
-                        _timing([s / n for s, n in zip(step, tokens)], device), bench.quartiles(idle), warmup_steps)
+                        _timing(per_token, device), bench.quartiles(idle), warmup_steps)
 
 
 @dataclass
@@ -163,9 +174,9 @@ class LoaderSweep:
     def note(self) -> str:
         """How the numbers were made, for a caption or a summary's noise field."""
         warm = ", ".join(f"{k} {sum(v.warmup_steps)}" for k, v in self.timings.items())
-        return (f"medians and IQRs of {self.steps} timed steps x {self.rounds} interleaved rounds per loader, each round "
-                f"a fresh loader warmed up until its steps were steady (warm-up steps discarded: {warm}); "
-                f"stopped: {self.stopped}")
+        return (f"medians and IQRs of {self.steps} timed steps x {self.rounds} interleaved rounds per loader (tokens/s: "
+                f"of each round's {self.steps} steps together), each round a fresh loader warmed up until its steps were "
+                f"steady (warm-up steps discarded: {warm}); stopped: {self.stopped}")
 
 
 def sweep_protocol(model, sources: dict[str, Source], *, steps: int, device: str = "cpu", min_rounds: int = 3,
@@ -198,7 +209,7 @@ def sweep_protocol(model, sources: dict[str, Source], *, steps: int, device: str
         rounds += 1
         if rounds < min_rounds:
             continue
-        t = {n: loader_timing(steps_of[n], warm[n], device) for n in names}
+        t = {n: loader_timing(steps_of[n], warm[n], device, block=steps) for n in names}
         best = min(t, key=lambda n: t[n].per_token.median)
         if all(protocol.separated(t[n].per_token, t[best].per_token) for n in names if n != best):
             stopped = "separated"
@@ -206,7 +217,8 @@ def sweep_protocol(model, sources: dict[str, Source], *, steps: int, device: str
         if clock() - start > budget_s:
             stopped = "budget"
             break
-    return LoaderSweep({n: loader_timing(steps_of[n], warm[n], device) for n in names}, rounds, stopped, steps)
+    return LoaderSweep({n: loader_timing(steps_of[n], warm[n], device, block=steps) for n in names}, rounds, stopped,
+                       steps)
 
 
 def panel_row(model, dataset, cfg: dict, *, steps: int, device: str = "cpu", **common) -> dict:
