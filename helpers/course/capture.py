@@ -660,7 +660,8 @@ def main(argv: list[str] | None = None) -> int:
             print(plan_line(nb, ESTIMATES, checked))
         total = sum(ESTIMATES.get(nb, (0.0, ""))[0] for nb in order)
         flagged = [nb for nb in order if checked.get(nb, {}).get("flagged")]
-        print(f"total {total:.0f} s of {args.budget_s:.0f} s budget ({MARGIN_S:.0f} s kept for packing)"
+        print(f"total {total:.0f} s of these notebooks, against one call's budget of {args.budget_s:.0f} s "
+              f"({MARGIN_S:.0f} s kept for packing)"
               + (f"; estimates off their measured seconds by more than {OFF_LIMIT:.0%}: {' '.join(flagged)}"
                  if flagged else ""))
         course = sum(est for est, _ in ESTIMATES.values())
