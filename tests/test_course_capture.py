@@ -101,6 +101,11 @@ def test_import_writes_the_reference_folder(tmp_path):
     readme = (target / "README.md").read_text()
     assert "Reference: NVIDIA H200" in readme and "torch" in readme and "driver" in readme
     assert C.priority(["00", "01", "02"], C.load_index(target))[0] == "02"
+    # a smoke pass's table, written into the README by its own import, outlives the next capture's import
+    (target / "README.md").write_text(readme + f"\n{C.SMOKE_MARK}\n## The smoke pass on this GPU\n\nplanted\n")
+    C.import_packs(sorted((tmp_path / "out").glob("*.tgz")), tmp_path / "results")
+    again = (target / "README.md").read_text()
+    assert again.startswith("# Reference: NVIDIA H200") and again.count(C.SMOKE_MARK) == 1 and "planted" in again
 
 
 def test_import_refuses_what_is_not_a_capture(tmp_path):

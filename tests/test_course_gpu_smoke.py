@@ -99,6 +99,14 @@ def test_import_puts_the_pass_beside_the_references_and_the_report_names_it(tmp_
                                                             "RuntimeError: scaled_mm refused.")
     assert gpu_smoke.line_for("09", doc, "nvidia-h200") == f"Not in the smoke pass on nvidia-h200 ({day})."
     assert gpu_smoke.line_for("00", None, "nvidia-h200") is None
+    readme = (path.parent / "README.md").read_text()
+    assert readme.startswith("# Reference: NVIDIA H200") and "## The smoke pass on this GPU" in readme
+    assert "1 of 2 ran every cell" in readme and "07        failed  30       14    RuntimeError: scaled_mm refused" in readme
+    (path.parent / "README.md").write_text("# Reference: NVIDIA H200\n\nthe capture's part\n\n" + readme[readme.index(
+        gpu_smoke.SMOKE_MARK):])
+    gpu_smoke.import_smoke(tmp_path / "out" / "smoke.tgz", tmp_path / "results")  # a second import replaces the table
+    again = (path.parent / "README.md").read_text()
+    assert "the capture's part" in again and again.count("## The smoke pass on this GPU") == 1
 
 
 def test_import_refuses_a_cpu_pass_and_what_is_not_a_smoke_pack(tmp_path, monkeypatch):

@@ -579,7 +579,7 @@ def import_packs(packs: list[Path], into: Path = REPO_ROOT / "results") -> Path:
     facts = manifest.get("gpu", {})
     write_atomic(target / "capture.json", json.dumps({"device": device, "gpu": facts, "notebooks": index},
                                                      indent=2, sort_keys=True) + "\n")
-    write_atomic(target / "README.md", _readme(device, facts, manifest, index))
+    write_atomic(target / "README.md", _readme(device, facts, manifest, index) + kept_sections(target / "README.md"))
     return target
 
 
@@ -596,6 +596,20 @@ def import_goals(path: Path, into: Path = REPO_ROOT / "results", device: str | N
     target = Path(into) / slug_of_gpu("CPU" if device.startswith("none") else device)
     target.mkdir(parents=True, exist_ok=True)
     return write_atomic(target / "goals.json", json.dumps(doc, indent=1) + "\n")
+
+
+SMOKE_MARK = "<!-- the smoke pass: helpers.course.gpu_smoke import writes from here on -->"
+
+
+def kept_sections(readme: Path) -> str:
+    """What a reference folder's README.md holds from SMOKE_MARK on (the smoke pass's table, which
+    `helpers.course.gpu_smoke.import_smoke` writes), so that rewriting the README keeps it; "" when none."""
+    try:
+        text = Path(readme).read_text()
+    except OSError:
+        return ""
+    at = text.find(SMOKE_MARK)
+    return "" if at < 0 else "\n" + text[at:]
 
 
 def _readme(device: str, facts: dict, manifest: dict, index: dict) -> str:

@@ -12,8 +12,8 @@ not finish ok, into `smoke.tgz` in the output folder (one file for the device to
 budget, the runner is stopped as a capture stops one notebook (SIGTERM to its process group, which stops
 its workers and kernels; then every process seen below it is killed): what finished is reported,
 the notebooks still running are "interrupted", those not started "not run". `import_smoke` copies
-`gpu-smoke.json` into `results/<gpu>/`, and the report says per notebook whether, and when, it has
-run on that GPU.
+`gpu-smoke.json` into `results/<gpu>/` and writes its table into that folder's README.md, and the report
+says per notebook whether, and when, it has run on that GPU.
 """
 from __future__ import annotations
 
@@ -28,7 +28,9 @@ import time
 from pathlib import Path
 from typing import Callable, Iterable
 
-from helpers.course.capture import BadPack, available_notebooks, gpu_facts, read_pack, run_notebook, slug_of_gpu
+from helpers.course.capture import (SMOKE_MARK, BadPack, available_notebooks, gpu_facts, read_pack, run_notebook,
+                                    slug_of_gpu)
+from helpers.show.tables import table
 from helpers.course.worker import OneLineParser, Stop, folder_problem, positive_argument
 from helpers.measure.results import REPO_ROOT, write_atomic
 
@@ -152,16 +154,35 @@ def read_smoke_pack(pack: Path) -> dict:
     return doc
 
 
+def smoke_section(doc: dict) -> str:
+    """The smoke pass as a README section: when it ran and, per notebook, its status, seconds, failing cell and
+    the error's first line."""
+    rows = [[nb, o.get("status", "?"), f"{o.get('seconds', 0):.0f}", o.get("cell") or "-",
+             (str(o.get("error") or "").splitlines() or ["-"])[0][:100]] for nb, o in sorted(doc["notebooks"].items())]
+    ok = sum(o.get("status") == "ok" for o in doc["notebooks"].values())
+    return (f"{SMOKE_MARK}\n## The smoke pass on this GPU\n\n"
+            f"Every notebook in the smoke profile, {doc.get('jobs', JOBS)} at a time, started {doc.get('started', '?')}: "
+            f"{ok} of {len(rows)} ran every cell (`python -m helpers.course.gpu_smoke`; {SMOKE_FILE} beside this file).\n\n"
+            "```\n" + table(["notebook", "status", "seconds", "cell", "error"], rows) + "\n```\n")
+
+
 def import_smoke(pack: Path, into: Path = REPO_ROOT / "results") -> Path:
-    """Copy a smoke pass's gpu-smoke.json into `into/<gpu>/` (the GPU its facts name); returns the file.
-    Raises BadPack for a pack that is not a smoke pass, ValueError for one run without a GPU."""
+    """Copy a smoke pass's gpu-smoke.json into `into/<gpu>/` (the GPU its facts name) and write its table into
+    that folder's README.md (`smoke_section`, in place of an earlier pass's; the rest of the README is kept, and
+    a capture's import keeps the table); returns the json file. Raises BadPack for a pack that is not a smoke
+    pass, ValueError for one run without a GPU."""
     doc = read_smoke_pack(pack)
     gpu = str(doc.get("gpu", {}).get("gpu") or "")
     if not gpu or gpu.startswith("none"):
         raise ValueError(f"{pack}: this smoke pass ran without a GPU ({gpu or 'no GPU named'}); nothing to import")
     target = Path(into) / slug_of_gpu(gpu)
     target.mkdir(parents=True, exist_ok=True)
-    return write_atomic(target / SMOKE_FILE, json.dumps(doc, indent=2) + "\n")
+    path = write_atomic(target / SMOKE_FILE, json.dumps(doc, indent=2) + "\n")
+    readme = target / "README.md"
+    head = readme.read_text() if readme.is_file() else f"# Reference: {gpu}\n"
+    head = head.split(SMOKE_MARK)[0].rstrip("\n") + "\n\n"
+    write_atomic(readme, head + smoke_section(doc))
+    return path
 
 
 def load(reference_dir: Path) -> dict | None:
