@@ -297,9 +297,9 @@ def availability(device: str | None = None, dtype: torch.dtype = torch.float16,
     return {impl: _probe(impl, device, dtype) for impl in impls}
 
 
-def available(device: str | None = None, dtype: torch.dtype = torch.float16, impls=IMPLEMENTATIONS) -> list[str]:
-    """The implementations of `impls` (every one unless told) that run here in `dtype`."""
-    return [impl for impl, why in availability(device, dtype, impls).items() if why is None]
+def available(device: str | None = None, dtype: torch.dtype = torch.float16) -> list[str]:
+    """The implementations that run here in `dtype`."""
+    return [impl for impl, why in availability(device, dtype).items() if why is None]
 
 
 def register_course_kernels() -> list[str]:

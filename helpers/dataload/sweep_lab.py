@@ -1,10 +1,11 @@
 """Notebook 12's measurement protocol over loaders, and the verdict sentences generated from its spread.
 
-* `sweep_protocol` (with `Source`, `loader_source`, `cycle`, `timed_step`, `timed_block`, `LoaderTiming`,
-  `LoaderSweep`): the course's protocol (`helpers.measure.protocol`) applied to training steps fed by
+* `sweep_protocol` (with `Source`, `loader_source`, `cycle`, `timed_block` over `loading.timed_step`,
+  `LoaderTiming`, `LoaderSweep`): the course's protocol (`helpers.measure.protocol`) applied to training steps fed by
   loaders: per source a fresh loader warmed up until its steps are steady, blocks of timed steps
   interleaved in rotated rounds until every source is separated from the fastest; medians and IQRs of
-  wait, copy, compute and time per real token. `panel_row` is one block, for the instructor panel.
+  wait, copy and compute per step, and of each block's time per real token. `panel_row` is one block, for
+  the instructor panel.
 * `against_target` / `packing_sentence` / `idle_sentence`: verdicts generated from a measured ratio or
   share and its IQR bounds against the course's targets, ranking only separated timings.
 """
@@ -37,8 +38,6 @@ def cycle(make_batches: Callable[[], Iterable[packing.Batch]]) -> Iterator[packi
         if empty:
             raise ValueError("the loader gave no batch at all")
 
-
-timed_step = loading.timed_step  # one training step timed in parts, as notebook 12 measures it
 
 
 @dataclass
@@ -82,8 +81,8 @@ def timed_block(model, optimizer, source: Source, *, steps: int, device: str = "
         return made[-1]
 
     it = cycle(make)
-    step = lambda: timed_step(model, it, optimizer, device=device, mask=source.mask,  # noqa: E731
-                              non_blocking=source.non_blocking)
+    step = lambda: loading.timed_step(model, it, optimizer, device=device, mask=source.mask,  # noqa: E731
+                                      non_blocking=source.non_blocking)
     try:
         drained = [step() for _ in range(source.ahead)]
         warm = protocol.warm_up(step, lambda fn: sum(fn()[:3]), window=window, tol=tol, max_warmup=max_warmup)
@@ -174,9 +173,9 @@ class LoaderSweep:
     def note(self) -> str:
         """How the numbers were made, for a caption or a summary's noise field."""
         warm = ", ".join(f"{k} {sum(v.warmup_steps)}" for k, v in self.timings.items())
-        return (f"medians and IQRs of {self.steps} timed steps x {self.rounds} interleaved rounds per loader (tokens/s: "
-                f"of each round's {self.steps} steps together), each round a fresh loader warmed up until its steps were "
-                f"steady (warm-up steps discarded: {warm}); stopped: {self.stopped}")
+        return (f"medians and IQRs of {self.steps} timed steps x {self.rounds} interleaved rounds per loader "
+                f"(tokens/s: of each round's {self.steps} steps together), each round a fresh loader warmed up until "
+                f"its steps were steady (warm-up steps discarded: {warm}); stopped: {self.stopped}")
 
 
 def sweep_protocol(model, sources: dict[str, Source], *, steps: int, device: str = "cpu", min_rounds: int = 3,
