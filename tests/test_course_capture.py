@@ -131,7 +131,7 @@ def test_every_notebook_has_an_estimate_and_each_fits_one_call():
     assert all(C.ESTIMATES[nb][0] <= 540 - C.MARGIN_S for nb in notebooks)  # the default budget of one call
 
 
-FULL_PROFILE_LIMIT_S = 150.0  # issue 31: every notebook's full profile within 150 s on one H200, compile time included
+FULL_PROFILE_LIMIT_S = 150.0  # every notebook's full profile within 150 s on one H200, compile time included
 
 
 @pytest.mark.parametrize("nb", C.available_notebooks())

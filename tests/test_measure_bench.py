@@ -70,7 +70,7 @@ def test_peak_cuda_memory_is_none_without_cuda():
         assert bench.peak_cuda_memory(lambda: None) is None
 
 
-# ---------------------------------------------------------------- timings that cannot be measurements (issue 12)
+# ---------------------------------------------------------------- timings that cannot be measurements
 
 def test_a_function_that_does_nothing_warns_and_gives_no_tflops(monkeypatch):
     # the timer's overhead is measured once per process: measure it now, in this test's conditions (in one
