@@ -99,12 +99,16 @@ class Goal:
 
 # The H200 estimates (`Goal.estimate_s`, seconds) come from each goal's sizes against the H200's datasheet
 # rates (989 TFLOP/s dense bf16, 4.8 TB/s: NVIDIA H200 datasheet), which make the timed work itself small
-# (an 8192^3 bf16 matmul is ~1.1 ms, a 1 GiB copy ~0.4 ms), plus the fixed costs, which dominate: ~3 s per
-# goal process (CUDA context, imports), ~8-15 s per torch.compile of a small graph and ~30-45 s for a whole
-# GPT forward+backward or a 24-layer decode step, about 15 s to train small10m's 2000 steps (launch-bound
-# steps of ~5-7 ms) and ~8 s for its one-layer draft, and ~1 s per gloo process group or DataLoader worker
-# start on the 16-core host. Sizes are the goals' own; where a goal leaves a size free, repeats were cut
-# (and said so in `sizes`) to keep the full run near 360 s.
+# (an 8192^3 bf16 matmul is ~1.1 ms, a 1 GiB copy ~0.4 ms), plus the fixed costs, which dominate and are
+# counted as the notebooks' own estimates count them (`helpers.course.capture.ESTIMATES`): ~3 s per goal
+# process (CUDA context, imports), Inductor's start-up ~8 s per process and ~3 s per small graph after it,
+# a whole-model forward+backward compile ~8 s plus ~2 s a layer, a decode step with CUDA graphs ~21 s at 8
+# layers of 1.3b's width, a Triton kernel ~1.2 s (notebook 06's H200 capture), about 25 s to train
+# small10m's 2000 steps (~12 ms each: 02's H200 capture measured its launch-bound steps at 10-11 ms) and
+# ~8 s for its one-layer draft, and ~1 s per gloo process group or DataLoader worker start on the 16-core
+# host. Sizes are the goals' own, and where a notebook's full profile times the same thing, its sizes (09's
+# compiles at 3 layers, 10's decode compile at 8 layers, its batching mix, 13's DDP rows): the goals but the
+# last take about 320 s, near the ~300 s a 540 s call keeps for them after a smoke pass of about 240 s.
 
 def _goal(notebook: str, name: str, title: str, fn: Callable[[Ctx], dict], est: float, basis: str,
           smoke: float = 10.0) -> Goal:
@@ -115,36 +119,45 @@ GOALS: list[Goal] = [
     _goal("07", "scaled_mm", "tensorwise _scaled_mm >= 1.6x bf16 TFLOP/s at 8192^3", scaled_mm_speedup, 10,
           "two 8192^3 matmuls x 23 calls (~1-2 ms each), casts; the goal process and CUDA start-up dominate"),
     _goal("07", "float8_linear", "rowwise Float8Linear fwd+bwd compiled >= 1.25x bf16 at 8192, within 5% of torchao",
-          float8_linear_speedup, 30, "three torch.compile'd linears fwd+bwd (~10 s each cold; torchao may refuse "
-          "at once), 6 n^3 = 3.3e12 FLOPs per step x 23 steps"),
+          float8_linear_speedup, 30, "Inductor's start-up ~8 s and three compiled linears fwd+bwd (~5 s each with "
+          "FP8's amax, scale and casts; torchao may refuse at once), 6 n^3 = 3.3e12 FLOPs a step x 23 steps, "
+          "torchao's import ~3 s"),
     _goal("08", "quantized_decode", "int8 >= 1.4x and int4 >= 1.8x bf16 decode tok/s, each >= 60% copy BW",
-          quantized_decode_speedup, 40, "1.3B init, the int8 path's compile (~20 s), the Triton int4 kernels' "
-          "compile (~10 s), 3 variants x 25 decode steps"),
+          quantized_decode_speedup, 25, "1.3B init on the GPU ~2 s, Inductor's start-up ~8 s and the int8 "
+          "linear's graph at batch 1 ~3 s, the Triton int4 kernels ~5 s, 3 variants x 25 eager decode steps "
+          "of ~6 ms (24 launch-bound layers), copy bandwidth, the process ~3 s"),
     _goal("08", "compiled_decode", "08.quantized_decode's targets with the whole decode step compiled (CUDA graphs)",
           compiled_quantized_decode_speedup, 150, "three (or four, if the Triton int4 kernel cannot be compiled) "
           "compiles of the 24-layer 1.3B static-cache step with CUDA graphs (~40 s each, as 10.decode_bandwidth's), "
           "23 steps each"),
     _goal("09", "fused_bandwidth", "compiled pointwise chain and LayerNorm >= 80% of copy bandwidth (bf16)",
-          fused_bandwidth, 20, "two small compiles (~8 s each), 8192x4096 bf16 (64 MiB) x 32 calls x 3 impls"),
+          fused_bandwidth, 20, "Inductor's start-up ~8 s and two small compiles (~3 s each), 8192x4096 bf16 "
+          "(64 MiB) x 32 calls x 3 impls, the process ~3 s"),
     _goal("09", "triton_softmax", "Triton softmax >= 0.9x compiled and >= 1.5x eager, rows 256..16384",
-          triton_softmax_speedup, 28, "four static compiles of the softmax (~6 s each), the Triton kernel's "
-          "compile, up to 256 MiB per call x 22 calls x 4 impls"),
+          triton_softmax_speedup, 22, "Inductor's start-up ~8 s and three static compiles of the softmax (~3 s "
+          "each, rows of 256, 4096 and 16384 as notebook 09), the Triton kernel's ~1.2 s a length, up to 256 "
+          "MiB a call x 22 calls x 4 impls, the process ~3 s"),
     _goal("09", "reduce_overhead", "reduce-overhead >= 2x default compile on the batch-1 decode step",
-          reduce_overhead_speedup, 25, "two compiles of small10m's forward (~15 s each), 100 one-token calls"),
-    _goal("09", "train_step", "GPT training step compiled >= 1.3x eager", compiled_train_step_speedup, 35,
-          "compile of small10m's forward and backward (~30 s), 20 steps of 16x256 tokens each way"),
+          reduce_overhead_speedup, 18, "two compiles of small10m's one-token forward at 3 of its 6 layers "
+          "(notebook 09's: ~6 s default with Inductor's start-up, ~5 s reduce-overhead), 100 one-token calls "
+          "each ~2 s, the process ~3 s"),
+    _goal("09", "train_step", "GPT training step compiled >= 1.3x eager", compiled_train_step_speedup, 20,
+          "compile of small10m's forward and backward at 3 of its 6 layers (~8 s + ~2 s a layer, notebook 09's), "
+          "20 rounds of 16x256-token steps each way (~8 ms) and warm-up ~1 s, the process ~3 s"),
     _goal("10", "decode_bandwidth", "compiled batch-1 decode of the largest preset >= 70% of copy bandwidth",
-          decode_bandwidth, 50, "1.3B init on the GPU, compile of the 24-layer static-cache step with CUDA graphs "
-          "(~40 s), 2.6 GB read per token (~0.6 ms) x 23"),
+          decode_bandwidth, 28, "8 of 1.3b's 24 layers at its width on the GPU (kv_lab.compiled_layers, as "
+          "notebook 10), the static-cache step compiled with CUDA graphs ~21 s, 0.9 GB read a token (~0.2 ms) x "
+          "25 compiled and eager steps, copy bandwidth, the process ~3 s"),
     _goal("10", "paged_decode", "paged decode attention within 10% of contiguous at 4k context", paged_decode_overhead,
           12, "the Triton paged kernel's compile per block size (3 x ~1 s), 32 x 4096 tokens x 20 calls"),
     _goal("10", "continuous_batching", "continuous batching >= 2x static tokens/s, same mix and memory",
-          continuous_batching_speedup, 30, "training small10m (2000 launch-bound steps of ~5-7 ms, ~15 s, shared "
-          "with 11.speculative), then 128 requests served once per policy (~3 s each, Python-bound iterations)"),
+          continuous_batching_speedup, 35, "training small10m (2000 launch-bound steps of ~12 ms, ~25 s, cached "
+          "for 11.speculative and notebooks 08, 10, 11 and 14), then notebook 10's 48 requests served 3 times "
+          "per policy (static ~350, continuous ~150 iterations of ~4 ms) ~6 s, the process ~3 s"),
     _goal("11", "speculative", "speedup within 15% of formula for γ 1..8 at T=0; best γ >= 1.5x, draft >= 10x cheaper",
           speculative_speedup, 25, "the one-layer draft's training (~8 s; small10m comes from "
-          "10.continuous_batching's run, or ~15 s more), 3 rounds x (2 plain + 1 draft + 8 speculative) "
-          "generations of 128 tokens at ~1.5 ms a token"),
+          "10.continuous_batching's run, or ~25 s more), 3 rounds x (2 plain + 1 draft + 8 speculative) "
+          "generations of 128 tokens (~3.9 s a round, from notebook 11's ~2.9 s at 96) ~12 s, the process ~3 s"),
     _goal("12", "data_wait", "data wait <= 2% of step time after tuning", data_wait_share, 15,
           "3 loader settings x 2 rounds x 31 small10m steps (~25 ms each), ~1 s per worker start-up"),
     _goal("12", "pinned", "pinned >= 2x pageable host-to-device for >= 64 MB", pinned_copy_speedup, 5,
@@ -154,9 +167,10 @@ GOALS: list[Goal] = [
     _goal("13", "ring", "ring all-reduce within 1.5x of dist.all_reduce for >= 16 MB (8 gloo ranks)",
           ring_all_reduce_ratio, 15, "8 ranks' start-up (~3 s), 16 and 64 MiB x 17 calls x (ping, ring, "
           "all_reduce) at ~1-2 GB/s of gloo"),
-    _goal("13", "bucketed_ddp", "bucketed DDP >= 20% faster than syncing after backward", bucketed_ddp_speedup, 25,
-          "8 ranks of 2 threads, an 8-layer 1024-wide tower (8.4M params, 34 MB of gradients): fwd+bwd at 256 "
-          "rows ~13 GFLOP (~0.2 s), x 3 batch sizes x 4 modes x 9 steps, plus the all-reduces (~50-100 ms each)"),
+    _goal("13", "bucketed_ddp", "bucketed DDP >= 20% faster than syncing after backward", bucketed_ddp_speedup, 22,
+          "8 ranks of 2 threads, an 8-layer 1024-wide tower (8.4M params, 34 MB of gradients) at notebook 13's "
+          "16 and 128 rows (0.8 and 6.4 GFLOP a step at ~100 GFLOP/s a rank), 4 modes x 3 warm-up + 5-15 rounds "
+          "of ~0.26 and ~0.48 s and no_sync's rounds: notebook 13's ~17 s, the ranks' start and the process ~5 s"),
     _goal("13", "zero_memory", "memory per rank within 5% of the ZeRO formulas", zero_memory_deviation, 12,
           "small10m, one step per stage on 2 and 4 ranks, rank start-up"),
 ]

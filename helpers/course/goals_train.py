@@ -119,7 +119,7 @@ def triton_softmax_speedup(ctx: Ctx) -> dict:
     need_cuda("the Triton softmax runs only in Triton's interpreter without one, untimed")
     if triton_softmax.BROKEN:
         raise NotMeasurable(f"the Triton softmax is unavailable here ({triton_softmax.BROKEN})")
-    cols_list = ctx.pick(smoke=[256, 1024], full=[256, 1024, 4096, 16384])
+    cols_list = ctx.pick(smoke=[256, 1024], full=[256, 4096, 16384])  # notebook 09's full sweep: one compile each
     rows, reps = ctx.pick(smoke=256, full=8192), ctx.pick(smoke=5, full=20)
     sw = compile_lab.softmax_sweep(cols_list, rows, dtype=torch.bfloat16, device="cuda", reps=reps)
     checks = []
@@ -132,9 +132,10 @@ def triton_softmax_speedup(ctx: Ctx) -> dict:
 
 
 def _gpt_config(ctx: Ctx):
-    """The preset and config the compile goals time: small10m at 256 tokens (smoke: one layer of tiny)."""
+    """The preset and config the compile goals time, as notebook 09's full profile: small10m cut to
+    compile_lab.full_layers (3 of its 6 layers) at 256 tokens (smoke: one layer of tiny)."""
     preset = ctx.pick(smoke="tiny", full="small10m")
-    return preset, GPTConfig.preset(preset, n_layer=ctx.pick(smoke=1, full=PRESETS[preset]["n_layer"]),
+    return preset, GPTConfig.preset(preset, n_layer=ctx.pick(smoke=1, full=compile_lab.full_layers(preset)),
                                     seq_len=ctx.pick(smoke=32, full=256))
 
 
@@ -295,7 +296,7 @@ def bucketed_ddp_speedup(ctx: Ctx) -> dict:
     All-reducing gradient buckets while backward still runs hides the communication behind compute
     (notebook 13); where the two take similar time, that should make a step >= 20% faster."""
     world, cores, note = _world(ctx)
-    rows, reps = ctx.pick(smoke=[8], full=[16, 64, 256]), ctx.pick(smoke=2, full=8)
+    rows, reps = ctx.pick(smoke=[8], full=[16, 128]), ctx.pick(smoke=2, full=5)  # notebook 13's full DDP_ROWS, REPS
     depth = ctx.pick(smoke=2, full=8)
     m = distributed.run_on_ranks(dist_lab.measure_ddp, world, 1024, depth, rows, reps, 1.0)[0]
     near = min(rows, key=lambda r: abs(math.log(m[r]["compute only"] / m["comm"])))

@@ -75,6 +75,16 @@ def check_for_device(device: str, *, MODES: list[str], DTYPE: str) -> None:
         raise ValueError(f"DTYPE={DTYPE!r}: fp16 and bf16 are for a GPU here; use 'fp32' on a CPU")
 
 
+FULL_LAYERS = 3  # layers of the model whose whole-model compiles notebook 09's full profile times (`full_layers`)
+
+
+def full_layers(preset: str) -> int:
+    """The layers of `preset` that notebook 09's full profile (and its goals) compile whole: FULL_LAYERS, at most
+    the preset's own. A whole-model compile's time grows with the layers it traces, while every layer is the same
+    block, so what compiling buys per step is the blocks' and stays about the whole preset's."""
+    return min(FULL_LAYERS, PRESETS[preset]["n_layer"])
+
+
 def resolve_parameters(S: params.Setup, *, ROWS, COLS, DTYPE, REPS, SOFTMAX_COLS, MODEL, N_LAYER, BATCH, SEQ_LEN,
                        MODES, REGIONAL_LAYERS, REGIONAL_BACKEND) -> dict:
     """Notebook 09's parameters, validated at once and with the profile's defaults filled in: {name: value}.
@@ -94,9 +104,7 @@ def resolve_parameters(S: params.Setup, *, ROWS, COLS, DTYPE, REPS, SOFTMAX_COLS
     out["SOFTMAX_COLS"] = R("SOFTMAX_COLS", SOFTMAX_COLS, smoke=[out["COLS"], 8192] if cuda else [out["COLS"]],
                             full=[256, 4096, 16384], check=params.positives)
     out["MODEL"] = R("MODEL", MODEL, smoke="tiny", full="small10m", check=lambda n, v: params.choose(n, v, PRESETS))
-    # full: 3 layers of the preset (small10m has 6): a whole-model compile's time grows with the layers it traces,
-    # while every layer is the same block, so what compiling buys per step is the blocks' and stays
-    out["N_LAYER"] = R("N_LAYER", N_LAYER, smoke=1, full=min(3, PRESETS[out["MODEL"]]["n_layer"]), check=params.positive)
+    out["N_LAYER"] = R("N_LAYER", N_LAYER, smoke=1, full=full_layers(out["MODEL"]), check=params.positive)
     out["BATCH"] = R("BATCH", BATCH, smoke=4, full=16, check=params.positive)
     out["SEQ_LEN"] = R("SEQ_LEN", SEQ_LEN, smoke=32, full=256, check=params.positive)
     # full on CUDA: no max-autotune (`modes_note` says why; MODES=ALL_MODES adds it); smoke walks every mode
