@@ -265,7 +265,10 @@ def test_goals_that_time_what_a_notebook_times_take_its_full_profile_sizes(monke
                    "block_size": 16}}))
     r = goals_decode.continuous_batching_speedup(full)
     assert {k: given["batching"][k] for k in ("n_requests", "max_batch", "repeats")} == {
-        "n_requests": 48, "max_batch": 32, "repeats": 3}  # notebook 10's full profile
+        "n_requests": 48, "max_batch": 32, "repeats": 3}
+    nb10 = _cell_with(ROOT / "notebooks" / "10_kv_cache_inference.ipynb", "serving_lab.batching_section(")
+    assert all(text in nb10 for text in ("n_requests=S.pick(smoke=12, full=48)", "max_batch=S.pick(smoke=8, full=32)",
+                                         "repeats=3"))  # the notebook's full profile, as the goal takes it
     assert r["measured"]["speedup_range"] == [2.2, 2.8] and r["measured"]["separated"] is True
 
     monkeypatch.setattr(distributed, "run_on_ranks", lambda fn, world, width, depth, rows, reps, bucket_mb: keep(
@@ -274,6 +277,14 @@ def test_goals_that_time_what_a_notebook_times_take_its_full_profile_sizes(monke
                                                        for n in rows}}]))
     r = goals_train.bucketed_ddp_speedup(full)
     assert given["ddp"] == (nb13["DDP_WIDTH"], nb13["DDP_ROWS"], nb13["REPS"])
+    assert "DDP_DEPTH = S.pick(smoke=4, full=8)" in _cell_with(ROOT / "notebooks" / "13_distributed.ipynb",
+                                                               "DDP_DEPTH = ")  # the goal's full depth, 8
+
+
+def _cell_with(path: Path, text: str) -> str:
+    """The source of the first code cell of notebook `path` that contains `text`."""
+    cells = json.loads(path.read_text())["cells"]
+    return next(src for c in cells if c["cell_type"] == "code" and text in (src := "".join(c["source"])))
     assert r["measured"]["near_row"] == 16 and r["ratio"] == 1.25
 
 

@@ -75,14 +75,11 @@ def check_for_device(device: str, *, MODES: list[str], DTYPE: str) -> None:
         raise ValueError(f"DTYPE={DTYPE!r}: fp16 and bf16 are for a GPU here; use 'fp32' on a CPU")
 
 
-FULL_LAYERS = 3  # layers of the model whose whole-model compiles notebook 09's full profile times (`full_layers`)
-
-
 def full_layers(preset: str) -> int:
-    """The layers of `preset` that notebook 09's full profile (and its goals) compile whole: FULL_LAYERS, at most
-    the preset's own. A whole-model compile's time grows with the layers it traces, while every layer is the same
+    """The layers of `preset` that notebook 09's full profile (and its goals) compile whole: 3, at most the
+    preset's own. A whole-model compile's time grows with the layers it traces, while every layer is the same
     block, so what compiling buys per step is the blocks' and stays about the whole preset's."""
-    return min(FULL_LAYERS, PRESETS[preset]["n_layer"])
+    return min(3, PRESETS[preset]["n_layer"])
 
 
 def resolve_parameters(S: params.Setup, *, ROWS, COLS, DTYPE, REPS, SOFTMAX_COLS, MODEL, N_LAYER, BATCH, SEQ_LEN,
