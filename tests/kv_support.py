@@ -1,4 +1,4 @@
-"""What the KV-cache tests share (tests/test_gpt_generation.py, test_decode_kv_cache.py, test_decode_serving.py):
+"""What the KV-cache tests share (tests/gpt/test_gpt_generation.py, test_decode_kv_cache.py, test_decode_serving.py):
 a small course GPT whose logits sit far from ties, the cache dtypes every cache must accept, and the
 tolerance its logits are held to against an fp32 cache."""
 from __future__ import annotations

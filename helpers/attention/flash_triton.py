@@ -31,7 +31,7 @@ import torch
 
 from helpers.measure import triton_mode
 
-# COURSE_TRITON_AOT=1: compile-only checks on a machine without a GPU (tests/test_attention_triton_aot.py)
+# COURSE_TRITON_AOT=1: compile-only checks on a machine without a GPU (tests/attention/test_attention_triton_aot.py)
 AHEAD_OF_TIME = os.environ.get("COURSE_TRITON_AOT") == "1"
 INTERPRETED = not torch.cuda.is_available() and not AHEAD_OF_TIME
 # why the kernels cannot run in this process, if they cannot; set before anything imports triton
@@ -255,7 +255,7 @@ def _dq_kernel(Q, K, V, DO, L, Delta, DQ, s_qb, s_qh, s_qn, s_kb, s_kh, s_kn, s_
 
 # (BLOCK_M, BLOCK_N, num_warps, num_stages) the autotuner tries once per shape on a GPU, keeping the
 # fastest; one list for head dims up to 64 and one for 65..128. None of them spills registers on an
-# H100/H200 in fp16 or bf16, as compiled by tests/test_attention_triton_aot.py (python -m
+# H100/H200 in fp16 or bf16, as compiled by tests/attention/test_attention_triton_aot.py (python -m
 # helpers.attention.triton_aot prints the compiler's report). At d=128 a 128-row tile needs 8 warps: with 4,
 # the fp32 accumulator alone takes 128 registers per thread and the forward spills.
 AUTOTUNE = {

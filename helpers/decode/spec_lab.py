@@ -163,17 +163,6 @@ def _step_fn(model: GPT, prompt: torch.Tensor, T: int):
     return rewound_step(model, cache, x)
 
 
-def paired_ratio(num: bench.Timing, den: bench.Timing) -> protocol.Ratio:
-    """num / den from timings taken in the same interleaved rounds (sample i of each from round i): the median of
-    the per-round ratios, with their quartiles as lo and hi. Pairing cancels what a round's load does to both
-    calls alike, so the range is the ratio's own noise; separated: the range excludes 1. Raises ValueError for
-    timings with different sample counts or none."""
-    if not num.samples or len(num.samples) != len(den.samples):
-        raise ValueError(f"paired timings need the same rounds: {len(num.samples)} and {len(den.samples)} samples")
-    med, q25, q75 = bench.quartiles([a / b for a, b in zip(num.samples, den.samples)])
-    return protocol.Ratio(med, q25, q75, not q25 <= 1 <= q75)
-
-
 def decode_costs(target: GPT, draft: GPT, prompt: torch.Tensor, gammas: list[int], *, reps: int = 30,
                  min_reps: int = 5, device: str = "cpu", budget_s: float = 6.0) -> dict:
     """One decode step of the target and of the draft (one token against a cache holding `prompt`) and, for each
@@ -188,8 +177,8 @@ def decode_costs(target: GPT, draft: GPT, prompt: torch.Tensor, gammas: list[int
     fns.update({f"verify{g}": _step_fn(target, prompt, g + 1) for g in gammas})
     cmp = protocol.compare(fns, device=device, min_reps=min(min_reps, reps), max_reps=reps, budget_s=budget_s)
     t = cmp.timings
-    c = paired_ratio(t["draft"], t["target"])
-    verify = {g: paired_ratio(t[f"verify{g}"], t["target"]) for g in gammas}
+    c = protocol.paired_ratio(t["draft"], t["target"])
+    verify = {g: protocol.paired_ratio(t[f"verify{g}"], t["target"]) for g in gammas}
     return {"target_ms": t["target"].ms, "draft_ms": t["draft"].ms, "c": c.value, "c_ratio": c,
             "verify": {g: v.value for g, v in verify.items()}, "verify_ratio": verify, "timings": t, "comparison": cmp}
 

@@ -12,7 +12,7 @@
   `decode_one(model, token, cache)` runs one new token per sequence; `rewound_step(model, cache, tokens)`
   runs new tokens always at the same position (for timing); `generate(model, prompt, n, sampler,
   cache=True)` loops prefill and decode, or (cache=False) reruns the whole sequence at every step, the
-  quadratic baseline. Greedy tokens are identical either way (tests/test_gpt_generation.py).
+  quadratic baseline. Greedy tokens are identical either way (tests/gpt/test_gpt_generation.py).
 * `Sampler`: greedy (temperature 0), temperature, top-k and top-p (nucleus; Holtzman et al., 2020)
   with its own seeded torch.Generator, so a seed reproduces the text; `probabilities` is the
   distribution it draws from. A value that means "no cut" (top_k >= vocab, top_p = 1, None) changes

@@ -15,7 +15,7 @@ Every quantiser here rounds to nearest (RTN), the baseline GPTQ and AWQ improve 
   `blocksize` consecutive values (row-major flattening) is divided by its absmax and each value snaps to
   the nearest level. `nf4_codebook()` follows bitsandbytes' `create_normal_map(offset=0.9677083)` recipe
   and equals its table bit for bit; `nf4_quantize` / `nf4_dequantize` equal bitsandbytes'
-  `quantize_4bit` / `dequantize_4bit` (quant_type "nf4") bit for bit (tests/test_lowbit_quant.py).
+  `quantize_4bit` / `dequantize_4bit` (quant_type "nf4") bit for bit (tests/lowbit/test_lowbit_quant.py).
   Facts of bitsandbytes' layout used here (read from its source, 0.50): the first element of each pair
   sits in the HIGH nibble; a value exactly on a midpoint between two levels goes to the lower level; the
   last block may be partial; absmax is kept in fp32.
@@ -295,7 +295,7 @@ def quantize_blockwise8(x: torch.Tensor, blocksize: int = 256) -> tuple[torch.Te
     scaled = flat / absmax.repeat_interleave(blocksize)[: flat.numel()]
     # the level at or left of the value, then its right neighbour if strictly closer. bitsandbytes' CPU kernel
     # finds the left level with an approximate search and picks the other neighbour for some values that lie
-    # near a midpoint, so the codes agree to one level (tests/test_lowbit_quant.py bounds how many differ).
+    # near a midpoint, so the codes agree to one level (tests/lowbit/test_lowbit_quant.py bounds how many differ).
     left = (torch.searchsorted(code, scaled, right=True) - 1).clamp(0, 255)
     right = (left + 1).clamp(max=255)
     idx = torch.where((scaled - code[right]).abs() < (scaled - code[left]).abs(), right, left).to(torch.uint8)

@@ -89,6 +89,17 @@ def ratio(num: Timing, den: Timing) -> Ratio:
                  separated(num, den))
 
 
+def paired_ratio(num: Timing, den: Timing) -> Ratio:
+    """num / den from timings taken in the same interleaved rounds (sample i of each from round i): the median of
+    the per-round ratios, with their quartiles as lo and hi. Pairing cancels what a round's load does to both
+    calls alike, so the range is the ratio's own noise; separated: the range excludes 1. Raises ValueError for
+    timings with different sample counts or none."""
+    if not num.samples or len(num.samples) != len(den.samples):
+        raise ValueError(f"paired timings need the same rounds: {len(num.samples)} and {len(den.samples)} samples")
+    med, q25, q75 = bench.quartiles([a / b for a, b in zip(num.samples, den.samples)])
+    return Ratio(med, q25, q75, not q25 <= 1 <= q75)
+
+
 def rank_sentence(name_a: str, a: Timing, name_b: str, b: Timing, what: str = "time per call",
                   better: str = "faster") -> str:
     """One sentence comparing two timings: which is `better` (the word for the smaller time: "faster", or

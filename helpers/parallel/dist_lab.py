@@ -325,17 +325,12 @@ def _rounds(fns: dict[str, Callable[[], Any]], reps: int, pairs: list[tuple[str,
     return timings()
 
 
-def paired_ratio(num: bench.Timing, den: bench.Timing) -> tuple[float, float, float]:
-    """(median, q25, q75) of num / den round by round: `_rounds` times every variant once per round, so
-    sample k of each Timing comes from the same round, and a burst of load on the machine slows both."""
-    return bench.quartiles([a / b for a, b in zip(num.samples, den.samples)])
-
-
 def rank_paired(name_a: str, a: bench.Timing, name_b: str, b: bench.Timing, what: str = "step time") -> str:
     """`protocol.rank_sentence` when the two Timings are separated and their round-by-round ratio's IQR
-    (`paired_ratio`) lies on one side of 1 as well; otherwise that this run cannot rank them. Both ratios
+    (`protocol.paired_ratio`) lies on one side of 1 as well; otherwise that this run cannot rank them. Both ratios
     are quoted."""
-    med, q25, q75 = paired_ratio(b, a)  # > 1: a is faster
+    r = protocol.paired_ratio(b, a)  # > 1: a is faster
+    med, q25, q75 = r.value, r.lo, r.hi
     paired = f"round by round {name_b} / {name_a} {med:.2f}x (IQR {q25:.2f}-{q75:.2f}x)"
     if protocol.separated(a, b) and (q25 > 1 or q75 < 1):
         return protocol.rank_sentence(name_a, a, name_b, b, what=what) + f"; {paired}"
@@ -505,7 +500,7 @@ def section_ddp(rank: int, world: int, width: int, depth: int, rows: list[int], 
 def bucketing_sentence(ddpm: dict, row: int, alpha_s: float) -> str:
     """Whether bucketing sped up `row`'s step, from measure_ddp's result and the ping-pong α (s): ranked
     only when the IQRs of the bucketed and per-parameter overlapped steps do not overlap and their
-    round-by-round ratio (`paired_ratio`) stays on one side of 1; a measured gap
+    round-by-round ratio (`protocol.paired_ratio`) stays on one side of 1; a measured gap
     is set against what was measured of its parts (the copies, timed alone; the saved messages at α
     each), and what they do not cover is said to be unexplained. Accepts medians (floats) in place of
     Timings for the modes (then nothing is ranked)."""
@@ -521,7 +516,8 @@ def bucketing_sentence(ddpm: dict, row: int, alpha_s: float) -> str:
     r = protocol.ratio(ov, bu)  # > 1: bucketed faster
     head = f"At {row} rows: bucketed {1e3 * bu.median:.1f} ms, per-parameter overlap {1e3 * ov.median:.1f} ms"
     copies = ddpm.get("copies")
-    _, pq25, pq75 = paired_ratio(ov, bu) if t.get("timings") else (1.0, 1.0, 1.0)
+    paired = protocol.paired_ratio(ov, bu) if t.get("timings") else None
+    pq25, pq75 = (paired.lo, paired.hi) if paired else (1.0, 1.0)
     if not (t.get("timings") and r.separated and (pq25 > 1 or pq75 < 1)):
         if t.get("timings") and r.separated:  # the medians' spreads apart, the round-by-round ratios on both sides of 1
             spread = (f"apart by their medians' spreads ({r.value:.2f}x, IQR-bounded {r.lo:.2f}-{r.hi:.2f}x) but not "

@@ -10,7 +10,7 @@ panel redrew for the new value:
     same way (`n=256`, `fp16`). Measured numbers differ on every redraw, so "the output changed"
     alone would pass even for a callback that ignores the control.
 Screenshots of each panel before and after go to runs/browser/<test>/ (git-ignored).
-The Run All also stands in for the notebook's papermill smoke run (tests/test_course_notebooks.py skips
+The Run All also stands in for the notebook's papermill smoke run (tests/course/test_course_notebooks.py skips
 that one when this suite can run): no traceback anywhere in the notebook, and records written.
 """
 from __future__ import annotations
@@ -267,7 +267,7 @@ def test_instructor_panels_redraw_in_jupyterlab(path, lab, browser, request, cap
         started = time.time()
         run_all_cells(page)
         wait_until_executed(page, path.name)
-        # This run stands in for the notebook's papermill smoke run (tests/test_course_notebooks.py skips
+        # This run stands in for the notebook's papermill smoke run (tests/course/test_course_notebooks.py skips
         # it when this suite runs), so it checks the same: no traceback anywhere, records written.
         shown = page.locator(f"{NOTEBOOK} .jp-Notebook").first.evaluate(TRACEBACKS_JS)
         assert not shown, f"{path.name} showed a traceback:\n" + "\n---\n".join(shown)

@@ -11,7 +11,7 @@ from nbformat.v4 import new_code_cell, new_notebook, new_output
 from helpers.course import report, run
 from helpers.measure.results import device_name
 
-FIXTURES = Path(__file__).resolve().parent / "fixtures"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 PNG = base64.b64encode(b"\x89PNG\r\n\x1a\n" + b"\0" * 16).decode()
 
 
@@ -246,7 +246,7 @@ SUMMARISED = ["00", "01", "02", "03", "04", "05", "06", "07"]
 def test_notebook_records_its_summary_in_its_takeaways(number):
     import re
 
-    (path,) = (Path(__file__).resolve().parents[1] / "notebooks").glob(f"{number}_*.ipynb")
+    (path,) = (Path(__file__).resolve().parents[2] / "notebooks").glob(f"{number}_*.ipynb")
     cells = nbformat.read(path, as_version=4).cells
     takeaways = next(i for i, c in enumerate(cells) if c.cell_type == "markdown" and c.source.startswith("## Takeaways"))
     calls = [re.findall(r'(?<!check\.)\b(?:record_)?summary\("(\d\d)"', c.source) for c in cells[takeaways:] if c.cell_type == "code"]
@@ -254,6 +254,6 @@ def test_notebook_records_its_summary_in_its_takeaways(number):
 
 
 def test_notebook_02_records_its_verdict_on_the_gap():
-    (path,) = (Path(__file__).resolve().parents[1] / "notebooks").glob("02_*.ipynb")
+    (path,) = (Path(__file__).resolve().parents[2] / "notebooks").glob("02_*.ipynb")
     code = "".join(c.source for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code")
     assert 'claims.verdict("attention-mlp-gap", notebook="02"' in code

@@ -165,7 +165,7 @@ def test_two_processes_asking_for_one_model_train_it_once(tmp_path):
     flags = tmp_path / "flags"
     flags.mkdir()
     cmd = [sys.executable, "-u", "-c", RACER, str(tmp_path / "cache"), str(flags)]
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     lines: queue.Queue = queue.Queue()
     procs, readers = [], []
 

@@ -152,7 +152,7 @@ def test_a_real_pass_runs_notebooks_at_once_reports_a_failure_and_a_hang_and_lea
 def test_the_capture_script_runs_the_smoke_pass_first_then_the_goals_then_the_references():
     from pathlib import Path
 
-    script = (Path(__file__).resolve().parents[1] / "scripts" / "gpu_capture.sh").read_text()
+    script = (Path(__file__).resolve().parents[2] / "scripts" / "gpu_capture.sh").read_text()
     body = script[script.index("set -uo pipefail"):]
     steps = [body.index(s) for s in ("helpers.course.gpu_smoke run", "helpers.course.goals run",
                                      "helpers.course.capture run")]
@@ -167,7 +167,7 @@ def _fake_capture(tmp_path, env_extra):
     import subprocess
     from pathlib import Path
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(parents=True)
     log = tmp_path / "calls.log"

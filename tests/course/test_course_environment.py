@@ -11,7 +11,7 @@ try:
 except ModuleNotFoundError:  # Python 3.10, which pyproject declares: no tomllib in its standard library
     tomllib = None
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DECLARED = (3, 10)  # pyproject's requires-python and the README's "Python 3.10+"
 
 

@@ -135,7 +135,7 @@ def test_cuda_batch_fit_fits_a_line_confirms_and_survives_out_of_memory(monkeypa
 
 def _validate_04(tmp_path, **overrides):
     """Run notebook 04's parameters cell, the overrides, then its validation cell, in a plain namespace."""
-    nb = Path(__file__).resolve().parent.parent / "notebooks" / "04_activation_checkpointing.ipynb"
+    nb = Path(__file__).resolve().parents[2] / "notebooks" / "04_activation_checkpointing.ipynb"
     cells = [c for c in json.loads(nb.read_text())["cells"] if c["cell_type"] == "code"]
     ns = {}
     exec("".join(cells[0]["source"]), ns)

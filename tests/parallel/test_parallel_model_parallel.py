@@ -1,6 +1,6 @@
 """Tensor parallelism (TPMLP, TPAttention) and the pipeline (pipeline_step by GPipe and 1F1B) against torch's
 `parallelize_module` (ColwiseParallel / RowwiseParallel), the dense layers and `torch.distributed.pipelining`,
-on the module zoo of tests/test_parallel_data_parallel.py: every wrapper x module pair either matches torch
+on the module zoo of tests/parallel/test_parallel_data_parallel.py: every wrapper x module pair either matches torch
 after two steps (parameters, gradients, which parameters train) or is refused with one sentence. All of it
 runs in one start of 2 gloo ranks."""
 import re

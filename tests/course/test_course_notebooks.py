@@ -14,7 +14,7 @@ import nbformat
 import papermill as pm
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 BROWSER = ROOT / "tests" / "browser"
 

@@ -43,16 +43,6 @@ def test_formula_rows_with_planted_alpha_and_c():
         L.formula_rows(0.5, -0.1, [1], exact(0.1), {1: exact(1.0)})
 
 
-def test_paired_ratio_cancels_a_load_both_calls_share():
-    den = bench.Timing(2.0, 1.0, 4.0, [1.0, 2.0, 4.0, 8.0, 2.0])  # the load moves every round 8x
-    num = bench.Timing(0.2, 0.1, 0.4, [0.1, 0.2, 0.4, 0.8, 0.2])  # and this call with it: 0.1 of den each round
-    r = L.paired_ratio(num, den)
-    assert (r.value, r.lo, r.hi) == pytest.approx((0.1, 0.1, 0.1)) and r.separated
-    assert not L.paired_ratio(bench.Timing(1, 1, 1, [0.9, 1.1, 1.0]), bench.Timing(1, 1, 1, [1.0, 1.0, 1.0])).separated
-    with pytest.raises(ValueError, match="same rounds"):
-        L.paired_ratio(num, bench.Timing(1, 1, 1, [1.0]))
-
-
 def test_alpha_estimate_and_weight_bytes():
     runs = [speculative.SpecResult(tokens=torch.zeros(3), betas=[1.0, 0.0]),
             speculative.SpecResult(tokens=torch.zeros(3), betas=[1.0, 0.0])]

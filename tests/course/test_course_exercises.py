@@ -13,7 +13,7 @@ import pytest
 
 from helpers.course import check
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = {p.stem[:2]: p for p in sorted((ROOT / "notebooks").glob("*.ipynb"))}
 MODULES = sorted(p.stem[2:] for p in (ROOT / "helpers" / "course" / "exercises").glob("nb*.py"))
 EXERCISES = [ex for nb in MODULES for ex in check.load(nb)]

@@ -14,8 +14,8 @@ from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
 from helpers.course import run
 
-ROOT = Path(__file__).resolve().parent.parent
-FIXTURES = Path(__file__).resolve().parent / "fixtures"
+ROOT = Path(__file__).resolve().parents[2]
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 
 
 def _notebook(path, *sources, params='PROFILE = "auto"\nINTERACTIVE = True\nRESULTS_DIR = None'):

@@ -155,7 +155,7 @@ def test_split_profile_lines_follow_the_numbers():
 
 def _validate(**overrides):
     """Run notebook 05's parameters cell, the overrides (as papermill would inject them), then its validation cell."""
-    cells = json.loads((Path(__file__).resolve().parent.parent / "notebooks" / "05_grad_accumulation.ipynb").read_text())
+    cells = json.loads((Path(__file__).resolve().parents[2] / "notebooks" / "05_grad_accumulation.ipynb").read_text())
     code = ["".join(c["source"]) for c in cells["cells"] if c["cell_type"] == "code"]
     assert code[0].startswith("PROFILE") and "S = params.setup" in code[1]
     scope = {}

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 HELPERS = ROOT / "helpers"
 LINT = Path(sys.executable).with_name("lint-imports")
 PACKAGES = sorted(p.parent for p in HELPERS.glob("*/__init__.py"))

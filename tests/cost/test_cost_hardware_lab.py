@@ -60,7 +60,7 @@ def test_cpu_flags_are_read_from_cpuinfo_text():
 
 def _run_setup_cells(stem, tmp_path, **overrides):
     """Execute a notebook's parameters cell and the validation cell after it, with `overrides` injected."""
-    cells = json.loads((Path(__file__).resolve().parent.parent / "notebooks" / f"{stem}.ipynb").read_text())["cells"]
+    cells = json.loads((Path(__file__).resolve().parents[2] / "notebooks" / f"{stem}.ipynb").read_text())["cells"]
     i = next(k for k, c in enumerate(cells) if "parameters" in c["metadata"].get("tags", []))
     scope = {}
     exec("".join(cells[i]["source"]), scope)

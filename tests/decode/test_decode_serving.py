@@ -311,7 +311,7 @@ def test_the_triton_decode_kernel_compiles_for_an_h100_without_a_gpu():
             "    print('compiled', bs, hd, 'spills', r['spill_stores'] + r['spill_loads'])\n"
             "print('combine', paged_attention.compile_decode_kernel(head_dim=128, combine=True).metadata.shared)")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"} | {"COURSE_TRITON_AOT": "1"}
-    done = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[1], env=env,
+    done = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[2], env=env,
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0 and done.stdout.count("compiled") == 2, done.stderr[-2000:]
     assert done.stdout.count("spills 0") == 2 and "combine" in done.stdout, done.stdout  # registers suffice at head_dim 48 and 128

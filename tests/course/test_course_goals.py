@@ -20,7 +20,7 @@ from helpers.course import goal_base, goals_train
 from helpers.course import goals as G
 from helpers.course.goal_base import check, result
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CUDA_ONLY = ["07.scaled_mm", "07.float8_linear", "09.fused_bandwidth", "09.triton_softmax", "09.reduce_overhead",
              "09.train_step", "10.decode_bandwidth", "10.paged_decode", "08.quantized_decode", "08.compiled_decode",
              "12.pinned"]

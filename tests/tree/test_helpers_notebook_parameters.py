@@ -29,7 +29,7 @@ from helpers.measure import hardware, params
 from helpers.parallel import dist_lab, distributed
 from helpers.training import accumulation_lab, checkpointing_lab, precision_lab
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = {p.name[:2]: p for p in sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))}
 LABS = {"00": hardware_lab, "01": roofline_lab, "02": mfu_lab, "03": precision_lab, "04": checkpointing_lab,
         "05": accumulation_lab, "06": flash_lab, "07": fp8_lab, "08": quant_lab, "09": compile_lab, "10": kv_lab,

@@ -225,7 +225,7 @@ def test_notebook_08_sources_hold_no_control_characters():
     import json
     from pathlib import Path
 
-    nb = json.loads((Path(__file__).resolve().parents[1] / "notebooks" / "08_quantization.ipynb").read_text())
+    nb = json.loads((Path(__file__).resolve().parents[2] / "notebooks" / "08_quantization.ipynb").read_text())
     for i, cell in enumerate(nb["cells"]):
         text = "".join(cell["source"])
         assert not any(ch in text for ch in "\r\t\b\f\v"), f"cell {i} holds a control character"

@@ -152,3 +152,13 @@ def test_one_round_is_a_valid_minimum():
     m = FakeMachine({"a": noisy(0.01, 0.0, 0), "b": noisy(0.02, 0.0, 0)})
     c = run(m, min_reps=1, max_reps=1)
     assert c.rounds == 1 and c["a"].median == pytest.approx(0.01)
+
+
+def test_paired_ratio_cancels_a_load_both_calls_share():
+    den = Timing(2.0, 1.0, 4.0, [1.0, 2.0, 4.0, 8.0, 2.0])  # the load moves every round 8x
+    num = Timing(0.2, 0.1, 0.4, [0.1, 0.2, 0.4, 0.8, 0.2])  # and this call with it: 0.1 of den each round
+    r = protocol.paired_ratio(num, den)
+    assert (r.value, r.lo, r.hi) == pytest.approx((0.1, 0.1, 0.1)) and r.separated
+    assert not protocol.paired_ratio(Timing(1, 1, 1, [0.9, 1.1, 1.0]), Timing(1, 1, 1, [1.0, 1.0, 1.0])).separated
+    with pytest.raises(ValueError, match="same rounds"):
+        protocol.paired_ratio(num, Timing(1, 1, 1, [1.0]))

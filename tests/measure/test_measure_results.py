@@ -55,7 +55,7 @@ def test_device_slug_is_folder_safe():
     assert results.slug(" Tesla  T4 / PCIe (x) ") == "tesla-t4-pcie-x"  # every run of separators is one '-'
 
 
-FIXTURES = __import__("pathlib").Path(__file__).resolve().parent / "fixtures"
+FIXTURES = __import__("pathlib").Path(__file__).resolve().parents[1] / "fixtures"
 
 
 def test_record_refuses_metrics_the_report_cannot_show(results_tmp):

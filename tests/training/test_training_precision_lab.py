@@ -191,7 +191,7 @@ def test_training_sentences_follow_the_numbers():
 
 def _validate_nb03(tmp_path, **parameters):
     """Run notebook 03's parameters cell and the cell that validates it, with `parameters` injected."""
-    nb = json.loads((Path(__file__).resolve().parent.parent / "notebooks" / "03_mixed_precision.ipynb").read_text())
+    nb = json.loads((Path(__file__).resolve().parents[2] / "notebooks" / "03_mixed_precision.ipynb").read_text())
     code = ["".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code"]
     ns: dict = {}
     exec(code[0], ns)  # noqa: S102 - the notebook's own cells

@@ -243,7 +243,7 @@ def test_notebook_06_text_points_the_right_way_and_cites_in_words():
     import json
     from pathlib import Path
 
-    path = Path(__file__).resolve().parent.parent / "notebooks" / "06_flash_attention.ipynb"
+    path = Path(__file__).resolve().parents[2] / "notebooks" / "06_flash_attention.ipynb"
     cells = json.loads(path.read_text())["cells"]
     for i, cell in enumerate(cells):
         text = "".join(cell["source"])
