@@ -8,7 +8,8 @@ The layers, from the bottom up; each imports only the ones below it (import-lint
 `cost/`       notebooks 00-02        `training/`   notebooks 03-05        `attention/`  notebook 06
 `lowbit/`     notebooks 07-08        `fusion/`     notebook 09            `decode/`     notebooks 10-11
 `dataload/`   notebook 12            `parallel/`   notebook 13            `capstone/`   notebook 14
-`course/`     exercises, the headless runner and its report, the GPU capture and the performance goals
+`course/`     exercises, the headless runner and its report (the maintainers' GPU capture and performance
+              goals are tools/capture/ in the repository, not part of this package)
 
 A part of the course may use the parts before it, never those after it. In each part, technique modules
 hold the method and one `<topic>_lab` module per notebook holds that notebook's measurements, figures,
@@ -17,11 +18,11 @@ panels and sentences. Notebook by notebook (lab first, then the technique module
 00  hardware           cost/hardware_lab; measure/hardware, measure/ceilings, measure/bench
 01  roofline           cost/roofline_lab; cost/roofline
 02  FLOPs and MFU      cost/mfu_lab; cost/flops, cost/mfu
-03  mixed precision    training/precision_lab; training/precision, training/mixed_precision
+03  mixed precision    training/precision_lab, training/mixed_precision_lab; training/precision,
+                       training/mixed_precision
 04  checkpointing      training/checkpointing_lab; training/checkpointing
 05  accumulation       training/accumulation_lab; training/accumulation
-06  FlashAttention     attention/flash_lab; attention/kernels, attention/flash_triton, attention/triton_aot,
-                       attention/gpu_check (the GPU check command)
+06  FlashAttention     attention/flash_lab; attention/kernels, attention/flash_triton, attention/triton_aot
 07  FP8 training       lowbit/fp8_lab; lowbit/fp8
 08  quantisation       lowbit/quant_lab, lowbit/lora_lab; lowbit/quant, lowbit/quant_linear, lowbit/gptq,
                        lowbit/lora

@@ -6,9 +6,10 @@ gradient accumulation (05). Imports `gpt`, `measure` and `show`.
                      by `lowbit` (notebook 07's fp8 formats)
 `mixed_precision`    the training variants of notebook 03 (fp32, fp16 with and without loss scaling,
                      bf16 autocast, bf16 weights with fp32 master weights) and one step of each
-`precision_lab`      notebook 03's measurements: gradients against fp16's range, the static scaling
-                     sweep, both scalers on identical gradients, memory and speed of the variants,
-                     the formats panel and the generated sentences
+`precision_lab`      notebook 03's measurements of the formats: gradients against fp16's range, the
+                     static scaling sweep, both scalers on identical gradients, the formats panel
+`mixed_precision_lab` notebook 03's measurements of the training variants: bytes by part, the
+                     summary row of each, and the sentences on training, memory and speed
 `checkpointing`      activation checkpointing strategies applied to a live course GPT, and the
                      arithmetic of what they keep and recompute (Korthikanti et al.'s formula, the
                      course block term by term, the activation peak, the largest batch in a budget)

@@ -8,7 +8,7 @@ optimizer step if any is inf or NaN. With master weights the 16-bit model's grad
 into fp32 parameters, AdamW updates those, and the result is rounded back into the model.
 
 Built on `precision` (the loss scaler and master weights); the measurements of the variants are in
-`precision_lab`.
+`mixed_precision_lab`.
 """
 from __future__ import annotations
 

@@ -8,9 +8,9 @@
 * loss scaling: `static_scaling_sweep` (fp16 gradients of S·L against fp32's for each S), its
   `scaling_window`, `scaling_sweep_sentence` and `scaling_sweep_figure`; `compare_scalers` (ours and
   GradScaler on identical scaled gradients with inf/NaN injected);
-* the six variants of `mixed_precision`: `memory_breakdown` (bytes by part), `summarize`, and the
-  sentences on training, memory and speed (`training_sentences`, `memory_sentences`,
-  `speed_sentence`); `check_log2_scales` validates the notebook's sweep parameter.
+* `check_log2_scales` validates the notebook's sweep parameter.
+
+The six training variants of `mixed_precision` (memory, loss, speed) are measured in `mixed_precision_lab`.
 """
 from __future__ import annotations
 
@@ -21,9 +21,7 @@ import torch
 
 from helpers.gpt.model import PRESETS
 from helpers.measure import params
-from helpers.measure.bench import peak_cuda_memory, saved_breakdown
 from helpers.show import plots
-from helpers.training.mixed_precision import Run
 from helpers.training.precision import FORMATS, DynamicLossScaler, classify, facts
 
 
@@ -337,124 +335,3 @@ def compare_scalers(model: torch.nn.Module, batches: list, *, init_scale: float,
             scaler.update()
             trajectory[key].append((scaler.get_scale(), scaler.get_scale() < before))
     return {**trajectory, "params": (copies["ours"], copies["torch"])}
-
-
-# ---------------------------------------------------------------- the training variants: memory, loss, speed
-
-MEMORY_PARTS = ("weights", "master", "grads", "optimizer", "weight_copies", "activations")
-SCALED = ("fp16 + our scaler", "fp16 + GradScaler")
-
-
-def memory_breakdown(run: Run, x: torch.Tensor, y: torch.Tensor, step: bool = True) -> dict[str, int]:
-    """Bytes of weights, fp32 master copies, gradients, optimizer state and saved activations after a step.
-
-    With step=False the caller promises a step just ran (gradients and optimizer state exist).
-    """
-    if step:
-        run.step(x, y)
-    weights = sum(p.nbytes for p in run.model.parameters())
-    grads = sum(p.grad.nbytes for p in run.model.parameters() if p.grad is not None)
-    if run.master:
-        grads += sum(m.grad.nbytes for m in run.master.params if m.grad is not None)
-    opt_state = sum(v.nbytes for st in run.optimizer.state.values() for v in st.values() if torch.is_tensor(v))
-    saved = saved_breakdown(lambda: run.loss(x, y), list(run.model.parameters()))
-    return {"weights": weights, "master": run.master.nbytes() if run.master else 0, "grads": grads,
-            "optimizer": opt_state, "activations": saved["activations"], "weight_copies": saved["weight_copies"]}
-
-
-def summarize(runs: dict[str, Run], logs: dict[str, list[dict]], timings: dict[str, Any], x: torch.Tensor,
-              y: torch.Tensor) -> dict[str, dict[str, Any]]:
-    """One row per variant: mean loss of the last 5 steps, mean zero-gradient share, skipped steps,
-    last scale, step time (ms, with its inter-quartile spread), bytes by part and the CUDA peak rise."""
-    out = {}
-    for name, run in runs.items():
-        log, t = logs[name], timings[name]
-        mem = memory_breakdown(run, x, y, step=False)  # the timed steps left gradients and optimizer state
-        out[name] = {"final_loss": sum(r["loss"] for r in log[-5:]) / len(log[-5:]),
-                     "zero_grad_fraction": sum(r["zero_fraction"] for r in log) / len(log),
-                     "skipped_steps": sum(r["skipped"] for r in log), "final_scale": log[-1]["scale"],
-                     "step_ms": t.ms, "step_iqr": t.spread, "memory": mem,
-                     "cuda_peak_increment": peak_cuda_memory(lambda: run.step(x, y))}
-    return out
-
-
-def training_sentences(summary: dict[str, dict[str, Any]], steps: int) -> list[str]:
-    """What the six-variant comparison showed about lost gradients, the loss and skipped steps, in words."""
-    s32, s16 = summary["fp32"], summary["fp16 no scaling"]
-    scaled = [summary[n] for n in SCALED if n in summary]
-    z32, z16 = s32["zero_grad_fraction"], s16["zero_grad_fraction"]
-    zs = max(s["zero_grad_fraction"] for s in scaled)
-    out = [f"fp16 without loss scaling zeroed {z16:.3%} of the gradient entries per step on average, "
-           + (f"{z16 / z32:.0f}× fp32's {z32:.3%}" if z32 > 0 and z16 > z32 else f"against fp32's {z32:.3%}")
-           + f"; with loss scaling at most {zs:.3%}"
-           + (": scaling recovered the gradients that underflow flushed." if z16 > z32 and zs <= max(z32, 0.1 * z16)
-              else ".")]
-    ls, l16, l32 = scaled[0]["final_loss"], s16["final_loss"], s32["final_loss"]
-    # rounding alone: bf16 autocast rounds more coarsely than fp16 but flushes nothing and skips nothing
-    ref = "bf16 autocast" if "bf16 autocast" in summary else None
-    moved = abs(summary[ref]["final_loss"] - l32) if ref else 0.0
-    noise = max(moved, 1e-3)
-    why = (f"the larger of 0.001 and the {moved:.4f} by which bf16 autocast's coarser rounding alone moved the loss"
-           if ref else "a tolerance of 0.001")
-    lost = l16 - l32
-    if abs(lost) <= noise:
-        out.append(f"The loss does not show the lost gradients at this size: over its last 5 of {steps} steps "
-                   f"unscaled fp16 averaged {l16:.4f} against fp32's {l32:.4f}, a gap of {lost:+.4f}, within "
-                   f"{why}.")
-    else:
-        out.append(f"Over its last 5 of {steps} steps unscaled fp16 averaged {l16:.4f} against fp32's {l32:.4f}, "
-                   f"a gap of {lost:+.4f}, beyond {why}: "
-                   + ("the lost gradients (with fp16's rounding) slowed training." if lost > 0 else
-                      "unscaled fp16 did better here, which lost gradients cannot explain."))
-    skipped = scaled[0]["skipped_steps"]
-    if skipped:
-        gap = ls - l32
-        out.append(f"The scalers skipped {skipped} of {steps} steps (an overflow, after which the scale was "
-                   f"halved): {skipped / steps:.0%} of the updates not made. Scaled fp16 averaged {ls:.4f}, "
-                   f"{gap:+.4f} from fp32, "
-                   + (f"beyond {why}: the skipped updates cost it more than rounding did."
-                      if abs(gap) > noise else f"within {why}."))
-    return out
-
-
-def bytes_per_parameter(summary: dict[str, dict[str, Any]], n_params: int) -> dict[str, float]:
-    """Bytes per parameter of weights + fp32 master + gradients + optimizer state, per variant."""
-    return {n: sum(s["memory"][k] for k in ("weights", "master", "grads", "optimizer")) / n_params
-            for n, s in summary.items()}
-
-
-def memory_sentences(summary: dict[str, dict[str, Any]], n_params: int, fast: str) -> list[str]:
-    """Which bytes mixed precision saved in this run, generated from the byte counts."""
-    total = {n: sum(s["memory"][k] for k in MEMORY_PARTS) for n, s in summary.items()}
-    bpp = bytes_per_parameter(summary, n_params)
-    act = summary[fast]["memory"]["activations"] / summary["fp32"]["memory"]["activations"]
-    share = summary["fp32"]["memory"]["activations"] / total["fp32"]
-    out = [f"{fast} kept {bpp[fast]:.1f} bytes per parameter of weights, gradients and optimizer state "
-           f"(fp32: {bpp['fp32']:.1f}), added {summary[fast]['memory']['weight_copies'] / 2**20:.2f} MiB of 16-bit "
-           f"weight copies, and cut the activations to ×{act:.2f} of fp32's: total ×{total[fast] / total['fp32']:.2f}. "
-           f"Activations were {share:.0%} of fp32's total here, so "
-           + ("they dominate and the saving approaches the claimed half only as far as they shrink."
-              if share > 0.5 else "no activation saving could halve the total at this size.")]
-    master = "bf16 weights + fp32 master"
-    if master in summary:
-        out.append(f"bf16 weights with fp32 master weights held {bpp[master]:.1f} bytes per parameter "
-                   f"(fp32: {bpp['fp32']:.1f}) and activations ×"
-                   f"{summary[master]['memory']['activations'] / summary['fp32']['memory']['activations']:.2f}: "
-                   f"total ×{total[master] / total['fp32']:.2f}.")
-    return out
-
-
-def speed_sentence(summary: dict[str, dict[str, Any]], device: str) -> str:
-    """The measured step-time ratios in words, with the noise (half the IQR) taken into account."""
-    base = summary["fp32"]
-    parts = []
-    for name, s in summary.items():
-        if name == "fp32":
-            continue
-        ratio = base["step_ms"] / s["step_ms"]
-        noise = (base["step_iqr"] + s["step_iqr"]) / 2
-        verdict = ("faster" if ratio > 1 + noise else "slower" if ratio < 1 - noise else "the same within the noise")
-        parts.append(f"{name} ×{ratio:.2f} ({verdict})")
-    where = ("A CPU has no tensor cores, and where it lacks native fp16 or bf16 instructions those formats are "
-             "converted in software: these ratios say nothing about a GPU. " if device == "cpu" else "")
-    return where + "Speed against fp32 in this run: " + "; ".join(parts) + "."

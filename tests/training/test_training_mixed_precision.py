@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from helpers.gpt.model import GPT, GPTConfig
-from helpers.training import mixed_precision, precision_lab
+from helpers.training import mixed_precision, mixed_precision_lab
 
 
 def _tiny_model():
@@ -26,11 +26,11 @@ def test_training_variants_step_and_memory():
             assert [r["scale"] for r in results[name]] == [2.0**16, 2.0**16, 2.0**17]
     assert [r["loss"] for r in results["fp16 + our scaler"]] == [r["loss"] for r in results["fp16 + GradScaler"]]
     n = sum(p.numel() for p in base.parameters())
-    fp32 = precision_lab.memory_breakdown(mixed_precision.make_run("fp32", base, lr=1e-3, device="cpu"), x, y)
+    fp32 = mixed_precision_lab.memory_breakdown(mixed_precision.make_run("fp32", base, lr=1e-3, device="cpu"), x, y)
     assert fp32["weights"] == fp32["grads"] == 4 * n and fp32["optimizer"] >= 8 * n and fp32["weight_copies"] == 0
-    bf16 = precision_lab.memory_breakdown(mixed_precision.make_run("bf16 autocast", base, lr=1e-3, device="cpu"), x, y)
+    bf16 = mixed_precision_lab.memory_breakdown(mixed_precision.make_run("bf16 autocast", base, lr=1e-3, device="cpu"), x, y)
     assert bf16["weights"] == 4 * n and bf16["weight_copies"] > 0 and bf16["activations"] < fp32["activations"]
-    master = precision_lab.memory_breakdown(mixed_precision.make_run("bf16 weights + fp32 master", base, lr=1e-3, device="cpu"), x, y)
+    master = mixed_precision_lab.memory_breakdown(mixed_precision.make_run("bf16 weights + fp32 master", base, lr=1e-3, device="cpu"), x, y)
     assert master["weights"] == 2 * n and master["master"] == 4 * n and master["grads"] == 6 * n
     with pytest.raises(ValueError, match="fp8 training"):
         mixed_precision.make_run("fp8 training", base, lr=1e-3, device="cpu")
