@@ -2,8 +2,8 @@
 
 `hardware`     what the device is: name, capabilities, library versions, datasheet peaks with their
                sources, and the matmul each format (fp32, tf32, fp16, bf16, fp8) runs as
-`ceilings`     what the device does: measured matmul throughput and copy bandwidth, and the ceilings
-               notebook 00 records for the later notebooks
+`ceilings`     what the device does: measured matmul throughput and copy bandwidth, the ceilings
+               notebook 00 records for the later notebooks, and the one copy ceiling every GB/s is set against
 `bench`        the one timer (warm-up, median and IQR, interleaved comparisons), plausibility bounds,
                peak CUDA memory and bytes saved for backward
 `protocol`     the protocol for a headline: warm up until steady, interleaved rounds until the spread

@@ -102,6 +102,14 @@ def resolve_device(device: "str | torch.device | None") -> str:
     raise ValueError(f"device={device!r} is not a device the course's timer supports; {allowed}")
 
 
+def sync(device: "str | torch.device") -> None:
+    """Wait until the work queued on `device` has finished: `torch.cuda.synchronize(device)` on a CUDA device
+    ("cuda", "cuda:N" or a torch.device of type cuda), nothing on any other (a CPU runs each op before it
+    returns). Every clock read around GPU work goes after one of these."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
 class ImplausibleTiming(UserWarning):
     """A timing too short for the timer to resolve, or a rate beyond what the device can do."""
 

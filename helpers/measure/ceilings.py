@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from helpers.measure.bench import benchmark
-from helpers.measure.hardware import capabilities, matmul_fn, matmul_unsupported
+from helpers.measure.bench import benchmark, cpu_threads
+from helpers.measure.hardware import capabilities, last_level_cache, matmul_fn, matmul_unsupported
+from helpers.measure.params import positive
 from helpers.measure.results import device_name, load_results, results_dir
 
 
@@ -76,15 +77,63 @@ def matmul_ceiling(dtype: str, sizes, device: str | None = None, reps: int = 5) 
                     f"00's record of {best_rec:.4g} TFLOP/s in this results folder")
 
 
-def bandwidth_ceiling(copy_bytes: int, device: str | None = None, reps: int = 5) -> tuple[float, str]:
-    """(GB/s, where it came from): the best of notebook 00's recorded copy bandwidth for this device and
-    a `copy_bytes` copy measured now (a ceiling is the best of every measurement available)."""
+COPY_CEILINGS: dict[tuple, tuple[float, str]] = {}  # this process's copy ceilings, by (device, threads, folder)
+
+
+def copy_size(device: str | None = None) -> int:
+    """Bytes of the source buffer of a copy-bandwidth ceiling: on a GPU 1 GiB; on a CPU the smallest power of
+    two at or above its last-level cache, at least 64 MiB (also when the cache size is unknown) and at most
+    1 GiB, so that the copy's traffic (source and destination, at least twice the cache) streams from memory."""
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if torch.device(device).type != "cpu":
+        return 2 ** 30
+    llc = last_level_cache("cpu")[0] or 2 ** 26
+    return min(2 ** 30, 1 << max(26, (llc - 1).bit_length()))
+
+
+def _recorded_copy_mb() -> float | None:
+    """The largest copy (MiB) of notebook 00's copy sweep in this results folder (its `copy_gbps` is that copy's
+    bandwidth), or None without that record."""
+    sweep = load_results(results_dir()).get("hardware_copy_sweep")
+    sizes = (sweep or {}).get("metrics", {}).get("sizes_mb") if isinstance(sweep, dict) else None
+    return float(sizes[-1]) if sizes else None
+
+
+def bandwidth_ceiling(device: str | None = None, *, threads: int | None = None, reps: int = 5
+                      ) -> tuple[float, str]:
+    """(GB/s, where it came from): the copy bandwidth every GB/s of the course is set against, the one rule.
+
+    Made once per process (a notebook run) for each (device, threads, results folder) and reused
+    (`COPY_CEILINGS`). It is notebook 00's recorded `copy_gbps` for this device (its largest copy; the
+    source names the copy's size when the sweep's record is there) when the results folder holds one and
+    `threads` is None; otherwise one copy of `copy_size(device)` bytes measured now (read + write, GB = 1e9 B,
+    `reps` timed copies after one warm-up), on `threads` torch intra-op threads on a CPU (None: the current
+    count, the whole machine as notebook 00 measures it; a count is for a step timed on as many threads, and
+    notebook 00's whole-machine record does not apply to it). The source states the size and thread count."""
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    cpu = torch.device(device).type == "cpu"
+    if threads is not None:
+        positive("threads", threads)
+    key = (device, threads if cpu else None, str(results_dir()))
+    if key in COPY_CEILINGS:
+        return COPY_CEILINGS[key]
     recorded = load_ceilings()
-    rec = recorded.get("copy_gbps") if recorded else None
-    now = measure_copy_bandwidth(copy_bytes, device, reps=reps)
-    size = f"{copy_bytes / 2**20:g} MiB copy"
-    if not rec:
-        return now, f"measured just now ({size})"
-    if rec >= now:
-        return rec, f"notebook 00, this results folder (best of that record and a {size} measured now, {now:.4g} GB/s)"
-    return now, f"measured just now ({size}), above notebook 00's record of {rec:.4g} GB/s in this results folder"
+    if recorded and recorded.get("copy_gbps") and (threads is None or not cpu):
+        mb = _recorded_copy_mb()
+        size = "its largest copy" if mb is None else f"its largest copy, {mb:g} MiB"
+        out = float(recorded["copy_gbps"]), f"notebook 00's record for this device ({size}), this results folder"
+    else:
+        nbytes = copy_size(device)
+        n = (threads or torch.get_num_threads()) if cpu else None
+        with cpu_threads(device, n or 1):  # on a GPU it changes nothing
+            gbps = measure_copy_bandwidth(nbytes, device, reps=reps, warmup=1)
+        llc, name = last_level_cache(device)
+        where = ("" if not llc else
+                 f", {'past' if 2 * nbytes > llc else 'inside'} the {llc / 2**20:g} MiB {name} cache")
+        on = f" on {n} thread{'s' if n != 1 else ''}" if cpu else ""
+        why = ("notebook 00's whole-machine record does not apply to a step timed on fewer threads"
+               if recorded and recorded.get("copy_gbps") else
+               "notebook 00 has no record for this device in this results folder")
+        out = gbps, f"measured just now: one {nbytes / 2**20:g} MiB copy{on}{where} ({why})"
+    COPY_CEILINGS[key] = out
+    return out

@@ -50,6 +50,20 @@ def shown(row: dict[str, Any]) -> str:
     return v + " (by formula)" if row.get("basis") == "formula" and v != "not testable" else v
 
 
+def judge_range(value: float, lo: float, hi: float, claim_lo: float, claim_hi: float | None) -> tuple[str, str]:
+    """(verdict, reason) on a claim of claim_lo-claim_hi for a value known only to lie in [lo, hi] (its IQR or
+    range): `judge`'s verdict when lo and hi get the same one (the whole range is below, within or above the
+    claim), else "not testable", with the reason that the range spans a bound of the claim (this run's noise
+    cannot decide it). Raises ValueError when value lies outside [lo, hi]."""
+    if not lo <= value <= hi:
+        raise ValueError(f"value={value!r} lies outside its range {lo!r}-{hi!r}")
+    low, high = judge(lo, claim_lo, claim_hi), judge(hi, claim_lo, claim_hi)
+    if low == high:
+        return low, ""
+    bound = claim_lo if low == "contradicted" else claim_hi
+    return "not testable", (f"the range {lo:.2f}-{hi:.2f}x around {value:.2f}x spans the claim's bound of {bound:g}x, "
+                            "so this run's noise cannot decide it")
+
 def verdict(claim_id: str, *, notebook: str, claim: str, source: str, measured: str, verdict: str,
             reason: str = "", value: float | None = None, unit: str = "", basis: str = "measured",
             quiet: bool = False) -> dict[str, Any]:

@@ -1,6 +1,7 @@
 """Notebook parameters: validation, profiles and the one setup call each notebook makes."""
 from __future__ import annotations
 
+import ast
 import math
 import random
 from dataclasses import dataclass
@@ -44,9 +45,29 @@ def boolean(name: str, value: Any) -> bool:
     return value
 
 
+def listed(name: str, values: Any) -> Any:
+    """`values`, or the list a string holds: papermill passes a list parameter given on the command line with
+    `-p NAME "[1, 2]"` as the text "[1, 2]", which is read here as a Python literal (`ast.literal_eval`).
+    A string that is not a list or tuple literal raises a ValueError naming the parameter and saying how to
+    pass a list (`-y "NAME: [1, 2]"`). Anything else is returned as it is, for the caller to validate."""
+    if not isinstance(values, (str, bytes)):
+        return values
+    text = values.decode() if isinstance(values, bytes) else values
+    try:
+        parsed = ast.literal_eval(text.strip())
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        parsed = None
+    if not isinstance(parsed, (list, tuple)):
+        raise ValueError(f"{name}={values!r} is a string, not a list: papermill's -p passes text; pass a list "
+                         f"literal such as -p {name} \"[1, 2]\", or YAML with -y \"{name}: [1, 2]\"")
+    return parsed
+
+
 def positives(name: str, values: Any, kind: type = int) -> list:
-    """Return `values` as a list if it is a non-empty list or tuple of positive `kind`s, else raise."""
-    if isinstance(values, (str, bytes)) or not isinstance(values, (list, tuple)) or not values:
+    """Return `values` as a list if it is a non-empty list or tuple of positive `kind`s, else raise a
+    ValueError naming the parameter. A string is read as a list literal first (`listed`): "[1, 2]" is [1, 2]."""
+    values = listed(name, values)
+    if not isinstance(values, (list, tuple)) or not values:
         raise ValueError(f"{name}={values!r} must be a non-empty list of positive {kind.__name__}s")
     for value in values:
         if isinstance(value, bool) or not isinstance(value, kind) or value <= 0:
@@ -55,9 +76,11 @@ def positives(name: str, values: Any, kind: type = int) -> list:
 
 
 def choices(name: str, values: Any, allowed: Iterable[Any]) -> list:
-    """Return `values` as a list if it is a non-empty list or tuple of entries from `allowed`, else raise."""
+    """Return `values` as a list if it is a non-empty list or tuple of entries from `allowed`, else raise a
+    ValueError naming the parameter. A string is read as a list literal first (`listed`)."""
     allowed = tuple(allowed)
-    if isinstance(values, (str, bytes)) or not isinstance(values, (list, tuple)) or not values:
+    values = listed(name, values)
+    if not isinstance(values, (list, tuple)) or not values:
         raise ValueError(f"{name}={values!r} must be a non-empty list drawn from {', '.join(map(repr, allowed))}")
     for value in values:
         if value not in allowed:

@@ -3,5 +3,6 @@ other package (it imports none of them).
 
 `tables`   plain-text tables for printed results
 `plots`    the course's figure style and its common charts (bars, lines, rooflines)
+`units`    percentages, byte counts and durations in words, one format each
 `widgets`  ipywidgets panels that also run headless, and the progress bar (silent in headless runs)
 """

@@ -87,12 +87,9 @@ def test_matmul_ceiling_is_the_best_of_the_record_and_a_measurement_now(results_
     record(ceilings.CEILINGS_RECORD, {"matmul_tflops": {"fp32": 1e-9}, "copy_gbps": 1e-9}, quiet=True)
     tflops, source = ceilings.matmul_ceiling("fp32", [32, (16, 8, 24)], "cpu", reps=1)
     assert tflops > 1e-9 and "measured just now" in source and "above notebook 00's record" in source
-    gbps, source = ceilings.bandwidth_ceiling(2**16, "cpu", reps=1)
-    assert gbps > 1e-9 and "above notebook 00's record" in source
     record(ceilings.CEILINGS_RECORD, {"matmul_tflops": {"fp32": 1e6}, "copy_gbps": 1e9}, quiet=True)
     tflops, source = ceilings.matmul_ceiling("fp32", [32], "cpu", reps=1)
     assert tflops == 1e6 and source.startswith("notebook 00") and "measured now" in source
-    assert ceilings.bandwidth_ceiling(2**16, "cpu", reps=1)[0] == 1e9
     assert ceilings.matmul_ceiling("fp8", [32], "cpu", reps=1)[0] is None  # cannot run: no ceiling invented
 
 

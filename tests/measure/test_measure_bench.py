@@ -164,3 +164,14 @@ def test_cpu_threads_sets_the_count_on_a_cpu_only_and_restores_it():
     with pytest.raises(RuntimeError), bench.cpu_threads("cpu", 1):
         raise RuntimeError("inside")
     assert torch.get_num_threads() == before  # restored after an error too
+
+
+def test_sync_waits_on_cuda_only(monkeypatch):
+    calls = []
+    monkeypatch.setattr(bench.torch.cuda, "synchronize", lambda device=None: calls.append(device))
+    bench.sync("cpu")
+    bench.sync(torch.device("cpu"))
+    assert calls == []
+    bench.sync("cuda:1")
+    bench.sync(torch.device("cuda"))
+    assert calls == [torch.device("cuda:1"), torch.device("cuda")]

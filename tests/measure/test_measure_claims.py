@@ -64,3 +64,15 @@ def test_a_formula_verdict_says_so_in_the_ledger_and_on_screen(tmp_path, monkeyp
     assert report._verdict_text(row) == "supported (by formula)"
     assert claims.shown({**row, "verdict": "not testable"}) == "not testable"
     assert claims.shown(claims.verdict("b", **_ok(verdict="exceeded"))) == "exceeded"
+
+
+def test_judge_range_judges_a_range_only_when_all_of_it_gets_one_verdict():
+    assert claims.judge_range(2.5, 2.1, 2.9, 2.0, 3.0) == ("supported", "")
+    assert claims.judge_range(1.5, 1.2, 1.9, 2.0, 3.0) == ("contradicted", "")
+    assert claims.judge_range(3.5, 3.1, 3.9, 2.0, 3.0) == ("exceeded", "")
+    assert claims.judge_range(3.5, 3.1, 3.9, 2.0, None) == ("supported", "")
+    verdict, reason = claims.judge_range(2.9, 2.5, 3.2, 2.0, 3.0)
+    assert verdict == "not testable" and "spans the claim's bound of 3x" in reason
+    assert "bound of 2x" in claims.judge_range(2.0, 1.8, 2.2, 2.0, 3.0)[1]
+    with pytest.raises(ValueError, match="outside"):
+        claims.judge_range(4.0, 1.0, 2.0, 2.0, 3.0)

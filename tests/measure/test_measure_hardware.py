@@ -78,8 +78,48 @@ def test_ceilings_recorded_for_another_device_are_ignored(results_tmp):
     tflops, source = ceilings.matmul_ceiling("fp32", [16, 32], "cpu", reps=1)
     assert tflops > 0 and source.startswith("measured just now")
     assert ceilings.matmul_ceiling("fp8", [32], "cpu", reps=1)[0] is None
-    gbps, source = ceilings.bandwidth_ceiling(2**16, "cpu", reps=1)
-    assert gbps > 0 and source.startswith("measured just now")
+    ceilings.COPY_CEILINGS.clear()
+    gbps, source = ceilings.bandwidth_ceiling("cpu", reps=1)
+    assert gbps > 0 and source.startswith("measured just now") and "no record" in source
+    ceilings.COPY_CEILINGS.clear()
+
+
+def test_copy_size_exceeds_the_last_level_cache(monkeypatch):
+    monkeypatch.setattr(ceilings, "last_level_cache", lambda device: (480 * 2 ** 20, "L3"))
+    assert ceilings.copy_size("cpu") == 512 * 2 ** 20
+    monkeypatch.setattr(ceilings, "last_level_cache", lambda device: (None, ""))
+    assert ceilings.copy_size("cpu") == 2 ** 26 and ceilings.copy_size("cuda") == 2 ** 30
+    monkeypatch.setattr(ceilings, "last_level_cache", lambda device: (2 ** 34, "L3"))
+    assert ceilings.copy_size("cpu") == 2 ** 30
+
+
+def test_the_copy_ceiling_is_notebook_00s_record_or_measured_once_per_run(results_tmp, monkeypatch):
+    from helpers.measure.results import record
+
+    monkeypatch.setattr(ceilings, "COPY_CEILINGS", {})
+    monkeypatch.setattr(ceilings, "last_level_cache", lambda device: (32 * 2 ** 20, "L3"))
+    measured = []
+
+    def fake(nbytes, device, reps, warmup):
+        measured.append((nbytes, torch.get_num_threads()))
+        return 7.0
+
+    monkeypatch.setattr(ceilings, "measure_copy_bandwidth", fake)
+    gbps, source = ceilings.bandwidth_ceiling("cpu")
+    assert gbps == 7.0 and measured == [(2 ** 26, torch.get_num_threads())]
+    assert "one 64 MiB copy on" in source and "past the 32 MiB L3 cache" in source and "no record" in source
+    assert ceilings.bandwidth_ceiling("cpu") == (gbps, source) and len(measured) == 1  # reused, not measured again
+    monkeypatch.setattr(ceilings, "COPY_CEILINGS", {})
+    record(ceilings.CEILINGS_RECORD, {"matmul_tflops": {"fp32": 1.0}, "copy_gbps": 11.6}, quiet=True)
+    record("hardware_copy_sweep", {"sizes_mb": [1, 64, 1024], "gbps": [1, 2, 11.6]}, quiet=True)
+    gbps, source = ceilings.bandwidth_ceiling("cpu")
+    assert gbps == 11.6 and source.startswith("notebook 00's record") and "1024 MiB" in source and len(measured) == 1
+    threads = torch.get_num_threads()
+    gbps, source = ceilings.bandwidth_ceiling("cpu", threads=1)  # a one-thread step: the record does not apply
+    assert gbps == 7.0 and measured[-1] == (2 ** 26, 1) and "on 1 thread," in source and "does not apply" in source
+    assert torch.get_num_threads() == threads  # restored after
+    with pytest.raises(ValueError, match="threads"):
+        ceilings.bandwidth_ceiling("cpu", threads=0)
 
 
 def test_last_level_cache_is_a_size_or_unknown(monkeypatch):

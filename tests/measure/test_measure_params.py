@@ -67,3 +67,16 @@ def test_boolean_refuses_what_is_not_true_or_false(value):
     with pytest.raises(ValueError, match="must be True or False"):
         params.boolean("COMPILE", value)
     assert params.boolean("COMPILE", False) is False
+
+
+def test_list_parameters_given_as_text_are_read_as_literals():
+    assert params.positives("GAMMAS", "[1, 2]") == [1, 2] and params.positives("GAMMAS", " (3,) ") == [3]
+    assert params.positives("GAMMAS", "1, 2") == [1, 2]  # a tuple literal too
+    assert params.positives("SIZES", "[0.5, 2.0]", float) == [0.5, 2.0]
+    assert params.choices("DTYPES", "['fp32']", ("fp32", "bf16")) == ["fp32"]
+    for bad in ("fp32", "{1: 2}", "[1, -2]", "[]", b"x"):
+        with pytest.raises(ValueError, match="GAMMAS"):
+            params.positives("GAMMAS", bad)
+    with pytest.raises(ValueError, match="is a string, not a list.*-y"):
+        params.positives("GAMMAS", "2")
+    assert params.listed("GAMMAS", (1, 2)) == (1, 2)
