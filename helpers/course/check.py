@@ -45,13 +45,13 @@ import copy
 import importlib
 import math
 import re
-import signal
 import sys
-import threading
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
+
+from helpers.course.outputs import compare, describe, dtype_name, how_far
+from helpers.course.time_limit import CaseTimeout, TimeLimit
 
 KINDS = ("value", "choice", "code")
 # seconds a learner's function may take on one case; ten times what the slowest reference case takes cold
@@ -124,7 +124,7 @@ def register(name: str, kind: str, *, prompt: str, hint: str, solution: Callable
         raise ValueError(f"exercise {name!r}: time_limit={time_limit!r} must be a positive number of seconds")
     if name in REGISTRY:
         raise ValueError(f"exercise {name!r} is registered twice")
-    names = named_dtypes(prompt) if dtypes is None else frozenset(_dtype_name(d) for d in dtypes)
+    names = named_dtypes(prompt) if dtypes is None else frozenset(dtype_name(d) for d in dtypes)
     stated, outputs = tuple(stated), tuple(outputs)
     if set(stated) - set(outputs):
         raise ValueError(f"exercise {name!r}: stated={stated!r} names outputs it does not have ({outputs!r})")
@@ -141,10 +141,6 @@ DTYPE_WORDS = {
     "float8_e5m2": ("float8_e5m2", "e5m2"), "bool": ("bool",), "uint8": ("uint8",), "int8": ("int8",),
     "int16": ("int16",), "int32": ("int32",), "int64": ("int64",),
 }
-
-
-def _dtype_name(dtype: Any) -> str:
-    return str(dtype).replace("torch.", "")
 
 
 def named_dtypes(prompt: str) -> frozenset:
@@ -181,39 +177,6 @@ def _unanswered(answer: Any) -> bool:
     return answer is None or answer is Ellipsis
 
 
-def _power_of_two(factor: float) -> bool:
-    """Whether factor (>= 1) is 2**k for a whole k >= 1, to fp64 rounding of the two numbers' quotient."""
-    k = math.log2(factor)
-    return round(k) >= 1 and abs(k - round(k)) < 1e-9
-
-
-def how_far(given: float, expected: float, rtol: float | None = None) -> str:
-    """Say how far `given` is from `expected` in a band of words, without revealing `expected`. With `rtol`
-    (the exercise's relative tolerance), a close miss also says the precision the answer needs."""
-    if expected == 0:
-        return "too high" if given > 0 else "too low"
-    if given == 0:
-        return "zero is not the answer"
-    if (given > 0) != (expected > 0):
-        return "the sign is wrong"
-    ratio = given / expected
-    word = "too high" if ratio > 1 else "too low"
-    factor = max(ratio, 1 / ratio)
-    if factor < 1.1:
-        precision = f": give it to within {100 * rtol:.2g}% (relative), more digits than you gave" if rtol else ""
-        return f"close, but {word} by less than 10%{precision}"
-    if _power_of_two(factor) and not (isinstance(given, int) and isinstance(expected, int)):  # counts have no exponent
-        return (f"{word} by an exact power of two (a factor 2^k for a whole k): check each exponent, and the "
-                "sign of each exponent")
-    if factor < 1.5:
-        return f"{word} by 10% to 50%"
-    if factor < 2.5:
-        return f"{word} by a factor of 1.5 to 2.5"
-    if factor < 10:
-        return f"{word} by a factor between 2.5 and 10"
-    return f"{word} by a factor of about 10^{round(math.log10(factor))}: check the units and powers of ten"
-
-
 def _say(name: str, verdict: str, text: str, hint: str = "") -> str:
     _STATUS[name] = verdict
     line = f"{verdict:<5} {name}: {text}"
@@ -248,129 +211,6 @@ def _check_choice(ex: Exercise, answer: Any) -> str:
     return _say(ex.name, "FAIL", f"{answer.strip()!r} is not right (the options are {options})", ex.hint)
 
 
-def describe(value: Any) -> str:
-    """A short description of a case's argument: shape and dtype of a tensor, else its repr."""
-    if hasattr(value, "shape") and hasattr(value, "dtype"):
-        return f"tensor{tuple(value.shape)} {str(value.dtype).replace('torch.', '')}"
-    if isinstance(value, (list, tuple)) and len(value) > 4:
-        return f"{type(value).__name__} of {len(value)}"
-    if isinstance(value, (list, tuple)):
-        return f"({', '.join(describe(v) for v in value)})" if isinstance(value, tuple) else \
-            f"[{', '.join(describe(v) for v in value)}]"
-    if callable(value):
-        return getattr(value, "__name__", "a function")
-    text = repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."
-
-
-def compare(got: Any, want: Any, rtol: float, atol: float, names: Sequence[str] = (),
-            dtypes: Iterable[Any] = (), stated: Iterable[str] = ()) -> str | None:
-    """None when `got` matches `want` (tensors, numbers, and tuples/lists/dicts of them), else why not.
-
-    `names` name the items of a returned tuple in the message ("new_scale: ..." rather than "item 1").
-    `stated`: names of whole-number items whose expected value the task itself states (a count such as
-    "graphs", where the lesson is "it must be 1"): a mismatch there says "2 graphs; it must be 1".
-    `dtypes` (torch dtypes or their names): where `want` is a tensor of one of them, `got` must have the
-    same dtype ("expected dtype int8, got float32"). A meta tensor (no values) or a sparse one is refused
-    with a sentence, never compared.
-    """
-    import torch  # heavy: value and choice exercises, and the registry itself, need no torch
-
-    dtypes = frozenset(_dtype_name(d) for d in dtypes)
-    if isinstance(want, (tuple, list)):
-        if not isinstance(got, (tuple, list)) or len(got) != len(want):
-            return f"expected a {type(want).__name__} of {len(want)} values, got {describe(got)}"
-        stated = frozenset(stated)
-        for i, (g, w) in enumerate(zip(got, want)):
-            name = names[i] if i < len(names) else None
-            if name in stated and isinstance(w, int) and not isinstance(w, bool):
-                if g != w:
-                    return f"{describe(g)} {name}; it must be {w}"
-                continue
-            why = compare(g, w, rtol, atol, dtypes=dtypes)
-            if why:
-                return f"{names[i] if i < len(names) else f'item {i}'}: {why}"
-        return None
-    if isinstance(want, dict):
-        if not isinstance(got, dict) or set(got) != set(want):
-            return f"expected a dict with keys {sorted(want)}, got {describe(got)}"
-        for key in want:
-            why = compare(got[key], want[key], rtol, atol, dtypes=dtypes)
-            if why:
-                return f"[{key!r}]: {why}"
-        return None
-    if isinstance(want, str) or isinstance(want, bool) or want is None:
-        return None if got == want else f"got {describe(got)}, which is not what a correct version returns here"
-    if isinstance(want, torch.Tensor) and not isinstance(got, torch.Tensor):
-        return f"expected a tensor of shape {tuple(want.shape)}, got {describe(got)}"
-    if isinstance(got, torch.Tensor):
-        if got.is_meta:
-            return (f"got a meta tensor of shape {tuple(got.shape)}, which has no values (it was made with "
-                    f"device='meta'); return a tensor on the CPU or the GPU")
-        if got.layout != torch.strided:
-            return (f"got a tensor of layout {str(got.layout).replace('torch.', '')}; return an ordinary dense "
-                    f"tensor (call .to_dense() on it)")
-        if isinstance(want, torch.Tensor) and _dtype_name(want.dtype) in dtypes and got.dtype != want.dtype:
-            return f"expected dtype {_dtype_name(want.dtype)}, got {_dtype_name(got.dtype)}"
-    counts = _integral(got) and _integral(want)
-    try:
-        g = torch.as_tensor(got, dtype=torch.float64) if not isinstance(got, torch.Tensor) else got.double()
-    except (TypeError, ValueError, RuntimeError):
-        return f"expected a number, got {describe(got)}"
-    w = torch.as_tensor(want, dtype=torch.float64) if not isinstance(want, torch.Tensor) else want.double()
-    if g.shape != w.shape:
-        return f"shape {tuple(g.shape)}, expected {tuple(w.shape)}"
-    g, w = g.cpu(), w.cpu()
-    try:
-        torch.testing.assert_close(g, w, rtol=rtol, atol=atol, equal_nan=True)
-    except AssertionError:
-        return _difference(g, w, rtol, atol, counts)
-    return None
-
-
-def _integral(x: Any) -> bool:
-    """Whether x is a Python int or an integer tensor (not a float that happens to be whole)."""
-    import torch  # heavy: as in compare
-
-    if isinstance(x, torch.Tensor):
-        return not (x.is_floating_point() or x.is_complex())
-    return isinstance(x, int) and not isinstance(x, bool)
-
-
-def _difference(got, want, rtol: float, atol: float, counts: bool = False) -> str:
-    """How `got` differs from `want`, without printing `want` (that would be the answer); `counts`: both were
-    whole numbers before the comparison made them float64."""
-    import torch  # heavy: as in compare
-
-    if got.numel() == 1:
-        g, w = float(got.reshape(())), float(want.reshape(()))
-        if not (torch.isfinite(got).all() and torch.isfinite(want).all()):
-            return f"got {g}, which is not what a correct version gives here (infinities and NaNs must match)"
-        if counts:  # whole numbers (a count, a size): said as ints, and no talk of exponents
-            g, w = int(g), int(w)
-        return f"got {g:.6g}: {how_far(g, w)}"
-    same_nan = torch.isnan(got) & torch.isnan(want)
-    close = torch.isclose(got, want, rtol=rtol, atol=atol) | same_nan
-    bad = (~close).nonzero()
-    first = tuple(bad[0].tolist())
-    nonfinite = ~(torch.isfinite(got) & torch.isfinite(want)) & ~close
-    text = f"{len(bad)} of {got.numel()} values differ (tolerance rtol={rtol:g}, atol={atol:g}); the first at index {first}"
-    if nonfinite.any():
-        where = tuple(nonfinite.nonzero()[0].tolist())
-        g = float(got[where])
-        phrase = (f"you have {g}, an infinity or NaN that a correct version does not give there"
-                  if not math.isfinite(g) else f"you have {g}, where a correct version gives an infinity or NaN")
-        count = int(nonfinite.sum())
-        at = f", where {phrase}" if where == first else \
-            f" (yours there: {float(got[first]):.6g}); at index {where} {phrase}"
-        return text + at + (f" ({count} such entries)" if count > 1 else "")
-    text += f" (yours there: {float(got[first]):.6g})"  # the learner's own value, never the expected one
-    diff = (got - want).abs()[~close]
-    nonzero = want.abs()[~close] != 0  # a relative difference means nothing where the right value is 0
-    rel = f", largest relative {float((diff[nonzero] / want.abs()[~close][nonzero]).max()):.3g}" if nonzero.any() else ""
-    return text + f"; largest absolute difference {float(diff.max()):.3g}{rel}"
-
-
 class _Watched:
     """The learner's function, remembering whether its first call returned None (an unwritten body)."""
 
@@ -387,77 +227,6 @@ class _Watched:
 def _call(fn: Callable, case: Case, run: Callable | None) -> Any:
     case = Case(case.label, copy.deepcopy(case.args), copy.deepcopy(case.kwargs))  # learners may write in place
     return run(fn, case) if run else fn(*case.args, **case.kwargs)
-
-
-class CaseTimeout(BaseException):
-    """Raised inside a learner's function when its case's time is up. A BaseException, so that a learner's
-    `except Exception:` inside a loop does not swallow it."""
-
-
-class TimeLimit:
-    """`with TimeLimit(seconds): ...` raises CaseTimeout in the block once `seconds` have passed.
-
-    In the main thread where `signal.setitimer` exists: a SIGALRM timer (`how == "signal"`), which stops
-    Python code whatever it does, repeated every 0.5 s until the block ends, so a learner's `except:` that
-    catches it once does not end the limit; an outer SIGALRM handler and timer are put back afterwards, the timer with
-    its remaining time (fired at once if it fell due meanwhile). Elsewhere, unless a debugger already traces
-    this thread: a trace function (`how == "trace"`) that raises at the first Python line run after the
-    deadline. Otherwise (`how == "clock"`) nothing can stop the block and only `overran` tells afterwards.
-    `overran` is True when the block took longer than `seconds`, however it ended.
-    """
-
-    def __init__(self, seconds: float):
-        self.seconds = float(seconds)
-        self.how = "clock"
-        self.active = False
-        self._start = 0.0
-        self._outer: tuple = ()
-        self._tracing = False
-
-    @property
-    def overran(self) -> bool:
-        return time.monotonic() - self._start > self.seconds
-
-    def _alarm(self, signum, frame):
-        if self.active:
-            raise CaseTimeout()
-
-    def _trace(self, frame, event, arg):
-        if self.active and time.monotonic() - self._start > self.seconds:
-            self.active = False  # raised once: an exception from a trace function also ends the tracing
-            raise CaseTimeout()
-        return self._trace
-
-    def __enter__(self) -> "TimeLimit":
-        self._start = time.monotonic()
-        main = threading.current_thread() is threading.main_thread()
-        if main and hasattr(signal, "setitimer"):
-            handler = signal.signal(signal.SIGALRM, self._alarm)
-            self._outer = (handler, signal.getitimer(signal.ITIMER_REAL), self._start)
-            self.how, self.active = "signal", True
-            signal.setitimer(signal.ITIMER_REAL, self.seconds, 0.5)
-        elif sys.gettrace() is None:
-            self.how, self.active, self._tracing = "trace", True, True
-            sys.settrace(self._trace)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.disarm()
-
-    def disarm(self) -> None:
-        """Stop the timer or the tracing and put back what was there before (safe to call twice)."""
-        self.active = False
-        if self.how == "signal" and self._outer:
-            signal.setitimer(signal.ITIMER_REAL, 0)
-            handler, (remaining, interval), start = self._outer
-            self._outer = ()
-            signal.signal(signal.SIGALRM, signal.SIG_DFL if handler is None else handler)  # None: set outside Python
-            if remaining > 0:  # an outer timer was running: give it the time it had left
-                left = remaining - (time.monotonic() - start)
-                signal.setitimer(signal.ITIMER_REAL, max(left, 1e-6), interval)
-        elif self._tracing:
-            self._tracing = False
-            sys.settrace(None)
 
 
 def _limited(fn: Callable, case: Case, run: Callable | None, seconds: float) -> tuple[bool, Any]:

@@ -17,7 +17,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 HELPERS = ROOT / "helpers"
 LINT = Path(sys.executable).with_name("lint-imports")
-PACKAGES = sorted(p.parent for p in HELPERS.glob("*/__init__.py"))
+PACKAGES = sorted(p.parent for p in HELPERS.glob("**/__init__.py") if p.parent != HELPERS)  # nested ones too
 
 pytestmark = pytest.mark.skipif(not LINT.exists(), reason="import-linter is not installed (pip install -e '.[dev]')")
 
@@ -50,11 +50,45 @@ def test_a_planted_upward_import_breaks_the_layers_and_removing_it_mends_them(tm
     assert mended.returncode == 0, mended.stdout[-3000:]
 
 
+TOOLING_NAMES = re.compile(r"capture|goals?(_\w+)?|gpu_smoke|gpu_check")
+
+
+def _tooling_in_helpers(helpers: Path) -> list[str]:
+    """What of the maintainers' tooling (tools/, not installed) sits in, or is imported by, the package at
+    `helpers`: a module named like the capture, the goals, the smoke pass or the GPU check, and any import
+    of `tools`, each as 'path: why'."""
+    found = [f"{p.relative_to(helpers.parent)}: a tooling module in the package" for p in sorted(helpers.rglob("*.py"))
+             if TOOLING_NAMES.fullmatch(p.stem)]
+    for path in sorted(helpers.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
+            found += [f"{path.relative_to(helpers.parent)}:{node.lineno}: imports {n}" for n in names
+                      if n == "tools" or n.startswith("tools.")]
+    return found
+
+
+def test_the_maintainers_tooling_stays_out_of_helpers_and_a_planted_piece_is_found(tmp_path):
+    assert _tooling_in_helpers(HELPERS) == []
+    assert (ROOT / "tools" / "capture" / "capture.py").is_file()  # where the tooling lives instead
+    planted = tmp_path / "helpers"
+    shutil.copytree(HELPERS, planted, ignore=shutil.ignore_patterns("__pycache__", "*.pt"))
+    assert _tooling_in_helpers(planted) == []
+    (planted / "course" / "gpu_smoke.py").write_text('"""planted"""\n')
+    report = planted / "course" / "report.py"
+    report.write_text(report.read_text() + "\n\ndef _planted():\n    from tools.capture import capture  # planted\n")
+    (planted / "show" / "tables.py").write_text((planted / "show" / "tables.py").read_text() + "\nimport tools\n")
+    found = _tooling_in_helpers(planted)
+    assert found[0] == "helpers/course/gpu_smoke.py: a tooling module in the package"
+    assert [f.split(":")[0] for f in found[1:]] == ["helpers/course/report.py", "helpers/show/tables.py"]
+    assert found[1].endswith("imports tools.capture") and found[2].endswith("imports tools"), found
+
+
 def _docstring(init: Path) -> str:
     return ast.get_docstring(ast.parse(init.read_text())) or ""
 
 
-@pytest.mark.parametrize("package", PACKAGES, ids=lambda p: p.name)
+@pytest.mark.parametrize("package", PACKAGES, ids=lambda p: p.relative_to(HELPERS).as_posix())
 def test_each_package_init_is_a_map_of_its_files(package):
     init = package / "__init__.py"
     tree = ast.parse(init.read_text())
@@ -73,7 +107,7 @@ def test_each_package_init_is_a_map_of_its_files(package):
 
 def test_the_course_map_names_every_package_and_no_flat_module_remains():
     doc = _docstring(HELPERS / "__init__.py")
-    missing = [p.name for p in PACKAGES if f"`{p.name}/`" not in doc]
+    missing = [p.name for p in PACKAGES if p.parent == HELPERS and f"`{p.name}/`" not in doc]
     assert not missing, f"helpers/__init__.py does not name {missing}"
     flat = [p.name for p in HELPERS.glob("*.py") if p.name != "__init__.py"]
     assert not flat, f"modules outside the packages: {flat}"
@@ -121,8 +155,8 @@ def test_one_name_per_module_across_every_notebook():
 def test_the_product_speaks_of_the_course_not_of_a_tracker():
     # another project's issue, cited as a source ("PyTorch's issue #13246"), is not the course's tracker
     pattern = re.compile(r"(?<!'s )\bissues? (#?\d+|\d+-\d+)|(?<!'s )\bissue \d+'s\b", re.I)
-    places = [*HELPERS.rglob("*.py"), *(ROOT / "scripts").iterdir(), ROOT / "README.md", ROOT / "results" / "README.md",
-              *(ROOT / "notebooks").glob("*.ipynb")]
+    places = [*HELPERS.rglob("*.py"), *(ROOT / "tools").rglob("*.py"), *(ROOT / "scripts").iterdir(), ROOT / "README.md",
+              ROOT / "results" / "README.md", *(ROOT / "notebooks").glob("*.ipynb")]
     hits = [f"{p.relative_to(ROOT)}:{i}: {line.strip()[:100]}" for p in places if p.is_file()
             for i, line in enumerate(p.read_text(errors="replace").splitlines(), 1) if pattern.search(line)]
     assert not hits, "tracker numbers in the product:\n" + "\n".join(hits[:20])

@@ -15,6 +15,7 @@ exercises with `helpers.course.check.register`.
 `nb11`  11 speculative decoding
 `nb12`  12 data loading
 `nb13`  13 distributed training
+`nb14`  14 the capstone
 
 An exercise's registration holds the expected value or the reference implementation, the cases a
 learner's function is called on, the tolerance, a hint that does not contain the answer, and at least
