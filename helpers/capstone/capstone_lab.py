@@ -20,9 +20,8 @@ import torch
 from helpers.capstone import serve_lab, stack
 from helpers.capstone.waterfall import waterfall  # noqa: F401 - the notebook draws it from here
 from helpers.cost import flops
-from helpers.decode.spec_lab import judge_range  # the one range-judging rule the ledger uses
 from helpers.gpt.model import PRESETS, GPTConfig
-from helpers.measure import bench, params, profiling, protocol
+from helpers.measure import bench, claims, params, profiling, protocol
 from helpers.measure.bench import Timing
 from helpers.show import plots
 
@@ -304,7 +303,7 @@ def stack_claims(ladders: dict[str, list[dict]], isolated: dict[str, dict], devi
         if device == "cpu" and ladder == "training":
             verdict, reason = "not testable", "the claim is about GPU kernels (tensor cores, HBM traffic); this run has a CPU"
         else:
-            verdict, reason = judge_range(g.value, min(g.lo, g.value), max(g.hi, g.value), lo, hi)
+            verdict, reason = claims.judge_range(g.value, min(g.lo, g.value), max(g.hi, g.value), lo, hi)
             if verdict != "not testable":
                 reason = (f"measured over the rung {rung} joins in the stack, as a gain of the whole "
                           f"{'training step' if ladder == 'training' else 'reply'}, not of its kernel alone"

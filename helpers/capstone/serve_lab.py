@@ -15,8 +15,8 @@ from helpers.capstone import serve_stack
 from helpers.capstone.waterfall import waterfall as draw_waterfall
 from helpers.capstone.serve_stack import Decoder, ServeRung
 from helpers.decode import serving_lab
+from helpers.gpt import heldout
 from helpers.gpt.model import PRESETS, GPTConfig
-from helpers.lowbit.quant_lab import NOISE_K, loss_gap, window_losses
 from helpers.measure import params, protocol
 from helpers.measure.bench import Timing
 
@@ -88,7 +88,7 @@ def exactness(decoders: dict[str, Decoder], prompts: list[torch.Tensor], n: int)
 def held_out(decoders: dict[str, Decoder], tokens: torch.Tensor, *, batches: int, seq_len: int) -> dict[str, dict]:
     """Per distinct model of the ladder (keyed by the first rung that runs it): held-out windows' losses, their
     mean, and the gap to the fp32 model's with its standard error ({"windows", "loss", "gap", "se",
-    "separated"}: separated when the gap exceeds NOISE_K standard errors)."""
+    "separated"}: separated when the gap exceeds `heldout.NOISE_K` standard errors, `heldout.gap_separated`)."""
     seen: dict[int, str] = {}
     out: dict[str, dict] = {}
     for name, d in decoders.items():
@@ -96,13 +96,13 @@ def held_out(decoders: dict[str, Decoder], tokens: torch.Tensor, *, batches: int
             out[name] = out[seen[id(d.model)]]
             continue
         seen[id(d.model)] = name
-        w = window_losses(d.model, tokens, batches=batches, batch=8, seq_len=seq_len)  # notebook 08's, in fp32
+        w = heldout.window_losses(d.model, tokens, batches=batches, batch=8, seq_len=seq_len)  # notebook 08's, in fp32
         out[name] = {"windows": w, "loss": float(w.mean())}
     ref = out[next(iter(decoders))]["windows"]
     for r in out.values():
         if "gap" not in r:
-            r["gap"], r["se"] = loss_gap(r["windows"], ref)
-            r["separated"] = abs(r["gap"]) > NOISE_K * r["se"]
+            r["gap"], r["se"] = heldout.loss_gap(r["windows"], ref)
+            r["separated"] = heldout.gap_separated(r["windows"], ref)
     return out
 
 
@@ -155,7 +155,7 @@ def exact_sentence(row: dict) -> str:
                 f"{row['rung']}: {same}; a difference NOT at a tie ({parts}): this rung does not compute what it "
                 "stands on.")
     loss = (f"held-out loss {row['loss_gap']:+.4f} nats/byte from fp32's ({'beyond' if row['loss_separated'] else 'within'} "
-            f"{NOISE_K:g} standard errors, {row['loss_se']:.1g})")
+            f"{heldout.NOISE_K:g} standard errors, {row['loss_se']:.1g})")
     return f"{row['rung']}: {100 * row['agreement']:.1f}% of next tokens agree with fp32's; {same}; {loss}."
 
 
@@ -199,19 +199,6 @@ def waterfall(table: list[dict], ax=None, title: str = "serving ladder: tokens/s
     fig.axes[0].set(xlabel="rung (each adds one technique to the rung named under it); above each bar: its gain over the "
                            "baseline")
     return fig
-
-
-def copy_bandwidth(device: str) -> tuple[float, str]:
-    """(GB/s, where from) of the copy a batch-1 decode step is measured against: on a CPU one thread's copy of a
-    buffer larger than the last-level cache (the ladder decodes on one thread), on CUDA the best of notebook
-    00's record and a 1 GiB copy now (`ceilings.bandwidth_ceiling`)."""
-    from helpers.lowbit.quant_lab import copy_gbps_on, copy_size
-    from helpers.measure import ceilings
-
-    size = copy_size(device)
-    if torch.device(device).type == "cpu":
-        return copy_gbps_on(1, size), f"one thread's copy of {size / 2**20:g} MiB, measured just now"
-    return ceilings.bandwidth_ceiling(size, device)
 
 
 def record_metrics(table: list[dict], batch: dict, *, model: str, prompt_len: int, n: int,

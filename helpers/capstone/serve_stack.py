@@ -39,7 +39,7 @@ import torch
 
 from helpers.decode import speculative
 from helpers.decode.kv_cache import StaticKVCache, decode_compile_options, static_step
-from helpers.gpt import generation
+from helpers.gpt import footprint, generation
 from helpers.gpt.model import GPT
 from helpers.lowbit import quant_linear
 from helpers.measure import hardware
@@ -104,7 +104,8 @@ def ladder(device: str, techniques: Iterable[str] = TECHNIQUES) -> tuple[list[Se
 class Decoder:
     """What one rung decodes with: `generate(prompt (T,) int64) -> (n,) int64 tokens` on the model's device,
     greedy; `model`, the GPT the rung's numbers come from (for the exactness and held-out checks); the bytes
-    one decode step reads of its weights (`weight_bytes`; None for the baseline, which rereads the sequence)
+    one decode step reads of its weights (`weight_bytes`, by `footprint.decode_step_bytes`; None for the
+    baseline, which rereads the sequence)
     and of one token's K and V (`kv_bytes_per_token`); for a speculative rung its `draft`."""
 
     rung: ServeRung
@@ -113,14 +114,6 @@ class Decoder:
     weight_bytes: int | None
     kv_bytes_per_token: int
     draft: GPT | None = None  # the speculative rung's draft, in the target's dtype
-
-
-def model_bytes(model: GPT) -> int:
-    """Bytes of a model's weights one decode step reads: every parameter and buffer (a weight-only linear's
-    codes, scales and zeros are buffers) once, the position table's rows not counted but one."""
-    n = sum(t.numel() * t.element_size() for t in list(model.parameters()) + list(model.buffers()))
-    wpe = model.wpe.weight
-    return n - (wpe.shape[0] - 1) * wpe.shape[1] * wpe.element_size()
 
 
 def weight_only(model: GPT, bits: int, group_size: int = GROUP_SIZE) -> GPT:
@@ -199,7 +192,7 @@ def build(rungs: list[ServeRung], target: GPT, draft: GPT | None, *, max_len: in
             gen = static_decoder(model, max_len, compiled=True)
         else:
             gen = lambda prompt, n, m=model: generation.generate(m, prompt.to(_dev(m)), n)[0]  # noqa: E731
-        out[r.name] = Decoder(r, model, gen, model_bytes(model), kv(model), d if r.has("speculative") else None)
+        out[r.name] = Decoder(r, model, gen, footprint.decode_step_bytes(model), kv(model), d if r.has("speculative") else None)
     return out
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from helpers.cost.roofline import OPS, count
 from helpers.measure import ceilings, hardware, params
 from helpers.show import plots
+from helpers.show.units import percent
 
 HALF_PRECISION_CPU_FLAGS = ("avx512_bf16", "amx_bf16", "avx512_fp16", "amx_fp16")
 FP32_MIB = 4 / 2**20  # one fp32 element, in MiB: the smallest copy `ceilings.measure_copy_bandwidth` moves
@@ -87,12 +88,6 @@ def cpu_half_precision_flags(cpuinfo: str | None = None) -> list[str] | None:
             return None
     flags = set(cpuinfo.split())
     return [f for f in HALF_PRECISION_CPU_FLAGS if f in flags]
-
-
-def percent(fraction: float) -> str:
-    """A fraction as a percentage with two significant digits (0.0028 -> '0.28%', 0.26 -> '26%')."""
-    percent = 100 * fraction
-    return f"{percent:.0f}%" if percent >= 10 else f"{percent:.2g}%"
 
 
 def peak_findings(sizes: list[int], sweep: dict[str, list[float | None]]) -> list[str]:

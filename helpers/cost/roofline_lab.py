@@ -8,10 +8,10 @@ from __future__ import annotations
 from typing import Sequence
 
 from helpers.cost import roofline
-from helpers.cost.hardware_lab import percent
 from helpers.measure import hardware, params
 from helpers.measure.bench import benchmark, gbps, tflops
 from helpers.show import plots
+from helpers.show.units import percent
 
 PANEL_DTYPES = ("fp32", "fp16", "bf16")
 
