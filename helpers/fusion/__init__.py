@@ -1,14 +1,15 @@
 """Fusion: torch.compile taken apart, and a fused softmax written in Triton: notebook 09.
 Imports `gpt`, `cost`, `measure` and `show`.
 
-`compiler`        the method: the workloads written as separate ops, the bytes eager mode moves against
-                  one fused kernel, the kernels a call launches, the code Inductor writes, graph breaks
-                  and their fixes, recompilations, TORCH_LOGS captured, fullgraph=True, regional
-                  compilation (each block compiled)
-`triton_softmax`  a fused row softmax in Triton (one program per row, online over blocks for long rows),
-                  in Triton's interpreter without a GPU
-`compile_lab`     notebook 09's measurements: each workload eager, compiled and library, the cost of
-                  compiling (cold, warm, break-even), the softmax sweep, the course GPT's training step
-                  and one-token forward compiled, whole model vs by block, the copy ceiling and cache size,
-                  the generated sentences and claims, the instructor panel
+`compiler`           the method: the workloads written as separate ops, the bytes eager mode moves against
+                     one fused kernel, the kernels a call launches, the code Inductor writes, regional
+                     compilation (each block compiled), Inductor's FX-graph cache counts
+`dynamo`             what Dynamo captures: graph breaks and their fixes, recompilations, TORCH_LOGS
+                     captured, fullgraph=True
+`triton_softmax`     a fused row softmax in Triton (one program per row, online over blocks for long rows),
+                     in Triton's interpreter without a GPU
+`compile_lab`        notebook 09's parameters and workload measurements: each workload eager, compiled and
+                     library against the copy ceiling, the softmax sweep, the generated sentences, the panel
+`compile_model_lab`  notebook 09's cost of compiling (cold, warm, break-even) and the course GPT compiled: its
+                     training step, its one-token forward under each mode, whole model vs by block, the claim
 """

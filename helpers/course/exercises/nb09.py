@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from helpers.fusion import compiler, triton_softmax
+from helpers.fusion import dynamo, triton_softmax
 from helpers.course.check import Case, register
 
 # ---------------------------------------------------------------- 09.online (code)
@@ -119,7 +119,7 @@ def _graphs(fn, case: Case):
     out = fn(x.clone())
     if out is None:
         raise NotImplementedError("the function returns None")
-    return out, compiler.explain(fn, x.clone())["graphs"]
+    return out, dynamo.explain(fn, x.clone())["graphs"]
 
 
 def _one_graph_cases() -> list[Case]:
