@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from helpers.dataload import packing
+from helpers.measure import bench
 from helpers.measure.params import positive
 
 # ---------------------------------------------------------------- documents
@@ -258,12 +259,6 @@ def train_step(model, batch: packing.Batch, optimizer, mask: bool) -> None:
 
 # ---------------------------------------------------------------- host memory for pinned copies
 
-def sync(device: str) -> None:
-    """Wait for `device`'s queued work (CUDA); nothing on a CPU, whose ops return when done."""
-    if device == "cuda":
-        torch.cuda.synchronize()
-
-
 def timed_step(model, it, optimizer, *, device: str = "cpu", mask: bool = False,
                non_blocking: bool = False) -> tuple[float, float, float, int]:
     """One `train_step` on the next batch of `it`: (wait, copy, compute) seconds, each closed by a device sync,
@@ -272,10 +267,10 @@ def timed_step(model, it, optimizer, *, device: str = "cpu", mask: bool = False,
     batch = next(it)
     t1 = time.perf_counter()
     batch = batch.to(device, non_blocking=non_blocking)
-    sync(device)
+    bench.sync(device)
     t2 = time.perf_counter()
     train_step(model, batch, optimizer, mask)
-    sync(device)
+    bench.sync(device)
     t3 = time.perf_counter()
     return t1 - t0, t2 - t1, t3 - t2, batch.tokens
 

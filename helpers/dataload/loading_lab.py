@@ -81,7 +81,7 @@ def step_breakdown(model, batches: Iterable[packing.Batch], *, steps: int, warmu
     start = None
     for i in range(warmup + steps):
         if i == warmup:
-            loading.sync(device)
+            bench.sync(device)
             start = time.perf_counter()
         try:
             wait, copy, compute, n = loading.timed_step(model, it, opt, device=device, mask=mask,

@@ -1,0 +1,81 @@
+"""One home per quantity: each function that defines a course-wide quantity (the bytes a decode step reads, the
+copy ceiling, a range's verdict, the held-out loss noise, a GPU sync, list parameters, number formats) is
+defined in exactly one module of helpers/, and no notebook's lab imports another part of the course's lab."""
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+HELPERS = ROOT / "helpers"
+
+# a definition (regular expression over a module's source) -> the one module allowed to hold it (None: none may)
+HOMES = {
+    r"^def weight_bytes\(model": None,
+    r"^def model_bytes\(": None,
+    r"^def copy_ceiling\(": None,
+    r"^def copy_gbps_on\(": None,
+    r"^def copy_bandwidth\(": None,
+    r"^def _sync\(": None,
+    r"^def positive_ints\(": None,
+    r"^def _not_a_string\(": None,
+    r"^def decode_step_bytes\(": "gpt/footprint.py",
+    r"^def bandwidth_ceiling\(": "measure/ceilings.py",
+    r"^def copy_size\(": "measure/ceilings.py",
+    r"^def paired_ratio\(": "measure/protocol.py",
+    r"^def judge_range\(": "measure/claims.py",
+    r"^def sync\(": "measure/bench.py",
+    r"^def window_losses\(": "gpt/heldout.py",
+    r"^def loss_gap\(": "gpt/heldout.py",
+    r"^def gap_separated\(": "gpt/heldout.py",
+    r"^def yardstick\(": "gpt/heldout.py",
+    r"^def compare_losses\(": "gpt/heldout.py",
+    r"^NOISE_K\b": "gpt/heldout.py",
+    r"^def percent\(": "show/units.py",
+    r"^def fmt_bytes\(": "show/units.py",
+    r"^def fmt_seconds\(": "show/units.py",
+}
+
+
+def _modules() -> dict[str, str]:
+    return {p.relative_to(HELPERS).as_posix(): p.read_text() for p in sorted(HELPERS.rglob("*.py"))}
+
+
+@pytest.mark.parametrize("pattern", sorted(HOMES))
+def test_each_quantity_is_defined_in_its_home_only(pattern):
+    where = sorted(name for name, text in _modules().items() if re.search(pattern, text, re.MULTILINE))
+    home = HOMES[pattern]
+    assert where == ([home] if home else []), (
+        f"{pattern!r} is defined in {where}; its one home is {home or 'nowhere (a home elsewhere replaced it)'}")
+
+
+def test_the_homes_exist_and_hold_their_definitions():
+    modules = _modules()
+    for pattern, home in HOMES.items():
+        if home:
+            assert re.search(pattern, modules[home], re.MULTILINE), (pattern, home)
+
+
+def _lab_imports(name: str, text: str) -> set[str]:
+    """The `*_lab` modules of helpers/ that module `name` (a path under helpers/) imports."""
+    found = set()
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("helpers."):
+            mods = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+        elif isinstance(node, ast.Import):
+            mods = [a.name for a in node.names if a.name.startswith("helpers.")]
+        else:
+            continue
+        found |= {m for m in mods if m.rsplit(".", 1)[-1].endswith("_lab")}
+    return found
+
+
+def test_no_lab_imports_the_lab_of_another_part_of_the_course():
+    crossing = []
+    for name, text in _modules().items():
+        package = name.split("/")[0]
+        if not Path(name).stem.endswith("_lab"):
+            continue
+        crossing += [f"{name} imports {m}" for m in sorted(_lab_imports(name, text)) if m.split(".")[1] != package]
+    assert not crossing, "what two notebooks share belongs in a technique module or helpers.measure: " + "; ".join(crossing)
