@@ -1,6 +1,7 @@
 """Notebook 09's parameters (`resolve_parameters`) and its measurements of the three workloads: each eager,
-compiled and library (time, GB/s, kernels) against the copy ceiling, the softmax sweep with the Triton kernel,
-the sentences each generated from the run's numbers, and the instructor panel.
+compiled and library (time, GB/s, kernels; the GB/s set against `helpers.measure.ceilings.bandwidth_ceiling`),
+the softmax sweep with the Triton kernel, the sentences each generated from the run's numbers, and the
+instructor panel.
 
 Every timing is `helpers.measure.protocol`'s (warm-up until steady, interleaved rounds until the variants
 separate or the budget runs out), made by `timed`, and each quantity is measured once: the softmax at the
@@ -21,10 +22,9 @@ import torch
 
 from helpers.fusion import compiler, dynamo, triton_softmax
 from helpers.gpt.model import PRESETS
-from helpers.measure import bench, ceilings, hardware, params, protocol
+from helpers.measure import bench, params, protocol
 from helpers.measure.params import choices, positive
-from helpers.measure.results import load_results, results_dir
-from helpers.show import plots
+from helpers.show import plots, units
 
 COMPILED: dict[str, Callable] = {}
 # Eager rounds every intermediate to the dtype, a fused kernel keeps them in fp32: about two rounding
@@ -164,53 +164,16 @@ def timed(fns: dict[str, Callable[[], Any]], *, device: str, reps: int, budget_s
 
 # ------------------------------------------------------------------------------------------ sentences
 
-def copy_ceiling(device: str = "cpu", reps: int = 3, recorded: dict | None = None) -> tuple[float, str]:
-    """(GB/s, where it came from): the copy bandwidth the GB/s columns are set against, made once per run.
-
-    Notebook 00's recorded `copy_gbps` for this device (its largest copy, `ceilings.load_ceilings`) when the
-    results folder has it; else one copy measured now at twice the last-level cache (at least 256 MiB), so
-    that it streams from memory rather than from cache. The source says which, and for notebook 00's whether
-    its copy was inside or past the last-level cache. `recorded`: the ceilings to use instead of loading them
-    (tests; its optional "copy_mb" is the copy's size)."""
-    rec = recorded if recorded is not None else ceilings.load_ceilings()
-    llc, name = hardware.last_level_cache(device)
-    if rec and rec.get("copy_gbps"):
-        mb = rec.get("copy_mb", largest_recorded_copy_mb() if recorded is None else None)
-        size = "its largest copy" if mb is None else f"its largest copy, {mb:g} MiB" + (
-            "" if not llc else f", {'inside' if mb * 2**20 <= llc else 'past'} the {fmt_bytes(llc)} {name} cache")
-        return float(rec["copy_gbps"]), f"notebook 00's record for this device ({size}), this results folder"
-    nbytes = max(2 * llc, 2**28) if llc else 2**28
-    gbps = ceilings.measure_copy_bandwidth(nbytes, device, reps=reps, warmup=1)
-    where = f"twice the {llc / 2**20:g} MiB {name} cache" if llc else "a size chosen without knowing the cache size"
-    return gbps, f"measured just now: one {nbytes / 2**20:g} MiB copy ({where}); notebook 00 has no record in this results folder"
-
-
-def largest_recorded_copy_mb() -> float | None:
-    """The largest copy (MiB) of notebook 00's copy sweep in this results folder (its `copy_gbps` is that
-    copy's bandwidth), or None without that record."""
-    sweep = load_results(results_dir()).get("hardware_copy_sweep")
-    sizes = (sweep or {}).get("metrics", {}).get("sizes_mb") if isinstance(sweep, dict) else None
-    return float(sizes[-1]) if sizes else None
-
-
-def fmt_bytes(n: float) -> str:
-    """Bytes for a sentence: '1 MiB', '480 MiB', '1.5 GiB', '48 KiB'."""
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if n >= scale:
-            return f"{n / scale:.3g} {unit}"
-    return f"{n:g} B"
-
-
 def cache_note(nbytes: int, llc: int | None, llc_name: str = "last-level") -> str:
     """A clause on where a workload's data lives: in cache when `nbytes` (its inputs and output) fit in the
     last-level cache `llc` (bytes), so the memory-bound prediction does not apply; else that it streams."""
     if llc is None:
-        return f"its inputs and output total {fmt_bytes(nbytes)} (this device's cache size is unknown)"
+        return f"its inputs and output total {units.fmt_bytes(nbytes)} (this device's cache size is unknown)"
     if nbytes <= llc:
-        return (f"its inputs and output ({fmt_bytes(nbytes)}) fit in the {fmt_bytes(llc)} {llc_name} cache, so its "
+        return (f"its inputs and output ({units.fmt_bytes(nbytes)}) fit in the {units.fmt_bytes(llc)} {llc_name} cache, so its "
                 "intermediates are read back from cache, not memory, and the memory-bound prediction does not apply "
                 "at this size")
-    return f"its inputs and output ({fmt_bytes(nbytes)}) exceed the {fmt_bytes(llc)} {llc_name} cache: it streams from memory"
+    return f"its inputs and output ({units.fmt_bytes(nbytes)}) exceed the {units.fmt_bytes(llc)} {llc_name} cache: it streams from memory"
 
 
 def workload_sentence(r: dict, llc: int | None, llc_name: str = "last-level") -> str:
@@ -240,14 +203,14 @@ def workload_sentence(r: dict, llc: int | None, llc_name: str = "last-level") ->
     return text + "."
 
 
-def kernel_share(rows: list[tuple[str, float, float, float]]) -> float:
+def fused_kernel_share(rows: list[tuple[str, float, float, float]]) -> float:
     """Share (0..1) of a profile's self time spent in the kernels Inductor wrote (rows named *cpp_fused* on a
     CPU, triton_* on a GPU); `profiling.Profile.rows` as input."""
     return sum(share for op, _, _, share in rows if "cpp_fused" in op or op.startswith("triton_"))
 
 
 def profile_sentence(share: float, compiled_ms: float, eager_ms: float) -> str:
-    """What the compiled call's profile says (`kernel_share`'s share of a call's profiled time), conditional on
+    """What the compiled call's profile says (`fused_kernel_share`'s share of a call's profiled time), conditional on
     the number: almost all work (>= 80% in the fused kernel), work and overhead both (30-80%), or mostly
     overhead (the wrapper: guards, the cache lookup)."""
     where = ("a compiled call is almost all the fused kernel's own work: per-call overhead is not what limits it"

@@ -22,6 +22,7 @@ from helpers.fusion import compile_lab, compiler, dynamo
 from helpers.gpt.model import GPT
 from helpers.measure import bench, claims, profiling, protocol
 from helpers.measure.params import choices, positive
+from helpers.show import units
 
 # ------------------------------------------------------------------------------------------ compile cost
 
@@ -86,7 +87,7 @@ def break_even_sentence(compile_s: float, eager: bench.Timing, speedup: protocol
     lo = break_even_from_ratio(compile_s, eager.median, speedup.hi)
     hi = break_even_from_ratio(compile_s, eager.median, speedup.lo) if speedup.lo > 1 else None
     span = f" (between {lo:,.0f} and {hi:,.0f} from the IQR bounds)" if lo and hi else ""
-    return f"it pays back after about {n:,.0f} {what}{span}, saving {fmt_seconds(saved_per_call(eager.median, speedup.value))} per call"
+    return f"it pays back after about {n:,.0f} {what}{span}, saving {units.fmt_seconds(saved_per_call(eager.median, speedup.value))} per call"
 
 
 def saved_per_call(eager_s: float, ratio: float) -> float:
@@ -104,12 +105,6 @@ def break_even_from_ratio(compile_s: float, eager_s: float, ratio: float) -> flo
     back). Raises ValueError for a negative compile time or a non-positive time or ratio."""
     saved = saved_per_call(eager_s, ratio)
     return break_even_steps(compile_s, eager_s, eager_s - saved) if saved > 0 else None
-
-
-def fmt_seconds(s: float) -> str:
-    """A duration for a sentence: '12.3 µs' below 1 ms, '13.43 ms' below 1 s, else '1.23 s'."""
-    a = abs(s)
-    return f"{s * 1e6:.1f} µs" if a < 1e-3 else f"{s * 1e3:.2f} ms" if a < 1 else f"{s:.2f} s"
 
 
 # ------------------------------------------------------------------------------------------ the course GPT compiled

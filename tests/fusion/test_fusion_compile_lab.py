@@ -1,5 +1,5 @@
-"""helpers.fusion.compile_lab: compiled equals eager, the kernels counted, the parameter checks, the copy
-ceiling, the sentences, the softmax sweep and the panel. Each workload is compiled once (module-scoped)
+"""helpers.fusion.compile_lab: compiled equals eager, the kernels counted, the parameter checks, the
+sentences, the softmax sweep and the panel. Each workload is compiled once (module-scoped)
 at the notebook's smoke size, so that notebook 09 finds these graphs in Inductor's on-disk cache. No test
 asserts a speed."""
 import pytest
@@ -155,29 +155,14 @@ def test_workload_sentence_says_what_the_numbers_show_and_when_the_data_is_cache
     assert "slower than eager" in slower
 
 
-def test_profile_sentence_and_kernel_share():
+def test_profile_sentence_and_fused_kernel_share():
     rows = [("graph_1_cpp_fused_add_mean_0", 0.08, 1, 0.616), ("TorchDynamo Cache Lookup", 0.01, 1, 0.08)]
-    assert compile_lab.kernel_share(rows) == pytest.approx(0.616)
+    assert compile_lab.fused_kernel_share(rows) == pytest.approx(0.616)
     middle = compile_lab.profile_sentence(0.616, 0.13, 0.35)
     assert "62%" in middle and "other 38%" in middle and "both" in middle and "not what limits it" not in middle
     assert "not what limits it" in compile_lab.profile_sentence(0.95, 0.13, 0.35)
     assert "both" in compile_lab.profile_sentence(0.4, 0.13, 0.35)
     assert "overhead around the kernel" in compile_lab.profile_sentence(0.2, 0.13, 0.35)
-
-
-def test_copy_ceiling_is_notebook_00s_record_or_measured_past_the_last_level_cache(monkeypatch):
-    monkeypatch.setattr(compile_lab.hardware, "last_level_cache", lambda device: (480 * 2**20, "L3"))
-    gbps, source = compile_lab.copy_ceiling("cpu", recorded={"copy_gbps": 11.6, "copy_mb": 64})
-    assert gbps == 11.6 and "notebook 00" in source and "64 MiB, inside the 480 MiB L3" in source
-    assert "past the 480 MiB" in compile_lab.copy_ceiling("cpu", recorded={"copy_gbps": 11.6, "copy_mb": 1024})[1]
-    sizes = []
-    monkeypatch.setattr(compile_lab.ceilings, "measure_copy_bandwidth", lambda n, d, reps, warmup: sizes.append(n) or 7.0)
-    monkeypatch.setattr(compile_lab.hardware, "last_level_cache", lambda device: (480 * 2**20, "L3"))
-    gbps, source = compile_lab.copy_ceiling("cpu", recorded={})
-    assert gbps == 7.0 and sizes == [960 * 2**20] and "twice the 480 MiB L3" in source
-    monkeypatch.setattr(compile_lab.hardware, "last_level_cache", lambda device: (None, ""))
-    compile_lab.copy_ceiling("cpu", recorded={})
-    assert sizes[-1] == 2**28
 
 
 def test_the_sweep_and_the_panel_reuse_the_tables_measurement(measured, monkeypatch, capsys):
@@ -193,19 +178,6 @@ def test_the_sweep_and_the_panel_reuse_the_tables_measurement(measured, monkeypa
     r = compile_lab.panel_figure("softmax", COLS, ROWS, reps=2, known=known)
     assert r is measured["softmax"] and "reused" in capsys.readouterr().out
     plt.close("all")
-
-
-def test_the_recorded_ceiling_names_notebook_00s_largest_copy(results_tmp, monkeypatch):
-    from helpers.measure import ceilings
-    from helpers.measure.results import device_name, record
-
-    assert compile_lab.largest_recorded_copy_mb() is None
-    record("hardware_copy_sweep", {"sizes_mb": [1, 16, 64], "gbps": [30.0, 20.0, 11.6]})
-    record(ceilings.CEILINGS_RECORD, {"copy_gbps": 11.6, "matmul_tflops": {}})
-    assert compile_lab.largest_recorded_copy_mb() == 64
-    monkeypatch.setattr(compile_lab.hardware, "last_level_cache", lambda device: (480 * 2**20, "L3"))
-    gbps, source = compile_lab.copy_ceiling("cpu")
-    assert gbps == 11.6 and "64 MiB, inside the 480 MiB L3 cache" in source and device_name()
 
 
 def test_timing_threads_sets_one_thread_on_a_cpu_and_restores_the_count():
