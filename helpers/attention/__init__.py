@@ -12,6 +12,7 @@ Imports `gpt`, `measure` and `show`.
 `flash_lab`     notebook 06's measurements: its parameters, correctness by flash-attn's rule, timing, the
                 speed sweep and its goal, the memory wall, the figures, the generated sentences, the
                 course GPT per kernel, the instructor panel
-`gpu_check`     the named GPU check, `python -m helpers.attention.gpu_check`: the Triton kernels'
-                correctness and speed against SDPA's kernels in one short run, recorded as JSON
+
+The one-command GPU check of these kernels is maintainers' tooling outside the package:
+`python -m tools.capture.gpu_check` from the repository root.
 """

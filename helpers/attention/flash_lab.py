@@ -17,7 +17,7 @@ the speed sweep and its goal, the figures, the traffic sentence, the course GPT 
 * `flash_panel`: the instructor panel (traffic against tile size, memory kept against N).
 
 The method itself is `helpers.attention.kernels` (and `flash_triton` for the Triton kernels);
-`python -m helpers.attention.gpu_check` runs `compare`, `speed` and `goal` at a GPU's sizes.
+the maintainers' `python -m tools.capture.gpu_check` runs `compare`, `speed` and `goal` at a GPU's sizes.
 """
 from __future__ import annotations
 

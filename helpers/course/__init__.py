@@ -1,6 +1,7 @@
 """The course's own machinery, serving every notebook (00-13): exercises, the headless runner and its
-report, the reference capture on a lent GPU, and the GPU performance goals. The top layer: it may import
-every other package, and none imports it.
+report. The top layer: it may import every other package, and none imports it. The maintainers' reference
+capture on a lent GPU and the GPU performance goals are tools/capture/ in the repository (not installed),
+which imports this package like any user.
 
 `check`         exercises: the registry, the value / choice / code checkers that never reveal the answer,
                 and `python -m helpers.course.check`, which proves each checker on its reference and on
@@ -14,17 +15,7 @@ every other package, and none imports it.
                 reference GPUs, one section per notebook with its headline numbers and figures
 `report_picture` the report's opening, "the course in one picture": notebook 14's training and serving
                 ladders, tokens/s per rung beside each reference GPU's, one sentence per ladder
-`capture`       `python -m helpers.course.capture`: reference runs on a briefly lent GPU within a time
-                budget, packed as they finish, and their import into results/<gpu>/
-`gpu_smoke`     `python -m helpers.course.gpu_smoke`: step 0 of a capture, every notebook at smoke sizes on the
-                GPU several at once (gpu-smoke.json, failed notebooks packed), and its import
+`smoke_record`  a reference GPU's smoke-pass record (gpu-smoke.json in results/<gpu>/) as the report reads
+                it: its name, its reader, and the report's sentence per notebook
 `strip`         `python -m helpers.course.strip`: notebooks without outputs, execution counts or widget state
-`goals`         `python -m helpers.course.goals`: the registry of the GPU performance goals (keyed by
-                notebook, e.g. `07.scaled_mm`), their H200 estimates, and the runner (one process per
-                goal, a time limit each, goals.json after every goal)
-`goal_base`     what every goal function shares: its context (`Ctx`), its checks and result, its guards
-                (no CUDA, no FP8), and the trained models the goals share
-`goals_train`   the goals of notebooks 07 (FP8), 09 (torch.compile), 12 (data loading), 13 (distributed)
-`goals_decode`  the goals of notebooks 08 (quantised decode), 10 (KV cache, paged attention, serving)
-                and 11 (speculative decoding)
 """

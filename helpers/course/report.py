@@ -6,7 +6,7 @@ import html
 from pathlib import Path
 from typing import Any, Iterable
 
-from helpers.course import gpu_smoke, report_picture
+from helpers.course import report_picture, smoke_record
 from helpers.course.worker import SUMMARY_HEADER, status_word, summary_rows
 from helpers.measure import claims
 from helpers.measure.hardware import library_versions
@@ -108,7 +108,7 @@ def reference_sets(references: Path, problems: list | None = None) -> dict[str, 
         return {}
     sets = {}
     for folder in sorted(d for d in references.iterdir() if d.is_dir()):
-        good, bad = read_records(folder, skip=("capture.json", "goals.json", gpu_smoke.SMOKE_FILE))  # not records
+        good, bad = read_records(folder, skip=("capture.json", "goals.json", smoke_record.SMOKE_FILE))  # not records
         if problems is not None:
             problems += bad
         if good:
@@ -238,7 +238,7 @@ def _versus_blocks(summaries: dict, refs: dict) -> list[Block]:
     """Your device vs reference: each headline number beside the same record's on each reference GPU."""
     blocks: list[Block] = [("h2", "Your device vs reference")]
     how = ("To make one, run scripts/gpu_capture.sh on the GPU and import what comes back with "
-           "`python -m helpers.course.capture import` (results/README.md says how), or run "
+           "`python -m tools.capture.capture import` (results/README.md says how), or run "
            "`python -m helpers.course.run --profile full --save-reference` on a GPU box.")
     if not summaries:
         return blocks + [("p", "No notebook recorded its headline numbers in this run (helpers.measure.results.summary), "
@@ -373,11 +373,11 @@ def build_blocks(run_dir: Path, outcomes: Iterable, references: Path, profile: s
     by_outcome = {o.notebook: o for o in outcomes}
     stems = set(executed) | set(by_outcome)
     stems |= {nb for nb in summaries if _stem_of(nb, stems) is None}
-    smoke = {d.name: gpu_smoke.load(d) for d in sorted(references.iterdir()) if d.is_dir()} \
+    smoke = {d.name: smoke_record.load(d) for d in sorted(references.iterdir()) if d.is_dir()} \
         if references.is_dir() else {}
     for stem in sorted(stems):
         number = stem[:2]
-        on_gpus = [line for gpu, doc in smoke.items() if (line := gpu_smoke.line_for(number, doc, gpu))]
+        on_gpus = [line for gpu, doc in smoke.items() if (line := smoke_record.line_for(number, doc, gpu))]
         blocks += _notebook_blocks(stem, executed.get(stem), by_outcome.get(stem),
                                    summaries.get(number) if number.isdigit() else None, run_dir, problems, on_gpus)
     raw = [(n, r) for n, r in mine.items() if n not in in_ledger and not n.startswith(SUMMARY_PREFIX)]

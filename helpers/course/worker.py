@@ -8,11 +8,12 @@ SIGTERM (caught by `Stop`) ends them all: the worker ends its kernel, whatever r
 [N] after "Restart Kernel and Run All Cells" (see helpers.course.run); a kernel that dies, or a cell
 over its time limit, is reported at the cell that was running, and the cells after it as not run.
 
-What every command that starts processes shares (`helpers.course.run`, `.goals`, `.capture`): `Stop`
-(SIGINT and SIGTERM set a flag the command's loop reads; it ends what it started, writes what
-finished and exits 128 + the signal's number: 130, 143), `Descendants` (every process seen below
-one, so that none outlives it), `OneLineParser` and `positive_argument` (a bad command-line value is
-one line, exit status 2), `folder_problem` (an output folder that cannot be written, in words).
+What every command that starts processes shares (`helpers.course.run`, and the maintainers'
+`tools.capture.goals` and `tools.capture.capture`): `Stop` (SIGINT and SIGTERM set a flag the
+command's loop reads; it ends what it started, writes what finished and exits 128 + the signal's
+number: 130, 143), `Descendants` (every process seen below one, so that none outlives it),
+`OneLineParser` and `positive_argument` (a bad command-line value is one line, exit status 2),
+`folder_problem` (an output folder that cannot be written, in words).
 """
 from __future__ import annotations
 

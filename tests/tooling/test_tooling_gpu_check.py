@@ -1,9 +1,12 @@
-"""helpers.attention.gpu_check: the one-command GPU check, exercised on the CPU (interpreter, no timing of Triton)."""
+"""tools.capture.gpu_check: the one-command GPU check, exercised on the CPU (interpreter, no timing of Triton)."""
 import json
 
 import pytest
 
-from helpers.attention import gpu_check, kernels
+from helpers.attention import kernels
+from tools.capture import gpu_check
+
+pytestmark = pytest.mark.tooling
 
 
 @pytest.mark.skipif(kernels.TRITON_MISSING is not None, reason=str(kernels.TRITON_MISSING))

@@ -1,4 +1,4 @@
-"""What every goal function of `helpers.course.goals` shares: its context, the shape of its answer, and its guards.
+"""What every goal function of `tools.capture.goals` shares: its context, the shape of its answer, and its guards.
 
 A goal function takes a `Ctx` (profile, device, model cache) and returns `result(checks, measured, sizes)`,
 or raises `NotMeasurable` with a one-sentence reason (no CUDA, no FP8 tensor cores, torchao unusable).
@@ -11,8 +11,8 @@ Trained models (goals `10.continuous_batching` and `11.speculative`) come from `
 `helpers.gpt.pretrained` at the notebooks' full-profile schedule, cached in `Ctx.cache_dir`, so that they
 are trained once per run and shared between goals.
 
-The measurements themselves live in `helpers.course.goals_train` (notebooks 07, 09, 12, 13) and
-`helpers.course.goals_decode` (notebooks 08, 10, 11); the registry and the runner in `helpers.course.goals`.
+The measurements themselves live in `tools.capture.goals_train` (notebooks 07, 09, 12, 13) and
+`tools.capture.goals_decode` (notebooks 08, 10, 11); the registry and the runner in `tools.capture.goals`.
 """
 from __future__ import annotations
 

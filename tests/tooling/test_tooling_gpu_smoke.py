@@ -7,9 +7,12 @@ import time
 
 import pytest
 
-from helpers.course import gpu_smoke
-from helpers.course.capture import BadPack
+from helpers.course import smoke_record
 from notebook_support import tiny_notebook
+from tools.capture import gpu_smoke
+from tools.capture.capture import BadPack
+
+pytestmark = pytest.mark.tooling
 
 
 class FakeClock:
@@ -91,14 +94,14 @@ def test_import_puts_the_pass_beside_the_references_and_the_report_names_it(tmp_
                          work=tmp_path / "w")
     path = gpu_smoke.import_smoke(tmp_path / "out" / "smoke.tgz", tmp_path / "results")
     assert path == tmp_path / "results" / "nvidia-h200" / "gpu-smoke.json"
-    doc = gpu_smoke.load(path.parent)
+    doc = smoke_record.load(path.parent)
     day = doc["started"][:10]
-    assert gpu_smoke.line_for("00", doc, "nvidia-h200") == (f"Ran on nvidia-h200 in the smoke profile on {day}: every "
+    assert smoke_record.line_for("00", doc, "nvidia-h200") == (f"Ran on nvidia-h200 in the smoke profile on {day}: every "
                                                             "cell ran (12 s).")
-    assert gpu_smoke.line_for("07", doc, "nvidia-h200") == (f"Smoke pass on nvidia-h200 ({day}): failed at cell 14: "
+    assert smoke_record.line_for("07", doc, "nvidia-h200") == (f"Smoke pass on nvidia-h200 ({day}): failed at cell 14: "
                                                             "RuntimeError: scaled_mm refused.")
-    assert gpu_smoke.line_for("09", doc, "nvidia-h200") == f"Not in the smoke pass on nvidia-h200 ({day})."
-    assert gpu_smoke.line_for("00", None, "nvidia-h200") is None
+    assert smoke_record.line_for("09", doc, "nvidia-h200") == f"Not in the smoke pass on nvidia-h200 ({day})."
+    assert smoke_record.line_for("00", None, "nvidia-h200") is None
     readme = (path.parent / "README.md").read_text()
     assert readme.startswith("# Reference: NVIDIA H200") and "## The smoke pass on this GPU" in readme
     assert "1 of 2 ran every cell" in readme and "07        failed  30       14    RuntimeError: scaled_mm refused" in readme
@@ -154,8 +157,8 @@ def test_the_capture_script_runs_the_smoke_pass_first_then_the_goals_then_the_re
 
     script = (Path(__file__).resolve().parents[2] / "scripts" / "gpu_capture.sh").read_text()
     body = script[script.index("set -uo pipefail"):]
-    steps = [body.index(s) for s in ("helpers.course.gpu_smoke run", "helpers.course.goals run",
-                                     "helpers.course.capture run")]
+    steps = [body.index(s) for s in ("tools.capture.gpu_smoke run", "tools.capture.goals run",
+                                     "tools.capture.capture run")]
     assert steps == sorted(steps)
     assert 'SMOKE_BUDGET_S="${SMOKE_BUDGET_S:-240}"' in body and 'GOALS_BUDGET_S="${GOALS_BUDGET_S:-rest}"' in body
 
@@ -187,7 +190,7 @@ def _fake_capture(tmp_path, env_extra):
 def test_the_goals_get_what_the_smoke_pass_left_of_the_call_and_references_run_in_the_second_call(tmp_path):
     calls = _fake_capture(tmp_path / "one", {"BUDGET_S": "540"})
     # the fake smoke pass and goals take no time, so the goals get the whole rest and the references what they left
-    assert [m for m, _ in calls] == ["helpers.course.gpu_smoke", "helpers.course.goals", "helpers.course.capture"]
+    assert [m for m, _ in calls] == ["tools.capture.gpu_smoke", "tools.capture.goals", "tools.capture.capture"]
     assert calls[0][1] == 240 and 535 <= calls[1][1] <= 540 and calls[2][1] <= calls[1][1]
     calls = _fake_capture(tmp_path / "two", {"BUDGET_S": "260", "SMOKE_BUDGET_S": "0", "GOALS_BUDGET_S": "0"})
-    assert [m for m, _ in calls] == ["helpers.course.capture"] and 255 <= calls[0][1] <= 260
+    assert [m for m, _ in calls] == ["tools.capture.capture"] and 255 <= calls[0][1] <= 260

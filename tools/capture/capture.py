@@ -25,14 +25,14 @@ and exit status 2, before anything runs.
 `import` unpacks what came back into `results/<device>/`: the records, `capture.json` (per notebook:
 date, measured seconds, estimate, status) and a README.md naming the GPU, driver, CUDA, torch and
 Triton versions and the date (a torn or foreign pack is refused in one line naming it, exit status 1,
-before anything is written); a `goals.json` beside the packs (`helpers.course.goals`, which
+before anything is written); a `goals.json` beside the packs (`tools.capture.goals`, which
 `scripts/gpu_capture.sh` runs first) is copied to `results/<device>/goals.json`. Commands::
 
-    python -m helpers.course.capture plan  [--budget-s 540]          # the order and estimates, runs nothing; beside
+    python -m tools.capture.capture plan  [--budget-s 540]          # the order and estimates, runs nothing; beside
                                                                      # each, the H200's measured seconds (flagged
                                                                      # when more than OFF_LIMIT apart)
-    python -m helpers.course.capture run   --out DIR [--budget-s 540] [--profile full] [--notebooks-dir DIR] [NOTEBOOK ...]
-    python -m helpers.course.capture import PACK.tgz [...] [goals.json] [--into results]
+    python -m tools.capture.capture run   --out DIR [--budget-s 540] [--profile full] [--notebooks-dir DIR] [NOTEBOOK ...]
+    python -m tools.capture.capture import PACK.tgz [...] [goals.json] [--into results]
 """
 from __future__ import annotations
 
@@ -57,7 +57,7 @@ from helpers.show.tables import table
 
 NOTEBOOKS_DIR = REPO_ROOT / "notebooks"
 PACK_LIMIT = 12 * 2**20   # bytes per pack; the device tool returns files of up to 16 MiB
-MAX_PACKS = 4             # with gpu.txt, capture.log, goals.json and smoke.tgz (helpers.course.gpu_smoke): 8 files
+MAX_PACKS = 4             # with gpu.txt, capture.log, goals.json and smoke.tgz (tools.capture.gpu_smoke): 8 files
 MARGIN_S = 25.0           # kept back for packing and the tool's transfer
 RUNNER_GRACE_S = 15.0     # a stopped runner's time to stop its worker and kernel and write its summary
 ESTIMATED_ON = REPO_ROOT / "results" / "nvidia-h200"  # the GPU ESTIMATES are for; its capture.json holds measured s
@@ -73,7 +73,7 @@ OFF_LIMIT = 0.30          # an estimate further than this from a capture's measu
 # compiled (and, under coordinate-descent tuning, tuned) once per process and cache, ~1 s, 16 at a time on the
 # H200's host, so a second graph that shares most of its kernels with one compiled before pays mostly the
 # Python part. The whole course does not fit one 540 s call: the capture takes the notebooks without a
-# reference first, so successive calls complete it (CALLS, `call_plan`). `python -m helpers.course.capture
+# reference first, so successive calls complete it (CALLS, `call_plan`). `python -m tools.capture.capture
 # plan` prints them.
 ESTIMATES: dict[str, tuple[float, str]] = {
     "00": (22.0, "the H200 capture's 20.1 s, plus 10%; matmul sweep 512..16384 in 4 formats x 20 reps: 2n^3 FLOPs "
@@ -584,7 +584,7 @@ def import_packs(packs: list[Path], into: Path = REPO_ROOT / "results") -> Path:
 
 
 def import_goals(path: Path, into: Path = REPO_ROOT / "results", device: str | None = None) -> Path:
-    """Copy a `goals.json` (helpers.course.goals) to `into/<device>/goals.json`; returns that path. The device is
+    """Copy a `goals.json` (tools.capture.goals) to `into/<device>/goals.json`; returns that path. The device is
     `device`, else the GPU its run names. Raises ValueError when the file is not a goals.json."""
     try:
         doc = json.loads(Path(path).read_text())
@@ -598,12 +598,12 @@ def import_goals(path: Path, into: Path = REPO_ROOT / "results", device: str | N
     return write_atomic(target / "goals.json", json.dumps(doc, indent=1) + "\n")
 
 
-SMOKE_MARK = "<!-- the smoke pass: helpers.course.gpu_smoke import writes from here on -->"
+SMOKE_MARK = "<!-- the smoke pass: tools.capture.gpu_smoke import writes from here on -->"
 
 
 def kept_sections(readme: Path) -> str:
     """What a reference folder's README.md holds from SMOKE_MARK on (the smoke pass's table, which
-    `helpers.course.gpu_smoke.import_smoke` writes), so that rewriting the README keeps it; "" when none."""
+    `tools.capture.gpu_smoke.import_smoke` writes), so that rewriting the README keeps it; "" when none."""
     try:
         text = Path(readme).read_text()
     except OSError:
@@ -619,7 +619,7 @@ def _readme(device: str, facts: dict, manifest: dict, index: dict) -> str:
             for nb, info in sorted(index.items())]
     return (f"# Reference: {device}\n\n"
             f"Records of the course notebooks in the `{manifest.get('profile', 'full')}` profile, captured with "
-            f"`python -m helpers.course.capture` and imported with `python -m helpers.course.capture import`.\n\n"
+            f"`python -m tools.capture.capture` and imported with `python -m tools.capture.capture import`.\n\n"
             f"- GPU: {facts.get('gpu', device)}, {facts.get('memory', 'memory not read')}\n"
             f"- driver {facts.get('driver', 'not read')}, CUDA {facts.get('cuda', '?')}, torch {facts.get('torch', '?')}, "
             f"Triton {facts.get('triton', '?')}, Python {facts.get('python', '?')}\n"
@@ -633,7 +633,7 @@ def _readme(device: str, facts: dict, manifest: dict, index: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     """`plan`, `run` or `import` (see the module docstring); exit status 0, 1 (a notebook failed or was
     stopped, an import failed), 2 (a usage error), 130 / 143 (SIGINT / SIGTERM stopped the capture)."""
-    prog = "python -m helpers.course.capture"
+    prog = "python -m tools.capture.capture"
     parser = OneLineParser(prog=prog, description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     for name in ("plan", "run"):

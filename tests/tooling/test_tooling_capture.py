@@ -11,8 +11,10 @@ import time
 import psutil
 import pytest
 
-from helpers.course import capture as C
 from notebook_support import tiny_notebook
+from tools.capture import capture as C
+
+pytestmark = pytest.mark.tooling
 
 
 def test_priority_puts_missing_references_first_then_the_oldest():
@@ -318,7 +320,7 @@ def test_a_signal_stops_the_runner_its_worker_and_kernel_and_packs_what_finished
     tiny_notebook(folder / "02_later.ipynb", "x = 1")
     out, refs = tmp_path / "out", tmp_path / "refs"
     refs.mkdir()
-    cmd = [sys.executable, "-m", "helpers.course.capture", "run", "--out", str(out), "--profile", "smoke",
+    cmd = [sys.executable, "-m", "tools.capture.capture", "run", "--out", str(out), "--profile", "smoke",
            "--references", str(refs), "--notebooks-dir", str(folder), "--budget-s", "500"]
     env = {**os.environ, "TMPDIR": str(tmp_path)}  # the capture's run folders, removed with tmp_path
     main = subprocess.Popen(cmd, cwd=C.REPO_ROOT, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)

@@ -28,14 +28,14 @@ import time
 from pathlib import Path
 from typing import Callable, Iterable
 
-from helpers.course.capture import (SMOKE_MARK, BadPack, available_notebooks, gpu_facts, read_pack, run_notebook,
-                                    slug_of_gpu)
-from helpers.show.tables import table
+from helpers.course.smoke_record import SMOKE_FILE
 from helpers.course.worker import OneLineParser, Stop, folder_problem, positive_argument
 from helpers.measure.results import REPO_ROOT, write_atomic
+from helpers.show.tables import table
+from tools.capture.capture import (SMOKE_MARK, BadPack, available_notebooks, gpu_facts, read_pack, run_notebook,
+                                   slug_of_gpu)
 
 NOTEBOOKS_DIR = REPO_ROOT / "notebooks"
-SMOKE_FILE = "gpu-smoke.json"
 PACK_NAME = "smoke.tgz"
 BUDGET_S = 240.0          # every notebook at smoke sizes, four at a time, on an H200 (16 cores)
 JOBS = 4
@@ -162,7 +162,7 @@ def smoke_section(doc: dict) -> str:
     ok = sum(o.get("status") == "ok" for o in doc["notebooks"].values())
     return (f"{SMOKE_MARK}\n## The smoke pass on this GPU\n\n"
             f"Every notebook in the smoke profile, {doc.get('jobs', JOBS)} at a time, started {doc.get('started', '?')}: "
-            f"{ok} of {len(rows)} ran every cell (`python -m helpers.course.gpu_smoke`; {SMOKE_FILE} beside this file).\n\n"
+            f"{ok} of {len(rows)} ran every cell (`python -m tools.capture.gpu_smoke`; {SMOKE_FILE} beside this file).\n\n"
             "```\n" + table(["notebook", "status", "seconds", "cell", "error"], rows) + "\n```\n")
 
 
@@ -185,36 +185,12 @@ def import_smoke(pack: Path, into: Path = REPO_ROOT / "results") -> Path:
     return path
 
 
-def load(reference_dir: Path) -> dict | None:
-    """A reference folder's gpu-smoke.json, or None when absent or unreadable."""
-    try:
-        doc = json.loads((Path(reference_dir) / SMOKE_FILE).read_text())
-    except (OSError, ValueError):
-        return None
-    return doc if isinstance(doc, dict) and isinstance(doc.get("notebooks"), dict) else None
-
-
-def line_for(notebook: str, doc: dict | None, gpu: str) -> str | None:
-    """One sentence for the report: whether `notebook` ran on `gpu` in its smoke pass, when, and how."""
-    if doc is None:
-        return None
-    o = doc["notebooks"].get(notebook)
-    when = str(doc.get("started", "?"))[:10]
-    if o is None:
-        return f"Not in the smoke pass on {gpu} ({when})."
-    if o.get("status") == "ok":
-        return f"Ran on {gpu} in the smoke profile on {when}: every cell ran ({o.get('seconds', 0):.0f} s)."
-    where = f" at cell {o['cell']}" if o.get("cell") else ""
-    first = str(o.get("error") or "").splitlines()[:1]
-    return f"Smoke pass on {gpu} ({when}): {o.get('status')}{where}" + (f": {first[0]}" if first else "") + "."
-
-
 # ---------------------------------------------------------------- command line
 
 def main(argv: list[str] | None = None) -> int:
     """`run` (the pass; exit 0 when every notebook ran ok, 1 otherwise, 2 for a usage error, 130 / 143 when a
     signal stopped it) or `import` (smoke.tgz into results/<gpu>/; exit 1 for a pack it refuses)."""
-    prog = "python -m helpers.course.gpu_smoke"
+    prog = "python -m tools.capture.gpu_smoke"
     parser = OneLineParser(prog=prog, description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("run")

@@ -1,4 +1,4 @@
-"""helpers.course.goals: the registry of the course's GPU performance goals (keyed by notebook), the runner (own
+"""tools.capture.goals: the registry of the course's GPU performance goals (keyed by notebook), the runner (own
 process per goal, time limits, goals.json after each goal, SIGINT and SIGTERM, one-line errors for bad options) and
 its wiring into the GPU capture; goal_base's checks and results; goals_train's FP8 linear goal on a stand-in GPU."""
 import json
@@ -15,10 +15,12 @@ import psutil
 import pytest
 import torch
 
-from helpers.course import capture as C
-from helpers.course import goal_base, goals_train
-from helpers.course import goals as G
-from helpers.course.goal_base import check, result
+from tools.capture import capture as C
+from tools.capture import goal_base, goals_train
+from tools.capture import goals as G
+from tools.capture.goal_base import check, result
+
+pytestmark = pytest.mark.tooling
 
 ROOT = Path(__file__).resolve().parents[2]
 CUDA_ONLY = ["07.scaled_mm", "07.float8_linear", "09.fused_bandwidth", "09.triton_softmax", "09.reduce_overhead",
@@ -49,8 +51,8 @@ def test_every_goal_is_registered_once_under_its_notebook_with_an_estimate():
 
 def test_goals_are_named_by_their_notebook_in_the_code_scripts_and_docs():
     """No goal is named by a tracker's number: neither "issue N" nor a key outside notebooks 07-13."""
-    paths = [*sorted((ROOT / "helpers" / "course").glob("*.py")), *sorted((ROOT / "scripts").glob("*.sh")),
-             ROOT / "results" / "README.md"]
+    paths = [*sorted((ROOT / "tools" / "capture").glob("*.py")), *sorted((ROOT / "helpers" / "course").glob("*.py")),
+             *sorted((ROOT / "scripts").glob("*.sh")), ROOT / "results" / "README.md"]
     for path in paths:
         text = path.read_text()
         assert not re.search(r"\bissues?\b", text, flags=re.I), path
@@ -62,7 +64,7 @@ def test_the_goals_import_nothing_the_lent_gpus_image_lacks():
     """The goals run first on the lent H200, whose image has torch, Triton, numpy and matplotlib but none of
     these (results/README.md): importing the registry, and so every goal module, must not need them."""
     absent = ["ipywidgets", "IPython", "nbformat", "papermill", "torchao", "bitsandbytes", "peft"]
-    code = f"import sys, helpers.course.goals; print([m for m in {absent!r} if m in sys.modules])"
+    code = f"import sys, tools.capture.goals; print([m for m in {absent!r} if m in sys.modules])"
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
 
@@ -164,7 +166,7 @@ def test_a_smoke_run_of_a_cheap_subset_writes_goals_json(tmp_path, capsys):
 def test_the_capture_brings_goals_json_back_and_imports_it(tmp_path):
     assert C.MAX_PACKS + 4 <= 8  # packs + gpu.txt, capture.log, goals.json, smoke.tgz: the device tool's 8 files
     script = (ROOT / "scripts" / "gpu_capture.sh").read_text()
-    assert "helpers.course.goals run" in script and "GOALS_BUDGET_S" in script and "goals.json" in script
+    assert "tools.capture.goals run" in script and "GOALS_BUDGET_S" in script and "goals.json" in script
     out = tmp_path / "out"
     out.mkdir()
 
@@ -219,7 +221,7 @@ def test_goals_that_time_what_a_notebook_times_take_its_full_profile_sizes(monke
     """09's whole-model compiles and softmax row lengths, 10's compiled decode step and batching mix and 13's
     DDP rows are those notebooks' full-profile sizes (no CUDA: the callees are replaced and keep what they
     were given)."""
-    from helpers.course import goals_decode
+    from tools.capture import goals_decode
     from helpers.decode import kv_lab, serving_lab
     from helpers.fusion import compile_lab
     from helpers.gpt.model import GPT, GPTConfig
@@ -302,8 +304,8 @@ SIGNAL_GOALS = '''
 import json, os, subprocess, sys, time
 from pathlib import Path
 
-from helpers.course.goal_base import check, result
-from helpers.course.goals import Goal
+from tools.capture.goal_base import check, result
+from tools.capture.goals import Goal
 
 
 def quick(ctx):
@@ -333,7 +335,7 @@ GOALS = [Goal("99", "99.quick", "quick", quick, 1.0, "test", 1.0), Goal("99", "9
 DRIVER = '''
 import sys
 import signal_goals
-from helpers.course import goals as G
+from tools.capture import goals as G
 for g in signal_goals.GOALS:
     G.GOALS.append(g)
     G.BY_KEY[g.key] = g

@@ -2,7 +2,7 @@
 
 One short run, made for a GPU lease.
 
-`python -m helpers.attention.gpu_check --out DIR` needs no Jupyter, and does what notebook 06 does for
+`python -m tools.capture.gpu_check --out DIR` needs no Jupyter, and does what notebook 06 does for
 the Triton kernels in a few minutes:
 
 1. correctness: forward and all three gradients of the kernels, autotuned as a GPU runs them, in

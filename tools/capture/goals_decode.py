@@ -12,7 +12,7 @@ the notebook calls in its full profile, never a second implementation:
 
 `10.continuous_batching` and `11.speculative` share the trained small10m of one run (`goal_base.trained`).
 Every function takes a `goal_base.Ctx` and returns `goal_base.result(...)` or raises `NotMeasurable`;
-`helpers.course.goals` registers them with their targets and H200 estimates and runs each in its own process.
+`tools.capture.goals` registers them with their targets and H200 estimates and runs each in its own process.
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from copy import deepcopy
 
 import torch
 
-from helpers.course.goal_base import Ctx, check, copy_gbps, error_line, need_cuda, result, trained
+from tools.capture.goal_base import Ctx, check, copy_gbps, error_line, need_cuda, result, trained
 from helpers.decode import kv_lab, serving_lab, spec_lab
 from helpers.gpt import data
 from helpers.gpt.model import GPT, GPTConfig

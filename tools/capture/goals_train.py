@@ -16,7 +16,7 @@ the notebook calls in its full profile, never a second implementation:
   `helpers.parallel.data_parallel.zero_formula`.
 
 Every function takes a `goal_base.Ctx` and returns `goal_base.result(...)` or raises `NotMeasurable`;
-`helpers.course.goals` registers them with their targets and H200 estimates and runs each in its own process.
+`tools.capture.goals` registers them with their targets and H200 estimates and runs each in its own process.
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ import os
 
 import torch
 
-from helpers.course.goal_base import Ctx, NotMeasurable, check, copy_gbps, error_line, need_cuda, need_fp8, result
+from tools.capture.goal_base import Ctx, NotMeasurable, check, copy_gbps, error_line, need_cuda, need_fp8, result
 from helpers.dataload import loading, loading_lab, packing
 from helpers.fusion import compile_lab, triton_softmax
 from helpers.gpt import data

@@ -7,16 +7,16 @@ measures them too, but only two or three notebooks fit one lent-GPU session; thi
 goals, each through the same `helpers` functions the notebooks call in their full profile (never a second
 implementation), so one call returns every ratio::
 
-    python -m helpers.course.goals plan [--profile full|smoke] [GOAL ...]        # what would run, H200 estimates
-    python -m helpers.course.goals run --out DIR [--budget-s 360] [--profile full|smoke] [GOAL ...]
+    python -m tools.capture.goals plan [--profile full|smoke] [GOAL ...]        # what would run, H200 estimates
+    python -m tools.capture.goals run --out DIR [--budget-s 360] [--profile full|smoke] [GOAL ...]
 
 A goal's key is "<notebook>.<what it measures>" (`07.scaled_mm`, `10.paged_decode`, `13.ring`); GOAL on the
 command line is a key or a notebook number (`07`, or `7`: every goal of notebook 07).
 
 This module holds the registry (`GOALS`, `ORDER`, `select`; the H200 estimates' basis is stated above
-`GOALS`), the runner and the command line. The goal functions live in `helpers.course.goals_train`
-(notebooks 07, 09, 12, 13) and `helpers.course.goals_decode` (notebooks 08, 10, 11), built on
-`helpers.course.goal_base` (`Ctx`, `check`, `result`, `NotMeasurable`).
+`GOALS`), the runner and the command line. The goal functions live in `tools.capture.goals_train`
+(notebooks 07, 09, 12, 13) and `tools.capture.goals_decode` (notebooks 08, 10, 11), built on
+`tools.capture.goal_base` (`Ctx`, `check`, `result`, `NotMeasurable`).
 
 `run` takes the goals in `ORDER` (cheap and most informative first), starts one only if its estimate
 fits in what is left of the budget, runs each in its own process (forked from a server that has
@@ -40,7 +40,7 @@ about a minute; the CUDA-only goals then say "not measurable". `full` uses the g
 `scripts/gpu_capture.sh` runs this on a lent GPU after the smoke pass, with what that pass left of the call
 (`GOALS_BUDGET_S` sets it instead) and the model cache outside `$OUT` so that only `goals.json` comes back,
 then the notebooks with what is left;
-`python -m helpers.course.capture import` copies `goals.json` to `results/<gpu>/goals.json`.
+`python -m tools.capture.capture import` copies `goals.json` to `results/<gpu>/goals.json`.
 """
 from __future__ import annotations
 
@@ -59,12 +59,12 @@ from typing import Any, Callable
 
 import torch
 
-from helpers.course.capture import gpu_facts
-from helpers.course.goal_base import Ctx, NotMeasurable, error_line
-from helpers.course.goals_decode import (compiled_quantized_decode_speedup, continuous_batching_speedup,
+from tools.capture.capture import gpu_facts
+from tools.capture.goal_base import Ctx, NotMeasurable, error_line
+from tools.capture.goals_decode import (compiled_quantized_decode_speedup, continuous_batching_speedup,
                                          decode_bandwidth, paged_decode_overhead, quantized_decode_speedup,
                                          speculative_speedup)
-from helpers.course.goals_train import (bucketed_ddp_speedup, compiled_train_step_speedup, data_wait_share,
+from tools.capture.goals_train import (bucketed_ddp_speedup, compiled_train_step_speedup, data_wait_share,
                                         float8_linear_speedup, fused_bandwidth, packing_speedup,
                                         pinned_copy_speedup, reduce_overhead_speedup, ring_all_reduce_ratio,
                                         scaled_mm_speedup, triton_softmax_speedup, zero_memory_deviation)
@@ -100,7 +100,7 @@ class Goal:
 # The H200 estimates (`Goal.estimate_s`, seconds) come from each goal's sizes against the H200's datasheet
 # rates (989 TFLOP/s dense bf16, 4.8 TB/s: NVIDIA H200 datasheet), which make the timed work itself small
 # (an 8192^3 bf16 matmul is ~1.1 ms, a 1 GiB copy ~0.4 ms), plus the fixed costs, which dominate and are
-# counted as the notebooks' own estimates count them (`helpers.course.capture.ESTIMATES`): ~3 s per goal
+# counted as the notebooks' own estimates count them (`tools.capture.capture.ESTIMATES`): ~3 s per goal
 # process (CUDA context, imports), Inductor's start-up ~8 s per process and ~3 s per small graph after it,
 # a whole-model forward+backward compile ~8 s plus ~2 s a layer, a decode step with CUDA graphs ~21 s at 8
 # layers of 1.3b's width, a Triton kernel ~1.2 s (notebook 06's H200 capture), about 25 s to train
@@ -408,7 +408,7 @@ def _default_profile() -> str:
 def main(argv: list[str] | None = None) -> int:
     """`plan` or `run` (see the module docstring); exit status 0, 2 for a usage error, 130 / 143 when SIGINT /
     SIGTERM stopped the run."""
-    prog = "python -m helpers.course.goals"
+    prog = "python -m tools.capture.goals"
     parser = OneLineParser(prog=prog, description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     for name in ("plan", "run"):
