@@ -6,6 +6,7 @@ import re
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 HELPERS = ROOT / "helpers"
@@ -79,3 +80,47 @@ def test_no_lab_imports_the_lab_of_another_part_of_the_course():
             continue
         crossing += [f"{name} imports {m}" for m in sorted(_lab_imports(name, text)) if m.split(".")[1] != package]
     assert not crossing, "what two notebooks share belongs in a technique module or helpers.measure: " + "; ".join(crossing)
+
+
+def _tiny(**over):
+    from helpers.gpt.model import GPT, GPTConfig
+
+    torch.manual_seed(0)
+    return GPT(GPTConfig.preset("tiny", **over)).eval()
+
+
+def _kv(model, tokens: int) -> int:
+    cfg, p = model.config, next(model.parameters())
+    return 2 * cfg.n_layer * tokens * cfg.n_kv_head * cfg.head_dim * p.element_size()
+
+
+def test_notebooks_08_10_11_and_14_count_the_same_bytes_for_the_same_model():
+    """The bytes a decode step reads, as each notebook's code reports them, all come from
+    `footprint.decode_step_bytes`: notebook 10's decode rows, 14's ladder rungs, 08's CPU decode rows (fp32 and
+    int8 weight-only), and 11's cell (it calls the footprint itself)."""
+    from helpers.capstone import serve_lab, serve_stack
+    from helpers.decode import kv_decode_lab
+    from helpers.gpt.footprint import decode_step_bytes
+    from helpers.lowbit import quant_decode_lab
+
+    model = _tiny()
+    fp32, int8 = decode_step_bytes(model), decode_step_bytes(serve_stack.weight_only(model, 8))
+    assert int8 < fp32 / 2
+    # notebook 10: one decode step's row, less the K/V it reads
+    row = kv_decode_lab.decode_case(model, 8, 2, "tiny")[1]
+    assert row["bytes"] - 2 * _kv(model, 9) == fp32
+    # notebook 14: the serving ladder's weight bytes per rung
+    rungs, _ = serve_lab.rungs_for("cpu", compile=False)
+    built = serve_stack.build([r for r in rungs if r.name in ("kv_cache", "bf16")] + [serve_stack.alone("int8")],
+                              model, None, max_len=40)
+    assert built["kv_cache"].weight_bytes == fp32 and built["int8 alone"].weight_bytes == int8
+    assert built["bf16"].weight_bytes == fp32 // 2
+    # notebook 08: the CPU decode rows (the same seeded tiny GPT), less the K/V of prompt + 1 tokens
+    fused = quant_decode_lab.CPU_DECODE_VARIANTS[1]
+    res = quant_decode_lab.cpu_decode("tiny", prompt=4, variants=("fp32", fused), timer=lambda fn: (fn(), 0.01)[1],
+                                      budget_s=0.5, max_reps=5, max_warmup=3)
+    rows = {r["variant"]: r["bytes"] - _kv(model, 5) for r in res["rows"]}
+    assert rows == {"fp32": fp32, fused: int8}
+    # notebook 11: its cell counts the target's bytes with the footprint itself
+    nb11 = (ROOT / "notebooks" / "11_speculative_decoding.ipynb").read_text()
+    assert "footprint.decode_step_bytes(" in nb11
