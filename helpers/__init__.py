@@ -26,7 +26,8 @@ panels and sentences. Notebook by notebook (lab first, then the technique module
 07  FP8 training       lowbit/fp8_lab; lowbit/fp8
 08  quantisation       lowbit/quant_lab, lowbit/lora_lab; lowbit/quant, lowbit/quant_linear, lowbit/gptq,
                        lowbit/lora
-09  torch.compile      fusion/compile_lab; fusion/compiler, fusion/triton_softmax
+09  torch.compile      fusion/compile_lab, fusion/compile_model_lab; fusion/compiler, fusion/dynamo,
+                       fusion/triton_softmax
 10  KV cache, serving  decode/kv_lab, decode/serving_lab; gpt/generation, decode/kv_cache, decode/paged,
                        decode/paged_attention, decode/serving
 11  speculative        decode/spec_lab; decode/speculative
