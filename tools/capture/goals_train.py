@@ -6,8 +6,8 @@ the notebook calls in its full profile, never a second implementation:
 
 - notebook 07: `helpers.lowbit.fp8_lab` (`matmul_tflops`, `linear_tflops`) and `helpers.lowbit.fp8`'s checks
   of what this machine's torch._scaled_mm and torchao accept;
-- notebook 09: `helpers.fusion.compile_lab` (`measure_workload`, `softmax_sweep`, `one_token_forward`,
-  `train_step_compare`) and `helpers.fusion.triton_softmax`;
+- notebook 09: `helpers.fusion.compile_lab` (`measure_workload`, `softmax_sweep`), `helpers.fusion.compile_model_lab`
+  (`one_token_forward`, `train_step_compare`) and `helpers.fusion.triton_softmax`;
 - notebook 12: `helpers.dataload.loading_lab` (`sweep_rounds`, `h2d_bandwidth`), `helpers.dataload.loading`
   (the document store, `train_step`), `helpers.dataload.packing` and
   `helpers.measure.bench.benchmark_interleaved`;
@@ -27,7 +27,7 @@ import torch
 
 from tools.capture.goal_base import Ctx, NotMeasurable, check, copy_gbps, error_line, need_cuda, need_fp8, result
 from helpers.dataload import loading, loading_lab, packing
-from helpers.fusion import compile_lab, triton_softmax
+from helpers.fusion import compile_lab, compile_model_lab, triton_softmax
 from helpers.gpt import data
 from helpers.gpt.model import GPT, PRESETS, GPTConfig
 from helpers.lowbit import fp8, fp8_lab
@@ -141,14 +141,14 @@ def _gpt_config(ctx: Ctx):
 
 def reduce_overhead_speedup(ctx: Ctx) -> dict:
     """09.reduce_overhead: reduce-overhead (CUDA graphs) against default compile on a batch-1 one-token
-    forward (compile_lab.one_token_forward, as notebook 09).
+    forward (compile_model_lab.one_token_forward, as notebook 09).
 
     A one-token forward is bound by kernel launches; notebook 09 shows CUDA graphs replaying the step's
     kernels with one launch, which should at least halve its time."""
     need_cuda("CUDA graphs need CUDA")
     preset, cfg = _gpt_config(ctx)
     reps = ctx.pick(smoke=20, full=100)
-    d = compile_lab.one_token_forward(cfg, ["default", "reduce-overhead"], device="cuda", reps=reps)
+    d = compile_model_lab.one_token_forward(cfg, ["default", "reduce-overhead"], device="cuda", reps=reps)
     ms = {k: v["timing"].median * 1e3 for k, v in d.items()}
     return result([check("default / reduce-overhead time per one-token forward", ms["default"] / ms["reduce-overhead"],
                          ">=", 2.0)],
@@ -158,7 +158,7 @@ def reduce_overhead_speedup(ctx: Ctx) -> dict:
 
 
 def compiled_train_step_speedup(ctx: Ctx) -> dict:
-    """09.train_step: the course GPT's training step, compiled against eager (compile_lab.train_step_compare,
+    """09.train_step: the course GPT's training step, compiled against eager (compile_model_lab.train_step_compare,
     bf16 autocast).
 
     Compiling the whole model fuses the pointwise work between the matmuls of forward and backward
@@ -166,7 +166,7 @@ def compiled_train_step_speedup(ctx: Ctx) -> dict:
     need_cuda("the goal is a bf16 training step on a GPU")
     preset, cfg = _gpt_config(ctx)
     batch, reps = ctx.pick(smoke=4, full=16), ctx.pick(smoke=5, full=20)
-    g = compile_lab.train_step_compare(cfg, batch, device="cuda", reps=reps, autocast_dtype=torch.bfloat16)
+    g = compile_model_lab.train_step_compare(cfg, batch, device="cuda", reps=reps, autocast_dtype=torch.bfloat16)
     med, lo, hi = g["ratio"]
     return result([check("eager / compiled step time (median per round)", med, ">=", 1.3)],
                   {"eager_ms": g["timings"]["eager"].median * 1e3, "compiled_ms": g["timings"]["compiled"].median * 1e3,
