@@ -46,7 +46,7 @@ def resolve_parameters(S: params.Setup, *, DTYPES, MATMUL_SIZES, COPY_SIZES_MB, 
                          f"of {SCALED_MM_MULTIPLE}, and {odd[0]} is not; round it to a multiple of "
                          f"{SCALED_MM_MULTIPLE} or leave 'fp8' out of DTYPES")
     copy_mb = S.resolve("COPY_SIZES_MB", COPY_SIZES_MB, smoke=[0.25, 1, 4, 16, 64], full=[1, 16, 64, 256, 1024, 4096],
-                        check=lambda n, v: params.positives(n, _floats(v), float))
+                        check=lambda n, v: params.positives(n, _floats(params.listed(n, v)), float))
     tiny = [mb for mb in copy_mb if mb < FP32_MIB]
     if tiny:
         raise ValueError(f"COPY_SIZES_MB={copy_mb!r}: entry {tiny[0]!r} MiB is less than one fp32 element "

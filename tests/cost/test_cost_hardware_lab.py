@@ -82,5 +82,7 @@ def test_a_bad_parameter_fails_in_the_cell_after_the_parameters_naming_it(tmp_pa
 def test_none_means_the_profile_default_and_given_values_are_kept(tmp_path):
     s = _run_setup_cells("00_hardware", tmp_path, COPY_SIZES_MB=[1, 0.5])
     assert s["REPS"] == 5 and s["MATMUL_SIZES"] == [64, 128, 256, 512] and s["COPY_SIZES_MB"] == [1.0, 0.5]
+    s = _run_setup_cells("00_hardware", tmp_path, COPY_SIZES_MB="[1, 0.5]", MATMUL_SIZES="[64]")  # papermill -p text
+    assert s["COPY_SIZES_MB"] == [1.0, 0.5] and s["MATMUL_SIZES"] == [64]
     s = _run_setup_cells("01_roofline", tmp_path, REPS=2)
     assert s["REPS"] == 2 and s["N"] == 512 and s["DTYPE"] == "fp32"
