@@ -33,11 +33,11 @@ ls "$WORK/out"
 test "$(ls "$WORK/out" | wc -l)" -le 8
 .venv/bin/python -c "
 import sys
-from helpers.course import gpu_smoke
+from tools.capture import gpu_smoke
 doc = gpu_smoke.read_smoke_pack(sys.argv[1])
 bad = {nb: o['status'] for nb, o in doc['notebooks'].items() if o['status'] != 'ok'}
 print(f\"smoke pass: {len(doc['notebooks']) - len(bad)} of {len(doc['notebooks'])} ok\", bad or '')
 sys.exit(1 if bad else 0)" "$WORK/out/smoke.tgz"
-.venv/bin/python -m helpers.course.capture import "$WORK"/out/capture-*.tgz --into "$WORK/results"
+.venv/bin/python -m tools.capture.capture import "$WORK"/out/capture-*.tgz --into "$WORK/results"
 cat "$WORK"/results/*/README.md
 echo "rehearsal passed"
