@@ -23,8 +23,9 @@ panels and sentences. Notebook by notebook (lab first, then the technique module
 04  checkpointing      training/checkpointing_lab; training/checkpointing
 05  accumulation       training/accumulation_lab; training/accumulation
 06  FlashAttention     attention/flash_lab; attention/kernels, attention/flash_triton, attention/triton_aot
-07  FP8 training       lowbit/fp8_lab; lowbit/fp8
-08  quantisation       lowbit/quant_lab, lowbit/lora_lab; lowbit/quant, lowbit/quant_linear, lowbit/gptq,
+07  FP8 training       lowbit/fp8_lab, lowbit/fp8_train_lab; lowbit/fp8, lowbit/fp8_linear
+08  quantisation       lowbit/quant_lab, lowbit/gptq_lab, lowbit/quant_decode_lab, lowbit/lora_lab,
+                       lowbit/peft_lab, lowbit/optim8bit_lab; lowbit/quant, lowbit/quant_linear, lowbit/gptq,
                        lowbit/lora
 09  torch.compile      fusion/compile_lab, fusion/compile_model_lab; fusion/compiler, fusion/dynamo,
                        fusion/triton_softmax

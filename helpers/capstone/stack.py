@@ -34,7 +34,7 @@ import torch
 
 from helpers.fusion import compiler
 from helpers.gpt.model import GPT, GPTConfig
-from helpers.lowbit import fp8
+from helpers.lowbit import fp8_linear
 from helpers.measure import hardware
 from helpers.measure.params import positive
 from helpers.training import accumulation
@@ -184,7 +184,7 @@ def build_from(cfg: GPTConfig, s: dict, device: str, *, lr: float = 1e-3, seed: 
     torch.manual_seed(seed)
     model = GPT(cfg, attn_impl=s["attn_impl"]).to(device)
     if s["fp8"]:
-        fp8.convert_to_float8(model, "rowwise")
+        fp8_linear.convert_to_float8(model, "rowwise")
     model.set_checkpointing(bool(s["checkpoint"]))
     if s["compile"]:  # regional compilation (notebook 09): the blocks share one compiled code, so one cold
         compiler.compile_blocks(model)  # compile per rung costs about one block's, not the whole model's

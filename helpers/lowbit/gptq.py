@@ -21,7 +21,7 @@ What it holds: `rtn_quantize`, `gptq_quantize`, `awq_quantize` (one layer's weig
 (calibration windows of token ids from the training split), `block_linears` and `collect_inputs` (the
 GPT's block linears and their inputs), `hessian`, `output_error`; `quantize_model` (a quantised copy of
 the whole GPT with "rtn", "gptq" or "awq", on one CPU thread: `helpers.measure.bench.cpu_threads`).
-Notebook 08's layer-error and perplexity sections with these pieces are in `helpers.lowbit.quant_lab`.
+Notebook 08's layer-error and perplexity sections with these pieces are in `helpers.lowbit.gptq_lab`.
 """
 from __future__ import annotations
 

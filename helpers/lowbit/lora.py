@@ -20,8 +20,8 @@ What it holds:
   the tensors themselves.
 
 Notebook 08's measurements with these pieces (fine-tuning three ways, memory measured against the
-formula, the check against peft) are in `helpers.lowbit.lora_lab`; the 8-bit optimizer's in
-`helpers.lowbit.quant_lab`.
+formula) are in `helpers.lowbit.lora_lab`, the check against peft in `helpers.lowbit.peft_lab`, the 8-bit
+optimizer's in `helpers.lowbit.optim8bit_lab`.
 """
 from __future__ import annotations
 
@@ -113,18 +113,18 @@ class LoRALinear(nn.Module):
             self.merged = False
 
 
-def nf4_linear(linear: nn.Linear, *, double_quant: bool = True, blocksize: int = NF4_BLOCK) -> nn.Module:
-    """A frozen bitsandbytes `Linear4bit` holding `linear`'s weight in NF4 (blocks of `blocksize`,
-    double quantisation of the absmax constants when `double_quant`) and its bias as is, on the
-    linear's device, computing in the weight's dtype."""
+def nf4_linear(linear: nn.Linear, *, compress_statistics: bool = True, blocksize: int = NF4_BLOCK) -> nn.Module:
+    """A frozen bitsandbytes `Linear4bit` holding `linear`'s weight in NF4 (blocks of `blocksize`, double
+    quantisation of the absmax constants when `compress_statistics`, bitsandbytes' name for it) and its bias
+    as is, on the linear's device, computing in the weight's dtype."""
     import bitsandbytes as bnb  # heavy: it imports triton, and only the NF4 base needs it
 
     W = linear.weight.detach()
     q = bnb.nn.Linear4bit(linear.in_features, linear.out_features, bias=linear.bias is not None,
-                          compute_dtype=W.dtype, compress_statistics=double_quant, quant_type="nf4",
+                          compute_dtype=W.dtype, compress_statistics=compress_statistics, quant_type="nf4",
                           device="meta")
-    q.weight = bnb.nn.Params4bit(W.float().cpu().clone(), requires_grad=False, compress_statistics=double_quant,
-                                 quant_type="nf4", blocksize=blocksize)
+    q.weight = bnb.nn.Params4bit(W.float().cpu().clone(), requires_grad=False,
+                                 compress_statistics=compress_statistics, quant_type="nf4", blocksize=blocksize)
     if linear.bias is not None:
         q.bias = nn.Parameter(linear.bias.detach().clone(), requires_grad=False)
     return q.to(W.device)
@@ -144,7 +144,7 @@ def set_module(model: nn.Module, name: str, module: nn.Module) -> None:
 
 
 def apply_lora(model: nn.Module, r: int = 8, alpha: float | None = None, dropout: float = 0.0, *,
-               base: str = "fp32", double_quant: bool = True, seed: int = 0) -> nn.Module:
+               base: str = "fp32", compress_statistics: bool = True, seed: int = 0) -> nn.Module:
     """A copy of the course GPT with every block linear wrapped in `LoRALinear` and everything else
     frozen: only the adapters train. base: "fp32" (LoRA: the linear as it is) or "nf4" (QLoRA: the
     linear's weight in NF4 via `nf4_linear`). The adapters' A matrices are drawn from a generator
@@ -157,7 +157,7 @@ def apply_lora(model: nn.Module, r: int = 8, alpha: float | None = None, dropout
         p.requires_grad_(False)
     g = torch.Generator().manual_seed(seed)
     for name, lin in block_linears(m).items():
-        inner = nf4_linear(lin, double_quant=double_quant) if base == "nf4" else lin
+        inner = nf4_linear(lin, compress_statistics=compress_statistics) if base == "nf4" else lin
         set_module(m, name, LoRALinear(inner, r, alpha, dropout, generator=g))
     return m
 
@@ -279,8 +279,9 @@ def train_steps(model: nn.Module, opt, steps: int, tokens: torch.Tensor, batch: 
 
 def memory_formula(n_linear: float, n_other: float, n_lora: float, method: str, *, weight_bytes: float = 4,
                    grad_bytes: float | None = None, optimizer_bytes: float = 8, adapter_bytes: float = 4,
-                   adapter_grad_bytes: float | None = None, double_quant: bool = True, blocksize: int = NF4_BLOCK,
-                   dq_block: int = 256, split_adapters: bool = False, nf4_bits: float | None = None) -> dict[str, float]:
+                   adapter_grad_bytes: float | None = None, compress_statistics: bool = True,
+                   blocksize: int = NF4_BLOCK, dq_block: int = 256, split_adapters: bool = False,
+                   nf4_bits: float | None = None) -> dict[str, float]:
     """Predicted bytes {"weights", "gradients", "optimizer"} of fine-tuning with `method`: the course's one
     formula for fine-tuning memory (activations not counted). `finetune_gb` calls it for Llama-size
     models in bf16; `lora_lab.memory_rows` for the course GPT in fp32.
@@ -291,7 +292,7 @@ def memory_formula(n_linear: float, n_other: float, n_lora: float, method: str, 
     grad_bytes: per gradient (default weight_bytes); optimizer_bytes: per trained parameter (8 for
     AdamW's two fp32 moments); adapter_bytes / adapter_grad_bytes: per adapter weight / gradient
     (default 4 / adapter_bytes). NF4 costs 4 bits per weight plus its block constants: 32 bits per
-    `blocksize` weights, or with `double_quant` 8 bits per block plus 32 bits per `dq_block` blocks
+    `blocksize` weights, or with `compress_statistics` 8 bits per block plus 32 bits per `dq_block` blocks
     (QLoRA's 4 + 0.127 bits at 64/256); `nf4_bits`, when given (e.g. the bits per parameter measured from a
     quantised state), replaces that formula. full: (weights, grads, optimizer) all over n_linear + n_other;
     lora: adapters besides the frozen model; qlora: as lora with n_linear in NF4. With
@@ -306,7 +307,7 @@ def memory_formula(n_linear: float, n_other: float, n_lora: float, method: str, 
         out = {"weights": weight_bytes * n_all, "gradients": grad_bytes * n_all, "optimizer": optimizer_bytes * n_all}
         return {**out, "adapters": 0.0} if split_adapters else out
     if nf4_bits is None:
-        nf4_bits = 4 + (8 / blocksize + 32 / (blocksize * dq_block) if double_quant else 32 / blocksize)
+        nf4_bits = 4 + (8 / blocksize + 32 / (blocksize * dq_block) if compress_statistics else 32 / blocksize)
     elif not (isinstance(nf4_bits, (int, float)) and 0 < nf4_bits <= 32):
         raise ValueError(f"nf4_bits={nf4_bits!r} must be a number of bits per parameter in (0, 32]")
     base = n_linear * (nf4_bits / 8 if method == "qlora" else weight_bytes)

@@ -231,7 +231,8 @@ class NF4State:
     code2: torch.Tensor | None = None
 
     @property
-    def double(self) -> bool:
+    def compress_statistics(self) -> bool:
+        """Whether the absmax constants are double-quantised (bitsandbytes' name for it)."""
         return self.absmax2 is not None
 
     def nbytes(self, *, with_codes: bool = False) -> int:
@@ -251,11 +252,12 @@ def _block_absmax(flat: torch.Tensor, blocksize: int) -> torch.Tensor:
     return torch.nn.functional.pad(flat.abs(), (0, pad)).reshape(-1, blocksize).amax(1)
 
 
-def nf4_quantize(w: torch.Tensor, blocksize: int = 64, *, double: bool = False) -> NF4State:
+def nf4_quantize(w: torch.Tensor, blocksize: int = 64, *, compress_statistics: bool = False) -> NF4State:
     """Blockwise NF4 of `w` (fp32/fp16/bf16, any shape; flattened row-major), RTN to the nearest level.
 
-    Returns an `NF4State`; `nf4_dequantize` inverts it. double=True quantises the absmax constants too
-    (blocks of 256, 8-bit dynamic map, after subtracting their mean). Raises ValueError for a blocksize
+    Returns an `NF4State`; `nf4_dequantize` inverts it. compress_statistics=True (bitsandbytes' name for
+    double quantisation) quantises the absmax constants too (blocks of 256, 8-bit dynamic map, after
+    subtracting their mean). Raises ValueError for a blocksize
     that is not a power of two from 32 to 4096 (bitsandbytes' range), or an empty tensor.
     """
     if isinstance(blocksize, bool) or not isinstance(blocksize, int) or blocksize < 32 or blocksize > 4096 \
@@ -279,7 +281,7 @@ def nf4_quantize(w: torch.Tensor, blocksize: int = 64, *, double: bool = False) 
         idx = torch.cat([idx, torch.full((1,), 7, dtype=torch.uint8)])  # pad with the code of 0
     packed = ((idx[0::2] << 4) | idx[1::2]).unsqueeze(1)
     state = NF4State(packed, absmax, tuple(w.shape), blocksize)
-    if double:
+    if compress_statistics:
         state.offset = absmax.mean()
         state.absmax, state.absmax2 = quantize_blockwise8(absmax - state.offset, 256)
         state.code2 = dynamic_map()
@@ -310,7 +312,7 @@ def dequantize_blockwise8(codes: torch.Tensor, absmax: torch.Tensor, blocksize: 
 
 def nf4_absmax(state: NF4State) -> torch.Tensor:
     """The float32 absmax per block (recovered from its 8-bit codes under double quantisation)."""
-    if not state.double:
+    if not state.compress_statistics:
         return state.absmax
     return dequantize_blockwise8(state.absmax, state.absmax2, 256) + state.offset
 
@@ -326,9 +328,9 @@ def nf4_dequantize(state: NF4State, dtype: torch.dtype = torch.float32) -> torch
     return (vals * scale).reshape(state.shape).to(dtype)
 
 
-def nf4_fake_quantize(w: torch.Tensor, blocksize: int = 64, double: bool = False) -> torch.Tensor:
+def nf4_fake_quantize(w: torch.Tensor, blocksize: int = 64, compress_statistics: bool = False) -> torch.Tensor:
     """`nf4_dequantize(nf4_quantize(w, ...))` in w's dtype."""
-    return nf4_dequantize(nf4_quantize(w, blocksize, double=double), w.dtype)
+    return nf4_dequantize(nf4_quantize(w, blocksize, compress_statistics=compress_statistics), w.dtype)
 
 
 # ---------------------------------------------------------------- one entry point by method name
@@ -357,6 +359,6 @@ def method_bits(method: str, group: "str | int", shape: tuple) -> float:
     quantised state of a zero tensor of that shape (int4 packed)."""
     w = torch.zeros(shape)
     if method.startswith("nf4"):
-        return nf4_quantize(w + 1e-3, group, double=method == "nf4-dq").bits_per_param()
+        return nf4_quantize(w + 1e-3, group, compress_statistics=method == "nf4-dq").bits_per_param()
     bits = 8 if method == "int8" else 4
     return quantize(w, bits, "absmax", group, pack=bits == 4).bits_per_param()  # int8 codes: one byte each

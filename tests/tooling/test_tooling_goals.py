@@ -199,19 +199,19 @@ def test_a_capture_that_skips_notebooks_for_its_budget_exits_0():
 
 
 def test_float8_linear_says_when_our_rowwise_ran_emulated(monkeypatch, tmp_path):
-    """Where torch._scaled_mm refuses rowwise scales, fp8.scaled_mm falls back to fp32 emulation: the goal
+    """Where torch._scaled_mm refuses rowwise scales, fp8_linear.scaled_mm falls back to fp32 emulation: the goal
     must not report that emulation's speed as the FP8 linear's (no CUDA needed: the callees are replaced)."""
-    from helpers.lowbit import fp8, fp8_lab
+    from helpers.lowbit import fp8_linear, fp8_train_lab
 
     monkeypatch.setattr(goals_train, "need_fp8", lambda: None)
-    monkeypatch.setattr(fp8_lab, "linear_tflops", lambda n, variant, reps, compile=False, device="cuda":
+    monkeypatch.setattr(fp8_train_lab, "linear_tflops", lambda n, variant, reps, compile=False, device="cuda":
                         {"bf16": 400.0, "ours rowwise": 100.0, "torchao rowwise": 500.0}[variant])
-    monkeypatch.setattr(fp8, "torchao_problem", lambda recipe, device="cpu": None)
+    monkeypatch.setattr(fp8_linear, "torchao_problem", lambda recipe, device="cpu": None)
     ctx = goal_base.Ctx("full", tmp_path, "cuda")
-    monkeypatch.setattr(fp8, "scaled_mm_refusal", lambda device, rowwise=True: None)
+    monkeypatch.setattr(fp8_linear, "scaled_mm_refusal", lambda device, rowwise=True: None)
     r = goals_train.float8_linear_speedup(ctx)
     assert r["met"] is False and r["ratio"] == 0.25 and r["checks"][1]["value"] == 0.2
-    monkeypatch.setattr(fp8, "scaled_mm_refusal", lambda device, rowwise=True: "rowwise scales unsupported")
+    monkeypatch.setattr(fp8_linear, "scaled_mm_refusal", lambda device, rowwise=True: "rowwise scales unsupported")
     r = goals_train.float8_linear_speedup(ctx)
     assert r["met"] is None and all(c["met"] is None and "emulation" in c["reason"] for c in r["checks"])
     assert r["measured"]["ours_rowwise_emulated"] == "rowwise scales unsupported"

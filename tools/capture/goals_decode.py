@@ -4,7 +4,7 @@
 Each function measures one goal the course sets for its notebook's technique, through the same helpers
 the notebook calls in its full profile, never a second implementation:
 
-- notebook 08: `helpers.lowbit.quant_lab` (`decode_speed`, `weight_only_copy`), and `kv_lab.compiled_decode`
+- notebook 08: `helpers.lowbit.quant_decode_lab` (`decode_speed`, `weight_only_copy`), and `kv_lab.compiled_decode`
   for the decode step compiled whole;
 - notebook 10: `helpers.decode.kv_lab` (`random_model`, `compiled_decode`) and `helpers.decode.serving_lab`
   (`paged_section`, `batching_section`);
@@ -24,7 +24,7 @@ from tools.capture.goal_base import Ctx, check, copy_gbps, error_line, need_cuda
 from helpers.decode import kv_lab, serving_lab, spec_lab
 from helpers.gpt import data
 from helpers.gpt.model import GPT, GPTConfig
-from helpers.lowbit import quant_lab, quant_linear
+from helpers.lowbit import quant_decode_lab, quant_linear
 
 
 # ---------------------------------------------------------------- notebook 10: KV cache and serving
@@ -106,7 +106,7 @@ def continuous_batching_speedup(ctx: Ctx) -> dict:
 
 def quantized_decode_speedup(ctx: Ctx) -> dict:
     """08.quantized_decode: batch-1 decode tokens/s of int8 and int4 weight-only against bf16, and each
-    one's bandwidth against copy (quant_lab.decode_speed, as notebook 08).
+    one's bandwidth against copy (quant_decode_lab.decode_speed, as notebook 08).
 
     Batch-1 decode reads every weight once per token; notebook 08 teaches that storing weights in 8 or 4
     bits reads 2x or nearly 4x fewer bytes, so decoding should speed up (>= 1.4x for int8, >= 1.8x for int4)
@@ -114,7 +114,7 @@ def quantized_decode_speedup(ctx: Ctx) -> dict:
     need_cuda("decode speed is measured on a GPU only")
     preset, reps = ctx.pick(smoke="tiny", full="1.3b"), ctx.pick(smoke=5, full=20)
     copy = copy_gbps(ctx)
-    rows = quant_lab.decode_speed(preset, batches=(1,), reps=reps, variants=("bf16", "int8", "int4-triton"),
+    rows = quant_decode_lab.decode_speed(preset, batches=(1,), reps=reps, variants=("bf16", "int8", "int4-triton"),
                                   group_size=64)
     by = {r["variant"]: r for r in rows}
     tps = {k: by[k]["tokens_per_s"] if k in by else None for k in ("bf16", "int8", "int4-triton")}
@@ -153,7 +153,7 @@ def compiled_quantized_decode_speedup(ctx: Ctx) -> dict:
         for backend in backends:
             model = None
             try:
-                model = quant_lab.weight_only_copy(base, bits, backend, 64) if bits else deepcopy(base)
+                model = quant_decode_lab.weight_only_copy(base, bits, backend, 64) if bits else deepcopy(base)
                 # the int codes and scales are buffers, which kv_lab.weight_bytes leaves out
                 qbytes = sum(m.weight_bytes() for m in model.modules() if isinstance(m, quant_linear.WeightOnlyLinear))
                 c = kv_lab.compiled_decode(model, context, reps)

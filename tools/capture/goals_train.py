@@ -4,7 +4,7 @@
 Each function measures one goal the course sets for its notebook's technique, through the same helpers
 the notebook calls in its full profile, never a second implementation:
 
-- notebook 07: `helpers.lowbit.fp8_lab` (`matmul_tflops`, `linear_tflops`) and `helpers.lowbit.fp8`'s checks
+- notebook 07: `helpers.lowbit.fp8_train_lab` (`matmul_tflops`, `linear_tflops`) and `helpers.lowbit.fp8_linear`'s checks
   of what this machine's torch._scaled_mm and torchao accept;
 - notebook 09: `helpers.fusion.compile_lab` (`measure_workload`, `softmax_sweep`), `helpers.fusion.compile_model_lab`
   (`one_token_forward`, `train_step_compare`) and `helpers.fusion.triton_softmax`;
@@ -30,53 +30,53 @@ from helpers.dataload import loading, loading_lab, packing
 from helpers.fusion import compile_lab, compile_model_lab, triton_softmax
 from helpers.gpt import data
 from helpers.gpt.model import GPT, PRESETS, GPTConfig
-from helpers.lowbit import fp8, fp8_lab
+from helpers.lowbit import fp8_linear, fp8_train_lab
 from helpers.measure import bench
 from helpers.parallel import data_parallel, dist_lab, distributed
 
 
-# ---------------------------------------------------------------- notebook 07: FP8 (helpers.lowbit.fp8_lab)
+# ---------------------------------------------------------------- notebook 07: FP8 (helpers.lowbit.fp8_train_lab)
 
 def scaled_mm_speedup(ctx: Ctx) -> dict:
     """07.scaled_mm: raw tensorwise torch._scaled_mm against the bf16 matmul, TFLOP/s at n^3
-    (fp8_lab.matmul_tflops).
+    (fp8_train_lab.matmul_tflops).
 
     Notebook 07 starts from FP8 tensor cores doing twice bf16's dense FLOPs (NVIDIA H100/H200 datasheet:
     1979 against 989 TFLOP/s); a large square matmul with one scale per tensor should keep most of that
     (>= 1.6x bf16)."""
     need_fp8()
     n, reps = ctx.pick(smoke=512, full=8192), ctx.pick(smoke=3, full=20)
-    bf16 = fp8_lab.matmul_tflops(n, "bf16", reps)
-    tw = fp8_lab.matmul_tflops(n, "tensorwise", reps)
+    bf16 = fp8_train_lab.matmul_tflops(n, "bf16", reps)
+    tw = fp8_train_lab.matmul_tflops(n, "tensorwise", reps)
     return result([check("tensorwise _scaled_mm / bf16 matmul TFLOP/s", tw / bf16, ">=", 1.6)],
                   {"bf16_tflops": bf16, "tensorwise_tflops": tw}, {"n": n, "reps": reps})
 
 
 def float8_linear_speedup(ctx: Ctx) -> dict:
     """07.float8_linear: the course's rowwise Float8Linear, forward+backward, compiled, against the bf16
-    linear and torchao's rowwise (fp8_lab.linear_tflops, as notebook 07's speed sweep).
+    linear and torchao's rowwise (fp8_train_lab.linear_tflops, as notebook 07's speed sweep).
 
     A linear layer trained in FP8 pays the casts and scales around each of its three matmuls, so it keeps
     less of FP8's advantage than the raw matmul (>= 1.25x bf16); the course's version should be within 5%
     of torchao's, the library notebook 07 checks it against. Where torch._scaled_mm refuses rowwise scales,
-    fp8.scaled_mm runs an fp32 emulation whose speed is not FP8's: both checks then say "not measured"."""
+    fp8_linear.scaled_mm runs an fp32 emulation whose speed is not FP8's: both checks then say "not measured"."""
     need_fp8()
     n, reps = ctx.pick(smoke=512, full=8192), ctx.pick(smoke=3, full=20)
     compile_ = ctx.full  # notebook 07 compiles in its full profile only
-    bf16 = fp8_lab.linear_tflops(n, "bf16", reps, compile=compile_)
+    bf16 = fp8_train_lab.linear_tflops(n, "bf16", reps, compile=compile_)
     ctx.partial(bf16_tflops=bf16)  # each variant is a compile: keep what is measured in case the limit stops us
-    ours = fp8_lab.linear_tflops(n, "ours rowwise", reps, compile=compile_)
+    ours = fp8_train_lab.linear_tflops(n, "ours rowwise", reps, compile=compile_)
     measured = {"bf16_tflops": bf16, "ours_rowwise_tflops": ours}
     ctx.partial(**measured)
-    refused = fp8.scaled_mm_refusal("cuda", rowwise=True)  # then fp8.scaled_mm fell back to its fp32 emulation
+    refused = fp8_linear.scaled_mm_refusal("cuda", rowwise=True)  # then fp8_linear.scaled_mm fell back to its fp32 emulation
     ours_why = f"torch._scaled_mm refused rowwise scales here, so ours ran its fp32 emulation: {refused}" if refused else ""
     if refused:
         measured["ours_rowwise_emulated"] = refused
-    why = fp8.torchao_problem("rowwise", "cuda")  # as notebook 07: torchao unusable here, in one sentence
+    why = fp8_linear.torchao_problem("rowwise", "cuda")  # as notebook 07: torchao unusable here, in one sentence
     ratio_ao, reason = None, why or ""
     if why is None:
         try:
-            measured["torchao_rowwise_tflops"] = fp8_lab.linear_tflops(n, "torchao rowwise", reps, compile=compile_)
+            measured["torchao_rowwise_tflops"] = fp8_train_lab.linear_tflops(n, "torchao rowwise", reps, compile=compile_)
             ratio_ao = ours / measured["torchao_rowwise_tflops"]
         except Exception as err:  # noqa: BLE001: torchao refusing this torch or shape is a finding, not a crash
             reason = f"torchao's rowwise linear did not run: {error_line(err)}"

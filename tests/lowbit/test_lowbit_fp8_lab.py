@@ -1,0 +1,65 @@
+"""helpers.lowbit.fp8_lab: notebook 07's parameters and numerics (planted outliers, delayed scaling,
+the panel, MX clipping)."""
+import pytest
+import torch
+
+from helpers.lowbit import fp8_lab
+
+
+def _acts(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(32, 256, generator=g) * torch.exp2(torch.randn(32, 1, generator=g))
+
+
+def test_planted_outlier_is_left_out_of_the_error_and_the_order_appears():
+    x = _acts()
+    planted = fp8_lab.plant_outlier(x, 2.0 ** 14)
+    mask = planted != x
+    assert mask.sum() == 4 and mask[::8, 7].all()  # one channel, every eighth row
+    rows = {r["recipe"]: r for r in fp8_lab.error_rows({"p": planted}, masks={"p": mask})}
+    assert rows["tensorwise"]["row_rel_error"] > rows["rowwise"]["row_rel_error"] > rows["blockwise"]["row_rel_error"]
+    sweep = fp8_lab.outlier_sweep(x, [0, 14])
+    assert sweep["tensorwise"][1] > 2 * sweep["tensorwise"][0]  # a large outlier costs the rest dearly
+    with pytest.raises(ValueError, match="magnitude"):
+        fp8_lab.plant_outlier(x, 0.0)
+
+
+def test_delayed_scaling_overflows_at_a_spike_that_current_scaling_absorbs():
+    rows = fp8_lab.delayed_vs_current(_acts(), [1.0, 1.0, 16.0, 1.0, 2.0 ** -12, 2.0 ** -12], history_len=2)
+    assert [r["current"]["overflow"] for r in rows] == [0] * 6
+    assert rows[2]["delayed max"]["overflow"] > 0 and rows[1]["delayed max"]["overflow"] == 0
+    # after the fall, 'max' still remembers the spike's neighbours one step longer than 'most_recent'
+    assert rows[5]["delayed max"]["underflow"] >= rows[5]["delayed most_recent"]["underflow"]
+    assert rows[4]["delayed most_recent"]["underflow"] > rows[4]["current"]["underflow"]
+
+
+def test_quant_panel_is_a_plain_callback(capsys):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    x = _acts(1)
+    a = fp8_lab.quant_panel("blockwise", 64, 12, x=x)
+    b = fp8_lab.quant_panel("tensorwise", 64, 12, x=x)
+    out = capsys.readouterr().out
+    assert "recipe=blockwise, block=64 (tiles of 1x64), log2_outlier=12" in out
+    assert "recipe=tensorwise, block=64 (one scale per tensor), log2_outlier=12" in out
+    assert b["row_rel_error"] > a["row_rel_error"]
+
+
+@pytest.mark.notebook
+def test_notebook_07_rejects_a_bad_outlier_at_once(tmp_path):
+    import papermill as pm
+
+    from tests.test_course_notebooks import NOTEBOOKS, _execute
+
+    path = next(p for p in NOTEBOOKS if p.stem.startswith("07"))
+    with pytest.raises(pm.PapermillExecutionError) as err:
+        _execute(path, tmp_path, OUTLIER=0)
+    assert err.value.ename == "ValueError" and "OUTLIER=0" in err.value.evalue
+
+
+def test_mx_clipped_blocks_counts_the_blocks_whose_top_the_floor_rule_clamps():
+    x = torch.ones(2, 64)
+    x[0, 0], x[0, 40], x[1, 3] = 1.9, 1.8, 0.0  # 1.9: mantissa past 1.8125, clamped; 1.8: rounds to 448
+    assert fp8_lab.mx_clipped_blocks(x) == (1, 4)
+    assert fp8_lab.mx_clipped_blocks(torch.zeros(1, 32)) == (0, 0)

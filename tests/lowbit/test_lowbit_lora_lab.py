@@ -1,0 +1,84 @@
+"""helpers.lowbit.lora_lab: notebook 08's fine-tuning and memory measurements and their sentences, and the
+QLoRA 65B formula verdict."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from helpers.lowbit import lora, lora_lab
+from helpers.measure import claims
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Small CPU matmuls and column loops: one thread is faster than two fighting a busy machine."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    from helpers.gpt.pretrained import pretrained
+
+    return pretrained("tiny", quiet=True, device="cpu").model
+
+
+def test_finetune_section_returns_its_numbers(tiny, capsys):
+    res = lora_lab.finetune_section(tiny, steps=2, eval_batches=1)
+    assert set(res["losses"]) == set(lora.KINDS) and all(len(v) == 2 for v in res["losses"].values())
+    assert len(res["untuned"]) == 2 and res["untuned"][0] == pytest.approx(res["losses"]["lora"][0], abs=1e-5)
+    assert res["trainable"]["lora"] == res["trainable"]["qlora"] < res["trainable"]["full"]
+    assert len(res["merged"]) == 4 and "Held-out loss before fine-tuning" in capsys.readouterr().out
+    import matplotlib.pyplot as plt
+
+    plt.close(lora_lab.finetune_figure(res))
+
+
+def test_finetune_sentences_follow_the_signs():
+    kinds = list(lora.KINDS)
+    up = {k: 0.01 for k in kinds}
+    assert "All three lowered it" in lora_lab._verdict([], "lora", 10, up)
+    text = lora_lab._verdict(kinds, "lora", 10, up)
+    assert "All three made the held-out loss worse (the least: lora)" in text and "did not fall either" in text
+    text = lora_lab._verdict(["full"], "lora", 10, {**up, "full": -0.01})
+    assert "The largest drop: lora; full made the held-out loss worse" in text and "fell for full" in text
+    assert "did not fall" not in text
+    assert lora_lab._merge_reason("merged into original 16-bit W", -0.01).startswith(": lower")
+    assert lora_lab._merge_reason("merged into original 16-bit W", 0.01).startswith(": higher")
+    assert lora_lab._merge_reason("merged, re-quantised to NF4", 0.01) == "."
+
+
+def test_memory_measured_against_formula(tiny):
+    rows = {r["method"]: r for r in lora_lab.memory_rows(tiny, r=4)}
+    for kind in ("full", "lora"):
+        assert rows[kind]["measured"] == rows[kind]["formula"]
+    q = rows["qlora"]
+    assert q["measured"]["gradients"] == q["formula"]["gradients"] == rows["lora"]["measured"]["gradients"]
+    gap = q["measured"]["weights"] - q["formula"]["weights"]
+    assert 0 <= gap - q["code_tables"] < 0.002 * q["formula"]["weights"]  # the rest: a few scalars and padding
+    assert q["measured"]["weights"] < 0.4 * rows["full"]["measured"]["weights"]
+
+
+def test_finetune_verdict_ranks_only_beyond_the_noise():
+    kinds = list(lora.KINDS)
+    up = {k: 0.01 for k in kinds}
+    jitter = torch.tensor([0.02, -0.02, 0.01, -0.01])
+    tied = {k: -0.0001 + jitter for k in kinds}  # the qlora-by-0.0001 case: no drop beats the noise
+    text = lora_lab._verdict([], "qlora", 10, up, tied)
+    assert "changed the held-out loss by less than the noise" in text and "not named" in text
+    clear = {"full": torch.full((4,), -0.05) + jitter / 10, "lora": torch.full((4,), -0.01) + jitter / 10,
+             "qlora": torch.full((4,), -0.02) + jitter / 10}
+    text = lora_lab._verdict([], "full", 10, up, clear)
+    assert text == "All three lowered it from where they started; the largest drop: full."
+
+
+def test_qlora_claim_is_a_formula_verdict_from_the_measured_bits(results_tmp):
+    kw = lora_lab.qlora_65b_claim(4.127, 64)
+    total = sum(lora.finetune_gb(65, lora.FINETUNE[2], rank=64, base_bits=4.127).values())
+    assert kw["basis"] == "formula" and kw["verdict"] == "supported" and kw["value"] == pytest.approx(total)
+    assert "4.127 bits" in kw["measured"] and "blocks of 64" in kw["measured"] and "activations are not counted" in kw["measured"]
+    heavy = lora_lab.qlora_65b_claim(5.5, 32)  # 65e9 * 5.5 / 8 = 44.7 GB of base alone, plus the adapters
+    assert heavy["verdict"] == "contradicted" and heavy["value"] > 48 and "5.500 bits" in heavy["measured"]
+    assert claims.verdict("qlora-65b-48gb", quiet=True, **kw)["basis"] == "formula"
