@@ -9,9 +9,10 @@ Imports `gpt`, `measure` and `show`.
                 GPU, in Triton's interpreter without one) and their autograd Function
 `triton_aot`    the Triton kernels compiled for a GPU that need not be here (sm_90) and the compiler's
                 report: registers, spills, shared memory, tensor-core instructions
-`flash_lab`     notebook 06's measurements: its parameters, correctness by flash-attn's rule, timing, the
-                speed sweep and its goal, the memory wall, the figures, the generated sentences, the
-                course GPT per kernel, the instructor panel
+`flash_lab`     notebook 06's measurements: its parameters, correctness by flash-attn's rule, the generated
+                sentences, the course GPT per kernel, the instructor panel
+`flash_speed_lab` notebook 06's speed and memory: timing, the TFLOP/s sweep and its goal, the memory wall,
+                and their figures
 
 The one-command GPU check of these kernels is maintainers' tooling outside the package:
 `python -m tools.capture.gpu_check` from the repository root.

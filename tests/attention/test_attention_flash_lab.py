@@ -1,5 +1,5 @@
-"""helpers.attention.flash_lab: notebook 06's parameters, the correctness rule, timing, the speed sweep and its goal,
-the memory wall, the unchecked combinations, the figures, the traffic verdict and the panel."""
+"""helpers.attention.flash_lab: notebook 06's parameters, the correctness rule, the unchecked combinations, the
+traffic verdict and the panel."""
 import math
 from contextlib import nullcontext
 
@@ -7,7 +7,7 @@ import matplotlib.pyplot as plt
 import pytest
 import torch
 
-from helpers.attention import flash_lab, kernels
+from helpers.attention import flash_lab, flash_speed_lab, kernels
 from helpers.gpt.model import GPT, GPTConfig, naive_attention
 from helpers.measure import params
 
@@ -40,7 +40,7 @@ def test_full_profile_sizes_keep_the_crossing_the_goal_and_the_wall(tmp_path):
     full = params.Setup(profile="full", device="cpu", seed=0, interactive=False, results_dir=tmp_path)
     p = flash_lab.resolve_parameters(full, **RAW)
     assert p.seq_lens == [256, 1024, 4096, 16384] and p.head_dims == [128] and p.pytorch_max_n == 1024
-    assert sum(n >= flash_lab.GOAL_MIN_N for n in p.seq_lens) == 2  # the goal is measured at two N
+    assert sum(n >= flash_speed_lab.GOAL_MIN_N for n in p.seq_lens) == 2  # the goal is measured at two N
     assert p.memory_seq_lens == [4096, 8192, 16384, 32768] and p.autotune == "shortlist"
     naive_gib = [3 * 16 * n * n * 2 / 2**30 for n in p.memory_seq_lens]  # 16 heads of bf16 N x N buffers
     assert naive_gib[-1] > 80 and naive_gib[0] < 2  # fits at first, past an 80 GB GPU at last
@@ -113,31 +113,6 @@ def test_not_checked_sentence_names_each_kernel_and_reason():
     assert "every course kernel" in flash_lab.not_checked_sentence([])
 
 
-def _speed_rows(ns):
-    return [{"impl": "naive", "head_dim": 64, "causal": c, "n": n, "pass": p, "tflops": 1.0 + n / 100,
-             "tflops_lo": 0.9 + n / 100, "tflops_hi": 1.2 + n / 100} for n in ns for c in (False, True) for p in ("fwd", "fwd+bwd")]
-
-
-def test_two_sizes_give_a_table_and_three_give_figures_with_error_bars(capsys):
-    assert flash_lab.speed_figures(_speed_rows([128, 256]), ["naive"], [128, 256], [64], "fp32") == []
-    assert "a table, not a curve" in capsys.readouterr().out
-    figs = flash_lab.speed_figures(_speed_rows([64, 128, 256]), ["naive"], [64, 128, 256], [64], "fp32")
-    assert len(figs) == 2 and figs[0].axes[0].containers  # errorbar containers
-    plt.close("all")
-
-
-def test_memory_wall_figure_draws_the_wall_and_says_which_lines_coincide():
-    rows = [{"impl": i, "n": n, "status": "ok" if (i != "naive" or n < 1024) else "exceeds budget (x)",
-             "saved_bytes": (n * n if i == "naive" else n) if (i != "naive" or n < 1024) else None}
-            for n in (256, 512, 1024) for i in ("naive", "sdpa", "flash_pytorch")]
-    fig, notes = flash_lab.memory_wall_figure(rows, ["naive", "sdpa", "flash_pytorch"], [256, 512, 1024], heads=2,
-                                        head_dim=64, itemsize=4, budget_gb=0.05, device="cpu", title="t")
-    labels = [line.get_label() for line in fig.axes[0].lines]
-    assert "budget" in labels and any(label.startswith("naive stops") for label in labels)
-    assert notes == ["flash_pytorch's line lies exactly on sdpa's (the same bytes at every N); it is drawn dashed on top"]
-    plt.close("all")
-
-
 # ---------------------------------------------------------------- correctness rule, timing, speed, goal
 
 def _problem(dtype):
@@ -159,53 +134,6 @@ def test_compare_fails_an_implementation_that_is_slightly_off(monkeypatch, dtype
     assert not result["passed"]
 
 
-def test_speed_rows_have_positive_tflops_for_every_point():
-    rows = flash_lab.speed("cpu", ["sdpa_math", "flash_pytorch"], head_dims=[16], seq_lens=[32, 64], tokens=64,
-                           d_model=32, reps=1, warmup=0)
-    assert len(rows) == 2 * 2 * 2 * 2  # causal x N x impl x pass
-    assert all(r["status"] == "ok" and r["tflops"] > 0 for r in rows)
-    assert {(r["n"], r["head_dim"]) for r in rows} == {(32, 16), (64, 16)}
-
-
-def test_goal_takes_d128_forward_at_n_of_2048_and_up():
-    rows = [{"impl": impl, "pass": p, "head_dim": d, "causal": c, "n": n, "tflops": t}
-            for impl, t in (("flash_triton", 300.0), ("sdpa_flash", 250.0))
-            for p in ("fwd", "fwd+bwd") for d in (64, 128) for c in (False, True) for n in (1024, 2048, 4096)]
-    got = flash_lab.goal(rows)
-    assert [(r["n"], r["causal"]) for r in got] == [(2048, False), (4096, False), (2048, True), (4096, True)]
-    assert all(r["ratio"] == pytest.approx(1.2) for r in got)
-
-
-def test_time_attention_times_forward_and_backward():
-    q, k, v = kernels.make_qkv(1, 2, 32, 16, torch.float32, "cpu")
-    fwd = flash_lab.time_attention("flash_pytorch", q, k, v, reps=2, warmup=0)
-    both = flash_lab.time_attention("naive", q, k, v, is_causal=True, backward=True, reps=2, warmup=1)
-    assert len(fwd.samples) == 2 and len(both.samples) == 2 and fwd.median > 0 and both.median > 0
-    assert q.grad is None and not q.requires_grad  # the inputs are left alone
-
-
-def test_memory_wall_respects_the_budget_and_survives_out_of_memory(monkeypatch):
-    real = kernels.attention
-
-    def fake(q, k, v, impl, is_causal=False):
-        if impl == "naive" and q.shape[-2] >= 64:
-            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1 TiB")
-        return real(q, k, v, impl, is_causal)
-
-    monkeypatch.setattr(kernels, "attention", fake)
-    rows = flash_lab.memory_wall(["naive", "flash_pytorch"], [32, 64, 128], batch=1, heads=2, head_dim=16,
-                                 dtype=torch.float32, device="cpu", budget_gb=0.1)
-    status = {(r["impl"], r["n"]): r["status"] for r in rows}
-    assert status[("naive", 32)] == "ok" and status[("flash_pytorch", 128)] == "ok"
-    assert status[("naive", 64)].startswith("out of memory")
-    assert status[("naive", 128)].startswith("skipped")
-    ok = {(r["impl"], r["n"]): r["saved_bytes"] for r in rows if r["status"] == "ok"}
-    assert ok[("naive", 32)] == kernels.saved_bytes("naive", 32, 16, 2, 4)
-    tight = flash_lab.memory_wall(["naive"], [4096], batch=1, heads=2, head_dim=16, dtype=torch.float32,
-                                  device="cpu", budget_gb=0.1)
-    assert tight[0]["status"].startswith("exceeds budget") and tight[0]["saved_bytes"] is None
-
-
 def test_flash_panel_moves_with_its_controls(capsys):
     small = flash_lab.flash_panel(32, 1024, bandwidth_gbs=1000.0)
     first = capsys.readouterr().out
@@ -220,21 +148,6 @@ def test_flash_panel_moves_with_its_controls(capsys):
     assert longer.axes[1].lines[-1].get_xdata()[0] == 8192  # the marker line follows N
     assert math.isclose(small.axes[0].lines[0].get_ydata()[0], kernels.naive_traffic_bytes(1024, 64, 32) / 1e9)
     plt.close("all")
-
-
-def test_memory_wall_records_a_library_kernel_error_and_goes_on(monkeypatch):
-    real = kernels.attention
-
-    def refusing(q, k, v, impl="sdpa", is_causal=False):
-        if impl == "sdpa_math" and q.shape[-2] >= 64:
-            raise RuntimeError("cuDNN Frontend error: No execution plans support the graph.")
-        return real(q, k, v, impl, is_causal)
-    monkeypatch.setattr(kernels, "attention", refusing)
-    rows = flash_lab.memory_wall(["naive", "sdpa_math"], [32, 64, 128], batch=1, heads=2, head_dim=16,
-                                 dtype=torch.float32, device="cpu")
-    status = {(r["impl"], r["n"]): r["status"] for r in rows}
-    assert status[("sdpa_math", 32)] == "ok" and status[("sdpa_math", 64)].startswith("error: cuDNN Frontend")
-    assert status[("sdpa_math", 128)].startswith("skipped") and status[("naive", 128)] == "ok"
 
 
 # ---------------------------------------------------------------- the notebook

@@ -11,9 +11,9 @@ the Triton kernels in a few minutes:
    (`helpers.attention.flash_lab.RULE`, checked by `flash_lab.compare`);
 2. speed: forward and forward+backward TFLOP/s of "flash_triton" and of every SDPA kernel and
    flash-attn that runs here, in bf16 against sequence length (head dim 128; --head-dims adds
-   others), with batch x N and heads x d fixed as in the FlashAttention-2 paper (`flash_lab.speed`);
+   others), with batch x N and heads x d fixed as in the FlashAttention-2 paper (`flash_speed_lab.speed`);
    then the kernel's goal: the Triton forward against "sdpa_flash" at head dim 128 and N >= 2048
-   (`flash_lab.goal`).
+   (`flash_speed_lab.goal`).
 
 Each part is written to DIR as JSON by helpers.measure.results.record as soon as it is done (records
 "flash_check_correctness" and "flash_check_speed"). Without a GPU the same checks run in Triton's
@@ -26,7 +26,7 @@ import time
 
 import torch
 
-from helpers.attention import flash_lab, kernels
+from helpers.attention import flash_speed_lab, kernels
 from helpers.attention.flash_lab import RULE, compare
 from helpers.measure import hardware
 from helpers.measure.results import record
@@ -87,8 +87,8 @@ def main(argv: list[str] | None = None) -> int:
     say(f"speed, bf16, batch x N = 16384, heads x d = 2048: {', '.join(impls)}")
     timed = []
     for n in args.seq_lens:  # recorded after each N, so a run stopped by its time limit keeps what it measured
-        timed += flash_lab.speed(device, impls, args.head_dims, [n], reps=args.reps)
-        ratios = flash_lab.goal(timed)
+        timed += flash_speed_lab.speed(device, impls, args.head_dims, [n], reps=args.reps)
+        ratios = flash_speed_lab.goal(timed)
         record("flash_check_speed", {"rows": timed, "goal": ratios, "autotuned": kernels.flash_triton.tuned_configs()},
                dtype=torch.bfloat16, folder=args.out, quiet=True)
     d = args.head_dims[0]

@@ -1,0 +1,209 @@
+"""Notebook 06's speed and memory measurements: each attention implementation timed, the TFLOP/s sweep and its
+goal, the memory wall as N grows, and their figures.
+
+* `time_attention`, `speed`, `goal`: one implementation timed (forward, or forward + backward), the TFLOP/s
+  sweep over sequence lengths and head dims, and the Triton forward against SDPA's flash kernel.
+* `memory_wall`: bytes kept for backward (and peak CUDA memory) of each implementation as N grows.
+* `memory_wall_figure`, `speed_figures`: the figures, drawn so that what the run did not measure is not drawn
+  as if it had (a wall where naive stopped, error bars from the IQR, no curve through two points).
+
+Correctness, the parameters, the traffic sentence, the course GPT per kernel and the panel are `flash_lab`'s.
+"""
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+import torch
+
+from helpers.attention import kernels
+from helpers.measure import bench, hardware
+from helpers.show import plots
+from helpers.show.tables import table
+from helpers.show.widgets import progress
+
+
+def time_attention(impl: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: bool = False,
+                   backward: bool = False, reps: int = 5, warmup: int = 2) -> bench.Timing:
+    """Time the forward (no autograd graph) or the forward plus backward of one implementation."""
+    if not backward:
+        def fn():
+            with torch.no_grad():
+                return kernels.attention(q, k, v, impl, is_causal)
+    else:
+        inputs = [t.detach().requires_grad_() for t in (q, k, v)]
+        do = torch.randn_like(q)
+
+        def fn():
+            return torch.autograd.grad(kernels.attention(*inputs, impl, is_causal), inputs, do)
+    return bench.benchmark(fn, warmup=warmup, reps=reps, device=q.device.type)
+
+
+def speed(device: str, impls, head_dims, seq_lens, *, dtype: str = "bf16", tokens: int = 16384,
+          d_model: int = 2048, reps: int = 10, warmup: int = 3, max_n: dict[str, int] | None = None) -> list[dict]:
+    """TFLOP/s of each implementation, forward and forward+backward, per (head dim, causal, N).
+
+    Batch x N stays at `tokens` and heads x d at `d_model`. `max_n` = {impl: longest N to time}
+    (for slow ones). An out-of-memory error, or a library kernel's refusal, is recorded in the row's
+    status, and the sweep goes on.
+    """
+    rows = []
+    combos = [(d, causal, n) for d in head_dims for causal in (False, True) for n in seq_lens]
+    for d, causal, n in progress(combos, desc="speed sweep"):
+        b, h = max(1, tokens // n), max(1, d_model // d)
+        q, k, v = kernels.make_qkv(b, h, n, d, hardware.torch_dtype(dtype), device)
+        for impl in impls:
+            for backward in (False, True):
+                row = {"impl": impl, "dtype": dtype, "head_dim": d, "causal": causal, "n": n,
+                       "pass": "fwd+bwd" if backward else "fwd", "ms": None, "tflops": None, "status": "ok"}
+                rows.append(row)
+                if n > (max_n or {}).get(impl, n):
+                    row["status"] = f"not timed above N={max_n[impl]}"
+                    continue
+                try:
+                    t = time_attention(impl, q, k, v, is_causal=causal, backward=backward, reps=reps, warmup=warmup)
+                    flops = kernels.attention_flops(b, h, n, d, causal, backward)
+                    row |= {"ms": t.ms, "spread": t.spread, "tflops": bench.tflops(flops, t.median),
+                            "tflops_lo": bench.tflops(flops, t.q75), "tflops_hi": bench.tflops(flops, t.q25)}  # IQR
+                except RuntimeError as err:  # out of memory, or a library kernel that refuses this shape
+                    row["status"] = bench.recoverable_failure(err)
+                    if row["status"] is None:
+                        raise
+                if row["status"] != "ok":  # after the except block, so the failed call's frames are gone
+                    bench.release_memory()
+        del q, k, v
+    return rows
+
+
+GOAL_MIN_N, GOAL_HEAD_DIM = 2048, 128  # the goal: our forward >= SDPA flash's at d=128 and N >= 2048
+
+
+def goal(rows: list[dict], ours: str = "flash_triton", theirs: str = "sdpa_flash") -> list[dict]:
+    """The course kernel's performance goal, per N >= 2048 and causal flag: our forward's TFLOP/s over
+    theirs at head dim 128, from `speed`'s rows: [{"n", "causal", "ours", "theirs", "ratio"}]."""
+    pick = {(r["impl"], r["causal"], r["n"]): r["tflops"] for r in rows
+            if r["pass"] == "fwd" and r["head_dim"] == GOAL_HEAD_DIM and r["tflops"]}
+    return [{"n": n, "causal": c, "ours": pick[(ours, c, n)], "theirs": pick[(theirs, c, n)],
+             "ratio": pick[(ours, c, n)] / pick[(theirs, c, n)]}
+            for (impl, c, n) in sorted(pick, key=lambda key: (key[1], key[2]))
+            if impl == ours and n >= GOAL_MIN_N and (theirs, c, n) in pick]
+
+
+N_BY_N = ("naive", "sdpa_math")  # the implementations that materialise the N x N scores
+
+
+def memory_wall(impls, seq_lens, *, batch: int, heads: int, head_dim: int, dtype: torch.dtype, device: str,
+                causal: bool = False, budget_gb: float | None = None) -> list[dict]:
+    """Saved-for-backward bytes (and peak CUDA memory of forward+backward) of each impl as N grows.
+
+    A CUDA out-of-memory error (or a library kernel's refusal) is caught and recorded, the memory
+    freed, and larger N skipped for that impl. With `budget_gb`, a size whose predicted need (3 N x N buffers alive at once for the
+    N x N implementations, twice the saved bytes for the others) exceeds the budget is recorded as
+    "exceeds budget" without allocating anything.
+    """
+    rows, failed = [], set()
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    for n in seq_lens:
+        for impl in impls:
+            row = {"impl": impl, "n": n, "status": "ok", "saved_bytes": None, "peak_bytes": None}
+            rows.append(row)
+            need = 2 * kernels.saved_bytes("tiled", n, head_dim, batch * heads, itemsize, causal)
+            if impl in N_BY_N:
+                need = 3 * batch * heads * n * n * itemsize
+            if impl in failed:
+                row["status"] = "skipped (failed at a smaller N)"
+                continue
+            if budget_gb is not None and need > budget_gb * 2**30:
+                row["status"] = f"exceeds budget ({need / 2**30:.3g} > {budget_gb:g} GiB)"
+                continue
+            try:
+                q, k, v = kernels.make_qkv(batch, heads, n, head_dim, dtype, device, requires_grad=True)
+                row["saved_bytes"] = bench.saved_tensor_bytes(lambda: kernels.attention(q, k, v, impl, causal))
+                do = torch.randn_like(q)
+                if device == "cuda":  # once unmeasured: Triton's autotuner and library set-up allocate scratch memory
+                    kernels.attention(q, k, v, impl, causal).backward(do)
+                    q.grad = k.grad = v.grad = None  # so the measured backward allocates them, as a first one does
+                row["peak_bytes"] = bench.peak_cuda_memory(lambda: kernels.attention(q, k, v, impl, causal).backward(do))
+            except RuntimeError as err:  # out of memory, or a library kernel that refuses this size
+                row["status"] = bench.recoverable_failure(err)
+                if row["status"] is None:
+                    raise
+                failed.add(impl)
+            finally:
+                q = k = v = do = None
+                bench.release_memory()
+    return rows
+
+
+# ---------------------------------------------------------------- figures
+
+STYLES = [dict(ls="-", marker="o"), dict(ls="--", marker="s"), dict(ls=":", marker="^"), dict(ls="-.", marker="D")]
+
+
+def memory_wall_figure(wall: list, impls: list, seq_lens: list, *, heads: int, head_dim: int, itemsize: int,
+                       budget_gb: float | None, device: str, title: str):
+    """Saved-for-backward MiB per implementation against N, with the wall drawn: naive's predicted need
+    (three N x N buffers) against the budget or the GPU's memory, and a vertical line where naive stopped.
+    Identical lines get different dashes and markers, and a printed note says which lie on top of which."""
+    fig, ax = plots.figure(1, figsize=(8, 4.5))
+    mib = 2**20
+    series = {impl: [r["saved_bytes"] and r["saved_bytes"] / mib for r in wall if r["impl"] == impl] for impl in impls}
+    for (impl, ys), style in zip(series.items(), STYLES):
+        pts = [(n, y) for n, y in zip(seq_lens, ys) if y]
+        if pts:
+            ax.plot(*zip(*pts), label=f"{impl}: kept for backward", **style)
+    need = [3 * heads * n * n * itemsize / mib for n in seq_lens]
+    ax.plot(seq_lens, need, color="#444444", lw=1, ls=(0, (1, 2)), label="naive: 3 N x N buffers (predicted need)")
+    limit = budget_gb * 2**30 / mib if budget_gb else None
+    if device == "cuda":
+        limit = torch.cuda.get_device_properties(0).total_memory / mib
+    if limit:
+        ax.axhline(limit, color="#d1495b", lw=1.5, label="budget" if device == "cpu" else "GPU memory")
+    stop = next((r for r in wall if r["impl"] == "naive" and r["status"] != "ok"), None)
+    if stop:
+        ax.axvline(stop["n"], color="#d1495b", ls="--", lw=1.5, label=f"naive stops: {stop['status'].split('(')[0].strip()}")
+    ax.set(xscale="log", yscale="log", xlabel="sequence length N", ylabel="MiB", title=title)
+    ax.set_xscale("log", base=2)
+    ax.legend(fontsize=8, loc="upper left")
+    fig.tight_layout()
+    notes = [f"{b}'s line lies exactly on {a}'s (the same bytes at every N); it is drawn dashed on top"
+             for i, a in enumerate(series) for b in list(series)[i + 1:] if series[a] == series[b] and any(series[a])]
+    return fig, notes
+
+
+def speed_figures(speed: list, impls: list, seq_lens: list, head_dims: list, dtype: str, min_points: int = 3):
+    """TFLOP/s against N, one panel per (head dim, causal) and one figure per pass, with IQR error bars.
+
+    With fewer than `min_points` sequence lengths a line would invent a trend between two points, so
+    the numbers are printed as a table instead and no figure is drawn (returns [])."""
+    index = {}
+    for r in speed:  # the first row of each (impl, head dim, causal, N, pass), looked up in one step
+        index.setdefault((r["impl"], r["head_dim"], r["causal"], r["n"], r["pass"]), r)
+    pick = lambda impl, d, c, p: [index.get((impl, d, c, n, p)) for n in seq_lens]  # noqa: E731
+    if len(seq_lens) < min_points:
+        print(f"only {len(seq_lens)} sequence lengths: a table, not a curve (TFLOP/s, median, IQR in brackets)")
+        rows = [[p, d, c, impl] + [f"{r['tflops']:.3g} [{r['tflops_lo']:.3g}-{r['tflops_hi']:.3g}]" if r and r["tflops"]
+                                   else "-" for r in pick(impl, d, c, p)]
+                for p in ("fwd", "fwd+bwd") for d in head_dims for c in (False, True) for impl in impls]
+        print(table(["pass", "d", "causal", "impl", *[f"N={n}" for n in seq_lens]], rows))
+        return []
+    figs = []
+    for p in ("fwd", "fwd+bwd"):
+        fig, axes = plt.subplots(len(head_dims), 2, figsize=(12, 3.6 * len(head_dims)), squeeze=False)
+        for i, d in enumerate(head_dims):
+            for j, c in enumerate((False, True)):
+                ax = axes[i][j]
+                for impl, style in zip(impls, STYLES * 3):
+                    pts = [(n, r) for n, r in zip(seq_lens, pick(impl, d, c, p)) if r and r["tflops"]]
+                    if pts:
+                        ns, rs = zip(*pts)
+                        ys = [r["tflops"] for r in rs]
+                        err = [[max(0.0, y - r["tflops_lo"]) for y, r in zip(ys, rs)], [max(0.0, r["tflops_hi"] - y) for y, r in zip(ys, rs)]]
+                        ax.errorbar(ns, ys, yerr=err, capsize=3, label=impl, **style)
+                ax.set_xscale("log", base=2)
+                ax.set(xlabel="sequence length N", ylabel="TFLOP/s (median, IQR bars)", ylim=(0, None),
+                       title=f"{p}, d={d}, {'causal' if c else 'not causal'}, {dtype}")
+                ax.legend(fontsize=7)
+        fig.tight_layout()
+        figs.append(fig)
+    return figs
+
+
