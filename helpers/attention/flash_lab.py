@@ -186,19 +186,19 @@ def outputs_and_grads(fn, q, k, v, do) -> list[torch.Tensor]:
     return [out, *torch.autograd.grad(out, (q, k, v), do.to(out.dtype))]
 
 
-def compare(impl: str, q, k, v, do, causal: bool) -> dict:
+def compare(impl: str, q, k, v, do, is_causal: bool) -> dict:
     """Max errors of `impl`'s O, dQ, dK, dV against naive attention in fp32, and whether they pass RULE.
 
     For fp16/bf16 inputs `naive` holds naive attention's own errors in that precision, the yardstick.
     """
     up = [t.float() for t in (q, k, v, do)]
-    ref = outputs_and_grads(lambda q, k, v: naive_attention(q, k, v, causal), *up)
-    got = outputs_and_grads(lambda q, k, v: kernels.attention(q, k, v, impl, causal), q, k, v, do)
+    ref = outputs_and_grads(lambda q, k, v: naive_attention(q, k, v, is_causal), *up)
+    got = outputs_and_grads(lambda q, k, v: kernels.attention(q, k, v, impl, is_causal), q, k, v, do)
     errors = [(a.float() - b).abs().max().item() for a, b in zip(got, ref)]
     if q.dtype == torch.float32:
         ok = all(torch.allclose(a, b, **FP32_TOL) for a, b in zip(got, ref))
         return {"errors": errors, "naive": None, "passed": ok}
-    mine = outputs_and_grads(lambda q, k, v: naive_attention(q, k, v, causal), q, k, v, do)
+    mine = outputs_and_grads(lambda q, k, v: naive_attention(q, k, v, is_causal), q, k, v, do)
     naive = [(a.float() - b).abs().max().item() for a, b in zip(mine, ref)]
     return {"errors": errors, "naive": naive, "passed": all(e <= 2 * b + 1e-5 for e, b in zip(errors, naive))}
 
@@ -333,14 +333,14 @@ def gpt_kernels(gpt, idx, tgt, impls: list, *, device: str, reps: int, autocast,
 # ---------------------------------------------------------------- the panel
 
 def flash_panel(block_size: int, seq_len: int, *, head_dim: int = 64, batch_heads: int = 32, itemsize: int = 2,
-                causal: bool = False, bandwidth_gbs: float | None = None,
+                is_causal: bool = False, bandwidth_gbs: float | None = None,
                 block_sizes=(16, 32, 64, 128, 256)):
     """Instructor panel: HBM traffic against block size, and memory kept for backward against N."""
 
-    kw = dict(d=head_dim, batch_heads=batch_heads, itemsize=itemsize, causal=causal)
+    kw = dict(d=head_dim, batch_heads=batch_heads, itemsize=itemsize, is_causal=is_causal)
     naive = kernels.naive_traffic_bytes(seq_len, **kw)
     tiled = kernels.tiled_traffic_bytes(seq_len, block_q=block_size, **kw)
-    mem = {impl: kernels.saved_bytes(impl, seq_len, head_dim, batch_heads, itemsize, causal)
+    mem = {impl: kernels.saved_bytes(impl, seq_len, head_dim, batch_heads, itemsize, is_causal)
            for impl in ("naive", "tiled")}
     ratio = f"{naive / tiled:.1f}x less" if naive >= tiled else f"{tiled / naive:.1f}x more"
     line = (f"N={seq_len}, block {block_size}: naive moves {naive / 1e9:.3g} GB, tiled {tiled / 1e9:.3g} GB "
@@ -358,7 +358,7 @@ def flash_panel(block_size: int, seq_len: int, *, head_dim: int = 64, batch_head
                 title=f"traffic at N={seq_len}", ax=ax1)
     ax1.scatter([block_size], [tiled / 1e9], s=90, color="black", zorder=3)
     ns = [2**i for i in range(8, max(15, seq_len.bit_length() + 1))]
-    plots.sweep(ns, {impl: [kernels.saved_bytes(impl, n, head_dim, batch_heads, itemsize, causal) / 2**20 for n in ns]
+    plots.sweep(ns, {impl: [kernels.saved_bytes(impl, n, head_dim, batch_heads, itemsize, is_causal) / 2**20 for n in ns]
                      for impl in ("naive", "tiled")},
                 xlabel="sequence length N", ylabel="kept for backward (MiB)", logx=True, logy=True,
                 title="memory", ax=ax2)

@@ -91,7 +91,7 @@ N_BY_N = ("naive", "sdpa_math")  # the implementations that materialise the N x 
 
 
 def memory_wall(impls, seq_lens, *, batch: int, heads: int, head_dim: int, dtype: torch.dtype, device: str,
-                causal: bool = False, budget_gb: float | None = None) -> list[dict]:
+                is_causal: bool = False, budget_gb: float | None = None) -> list[dict]:
     """Saved-for-backward bytes (and peak CUDA memory of forward+backward) of each impl as N grows.
 
     A CUDA out-of-memory error (or a library kernel's refusal) is caught and recorded, the memory
@@ -105,7 +105,7 @@ def memory_wall(impls, seq_lens, *, batch: int, heads: int, head_dim: int, dtype
         for impl in impls:
             row = {"impl": impl, "n": n, "status": "ok", "saved_bytes": None, "peak_bytes": None}
             rows.append(row)
-            need = 2 * kernels.saved_bytes("tiled", n, head_dim, batch * heads, itemsize, causal)
+            need = 2 * kernels.saved_bytes("tiled", n, head_dim, batch * heads, itemsize, is_causal)
             if impl in N_BY_N:
                 need = 3 * batch * heads * n * n * itemsize
             if impl in failed:
@@ -116,12 +116,12 @@ def memory_wall(impls, seq_lens, *, batch: int, heads: int, head_dim: int, dtype
                 continue
             try:
                 q, k, v = kernels.make_qkv(batch, heads, n, head_dim, dtype, device, requires_grad=True)
-                row["saved_bytes"] = bench.saved_tensor_bytes(lambda: kernels.attention(q, k, v, impl, causal))
+                row["saved_bytes"] = bench.saved_tensor_bytes(lambda: kernels.attention(q, k, v, impl, is_causal))
                 do = torch.randn_like(q)
                 if device == "cuda":  # once unmeasured: Triton's autotuner and library set-up allocate scratch memory
-                    kernels.attention(q, k, v, impl, causal).backward(do)
+                    kernels.attention(q, k, v, impl, is_causal).backward(do)
                     q.grad = k.grad = v.grad = None  # so the measured backward allocates them, as a first one does
-                row["peak_bytes"] = bench.peak_cuda_memory(lambda: kernels.attention(q, k, v, impl, causal).backward(do))
+                row["peak_bytes"] = bench.peak_cuda_memory(lambda: kernels.attention(q, k, v, impl, is_causal).backward(do))
             except RuntimeError as err:  # out of memory, or a library kernel that refuses this size
                 row["status"] = bench.recoverable_failure(err)
                 if row["status"] is None:

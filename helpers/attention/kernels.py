@@ -313,9 +313,9 @@ def register_course_kernels() -> list[str]:
 
 # ------------------------------------------------------------------------------ FLOPs, inputs, memory
 
-def attention_flops(batch: int, heads: int, n: int, d: int, causal: bool = False, backward: bool = False) -> float:
+def attention_flops(batch: int, heads: int, n: int, d: int, is_causal: bool = False, backward: bool = False) -> float:
     """FLOPs counted the FlashAttention way: 4·B·H·N²·d forward (half when causal); backward 2.5× forward."""
-    fwd = 4 * batch * heads * n * n * d * (0.5 if causal else 1.0)
+    fwd = 4 * batch * heads * n * n * d * (0.5 if is_causal else 1.0)
     return fwd * 3.5 if backward else fwd
 
 
@@ -327,25 +327,25 @@ def make_qkv(batch: int, heads: int, n: int, d: int, dtype: torch.dtype, device:
     return [torch.randn(s, generator=g, device=device, dtype=dtype).requires_grad_(requires_grad) for s in shapes]
 
 
-def saved_bytes(kind: str, n: int, d: int, batch_heads: int = 1, itemsize: int = 2, causal: bool = False) -> int:
+def saved_bytes(kind: str, n: int, d: int, batch_heads: int = 1, itemsize: int = 2, is_causal: bool = False) -> int:
     """Bytes kept for backward, by our count. "naive": q, k, v and the N x N probabilities (plus the
     N x N bool causal mask, one for all heads); "tiled" (the course kernels): q, k, v, O and fp32 L."""
     params.choose("kind", kind, ("naive", "tiled"))
     qkv = 3 * batch_heads * n * d * itemsize
     if kind == "naive":
-        return qkv + batch_heads * n * n * itemsize + (n * n if causal else 0)
+        return qkv + batch_heads * n * n * itemsize + (n * n if is_causal else 0)
     return qkv + batch_heads * (n * d * itemsize + 4 * n)
 
 
 # ------------------------------------------------------------------------------ HBM traffic model
 
-def naive_traffic_bytes(n: int, d: int, batch_heads: int = 1, itemsize: int = 2, causal: bool = False) -> int:
+def naive_traffic_bytes(n: int, d: int, batch_heads: int = 1, itemsize: int = 2, is_causal: bool = False) -> int:
     """HBM bytes of the naive forward as `naive_attention` writes it: every line reads its inputs from
     memory and writes its output back (q * scale; S = q kᵀ; mask; softmax; P v): 4N² + 6Nd elements
     per head (+ 2N² and a one-byte mask per score when causal)."""
     nd, nn = n * d, n * n
-    elems = 2 * nd + (2 * nd + nn) + (2 * nn if causal else 0) + 2 * nn + (nn + nd + nd)
-    return batch_heads * (elems * itemsize + (nn if causal else 0))  # + the bool mask, one byte a score
+    elems = 2 * nd + (2 * nd + nn) + (2 * nn if is_causal else 0) + 2 * nn + (nn + nd + nd)
+    return batch_heads * (elems * itemsize + (nn if is_causal else 0))  # + the bool mask, one byte a score
 
 
 def traffic_crossover(d: int) -> float:
@@ -356,9 +356,9 @@ def traffic_crossover(d: int) -> float:
 
 
 def tiled_traffic_bytes(n: int, d: int, block_q: int, batch_heads: int = 1, itemsize: int = 2,
-                        causal: bool = False) -> int:
+                        is_causal: bool = False) -> int:
     """HBM bytes of the FlashAttention-2 forward: Q read and O written once, K and V read once per
     query tile (only up to the diagonal when causal), L written in fp32."""
     tiles = math.ceil(n / block_q)
-    kv_rows = sum(min(n, (t + 1) * block_q) for t in range(tiles)) if causal else tiles * n
+    kv_rows = sum(min(n, (t + 1) * block_q) for t in range(tiles)) if is_causal else tiles * n
     return batch_heads * ((2 * n * d + 2 * kv_rows * d) * itemsize + 4 * n)

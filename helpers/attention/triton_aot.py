@@ -58,7 +58,7 @@ def signature(kernel: str, dtype: str) -> dict[str, str]:
     return dict(Q=p, K=p, V=p, DO=p, L=f32, Delta=f32) | outputs | strides | sizes
 
 
-def compile_kernel(kernel: str, dtype: str = "bf16", head_dim: int = 128, causal: bool = False,
+def compile_kernel(kernel: str, dtype: str = "bf16", head_dim: int = 128, is_causal: bool = False,
                    config: tuple[int, int, int, int] = (128, 64, 8, 3), arch: int = 90):
     """Triton's compiled kernel for one (BLOCK_M, BLOCK_N, num_warps, num_stages) config on sm_<arch>."""
     import triton  # optional: a Linux-only dependency (compiling needs no GPU and no interpreter)
@@ -68,7 +68,7 @@ def compile_kernel(kernel: str, dtype: str = "bf16", head_dim: int = 128, causal
     ft = _flash_triton()
     fn, args = ft.KERNELS[kernel], signature(kernel, dtype)
     bm, bn, warps, stages = config
-    meta = {"HEAD_DIM": head_dim, "D_PAD": ft.padded_head_dim(head_dim), "IS_CAUSAL": causal,
+    meta = {"HEAD_DIM": head_dim, "D_PAD": ft.padded_head_dim(head_dim), "IS_CAUSAL": is_causal,
             "PREC": "ieee" if dtype == "fp32" else "tf32", "BLOCK_M": bm, "BLOCK_N": bn}
     meta = {name: value for name, value in meta.items() if name in fn.arg_names}  # the preprocess kernel has fewer
     types = {name: ("constexpr" if name in meta else args[name]) for name in fn.arg_names}
@@ -133,7 +133,7 @@ def launch_configs(kernel: str, head_dim: int, dtype: str,
     return ft.AUTOTUNE[kernel][ft.head_dim_class(d_pad)] + [ft.fixed_config(None, None, d_pad, fp32=False)]
 
 
-def survey(kernels=("forward", "dkdv", "dq"), head_dims=(64, 128), dtypes=("bf16",), causal=(False, True),
+def survey(kernels=("forward", "dkdv", "dq"), head_dims=(64, 128), dtypes=("bf16",), is_causal=(False, True),
            arch: int = 90, extra: dict | None = None, autotuned: str | None = None) -> list[dict]:
     """One row per (kernel, dtype, head dim, causal, config): the config and its `resources`.
 
@@ -146,10 +146,10 @@ def survey(kernels=("forward", "dkdv", "dq"), head_dims=(64, 128), dtypes=("bf16
             for d in head_dims:
                 configs = [(c, True) for c in dict.fromkeys(launch_configs(kernel, d, dtype, autotuned))]
                 configs += [(c, False) for c in (extra or {}).get(kernel, []) if (c, True) not in configs]
-                for is_causal in causal:
+                for flag in is_causal:
                     for config, launched in configs:
-                        compiled = compile_kernel(kernel, dtype, d, is_causal, config, arch)
-                        rows.append({"kernel": kernel, "dtype": dtype, "head_dim": d, "causal": is_causal,
+                        compiled = compile_kernel(kernel, dtype, d, flag, config, arch)
+                        rows.append({"kernel": kernel, "dtype": dtype, "head_dim": d, "causal": flag,
                                      "config": list(config), "launched": launched, "arch": arch,
                                      **resources(compiled)})
     return rows

@@ -7,7 +7,7 @@ what it counts, to the FLOP:
 * nothing else costs anything: bias adds, LayerNorm, GELU, softmax, the causal mask, residual
   adds, the loss, the embedding lookup (forward and backward) and the optimizer are all 0;
 * attention scores are counted for the full T x T square even though a causal mask discards
-  about half of them (`causal=True` halves them instead: the FlashAttention benchmark convention);
+  about half of them (`is_causal=True` halves them instead: the FlashAttention benchmark convention);
 * backward of a matmul whose two operands both need a gradient is two matmuls of the same size,
   so backward = 2 x forward for every component, assuming every parameter trains. That includes the
   first block's projections (their input, LN(x), needs a gradient through LN's trainable weight even
@@ -38,16 +38,16 @@ COMPONENTS = ("embedding", "qkv", "attn_scores", "attn_values", "attn_out", "mlp
 SECONDS_PER_DAY = 86_400
 
 
-def per_layer_forward(cfg: GPTConfig, batch_size: int, seq_len: int, causal: bool) -> dict[str, int]:
+def per_layer_forward(cfg: GPTConfig, batch_size: int, seq_len: int, is_causal: bool) -> dict[str, int]:
     """Forward FLOPs of one block, per component, for batch_size sequences of seq_len tokens.
 
     Returns {"qkv", "attn_scores", "attn_values", "attn_out", "mlp_up", "mlp_down"}: with tokens = B·T,
-    qkv 2·tokens·d·(H + 2·H_kv)·d_h, scores and values 2·B·H·T²·d_h each (halved when `causal`),
+    qkv 2·tokens·d·(H + 2·H_kv)·d_h, scores and values 2·B·H·T²·d_h each (halved when `is_causal`),
     attn_out 2·tokens·H·d_h·d, mlp_up and mlp_down 2·tokens·d·d_ff each.
     """
     tokens, d, hd = batch_size * seq_len, cfg.d_model, cfg.head_dim
     attn = 2 * batch_size * cfg.n_head * seq_len * seq_len * hd  # (T, hd) @ (hd, T) per head, and (T, T) @ (T, hd)
-    if causal:
+    if is_causal:
         attn //= 2  # exact: seq_len**2 * (2 * batch * heads * hd) / 2 is an integer
     return {
         "qkv": 2 * tokens * d * (cfg.n_head + 2 * cfg.n_kv_head) * hd,  # q_proj + kv_proj
@@ -60,12 +60,12 @@ def per_layer_forward(cfg: GPTConfig, batch_size: int, seq_len: int, causal: boo
 
 
 def transformer_flops(config: GPTConfig, batch_size: int, seq_len: int, *, backward: bool = True,
-                      causal: bool = False, recompute_layers: int = 0) -> dict[str, dict[str, int]]:
+                      is_causal: bool = False, recompute_layers: int = 0) -> dict[str, dict[str, int]]:
     """FLOPs of one training step (forward, backward) per component, in FlopCounterMode's convention.
 
     Returns {component: {"forward": int, "backward": int, "total": int}} for every name in
     COMPONENTS, plus "total" (the sum over components). With backward=False every "backward" is 0.
-    `causal=True` halves attn_scores and attn_values (only the unmasked half is useful work).
+    `is_causal=True` halves attn_scores and attn_values (only the unmasked half is useful work).
     `recompute_layers` blocks under activation checkpointing run their forward again in backward,
     which adds one block's forward FLOPs each to "backward" (the LM head is never recomputed).
     PyTorch's non-reentrant checkpoint stops recomputing once every tensor backward needs is back
@@ -77,7 +77,7 @@ def transformer_flops(config: GPTConfig, batch_size: int, seq_len: int, *, backw
         raise ValueError(f"recompute_layers={recompute_layers} must be in 0..n_layer={config.n_layer}")
     if seq_len > config.seq_len:
         raise ValueError(f"seq_len={seq_len} is longer than the model's seq_len={config.seq_len}")
-    layer = per_layer_forward(config, batch_size, seq_len, causal)
+    layer = per_layer_forward(config, batch_size, seq_len, is_causal)
     forward = {"embedding": 0, **{k: config.n_layer * v for k, v in layer.items()},
                "lm_head": 2 * batch_size * seq_len * config.d_model * config.vocab_size}
     out: dict[str, dict[str, int]] = {}

@@ -48,10 +48,10 @@ def grouped_flops(config: GPTConfig, batch_size: int, seq_len: int, *, key: str 
 
 
 def sublayer_flops(config: GPTConfig, batch_size: int, seq_len: int, *, backward: bool = False,
-                   causal: bool = False) -> dict[str, int]:
+                   is_causal: bool = False) -> dict[str, int]:
     """FLOPs of ONE block's attention sub-block, its attention core (scores + values) and its MLP sub-block."""
     one = replace(config, n_layer=1, seq_len=max(seq_len, config.seq_len))
-    f = transformer_flops(one, batch_size, seq_len, backward=backward, causal=causal)
+    f = transformer_flops(one, batch_size, seq_len, backward=backward, is_causal=is_causal)
     return {"attention": sum(f[c]["total"] for c in ATTENTION_PARTS),
             "attention_core": sum(f[c]["total"] for c in CORE_PARTS),
             "mlp": sum(f[c]["total"] for c in MLP_PARTS)}

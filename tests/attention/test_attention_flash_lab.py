@@ -122,7 +122,7 @@ def _problem(dtype):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_compare_passes_a_correct_implementation(dtype):
-    result = flash_lab.compare("flash_pytorch", *_problem(dtype), causal=True)
+    result = flash_lab.compare("flash_pytorch", *_problem(dtype), is_causal=True)
     assert result["passed"] and len(result["errors"]) == 4
     assert (result["naive"] is None) == (dtype == torch.float32)
 
@@ -130,7 +130,7 @@ def test_compare_passes_a_correct_implementation(dtype):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_compare_fails_an_implementation_that_is_slightly_off(monkeypatch, dtype):
     monkeypatch.setattr(kernels, "attention", lambda q, k, v, impl, causal: naive_attention(q, k, v, causal) * 1.01)
-    result = flash_lab.compare("flash_pytorch", *_problem(dtype), causal=False)
+    result = flash_lab.compare("flash_pytorch", *_problem(dtype), is_causal=False)
     assert not result["passed"]
 
 

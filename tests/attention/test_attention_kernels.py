@@ -136,7 +136,7 @@ def test_course_kernels_train_the_gpt_like_sdpa():
 
 def test_flop_convention():
     assert kernels.attention_flops(2, 3, 128, 64) == 4 * 2 * 3 * 128**2 * 64
-    assert kernels.attention_flops(2, 3, 128, 64, causal=True) == 2 * 2 * 3 * 128**2 * 64
+    assert kernels.attention_flops(2, 3, 128, 64, is_causal=True) == 2 * 2 * 3 * 128**2 * 64
     assert kernels.attention_flops(1, 1, 8, 16, backward=True) == 3.5 * kernels.attention_flops(1, 1, 8, 16)
 
 
@@ -148,7 +148,7 @@ def test_saved_bytes_model_matches_what_autograd_keeps(is_causal):
 
     for impl, kind in (("naive", "naive"), ("flash_pytorch", "tiled")):
         got = saved_tensor_bytes(lambda: kernels.attention(q, k, v, impl, is_causal))
-        assert got == kernels.saved_bytes(kind, 48, 16, batch_heads=6, itemsize=4, causal=is_causal), impl
+        assert got == kernels.saved_bytes(kind, 48, 16, batch_heads=6, itemsize=4, is_causal=is_causal), impl
 
 
 def test_traffic_model():
@@ -163,9 +163,9 @@ def test_traffic_model():
     assert kernels.traffic_crossover(d) == 32
     assert kernels.tiled_traffic_bytes(n, d, block_q=16) > kernels.naive_traffic_bytes(n, d)  # below the crossover
     assert kernels.tiled_traffic_bytes(n, d, block_q=64) < kernels.naive_traffic_bytes(n, d)  # above it
-    full, causal = kernels.tiled_traffic_bytes(n, d, 128), kernels.tiled_traffic_bytes(n, d, 128, causal=True)
+    full, causal = kernels.tiled_traffic_bytes(n, d, 128), kernels.tiled_traffic_bytes(n, d, 128, is_causal=True)
     assert 0.5 < causal / full < 0.55  # causal reads K and V about half as often
-    assert kernels.naive_traffic_bytes(n, d, causal=True) > kernels.naive_traffic_bytes(n, d)
+    assert kernels.naive_traffic_bytes(n, d, is_causal=True) > kernels.naive_traffic_bytes(n, d)
 
 
 def test_triton_kernels_are_refused_with_a_reason_on_a_gpu_older_than_sm80():

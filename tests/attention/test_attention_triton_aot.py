@@ -37,10 +37,10 @@ def compiled():
     pytest.importorskip("triton.backends.compiler", reason="this triton has no ahead-of-time compile API")
     from helpers.attention.triton_aot import survey_in_subprocess
 
-    jobs = [dict(kernels=KERNELS, head_dims=(64, 128), dtypes=("bf16",), causal=(False, True),
+    jobs = [dict(kernels=KERNELS, head_dims=(64, 128), dtypes=("bf16",), is_causal=(False, True),
                  extra={"forward": [SPILLER, THIN]}),
-            dict(kernels=KERNELS, head_dims=(16, 80, 128), dtypes=("fp16",), causal=(True,)),
-            dict(kernels=KERNELS, head_dims=(64, 128), dtypes=("fp32",), causal=(False, True))]
+            dict(kernels=KERNELS, head_dims=(16, 80, 128), dtypes=("fp16",), is_causal=(True,)),
+            dict(kernels=KERNELS, head_dims=(64, 128), dtypes=("fp32",), is_causal=(False, True))]
     with ThreadPoolExecutor(2) as pool:
         results = list(pool.map(lambda job: survey_in_subprocess(**job), jobs))
     return [row for rows in results for row in rows]

@@ -81,7 +81,7 @@ def test_attention_components_by_hand():
     # q: 64 -> 64, kv: 64 -> 2*1*16 = 32 (MQA), per token, x 30 tokens x 2 layers
     assert f["qkv"]["forward"] == 2 * 30 * 64 * (64 + 32) * 2
     assert f["lm_head"] == {"forward": 2 * 30 * 64 * 256, "backward": 4 * 30 * 64 * 256, "total": 6 * 30 * 64 * 256}
-    causal = flops.transformer_flops(cfg, 3, 10, causal=True)
+    causal = flops.transformer_flops(cfg, 3, 10, is_causal=True)
     assert causal["attn_scores"]["forward"] * 2 == f["attn_scores"]["forward"]
     assert causal["mlp_up"] == f["mlp_up"]
     off = flops.transformer_flops(cfg, 3, 10, backward=False)

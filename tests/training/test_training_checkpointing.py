@@ -106,7 +106,7 @@ def test_recompute_flops_follow_early_stop():
     cfg = tiny(n_layer=9)
     m = GPT(cfg, attn_impl="naive")
     idx, tgt = batch(cfg, b=2, t=32)
-    layer = flops.per_layer_forward(cfg, 2, 32, causal=False)
+    layer = flops.per_layer_forward(cfg, 2, 32, is_causal=False)
     block = sum(layer.values())
     base = checkpointing_lab.step_flops(m, idx, tgt)
     assert base["backward"] == flops.transformer_flops(cfg, 2, 32)["total"]["backward"]
