@@ -1,6 +1,7 @@
-"""What the KV-cache tests share (tests/gpt/test_gpt_generation.py, test_decode_kv_cache.py, test_decode_serving.py):
-a small course GPT whose logits sit far from ties, the cache dtypes every cache must accept, and the
-tolerance its logits are held to against an fp32 cache."""
+"""What the KV-cache tests share (tests/gpt/test_gpt_generation.py and tests/decode/): a small course GPT whose
+logits sit far from ties, the same GPT at its initial scale (`tiny_gpt`, for the paged cache and the
+schedulers), the cache dtypes every cache must accept, and the tolerance its logits are held to against an
+fp32 cache."""
 from __future__ import annotations
 
 import torch
@@ -20,6 +21,14 @@ def small_gpt(n_kv_head: int, seed: int = 0) -> GPT:
         for p in model.parameters():
             p.mul_(3.0)
     return model
+
+
+def tiny_gpt(n_kv_head: int, dtype: torch.dtype = torch.float32) -> GPT:
+    """The same 2-layer, 4-head, 32-wide GPT (seed 0) at its initial scale, in `dtype`, eval mode: the model the
+    paged-cache and serving tests serve."""
+    torch.manual_seed(0)
+    cfg = GPTConfig(n_layer=2, n_head=4, n_kv_head=n_kv_head, d_model=32, d_ff=64, seq_len=48)
+    return GPT(cfg).to(dtype).eval()
 
 
 def tolerance(*dtypes) -> float:

@@ -2,24 +2,36 @@
 10) and speculative decoding (notebook 11). Imports `lowbit`, `gpt`, `measure` and `show`; the contiguous
 cache, prefill, the decode step and the sampler are `gpt`'s `generation`.
 
+Technique modules:
+
 `kv_cache`         the static cache and decode step for compiled decode (with their Inductor options),
-                   the MLA-style latent cache on a factorised k/v projection, KV bytes per token and
-                   published models' caches
+                   the MLA-style latent cache on a factorised k/v projection, KV bytes per token,
+                   published models' caches, and what each attention variant's cache holds in a budget
 `paged`            the paged KV cache (vLLM): free list with reference counts, block tables, prefix
                    sharing with copy-on-write (`fork`), the cache GPT.forward runs on, waste against
                    preallocation
 `paged_attention`  decode and prefill attention read through block tables: PyTorch, a Triton kernel
                    (interpreted without a GPU, compiled ahead of time for sm_90), references
-`serving`          seeded request mixes, the static and continuous batching scheduler with preemption,
-                   a request served alone, shared-prefix generation, chunked prefill
+`serving`          seeded request mixes, the static and the continuous batching scheduler (with
+                   preemption), a request served alone
+`prefill`          shared-prefix generation on copy-on-write blocks, chunked prefill
 `speculative`      speculative sampling: the exact rule on distributions, rollback, the n-gram draft,
-                   generation with a draft, the tokens-per-pass and speedup formulas
-`kv_lab`           notebook 10's measurements of one sequence's cache: with and without it, prefill
-                   against decode, decode bandwidth and batching, attention variants, compiled decode
-`serving_lab`      notebook 10's serving sections: paged waste (the course's mix and vLLM-like workloads) and
-                   decode speed, prefix sharing, static against continuous batching, chunked prefill, the
-                   KV-memory panel, the verdicts on paged waste and continuous batching
-`spec_lab`         notebook 11's measurements: greedy and chi-square exactness, step costs, the speed
-                   grid against the formula, acceptance by position, the formula's prediction on a
-                   bandwidth-bound target with the costs measured, the ledger's verdicts, figures and sentences
+                   generation with a draft, the tokens-per-pass and speedup formulas, prompts cut from
+                   the held-out corpus
+
+Labs (each notebook's measurements, by the technique they measure):
+
+`kv_cache_lab`            notebook 10's parameters and one sequence's cache: with and without it, prefill
+                          against decode on the roofline; the timing helpers both KV labs use
+`kv_decode_lab`           notebook 10's decode speed: bandwidth and batching, attention variants, compiled
+                          decode
+`paged_lab`               notebook 10's paged cache: waste (the course's mix and vLLM-like workloads) and
+                          decode-attention speed, the KV-memory panel, the verdict on paged waste
+`serving_lab`             notebook 10's serving: prefix sharing, chunked prefill, static against continuous
+                          batching, the verdict on continuous batching
+`speculative_lab`         notebook 11's parameters and measurements: greedy and chi-square exactness, step
+                          costs, the speed grid
+`speculative_report_lab`  notebook 11's readings of them: acceptance by position, the gap to the formula, the
+                          formula's prediction on a bandwidth-bound target, the ledger's verdicts, sentences
+                          and figures
 """

@@ -3,7 +3,9 @@ cache is `helpers.decode.paged`): their size per token, published models' caches
 compiled decode, and an MLA-style latent cache.
 
 * `kv_bytes_per_token` (2 · layers · kv_heads · head_dim · bytes) and `REAL_MODELS`, published
-  configurations with their sources; `real_model_rows` their bytes per token and at a context.
+  configurations with their sources; `real_model_rows` their bytes per token and at a context;
+  `variant_configs` (MHA, GQA, MQA, an MLA-style latent on one model's dimensions) and `budget_rows`, what
+  each holds in a memory budget.
 * `StaticKVCache` and `static_step`: a cache whose shapes and position never change between steps,
   so that `torch.compile` can capture one decode step as a CUDA graph (gpt-fast's design, PyTorch
   Labs, 2023); `decode_compile_options` are the Inductor options that step is compiled with.
@@ -55,6 +57,29 @@ def real_model_rows(bytes_per_element: int = 2, context: int = 4096) -> list[lis
         per_tok = m["layers"] * m["per_layer"] * bytes_per_element
         rows.append([name, m["layers"], m["kv_heads"] or "latent", m["per_layer"], per_tok / 1024,
                      per_tok * context / 2**30, m["source"]])
+    return rows
+
+
+def variant_configs(cfg: GPTConfig, rank: int) -> dict[str, dict]:
+    """MHA, GQA (half the kv heads, when that divides), MQA and an MLA-style latent of `rank`, on the
+    dimensions of `cfg`: cached elements per token per layer, and the n_kv_head each uses."""
+    out = {"MHA": dict(n_kv_head=cfg.n_head, per_layer=2 * cfg.n_head * cfg.head_dim)}
+    if cfg.n_head % 2 == 0 and cfg.n_head > 2:
+        g = cfg.n_head // 2
+        out[f"GQA ({g} kv heads)"] = dict(n_kv_head=g, per_layer=2 * g * cfg.head_dim)
+    out["MQA"] = dict(n_kv_head=1, per_layer=2 * cfg.head_dim)
+    out[f"MLA-style latent (r={rank})"] = dict(n_kv_head=cfg.n_head, per_layer=rank)
+    return out
+
+
+def budget_rows(cfg: GPTConfig, variants: dict, budget_bytes: float, weight_bytes_: float, el: int) -> list[list]:
+    """Per variant: bytes per token, the longest context one sequence could hold in what the budget leaves
+    after the weights, and how many sequences of the model's seq_len fit."""
+    free = max(0.0, budget_bytes - weight_bytes_)
+    rows = []
+    for name, v in variants.items():
+        per_tok = cfg.n_layer * v["per_layer"] * el
+        rows.append([name, per_tok, int(free // per_tok), int(free // (per_tok * cfg.seq_len))])
     return rows
 
 

@@ -1,33 +1,31 @@
 """Serving the course GPT: a request mix, static batching, and continuous batching on the paged KV cache.
 
 * `make_requests`: a seeded request mix, arrivals as a Poisson process counted in scheduler
-  iterations and heavy-tailed (log-normal) prompt and output lengths.
-* `serve(model, requests, policy=...)`: one scheduler loop, greedy decoding, two policies:
-  - "static" (the baseline): take the requests that have arrived, up to `max_batch`, each with KV
+  iterations and heavy-tailed (log-normal) prompt and output lengths; `model_requests` sizes one for a model.
+* two schedulers, greedy decoding, each returning a `ServeRun`; `serve(model, requests, policy=...)` picks one
+  by name (POLICIES):
+  - `serve_static` (the baseline): take the requests that have arrived, up to `max_batch`, each with KV
     slots preallocated for its prompt plus the server's `max_new_tokens` cap; run the batch until
     its last member finishes; only then take the next batch. A finished member stops computing, but
     its slots and its place in the batch stay empty until the batch is done.
-  - "continuous" (Yu et al., 2022, Orca's iteration-level scheduling; Kwon et al., 2023, vLLM's
+  - `serve_continuous` (Yu et al., 2022, Orca's iteration-level scheduling; Kwon et al., 2023, vLLM's
     block-limited admission and preemption): every iteration, admit waiting requests while the
     batch has room and the free list has blocks for their prompts (prefill them), then decode one
     token for every request already running; a request leaves the moment it finishes and its blocks
     go back to the free list. When a decode needs a block and none is free, the request admitted
     last is preempted: its blocks are freed and it goes back to the front of the queue with the
     tokens it has produced, to be resumed by recomputing the prefill of prompt + those tokens.
-  Both return a `ServeRun`: each request's tokens, time to first token and time per output token
+  A `ServeRun` holds each request's tokens, time to first token and time per output token
   (p50 and p99), tokens/s and the KV memory wasted (allocated - used slots, averaged over iterations).
 * `solo_tokens`: a request served alone, the reference every batched run must reproduce.
-* `shared_prefix_generate`: requests that share a prompt, served on shared blocks with copy-on-write
-  (`PagedKVCache.fork`) or on their own blocks, for the comparison of tokens, logits and block counts.
-* `chunked_prefill`: a long prompt prefilled in chunks interleaved with other requests' decode steps.
 
 The schedule is deterministic: arrivals are counted in iterations (request i joins the queue at
 the start of iteration `arrival`), so the same seed gives the same batches on every machine; the
 times are the measured wall-clock durations of those iterations (an idle wait for the next arrival
 costs no time). A request's first token comes from its prefill, in the iteration that admitted it.
 
-Notebook 10's measured sections on top of this scheduler (paged waste and speed, static against
-continuous batching) are `helpers.decode.serving_lab`.
+Prefix sharing and chunked prefill are `helpers.decode.prefill`; notebook 10's measured sections on top of
+these schedulers are `helpers.decode.serving_lab` and `helpers.decode.paged_lab`.
 """
 from __future__ import annotations
 
@@ -41,9 +39,9 @@ from typing import Callable, Sequence
 import torch
 
 from helpers.decode.paged import PagedKVCache, blocks_for
+from helpers.measure.bench import sync
 from helpers.measure.params import positive
 
-POLICIES = ("static", "continuous")
 
 
 @dataclass(frozen=True)
@@ -96,6 +94,18 @@ def make_requests(n: int, *, seed: int = 0, vocab_size: int = 256, max_len: int 
     return out
 
 
+
+def model_requests(model, n: int, *, seed: int = 0, arrival_rate: float | None = 1.0,
+                   corpus: torch.Tensor | None = None, max_new_tokens: int | None = None) -> tuple[list[Request], int]:
+    """(`make_requests` sized for the course GPT `model`, the server's max_new_tokens cap): its vocabulary, its
+    seq_len as max_len, prompt and output medians of seq_len // 8 (at least 2), the cap seq_len // 2 unless given."""
+    cfg = model.config
+    cap = cfg.seq_len // 2 if max_new_tokens is None else max_new_tokens
+    reqs = make_requests(n, seed=seed, vocab_size=cfg.vocab_size, max_len=cfg.seq_len,
+                         prompt_median=max(2, cfg.seq_len // 8), output_median=max(2, cfg.seq_len // 8),
+                         max_new_tokens=cap, arrival_rate=arrival_rate, corpus=corpus)
+    return reqs, cap
+
 @dataclass
 class _Live:
     """A request being served: the tokens produced so far and its timestamps (seconds of run time)."""
@@ -114,7 +124,7 @@ class _Live:
 
 @dataclass
 class ServeRun:
-    """What `serve` measured. Times in seconds of run time (sum of iteration durations)."""
+    """What a scheduler measured. Times in seconds of run time (sum of iteration durations)."""
 
     policy: str
     tokens: dict[int, list[int]]  # request id -> generated tokens
@@ -148,11 +158,6 @@ class ServeRun:
                 "preemptions": self.preemptions, "iterations": self.iterations}
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 @torch.no_grad()
 def _step(model, cache: PagedKVCache, lives: Sequence[_Live], inputs: Sequence[Sequence[int]]) -> list[int]:
     """One forward over the given sequences (same number of new tokens each); their greedy next tokens."""
@@ -163,19 +168,9 @@ def _step(model, cache: PagedKVCache, lives: Sequence[_Live], inputs: Sequence[S
     return logits[:, -1].argmax(-1).tolist()
 
 
-def serve(model, requests: Sequence[Request], *, policy: str = "continuous", num_blocks: int = 64,
-          block_size: int = 16, max_batch: int = 8, max_new_tokens: int | None = None, impl: str = "torch",
-          clock: Callable[[], float] | None = None) -> ServeRun:
-    """Serve `requests` greedily with the course GPT `model` on a paged KV cache of `num_blocks` blocks.
-
-    policy: "static" or "continuous" (see the module docstring). max_new_tokens: the server's cap,
-    which static batching preallocates for (default: the longest output_len of the mix). impl: the
-    decode attention ("torch" or "triton"). clock: seconds, default time.perf_counter (CUDA is
-    synchronised before each reading). Raises ValueError when a request could never fit the pool or
-    the model's seq_len.
-    """
-    if policy not in POLICIES:
-        raise ValueError(f"policy={policy!r} is unknown; choose one of {', '.join(map(repr, POLICIES))}")
+def _cap(model, requests: Sequence[Request], num_blocks: int, block_size: int, max_batch: int,
+         max_new_tokens: int | None) -> int:
+    """The server's max_new_tokens cap (default: the longest output_len), once every argument is checked."""
     for name, value in (("num_blocks", num_blocks), ("block_size", block_size), ("max_batch", max_batch)):
         positive(name, value)
     if not requests or len({r.rid for r in requests}) != len(requests):
@@ -190,208 +185,196 @@ def serve(model, requests: Sequence[Request], *, policy: str = "continuous", num
         if blocks_for(full, block_size) > num_blocks:
             raise ValueError(f"request {r.rid} needs {blocks_for(full, block_size)} blocks alone; "
                              f"the pool has {num_blocks}")
-    cache = PagedKVCache.for_model(model, num_blocks=num_blocks, block_size=block_size, impl=impl)
-    device, clock = cache.k_pool.device, clock or time.perf_counter
-    pending = deque(sorted(requests, key=lambda r: (r.arrival, r.rid)))
-    waiting: deque[_Live] = deque()  # arrived (or preempted), not holding blocks
-    running: list[_Live] = []  # holding blocks, in order of admission
-    done: list[_Live] = []
-    now, it, preemptions, peak, waste_sum, waste_n = 0.0, 0, 0, 0, 0.0, 0
+    return cap
 
-    def admit(lv: _Live, reserve: int | None) -> tuple[_Live, int]:
-        """Prefill prompt + tokens produced so far (a resumed request recomputes them); its next token."""
-        waiting.popleft()
-        cache.add(lv.req.rid)
+
+class _Server:
+    """What both schedulers share: the paged cache, the queues, the run's clock and its counters.
+
+    An iteration is `begin()` (arrivals join `waiting`; the clock starts), admissions (`admit`), one decode
+    step for the running requests (`decode`), `end(produced)` (the clock stops; the tokens are delivered)
+    and `release` of the requests whose blocks go back. `result` restores the model's mode and checks that
+    no block leaked."""
+
+    def __init__(self, model, requests: Sequence[Request], *, num_blocks: int, block_size: int, max_batch: int,
+                 max_new_tokens: int | None, impl: str, clock: Callable[[], float] | None):
+        self.cap = _cap(model, requests, num_blocks, block_size, max_batch, max_new_tokens)
+        self.model, self.block_size, self.max_batch = model, block_size, max_batch
+        self.cache = PagedKVCache.for_model(model, num_blocks=num_blocks, block_size=block_size, impl=impl)
+        self.device, self.clock = self.cache.k_pool.device, clock or time.perf_counter
+        self.pending = deque(sorted(requests, key=lambda r: (r.arrival, r.rid)))
+        self.waiting: deque[_Live] = deque()  # arrived (or preempted), not holding blocks
+        self.running: list[_Live] = []  # holding blocks, in order of admission
+        self.done: list[_Live] = []
+        self.now, self.it, self.preemptions, self.peak, self.waste_sum, self.waste_n = 0.0, 0, 0, 0, 0.0, 0
+        self.t0 = 0.0
+        self.was_training = model.training
+        model.eval()
+
+    def busy(self) -> bool:
+        return bool(self.pending or self.waiting or self.running)
+
+    def begin(self) -> None:
+        """Requests that have arrived join the queue (an idle server skips ahead to the next arrival, and no
+        time passes); the iteration's clock starts."""
+        if not self.waiting and not self.running and self.pending[0].arrival > self.it:
+            self.it = self.pending[0].arrival
+        while self.pending and self.pending[0].arrival <= self.it:
+            self.waiting.append(_Live(self.pending.popleft(), arrived_s=self.now))
+        sync(self.device)
+        self.t0 = self.clock()
+
+    def next_fits(self, held: Callable[[_Live], int]) -> bool:
+        """Whether the first waiting request may join: the batch has room and the free list has blocks for the
+        `held(request)` tokens it would hold."""
+        return (bool(self.waiting) and len(self.running) < self.max_batch
+                and blocks_for(held(self.waiting[0]), self.block_size) <= self.cache.allocator.num_free)
+
+    def admit(self, reserve: int | None) -> tuple[_Live, int]:
+        """The first waiting request joins the batch (with `reserve` slots taken now, if given) and prefills its
+        prompt + the tokens it produced so far (a resumed request recomputes them); (it, its next token)."""
+        lv = self.waiting.popleft()
+        self.cache.add(lv.req.rid)
         if reserve is not None:
-            cache.reserve(lv.req.rid, reserve)
-        running.append(lv)
-        return lv, _step(model, cache, [lv], [list(lv.req.prompt) + lv.out])[0]
+            self.cache.reserve(lv.req.rid, reserve)
+        self.running.append(lv)
+        return lv, _step(self.model, self.cache, [lv], [list(lv.req.prompt) + lv.out])[0]
 
-    def preempt_for(lv: _Live, decoding: list[_Live]) -> None:
+    def decoding(self, produced: list[tuple[_Live, int]]) -> list[_Live]:
+        """The running requests this iteration decodes: not admitted in it and not done."""
+        fresh = {id(lv) for lv, _ in produced}
+        return [lv for lv in self.running if id(lv) not in fresh and not lv.done]
+
+    def preempt_for(self, lv: _Live, decoding: list[_Live]) -> None:
         """Free the last-admitted requests until lv has a slot for its next token (or lv itself is freed); take it."""
-        nonlocal preemptions
-        while cache.blocks_needed([lv.req.rid], 1) > cache.allocator.num_free:
-            victim = running.pop()
-            cache.free(victim.req.rid)
+        while self.cache.blocks_needed([lv.req.rid], 1) > self.cache.allocator.num_free:
+            victim = self.running.pop()
+            self.cache.free(victim.req.rid)
             victim.preemptions += 1
-            preemptions += 1
-            waiting.appendleft(victim)
+            self.preemptions += 1
+            self.waiting.appendleft(victim)
             if victim in decoding:
                 decoding.remove(victim)
             if victim is lv:
                 return
-        cache.reserve(lv.req.rid, cache.lengths[lv.req.rid] + 1)  # take the block now, before the next request
+        self.cache.reserve(lv.req.rid, self.cache.lengths[lv.req.rid] + 1)  # the block now, before the next request
 
-    was_training = model.training
-    model.eval()
-    while pending or waiting or running:
-        if not waiting and not running and pending[0].arrival > it:
-            it = pending[0].arrival  # idle until the next arrival: no time passes
-        while pending and pending[0].arrival <= it:
-            waiting.append(_Live(pending.popleft(), arrived_s=now))
-        _sync(device)
-        t0 = clock()
-        produced: list[tuple[_Live, int]] = []
-        if policy == "continuous" or not running:  # static: a new batch only when the last one is done
-            while waiting and len(running) < max_batch:
-                lv = waiting[0]
-                held = len(lv.req.prompt) + (len(lv.out) if policy == "continuous" else cap)
-                if blocks_for(held, block_size) > cache.allocator.num_free:
-                    break  # admission is limited by free KV blocks
-                produced.append(admit(lv, None if policy == "continuous" else held))
-        fresh = {id(lv) for lv, _ in produced}
-        decoding = [lv for lv in running if id(lv) not in fresh and not lv.done]
-        if policy == "continuous":
-            for lv in list(decoding):
-                if lv in decoding:
-                    preempt_for(lv, decoding)
-        if decoding:
-            produced += zip(decoding, _step(model, cache, decoding, [[lv.out[-1]] for lv in decoding]))
-        alloc, used = cache.slots()
-        peak = max(peak, cache.allocator.num_used)
+    def decode(self, decoding: list[_Live]) -> list[tuple[_Live, int]]:
+        """One decode step of every request in `decoding`: (request, its next token) pairs."""
+        if not decoding:
+            return []
+        return list(zip(decoding, _step(self.model, self.cache, decoding, [[lv.out[-1]] for lv in decoding])))
+
+    def end(self, produced: list[tuple[_Live, int]]) -> None:
+        """Count the KV slots allocated and used, stop the clock, deliver the iteration's tokens (they are ready
+        when it ends) and record the requests they finish."""
+        alloc, used = self.cache.slots()
+        self.peak = max(self.peak, self.cache.allocator.num_used)
         if alloc:
-            waste_sum, waste_n = waste_sum + (alloc - used) / alloc, waste_n + 1
-        _sync(device)
-        now += clock() - t0
-        for lv, tok in produced:  # tokens are ready when their iteration ends
+            self.waste_sum, self.waste_n = self.waste_sum + (alloc - used) / alloc, self.waste_n + 1
+        sync(self.device)
+        self.now += self.clock() - self.t0
+        for lv, tok in produced:
             lv.out.append(tok)
-            lv.first_s = now if lv.first_s is None else lv.first_s
+            lv.first_s = self.now if lv.first_s is None else lv.first_s
             if lv.done:
-                lv.finish_s = now
-                done.append(lv)
-                if lv in waiting:  # preempted in the iteration that finished it: nothing left to do
-                    waiting.remove(lv)
-        if policy == "continuous" or all(lv.done for lv in running):
-            for lv in [lv for lv in running if lv.done]:
-                running.remove(lv)
-                cache.free(lv.req.rid)
-        it += 1
-    model.train(was_training)
-    if cache.allocator.num_used or cache.tables:
-        raise RuntimeError("blocks leaked: the scheduler ended with blocks still allocated")
-    return ServeRun(
-        policy=policy, tokens={lv.req.rid: lv.out for lv in done},
-        ttft={lv.req.rid: lv.first_s - lv.arrived_s for lv in done},
-        tpot={lv.req.rid: (lv.finish_s - lv.first_s) / (len(lv.out) - 1) for lv in done if len(lv.out) > 1},
-        wall_s=now, iterations=it, preemptions=preemptions, waste_fraction=waste_sum / max(1, waste_n),
-        peak_blocks=peak, finished_order=[lv.req.rid for lv in done])
+                lv.finish_s = self.now
+                self.done.append(lv)
+                if lv in self.waiting:  # preempted in the iteration that finished it: nothing left to do
+                    self.waiting.remove(lv)
+        self.it += 1
+
+    def release(self, lives: list[_Live]) -> None:
+        """The requests leave the batch; their blocks go back to the free list."""
+        for lv in lives:
+            self.running.remove(lv)
+            self.cache.free(lv.req.rid)
+
+    def result(self, policy: str) -> ServeRun:
+        self.model.train(self.was_training)
+        if self.cache.allocator.num_used or self.cache.tables:
+            raise RuntimeError("blocks leaked: the scheduler ended with blocks still allocated")
+        done = self.done
+        return ServeRun(
+            policy=policy, tokens={lv.req.rid: lv.out for lv in done},
+            ttft={lv.req.rid: lv.first_s - lv.arrived_s for lv in done},
+            tpot={lv.req.rid: (lv.finish_s - lv.first_s) / (len(lv.out) - 1) for lv in done if len(lv.out) > 1},
+            wall_s=self.now, iterations=self.it, preemptions=self.preemptions,
+            waste_fraction=self.waste_sum / max(1, self.waste_n), peak_blocks=self.peak,
+            finished_order=[lv.req.rid for lv in done])
+
+
+def serve_static(model, requests: Sequence[Request], *, num_blocks: int = 64, block_size: int = 16,
+                 max_batch: int = 8, max_new_tokens: int | None = None, impl: str = "torch",
+                 clock: Callable[[], float] | None = None) -> ServeRun:
+    """Static batching (the baseline) of `requests`, greedy, with the course GPT `model` on a paged KV cache of
+    `num_blocks` blocks: when no batch is running, the requests that have arrived join one, up to `max_batch`,
+    each taking the slots of its prompt plus the server's cap `max_new_tokens` (default: the longest output_len
+    of the mix) at once; the batch decodes until its last member is done, and only then do its blocks go back.
+
+    impl: the decode attention ("torch" or "triton"). clock: seconds, default time.perf_counter (CUDA is
+    synchronised before each reading). Raises ValueError when a request could never fit the pool or the
+    model's seq_len."""
+    s = _Server(model, requests, num_blocks=num_blocks, block_size=block_size, max_batch=max_batch,
+                max_new_tokens=max_new_tokens, impl=impl, clock=clock)
+    held = lambda lv: len(lv.req.prompt) + s.cap  # noqa: E731  (preallocated: the prompt and the cap)
+    while s.busy():
+        s.begin()
+        produced = []
+        if not s.running:  # a new batch only when the last one is done
+            while s.next_fits(held):
+                produced.append(s.admit(reserve=held(s.waiting[0])))
+        produced += s.decode(s.decoding(produced))
+        s.end(produced)
+        if all(lv.done for lv in s.running):
+            s.release(list(s.running))
+    return s.result("static")
+
+
+def serve_continuous(model, requests: Sequence[Request], *, num_blocks: int = 64, block_size: int = 16,
+                     max_batch: int = 8, max_new_tokens: int | None = None, impl: str = "torch",
+                     clock: Callable[[], float] | None = None) -> ServeRun:
+    """Continuous batching (Orca's iteration-level scheduling, vLLM's block-limited admission and preemption) of
+    `requests`, greedy, with the course GPT `model` on a paged KV cache of `num_blocks` blocks: every
+    iteration, waiting requests join while the batch has room (`max_batch`) and the free list has blocks for
+    their prompts (and the tokens a preempted request already produced); then every other running request
+    decodes one token, the request admitted last preempted whenever a decode needs a block and none is free;
+    a request leaves, and frees its blocks, the moment it is done.
+
+    max_new_tokens, impl, clock and the errors: as `serve_static`."""
+    s = _Server(model, requests, num_blocks=num_blocks, block_size=block_size, max_batch=max_batch,
+                max_new_tokens=max_new_tokens, impl=impl, clock=clock)
+    held = lambda lv: len(lv.req.prompt) + len(lv.out)  # noqa: E731  (what its prefill writes)
+    while s.busy():
+        s.begin()
+        produced = []
+        while s.next_fits(held):
+            produced.append(s.admit(reserve=None))
+        decoding = s.decoding(produced)
+        for lv in list(decoding):
+            if lv in decoding:  # not preempted for an earlier one
+                s.preempt_for(lv, decoding)
+        produced += s.decode(decoding)
+        s.end(produced)
+        s.release([lv for lv in s.running if lv.done])
+    return s.result("continuous")
+
+
+SERVERS = {"static": serve_static, "continuous": serve_continuous}
+POLICIES = tuple(SERVERS)
+
+
+def serve(model, requests: Sequence[Request], *, policy: str = "continuous", **kwargs) -> ServeRun:
+    """`serve_static` or `serve_continuous` by name (`policy`, one of POLICIES), with their keyword arguments.
+    Raises ValueError for an unknown policy."""
+    if policy not in SERVERS:
+        raise ValueError(f"policy={policy!r} is unknown; choose one of {', '.join(map(repr, POLICIES))}")
+    return SERVERS[policy](model, requests, **kwargs)
 
 
 def solo_tokens(model, request: Request, *, block_size: int = 16, impl: str = "torch") -> list[int]:
     """The greedy tokens `request` gets when it is served alone (the reference for batched runs)."""
     alone = Request(request.rid, request.prompt, request.output_len, 0)
     need = blocks_for(len(request.prompt) + request.output_len, block_size)
-    return serve(model, [alone], num_blocks=need, block_size=block_size, max_batch=1, impl=impl,
-                 max_new_tokens=request.output_len).tokens[request.rid]
-
-
-# ---------------------------------------------------------------- prefix sharing and chunked prefill
-
-
-@dataclass
-class SharedPrefixRun:
-    """What `shared_prefix_generate` produced: each request's greedy tokens, the logits of every position it
-    computed after the prompt (suffix and generated tokens, (n_requests, T, vocab)), and the cache's block
-    counts at the end, before anything is freed: `physical` blocks held, `logical` blocks the tables name
-    (what an unshared cache holds for the same tokens), `cow_copies` blocks copied on a shared write."""
-
-    tokens: list[list[int]]
-    logits: torch.Tensor
-    physical: int
-    logical: int
-    cow_copies: int
-
-
-@torch.no_grad()
-def shared_prefix_generate(model, prompt: Sequence[int], suffixes: Sequence[Sequence[int]], new_tokens: int, *,
-                           block_size: int = 16, share: bool = True) -> SharedPrefixRun:
-    """Requests i = `prompt` + `suffixes[i]` (all suffixes one length), each continued greedily by
-    `new_tokens` tokens, on one paged cache (the vLLM paper's prefix sharing, section 4.4).
-
-    share=True: the prompt is prefilled once, as its own sequence; every request is `fork`ed from it (its
-    blocks shared, counts + 1) and the prompt's own entry is freed, so only the requests hold the blocks.
-    The requests' suffixes and decode steps then run as one batch; a request that writes into a block others
-    still hold (the prompt's partly filled last block) gets a private copy first (copy-on-write), and the last
-    holder writes in place. share=False: each request prefills the prompt into its own blocks, in one batch
-    of the same requests, then the same suffix and decode steps. Raises ValueError for an empty prompt or
-    suffix list, suffixes of different lengths, or new_tokens < 1.
-    """
-    positive("new_tokens", new_tokens)
-    if not prompt or not suffixes or len({len(s) for s in suffixes}) != 1 or not suffixes[0]:
-        raise ValueError("need a non-empty prompt and one or more non-empty suffixes of the same length")
-    n, total = len(suffixes), len(prompt) + len(suffixes[0]) + new_tokens
-    cache = PagedKVCache.for_model(model, num_blocks=n * blocks_for(total, block_size) + 1, block_size=block_size)
-    dev = cache.k_pool.device
-    rids = list(range(n))
-
-    def forward(sids, rows):
-        cache.set_batch(sids)
-        return model(torch.tensor(rows, dtype=torch.long, device=dev), cache=cache)[0]
-
-    if share:
-        cache.add("prompt")
-        forward(["prompt"], [list(prompt)])
-        for r in rids:
-            cache.fork("prompt", r)
-        cache.free("prompt")
-    else:
-        for r in rids:
-            cache.add(r)
-        forward(rids, [list(prompt)] * n)
-    logits = [forward(rids, [list(s) for s in suffixes])]
-    out = [[t] for t in logits[-1][:, -1].argmax(-1).tolist()]
-    for _ in range(new_tokens - 1):
-        logits.append(forward(rids, [[o[-1]] for o in out]))
-        for o, t in zip(out, logits[-1][:, -1].argmax(-1).tolist()):
-            o.append(t)
-    return SharedPrefixRun(out, torch.cat(logits, 1), cache.allocator.num_used, cache.logical_blocks(),
-                           cache.cow_copies)
-
-
-@torch.no_grad()
-def chunked_prefill(model, prompt: Sequence[int], chunk: int, *, others: Sequence[Sequence[int]] = (),
-                    decode_steps: int | None = None, block_size: int = 16) -> tuple[torch.Tensor, list[list[int]]]:
-    """Prefill `prompt` in chunks of `chunk` tokens, each chunk one forward over the cached earlier chunks,
-    interleaved with greedy decode steps of the requests `others` (their prompts, prefilled first), as a
-    scheduler does so that a long prompt never stalls the running requests for a whole prefill (Agrawal et
-    al., 2023, Sarathi; vLLM's chunked prefill).
-
-    Each iteration runs one chunk of `prompt`, then one decode step of every request in `others`; after the
-    prompt's last chunk the others go on until each has `decode_steps` tokens (default: the number of
-    chunks). Returns (the prompt's logits at every position, (len(prompt), vocab); each other request's
-    greedy tokens). With chunk >= len(prompt) this is a plain prefill. Raises ValueError for an empty prompt,
-    chunk < 1, an empty prompt in `others`, or a request that would pass the model's seq_len.
-    """
-    positive("chunk", chunk)
-    if not prompt or any(not o for o in others):
-        raise ValueError("the prompt and every request of `others` need at least one token")
-    n_chunks = blocks_for(len(prompt), chunk)
-    steps = n_chunks if decode_steps is None else decode_steps
-    if steps < n_chunks:
-        raise ValueError(f"decode_steps={steps} must cover the {n_chunks} chunk iterations")
-    longest = max([len(prompt)] + [len(o) + steps for o in others])
-    if longest > model.config.seq_len:
-        raise ValueError(f"a request would reach {longest} tokens, past seq_len={model.config.seq_len}")
-    need = blocks_for(len(prompt), block_size) + sum(blocks_for(len(o) + steps, block_size) for o in others)
-    cache = PagedKVCache.for_model(model, num_blocks=need, block_size=block_size)
-    dev = cache.k_pool.device
-    rows = [("other", i) for i in range(len(others))]
-
-    def forward(sids, ids):
-        cache.set_batch(sids)
-        return model(torch.tensor(ids, dtype=torch.long, device=dev), cache=cache)[0]
-
-    outs: list[list[int]] = []
-    for sid, o in zip(rows, others):  # the running requests: prefilled, holding their first token
-        cache.add(sid)
-        outs.append([int(forward([sid], [list(o)])[0, -1].argmax())])
-    cache.add("long")
-    got = []
-    for i in range(steps):
-        if i < n_chunks:
-            got.append(forward(["long"], [list(prompt[i * chunk:(i + 1) * chunk])])[0])
-        if rows and i < steps - 1:
-            nxt = forward(rows, [[o[-1]] for o in outs])[:, -1].argmax(-1).tolist()
-            for o, t in zip(outs, nxt):
-                o.append(t)
-    return torch.cat(got, 0), outs
+    return serve_continuous(model, [alone], num_blocks=need, block_size=block_size, max_batch=1, impl=impl,
+                            max_new_tokens=request.output_len).tokens[request.rid]

@@ -1,221 +1,37 @@
-"""Notebook 10's serving sections, measured on the course GPT: the paged KV cache's waste and decode
-speed, static against continuous batching, the KV-memory panel and the verdict on paged waste.
+"""Notebook 10's serving sections, measured on the course GPT: prefix sharing, chunked prefill, static against
+continuous batching, and the verdict on continuous batching.
 
-The cache is `helpers.decode.paged`, its attention `helpers.decode.paged_attention`, the request mix and the
-scheduler `helpers.decode.serving`. Each section is one call that prints its tables and a sentence made from
-this run's numbers, draws its figure and returns its rows:
+The request mix and the schedulers are `helpers.decode.serving`, prefix sharing and chunked prefill
+`helpers.decode.prefill`, the cache `helpers.decode.paged`. Each section is one call that prints its tables and a
+sentence made from this run's numbers, draws its figure (where it has one) and returns its rows:
 
-* `paged_section(model, block_sizes=..., n_requests=..., context=..., batch=..., reps=...)`: memory
-  waste paged against preallocated, and decode-attention time against block size (Triton's kernel
-  timed only on CUDA); its "speed" rows hold paged vs contiguous times for the "within 10% at 4k" goal.
+* `prefix_section(model, ...)`: prefix sharing with copy-on-write against the unshared cache: identical
+  tokens, bitwise logits, and the blocks saved, checked against their formula (`prefix_blocks`).
+* `chunked_section(model, ...)`: chunked prefill interleaved with other requests' decode, checked against a
+  plain prefill, and the stall a running request sees (a whole prefill against one chunk) timed.
 * `batching_section(model, n_requests=..., max_batch=..., max_new_tokens=..., repeats=...)`: both
   policies on the same mix and memory; "speedup" is the continuous / static tokens/s ratio, "record"
   what to pass to `results.record`.
-* `serving_panel(kv_heads, block, mix, budget_gb, weight_bytes_=..., gbps=...)`: the instructor-panel
-  callback (KV memory reserved, waste and a throughput estimate, preallocated against paged, for a
-  1.3B-sized model), on `request_mix` and `serving_estimate`.
-* `paged_waste_verdict(fraction, block_size, mean_tokens)`: the vLLM paper's "under 4% wasted",
-  judged only where requests are long enough for the claim to be testable.
-* `realistic_waste(...)`: that waste counted from block tables on request lengths drawn like the vLLM
-  paper's workloads (ShareGPT-like and Alpaca-like), at serving scale, in milliseconds on any machine.
-* `prefix_section(model, ...)`: prefix sharing with copy-on-write against the unshared cache: identical
-  tokens, bitwise logits, and the blocks saved, checked against their formula.
-* `chunked_section(model, ...)`: chunked prefill interleaved with other requests' decode, checked against a
-  plain prefill, and the stall a running request sees (a whole prefill against one chunk) timed.
+* `continuous_batching_verdict(...)`: the vLLM paper's "2-4x", judged only where this run can test it.
 
 `model` is the trained course GPT in eval mode (on S.device); pass `corpus=` (1-D token ids of
-held-out text) to draw prompts from real text.
+held-out text) to draw prompts from real text. The paged cache's waste and speed and the KV-memory panel are
+`helpers.decode.paged_lab`.
 """
 from __future__ import annotations
 
-import math
 from typing import Sequence
 
 import matplotlib.pyplot as plt
 import torch
 
-from helpers.decode import paged, paged_attention
-from helpers.decode.kv_cache import kv_bytes_per_token
-from helpers.decode.paged import PagedKVCache, blocks_for
-from helpers.decode.serving import (POLICIES, Request, ServeRun, chunked_prefill, make_requests, serve,
-                                    shared_prefix_generate, solo_tokens)
+from helpers.decode.paged import blocks_for
+from helpers.decode.prefill import chunked_prefill, shared_prefix_generate
+from helpers.decode.serving import POLICIES, ServeRun, model_requests, serve, solo_tokens
 from helpers.gpt.generation import KVCache, rewound_step
 from helpers.measure import claims, protocol
-from helpers.measure.params import positive, positives
+from helpers.measure.params import positive
 from helpers.show import plots, tables
-
-
-def _mix_for(model, n_requests: int, seed: int, arrival_rate: float | None, corpus: torch.Tensor | None,
-             max_new_tokens: int | None) -> tuple[list[Request], int]:
-    """The section's request mix for `model`'s seq_len and vocabulary, and the server's max_new_tokens cap."""
-    cfg = model.config
-    cap = cfg.seq_len // 2 if max_new_tokens is None else max_new_tokens
-    reqs = make_requests(n_requests, seed=seed, vocab_size=cfg.vocab_size, max_len=cfg.seq_len,
-                         prompt_median=max(2, cfg.seq_len // 8), output_median=max(2, cfg.seq_len // 8),
-                         max_new_tokens=cap, arrival_rate=arrival_rate, corpus=corpus)
-    return reqs, cap
-
-
-def _decode_speed(model, block_sizes: Sequence[int], *, batch: int, context: int, reps: int, seed: int,
-                  budget_s: float = 3.0) -> tuple[list[dict], str, protocol.Comparison]:
-    """Decode attention time per block size: paged (PyTorch; Triton on CUDA) against contiguous SDPA, all
-    in one comparison by the protocol (contiguous SDPA does not depend on the block size, so it is timed
-    once, as one variant among the paged ones). Returns (rows, the Triton check sentence, the Comparison)."""
-    cfg, p = model.config, next(model.parameters())
-    H, H_kv, hd, dev, dt = cfg.n_head, cfg.n_kv_head, cfg.head_dim, p.device, p.dtype
-    g = torch.Generator(device="cpu").manual_seed(seed)
-    q = torch.randn(batch, H, hd, generator=g).to(dev, dt)
-    k = torch.randn(batch, H_kv, context, hd, generator=g).to(dev, dt)
-    v = torch.randn(batch, H_kv, context, hd, generator=g).to(dev, dt)
-    lens = torch.full((batch,), context, device=dev, dtype=torch.int32)
-    qc = q[:, :, None]  # (B, H, 1, hd)
-    contiguous = lambda: torch.nn.functional.scaled_dot_product_attention(qc, k, v, enable_gqa=True)  # noqa: E731
-    want = contiguous()[:, :, 0].float()
-    fns, errs, check = {"contiguous": contiguous}, {}, ""
-    triton_here = dev.type == "cuda" and paged_attention.TRITON_MISSING is None
-    for bs in block_sizes:
-        per = blocks_for(context, bs)
-        perm = torch.randperm(batch * per, generator=g)
-        tables = perm.view(batch, per).to(device=dev, dtype=torch.int32)
-        pool = torch.zeros(batch * per * bs, H_kv, hd, device=dev, dtype=dt)
-        slots = (tables.long()[:, :, None] * bs + torch.arange(bs, device=dev)).view(batch, -1)[:, :context]
-        kp, vp = pool.clone(), pool.clone()
-        kp[slots.reshape(-1)] = k.transpose(1, 2).reshape(-1, H_kv, hd)
-        vp[slots.reshape(-1)] = v.transpose(1, 2).reshape(-1, H_kv, hd)
-        kp, vp = kp.view(-1, bs, H_kv, hd), vp.view(-1, bs, H_kv, hd)
-        fns[f"paged torch {bs}"] = lambda kp=kp, vp=vp, tables=tables: paged_attention.paged_decode_torch(
-            q, kp, vp, tables, lens)
-        errs[f"paged torch {bs}"] = (fns[f"paged torch {bs}"]() - want).abs().max().item()
-        if triton_here:
-            fns[f"paged triton {bs}"] = lambda kp=kp, vp=vp, tables=tables: paged_attention.paged_decode_triton(
-                q, kp, vp, tables, lens, max_len=context)
-            errs[f"paged triton {bs}"] = (fns[f"paged triton {bs}"]() - want).abs().max().item()
-    positive("reps", reps)
-    c = protocol.compare(fns, device=dev.type, min_reps=reps, max_reps=max(30, 2 * reps), budget_s=budget_s)
-    rows = []
-    for bs in block_sizes:
-        row = {"block size": bs, "contiguous us": 1e6 * c["contiguous"].median,
-               "paged torch us": 1e6 * c[f"paged torch {bs}"].median,
-               "paged torch IQR %": 50 * c[f"paged torch {bs}"].spread, "paged triton us": None,
-               "paged triton IQR %": None, "max |err| torch": errs[f"paged torch {bs}"]}
-        if triton_here:
-            row["paged triton us"] = 1e6 * c[f"paged triton {bs}"].median
-            row["paged triton IQR %"] = 50 * c[f"paged triton {bs}"].spread
-            row["max |err| triton"] = errs[f"paged triton {bs}"]
-        rows.append(row)
-    if dev.type != "cuda" and paged_attention.TRITON_MISSING is None:  # correctness only, in the interpreter
-        small = min(context, 40)
-        per = blocks_for(small, block_sizes[0])
-        kp = torch.randn(batch * per, block_sizes[0], H_kv, hd, generator=g)
-        vp = torch.randn_like(kp)
-        tables = torch.randperm(batch * per, generator=g).view(batch, per).int()
-        lens_s = torch.full((batch,), small)
-        qs = q.float().cpu()
-        err = (paged_attention.paged_decode_triton(qs, kp, vp, tables, lens_s)
-               - paged_attention.paged_decode_torch(qs, kp, vp, tables, lens_s)).abs().max().item()
-        check = (f"The Triton kernel ran in Triton's interpreter (no CUDA): at {small} tokens x {batch} sequences it "
-                 f"matches the PyTorch paged decode to {err:.1e} (tolerance 1e-5); the interpreter is not timed.")
-    elif paged_attention.TRITON_MISSING is not None:
-        check = f"The Triton kernel is skipped: {paged_attention.TRITON_MISSING}."
-    return rows, check, c
-
-
-def _speed_sentence(c: protocol.Comparison, block_sizes: Sequence[int], batch: int, context: int) -> str:
-    """Paged vs contiguous decode-attention time, from one comparison: each implementation's best block
-    size, its ratio to contiguous with IQR bounds, and a rank only where the IQRs are separated."""
-    base = c["contiguous"]
-    parts, best_triton = [], None
-    for impl in ("paged torch", "paged triton"):
-        names = [f"{impl} {bs}" for bs in block_sizes if f"{impl} {bs}" in c.timings]
-        if not names:
-            continue
-        best = min(names, key=lambda n: c[n].median)
-        r = c.ratio(best, "contiguous")
-        verdict = ("slower" if r.value > 1 else "faster") if r.separated else "not separable from it"
-        parts.append(f"{impl} at its best block size ({best.rsplit(' ', 1)[1]}) took {r} the time of contiguous "
-                     f"SDPA ({verdict})")
-        if impl == "paged triton":
-            best_triton = r
-    text = (f"Decode attention over {batch} sequences of {context} tokens in scattered blocks, one comparison with "
-            f"contiguous SDPA ({base}): " + "; ".join(parts))
-    if best_triton is not None:
-        within = best_triton.hi <= 1.10
-        text += (f"; the Triton kernel is {'within' if within else 'not shown within'} 10% of contiguous by its IQR "
-                 f"bound (the course's target, stated for 4k tokens)")
-    return text + "."
-
-
-def table_waste(lengths: Sequence[int], block_size: int) -> dict:
-    """KV slots allocated, used and wasted when sequences of `lengths` tokens sit in a PagedKVCache of
-    `block_size`, read from its block tables (a one-slot pool per block: only the tables are counted) and
-    checked against ceil(L / block_size) * block_size (`paged.waste`). Raises AssertionError if they differ."""
-    positive("block_size", block_size)
-    cache = PagedKVCache(1, 1, 1, num_blocks=max(1, sum(blocks_for(L, block_size) for L in lengths)),
-                         block_size=block_size)
-    for i, L in enumerate(lengths):
-        cache.add(i)
-        cache.reserve(i, L)
-    allocated = cache.allocator.num_used * block_size  # read from the block tables
-    w = paged.waste(lengths, block_size=block_size)
-    if allocated != w["allocated"]:
-        raise AssertionError(f"block tables hold {allocated} slots, ceil(L/b)*b gives {w['allocated']}")
-    return w
-
-
-# Mean prompt and output tokens of the two datasets the vLLM paper serves (Kwon et al., 2023, Fig. 11):
-# ShareGPT (conversations) and Alpaca (instructions); OPT's 2048-token context caps a request.
-WORKLOADS = {"ShareGPT-like": (161.31, 337.99), "Alpaca-like": (19.31, 58.45)}
-WORKLOAD_MAX_LEN = 2048
-
-
-def workload_lengths(name: str, n: int, *, sigma: float = 1.0, max_len: int = WORKLOAD_MAX_LEN,
-                     seed: int = 0) -> list[int]:
-    """Final lengths (prompt + output tokens) of `n` requests like workload `name` of WORKLOADS: prompt and
-    output each log-normal with the workload's mean (median = mean / exp(sigma^2 / 2)) and spread `sigma`,
-    at least 1 token each, the sum capped at `max_len`. Raises ValueError for an unknown name."""
-    if name not in WORKLOADS:
-        raise ValueError(f"workload {name!r} is unknown; choose one of {', '.join(map(repr, WORKLOADS))}")
-    positive("n", n)
-    g = torch.Generator().manual_seed(seed)
-    out = []
-    for mean in WORKLOADS[name]:
-        med = mean / math.exp(sigma ** 2 / 2)
-        out.append(torch.exp(torch.randn(n, generator=g, dtype=torch.float64) * sigma + math.log(med)).round()
-                   .clamp(min=1).long())
-    return (out[0] + out[1]).clamp(max=max_len).tolist()
-
-
-def realistic_waste(block_sizes: Sequence[int] = (8, 16, 32), n: int = 2000, seed: int = 0,
-                    show: bool = True) -> dict:
-    """Paged KV waste at the vLLM paper's request lengths: for each workload of WORKLOADS (`workload_lengths`,
-    `n` requests) and block size, the block tables' waste (`table_waste`), beside preallocating the
-    2048-token context per request. Returns {"n", "rows": [...], "verdict": paged_waste_verdict's dict for
-    ShareGPT-like at block size 16 (vLLM's default) or the nearest given, "row16": that row, "sentence"}."""
-    positives("block_sizes", block_sizes)
-    rows = []
-    for name in WORKLOADS:
-        lengths = workload_lengths(name, n, seed=seed)
-        mean = sum(lengths) / len(lengths)
-        pre = paged.waste(lengths, reserve=WORKLOAD_MAX_LEN)
-        rows.append({"workload": name, "block size": None, "mean tokens": mean, **pre,
-                     "scheme": f"preallocate {WORKLOAD_MAX_LEN}"})
-        for bs in block_sizes:
-            rows.append({"workload": name, "block size": bs, "mean tokens": mean, **table_waste(lengths, bs),
-                         "scheme": "paged"})
-    paged_rows = [r for r in rows if r["scheme"] == "paged" and r["workload"] == "ShareGPT-like"]
-    r16 = min(paged_rows, key=lambda r: abs(r["block size"] - 16))
-    v = paged_waste_verdict(r16["fraction"], r16["block size"], r16["mean tokens"])
-    sentence = (f"On {n} ShareGPT-like requests (mean {r16['mean tokens']:.0f} tokens), blocks of {r16['block size']} "
-                f"waste {100 * r16['fraction']:.2f}% of the KV slots they allocate (half a block per request predicts "
-                f"{100 * v['expected']:.2f}%), against {100 * rows[0]['fraction']:.0f}% for preallocating "
-                f"{WORKLOAD_MAX_LEN} tokens per request: the vLLM paper's 'under 4%' is "
-                f"{v['verdict']}" + (f" ({v['reason']})" if v["reason"] else "") + " by this block-table count.")
-    if show:
-        print(tables.table(["workload", "scheme", "block size", "mean tokens", "allocated slots", "wasted", "waste %"],
-                           [[r["workload"], r["scheme"], r["block size"], r["mean tokens"], r["allocated"], r["wasted"],
-                             100 * r["fraction"]] for r in rows]))
-        print(sentence)
-    return {"rows": rows, "verdict": v, "row16": r16, "sentence": sentence, "n": n}
 
 
 def prefix_blocks(prompt_len: int, total_len: int, n: int, block_size: int) -> dict:
@@ -231,7 +47,7 @@ def prefix_blocks(prompt_len: int, total_len: int, n: int, block_size: int) -> d
 
 def prefix_section(model, prompt: Sequence[int], suffixes: Sequence[Sequence[int]], new_tokens: int, *,
                    block_size: int = 16, show: bool = True) -> dict:
-    """Prefix sharing with copy-on-write (`serving.shared_prefix_generate`) against the same requests with
+    """Prefix sharing with copy-on-write (`prefill.shared_prefix_generate`) against the same requests with
     unshared blocks: greedy tokens identical, logits compared bitwise (the same kernels on the same numbers),
     block counts from the tables against `prefix_blocks`. Raises AssertionError when tokens or counts
     differ. Returns {"shared", "unshared" (SharedPrefixRun), "bitwise", "max_diff", "formula", "sentence"}."""
@@ -263,7 +79,7 @@ def prefix_section(model, prompt: Sequence[int], suffixes: Sequence[Sequence[int
 
 def chunked_section(model, prompt: Sequence[int], chunk: int, others: Sequence[Sequence[int]], *, reps: int = 5,
                     budget_s: float = 3.0, tol: dict | None = None, show: bool = True) -> dict:
-    """Chunked prefill (`serving.chunked_prefill`) of `prompt` in chunks of `chunk`, interleaved with decode
+    """Chunked prefill (`prefill.chunked_prefill`) of `prompt` in chunks of `chunk`, interleaved with decode
     steps of `others`, against a plain prefill of it in the same loop: the prompt's logits within `tol`
     (default rtol 1e-5, atol 1e-4: fp32, each chunk's sums grouped differently), the others' greedy tokens
     identical. Then the stall a running request sees in one iteration, compared by the protocol on a
@@ -308,68 +124,6 @@ def chunked_section(model, prompt: Sequence[int], chunk: int, others: Sequence[S
             "sentence": sentence}
 
 
-def paged_section(model, *, block_sizes: Sequence[int] = (4, 16, 64), n_requests: int = 24, seed: int = 0,
-                  max_new_tokens: int | None = None, corpus: torch.Tensor | None = None, batch: int = 8,
-                  context: int = 256, reps: int = 5, budget_s: float = 3.0, show: bool = True) -> dict:
-    """Notebook 10, "Paged KV cache": memory waste paged vs preallocated, and block size vs waste and speed.
-
-    Waste: every request of a seeded mix (`n_requests`, lengths heavy-tailed, see make_requests) at its
-    final length L = prompt + output, held (a) in blocks of each size in `block_sizes`, measured from
-    the block tables of a PagedKVCache (and checked against ceil(L/b)*b), (b) preallocated to the
-    model's seq_len, (c) preallocated to prompt + the `max_new_tokens` cap (default seq_len // 2).
-    Speed: decode attention of `batch` sequences of `context` tokens through randomly scattered block
-    tables, timed interleaved (`reps` rounds) against contiguous SDPA; the Triton kernel is timed on
-    CUDA and only checked (interpreter) elsewhere. Prints two tables and a sentence, draws a figure;
-    returns {"waste": rows, "speed": rows, "figure": fig, "sentence": str}.
-    """
-    positives("block_sizes", block_sizes)
-    for name, value in (("n_requests", n_requests), ("batch", batch), ("context", context), ("reps", reps)):
-        positive(name, value)
-    reqs, cap = _mix_for(model, n_requests, seed, None, corpus, max_new_tokens)
-    lengths = [len(r.prompt) + r.output_len for r in reqs]
-    seq_len = model.config.seq_len
-    waste_rows = []
-    for label, w in (("preallocate seq_len", paged.waste(lengths, reserve=seq_len)),
-                     ("preallocate prompt + cap", paged.waste(lengths, reserve=[len(r.prompt) + cap for r in reqs]))):
-        waste_rows.append({"scheme": label, "block size": None, **w})
-    for bs in block_sizes:
-        waste_rows.append({"scheme": "paged", "block size": bs, **table_waste(lengths, bs)})
-    print(tables.table(["scheme", "block size", "allocated slots", "used slots", "wasted", "waste %"],
-                       [[r["scheme"], r["block size"], r["allocated"], r["used"], r["wasted"], 100 * r["fraction"]]
-                        for r in waste_rows]))
-    speed_rows, check, comp = _decode_speed(model, list(block_sizes), batch=batch, context=context, reps=reps,
-                                            seed=seed, budget_s=budget_s)
-    print()
-    print(tables.table(["block size", "paged torch us", "IQR", "paged triton us", "IQR"],
-                       [[r["block size"], r["paged torch us"], f"±{r['paged torch IQR %']:.0f}%", r["paged triton us"],
-                         "-" if r["paged triton IQR %"] is None else f"±{r['paged triton IQR %']:.0f}%"]
-                        for r in speed_rows]))
-    print(f"contiguous SDPA (does not depend on the block size, timed once in the same comparison): {comp['contiguous']}; "
-          + comp.note())
-    paged_w = [r for r in waste_rows if r["scheme"] == "paged"]
-    worst = max(paged_w, key=lambda r: r["fraction"])
-    sentence = (f"On this mix of {n_requests} requests, paged blocks waste {100 * min(r['fraction'] for r in paged_w):.1f}-"
-                f"{100 * worst['fraction']:.1f}% of the slots they allocate (block size {worst['block size']} wastes most), "
-                f"against {100 * waste_rows[0]['fraction']:.0f}% when each request preallocates seq_len={seq_len} and "
-                f"{100 * waste_rows[1]['fraction']:.0f}% when it preallocates prompt + {cap}. "
-                f"{_speed_sentence(comp, list(block_sizes), batch, context)} {check}")
-    print()
-    print(sentence)
-    fig, (ax1, ax2) = plots.figure(ncols=2, figsize=(11, 3.8))
-    xs = [r["block size"] for r in paged_w]
-    plots.sweep(xs, {"paged": [100 * r["fraction"] for r in paged_w]}, xlabel="block size (tokens)",
-                ylabel="KV slots wasted (%)", title="Waste on the request mix", logx=True, logy=False,
-                hlines={r["scheme"]: 100 * r["fraction"] for r in waste_rows[:2]}, ax=ax1)
-    series = {"paged torch": [r["paged torch us"] for r in speed_rows],
-              "paged triton": [r["paged triton us"] for r in speed_rows]}
-    plots.sweep(xs, series, xlabel="block size (tokens)", ylabel="decode attention (us)", logx=True,
-                title=f"{batch} x {context} tokens", hlines={"contiguous SDPA (one timing)": speed_rows[0]["contiguous us"]},
-                ax=ax2)
-    if not show:
-        plt.close(fig)
-    return {"waste": waste_rows, "speed": speed_rows, "figure": fig, "sentence": sentence}
-
-
 def batching_section(model, *, n_requests: int = 16, max_batch: int = 8, block_size: int = 16,
                      num_blocks: int | None = None, arrival_rate: float | None = 2.0, seed: int = 0,
                      max_new_tokens: int | None = None, corpus: torch.Tensor | None = None, impl: str = "torch",
@@ -393,7 +147,8 @@ def batching_section(model, *, n_requests: int = 16, max_batch: int = 8, block_s
     for name, value in (("n_requests", n_requests), ("max_batch", max_batch), ("block_size", block_size),
                         ("repeats", repeats), ("solo_every", solo_every)):
         positive(name, value)
-    reqs, cap = _mix_for(model, n_requests, seed, arrival_rate, corpus, max_new_tokens)
+    reqs, cap = model_requests(model, n_requests, seed=seed, arrival_rate=arrival_rate, corpus=corpus,
+                               max_new_tokens=max_new_tokens)
     longest = max(len(r.prompt) for r in reqs) + cap
     if num_blocks is None:
         num_blocks = max(1, max_batch // 2) * blocks_for(longest, block_size)
@@ -477,70 +232,7 @@ def batching_section(model, *, n_requests: int = 16, max_batch: int = 8, block_s
             "noise": noise, "figure": fig, "record": record}
 
 
-# ---------------------------------------------------------------- the panel: memory, waste, throughput (1.3B-sized)
-
-
-def request_mix(name: str, n: int, max_len: int, seed: int = 0) -> list[int]:
-    """Token lengths of n requests: 'uniform' (1..max_len) or 'heavy-tailed' (a log-normal, many short and a
-    few long), clipped to 1..max_len."""
-    g = torch.Generator().manual_seed(seed)
-    if name == "uniform":
-        lens = torch.randint(1, max_len + 1, (n,), generator=g)
-    elif name == "heavy-tailed":
-        lens = torch.exp(torch.randn(n, generator=g) * 1.0 + math.log(max_len / 8)).round().long()
-    else:
-        raise ValueError(f"mix={name!r}; choose 'uniform' or 'heavy-tailed'")
-    return lens.clamp(1, max_len).tolist()
-
-
-def serving_estimate(lengths: list[int], max_len: int, bytes_per_token: float, block: int, budget_bytes: float,
-                     weight_bytes_: float, gbps: float) -> dict:
-    """Memory and throughput of serving `lengths` two ways. Preallocating max_len per request reserves
-    max_len tokens each; paging reserves whole blocks of `block` tokens. Waste = reserved but unused / reserved.
-    Throughput is a bandwidth model from this run's measured GB/s: as many requests as the budget holds decode
-    together, one step reading the weights once plus their K/V (tokens/s = batch / step time)."""
-    used = sum(lengths)
-    pre = len(lengths) * max_len
-    paged_reserved = sum(-(-n // block) * block for n in lengths)
-    out = {"used_tokens": used}
-    for name, reserved_per_req in (("preallocated", [max_len] * len(lengths)),
-                                   ("paged", [-(-n // block) * block for n in lengths])):
-        reserved = pre if name == "preallocated" else paged_reserved
-        free = max(0.0, budget_bytes - weight_bytes_)
-        batch, total = 0, 0.0
-        for r in reserved_per_req:  # admit requests in order while their reservation fits
-            if total + r * bytes_per_token > free:
-                break
-            total += r * bytes_per_token
-            batch += 1
-        mean_ctx = sum(lengths[:batch]) / batch if batch else 0.0
-        step_s = (weight_bytes_ + batch * mean_ctx * bytes_per_token) / (gbps * 1e9)
-        out[name] = {"reserved_tokens": reserved, "waste": 1 - used / reserved, "batch": batch,
-                     "tokens_per_s": batch / step_s if batch else 0.0}
-    return out
-
-
-def serving_panel(kv_heads: int = 8, block: int = 16, mix: str = "heavy-tailed", budget_gb: float = 8.0, *,
-                  weight_bytes_: float, gbps: float, n_requests: int = 64, max_len: int = 2048, seed: int = 0,
-                  show: bool = True) -> dict:
-    """Notebook 10's panel callback for a 1.3B-sized model (24 layers, head_dim 64, bf16): `n_requests` of `mix`
-    served preallocated (max_len each) or paged (blocks of `block`) in `budget_gb` GB with weights of
-    `weight_bytes_`; prints a table, draws the waste bars and returns `serving_estimate`'s dict."""
-    lens = request_mix(mix, n_requests, max_len, seed=seed)
-    est = serving_estimate(lens, max_len, kv_bytes_per_token(24, kv_heads, 64, 2), block, budget_gb * 1e9,
-                           weight_bytes_, gbps)
-    if show:
-        print(tables.table(["layout", "reserved tokens", "waste", "requests admitted", "est. tokens/s"],
-                           [[k, est[k]["reserved_tokens"], f"{est[k]['waste']:.1%}", est[k]["batch"],
-                             est[k]["tokens_per_s"]] for k in ("preallocated", "paged")]))
-        plots.bars({k: 100 * est[k]["waste"] for k in ("preallocated", "paged")},
-                   ylabel="% of reserved KV memory unused",
-                   title=f"{mix}, {kv_heads} kv heads, block {block}, {budget_gb:g} GB: "
-                         f"{est['preallocated']['batch']} vs {est['paged']['batch']} requests admitted")
-    return est
-
-
-# ---------------------------------------------------------------- the claims at this run's scale
+# ---------------------------------------------------------------- the claim at this run's scale
 
 
 def continuous_batching_verdict(speedup: float, speedup_range: tuple[float, float], separated: bool,
@@ -569,26 +261,3 @@ def continuous_batching_verdict(speedup: float, speedup_range: tuple[float, floa
                 "reason": f"the repeated runs' ratios ({a:.2f}-{b:.2f}x) straddle a bound of the claimed {lo:g}-{hi:g}x, "
                           f"so this run's noise cannot place the ratio inside or outside it"}
     return {"verdict": claims.judge(speedup, lo, hi), "reason": None}
-
-
-# ---------------------------------------------------------------- the paged-waste claim at this run's scale
-
-
-def paged_waste_verdict(fraction: float, block_size: int, mean_tokens: float, min_ratio: float = 25.0) -> dict:
-    """Judge the vLLM paper's "under 4% of KV memory wasted" on a measured paged-cache waste `fraction` (0-1).
-
-    A paged cache wastes about half a block per request (the last block's empty tail), so the expected waste
-    is (block_size / 2) / mean_tokens: on requests only a few blocks long it exceeds 4% whatever the allocator
-    does. The claim is therefore judged only when `mean_tokens` >= `min_ratio` x `block_size`; otherwise the
-    verdict is "not testable" with that reason. Returns {"verdict", "expected" (0-1), "reason" (str or None)}.
-    Raises ValueError for a block_size, mean_tokens or min_ratio that is not positive."""
-    positive("block_size", block_size)
-    for name, value in (("mean_tokens", mean_tokens), ("min_ratio", min_ratio)):
-        positive(name, float(value) if type(value) is int else value, float)
-    expected = (block_size / 2) / mean_tokens
-    if mean_tokens < min_ratio * block_size:
-        return {"verdict": "not testable", "expected": expected,
-                "reason": f"requests average {mean_tokens:.0f} tokens, under {min_ratio:g} blocks of {block_size}: "
-                          f"half a block per request alone is {100 * expected:.1f}% expected waste, a scale effect "
-                          f"of this small run, not the allocator"}
-    return {"verdict": "supported" if fraction < 0.04 else "contradicted", "expected": expected, "reason": None}

@@ -27,6 +27,8 @@ The pieces:
 * `alpha(p, q)` = Σ min(p, q), and the formulas `expected_tokens(alpha, gamma)` = (1 − α^{γ+1})/(1 − α) and
   `predicted_speedup(alpha, gamma, c)` = (1 − α^{γ+1}) / ((1 − α)(γc + 1)) (Leviathan et al., 2023, eq. 1 and
   Theorem 3.8), c being the draft's cost per token relative to the target's.
+* `prompts(tokens, count, length, seed)`: prompts cut from the held-out corpus, the ones notebooks 11 and 14
+  decode.
 """
 from __future__ import annotations
 
@@ -202,6 +204,23 @@ class NGramDraft:
             if seq[start:start + self.n] == tail:
                 return seq[start + self.n:start + self.n + gamma]
         return []
+
+
+# ---------------------------------------------------------------- prompts
+
+
+def prompts(tokens: torch.Tensor, count: int, length: int, seed: int = 0) -> list[torch.Tensor]:
+    """`count` prompts (length,) int64 from random offsets of a 1-D token tensor (the held-out corpus), each
+    starting after a newline when one is near, so that prompts open on a line. Raises ValueError if too short."""
+    if len(tokens) < length + 200:
+        raise ValueError(f"{len(tokens)} tokens are too few for prompts of {length}")
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for start in torch.randint(0, len(tokens) - length - 200, (count,), generator=g).tolist():
+        window = tokens[start:start + 200].tolist()
+        nl = window.index(10) + 1 if 10 in window[:199] else 0
+        out.append(tokens[start + nl:start + nl + length].long())
+    return out
 
 
 # ---------------------------------------------------------------- generation

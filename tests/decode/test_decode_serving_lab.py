@@ -1,32 +1,62 @@
-"""Notebook 10's new serving sections (helpers.decode.serving_lab): paged waste counted from block tables on
-planted and workload-like lengths, the continuous-batching verdict, and chunked prefill against a plain one
-(helpers.decode.serving.chunked_prefill)."""
+"""Notebook 10's serving sections (helpers.decode.serving_lab): prefix sharing against its formula, chunked prefill
+checked and timed, static against continuous batching on one mix (against each request served alone), and the
+continuous-batching verdict."""
 from __future__ import annotations
 
 import pytest
 import torch
 
 from helpers.decode import serving, serving_lab
-from kv_support import small_gpt
+from kv_support import small_gpt, tiny_gpt
 
 
-def test_table_waste_on_planted_lengths():
-    w = serving_lab.table_waste([1, 16, 17, 32, 0], 16)
-    assert (w["allocated"], w["used"], w["wasted"]) == (16 + 16 + 32 + 32, 66, 30)
-    assert w["fraction"] == pytest.approx(30 / 96)
+@pytest.mark.parametrize("prompt_len,block", [(13, 4), (12, 4)])
+def test_prefix_section_checks_the_formulas_blocks(prompt_len, block):
+    model = small_gpt(2)
+    prompt = list(range(3, 3 + prompt_len))
+    suffixes = [[1, 2], [5, 6], [9, 10]]
+    f = serving_lab.prefix_blocks(prompt_len, prompt_len + 2 + 5, 3, block)
+    assert f["saved"] == 2 * (prompt_len // block) and f["copies"] == (2 if prompt_len % block else 0)
+    out = serving_lab.prefix_section(model, prompt, suffixes, 5, block_size=block, show=False)
+    assert (out["shared"].physical, out["unshared"].physical, out["shared"].cow_copies) == (
+        f["shared"], f["unshared"], f["copies"])
+    assert out["bitwise"] and f"{f['saved']} saved" in out["sentence"]
 
 
-def test_workload_lengths_and_the_waste_verdict():
-    lens = serving_lab.workload_lengths("ShareGPT-like", 4000, seed=1)
-    mean = sum(lens) / len(lens)
-    assert 400 < mean < 550 and max(lens) <= 2048 and min(lens) >= 2  # 161 + 338 on average, capped at 2048
-    out = serving_lab.realistic_waste(block_sizes=[16], n=500, show=False)
-    r = out["row16"]
-    assert r["block size"] == 16 and r["workload"] == "ShareGPT-like"
-    assert out["verdict"]["verdict"] == ("supported" if r["fraction"] < 0.04 else "contradicted")
-    assert out["verdict"]["expected"] == pytest.approx(8 / r["mean tokens"])
-    with pytest.raises(ValueError, match="workload"):
-        serving_lab.workload_lengths("chat", 3)
+def test_chunked_section_checks_and_times_one_chunk_against_the_whole_prefill():
+    model = small_gpt(2)
+    out = serving_lab.chunked_section(model, list(range(5, 35)), 7, [[3, 4, 5], [6, 7]], reps=2, budget_s=0.01,
+                                      show=False)
+    assert out["tokens_equal"] and set(out["comparison"].timings) == {"whole prefill", "one chunk"}
+
+
+def test_batching_section_serves_both_policies_on_the_same_mix():
+    model = tiny_gpt(2)
+    run = serving_lab.batching_section(model, n_requests=5, max_batch=4, block_size=4, max_new_tokens=8, repeats=2,
+                                       show=False)
+    assert [r["policy"] for r in run["rows"][:2]] == list(serving.POLICIES)
+    tight = run["runs"]["continuous, tight"]
+    assert set(run["solo_matches"]) == set(run["runs"]) and all(0 <= k <= 5 for k in run["solo_matches"].values())
+    assert run["record"]["tight_preemptions"] == tight.preemptions and tight.peak_blocks <= run["record"]["tight_num_blocks"]
+    assert run["speedup"] == pytest.approx(run["runs"]["continuous"].tokens_per_s / run["runs"]["static"].tokens_per_s)
+    assert run["record"]["n_requests"] == 5 and 0 <= run["same_tokens"] <= 5 and "2 interleaved runs" in run["noise"]
+    with pytest.raises(ValueError, match="max_batch"):
+        serving_lab.batching_section(model, max_batch=0)
+    with pytest.raises(ValueError, match="repeats"):
+        serving_lab.batching_section(model, repeats=0)
+    assert run["solo_checked"] == run["record"]["solo_checked"] == 5 and "Against each request served alone" in run["sentence"]
+
+
+def test_batching_checks_one_request_in_solo_every_against_its_solo_tokens():
+    model = tiny_gpt(2, torch.float64)  # float64: batched and solo numerics cannot flip a greedy argmax
+    run = serving_lab.batching_section(model, n_requests=5, max_batch=4, block_size=4, max_new_tokens=8,
+                                       tight_pool=False, solo_every=2, show=False)
+    assert run["solo_checked"] == run["record"]["solo_checked"] == 3  # requests 0, 2 and 4 of the mix
+    assert run["solo_matches"] == {"static": 3, "continuous": 3}
+    assert "3 of the 5 requests (one in 2, in the order of the mix) served alone" in run["sentence"]
+    assert "3 of 3 under static batching" in run["sentence"]
+    with pytest.raises(ValueError, match="solo_every"):
+        serving_lab.batching_section(model, solo_every=0)
 
 
 def test_continuous_batching_verdict_is_judged_only_where_batching_pays():
@@ -39,21 +69,3 @@ def test_continuous_batching_verdict_is_judged_only_where_batching_pays():
     assert v(3.0, (0.9, 3.5), False, 8.0, 32)["verdict"] == "not testable"
     straddle = v(1.8, (1.4, 2.7), True, 8.0, 32)
     assert straddle["verdict"] == "not testable" and "straddle" in straddle["reason"]
-
-
-def test_chunked_prefill_equals_plain_prefill_and_leaves_other_requests_alone():
-    model = small_gpt(2)
-    prompt = list(range(5, 35))
-    others = [[3, 4, 5], [6, 7]]
-    plain, o_plain = serving.chunked_prefill(model, prompt, len(prompt), others=others, decode_steps=6)
-    chunked, o_chunked = serving.chunked_prefill(model, prompt, 7, others=others, decode_steps=6)
-    ref = model(torch.tensor([prompt]))[0][0]
-    torch.testing.assert_close(plain, ref, rtol=1e-5, atol=1e-4)
-    torch.testing.assert_close(chunked, plain, rtol=1e-5, atol=1e-4)
-    assert o_chunked == o_plain and all(len(o) == 6 for o in o_plain)
-    alone = [serving.chunked_prefill(model, o, len(o), decode_steps=6)[0].argmax(-1)[-1].item() for o in others]
-    assert [o[0] for o in o_plain] == alone  # the first token comes from each request's own prefill
-    with pytest.raises(ValueError, match="decode_steps"):
-        serving.chunked_prefill(model, prompt, 7, others=others, decode_steps=2)
-    out = serving_lab.chunked_section(model, prompt, 7, others, reps=2, budget_s=0.01, show=False)
-    assert out["tokens_equal"] and set(out["comparison"].timings) == {"whole prefill", "one chunk"}

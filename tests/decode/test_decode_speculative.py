@@ -155,106 +155,11 @@ def test_parameters_are_validated(models):
         speculative.sample_rule(P, Q * 2, 10)
 
 
-# ---------------------------------------------------------------- notebook 11's lab (helpers/decode/spec_lab.py)
-
-
-def test_lab_validators_and_rule_check():
-    from helpers.decode import spec_lab as L
-
-    assert L.check_temperatures("TEMPERATURES", [1, 0.0, 0.5, 1.0]) == [0.0, 0.5, 1.0]
-    for bad in ([], [-0.1], [float("nan")], [True], 0.5):
-        with pytest.raises(ValueError, match="TEMPERATURES"):
-            L.check_temperatures("TEMPERATURES", bad)
-    assert L.check_fraction("THRESHOLD", 0.01) == 0.01
-    for bad in (0, 1, 1.5, "0.1", True):
-        with pytest.raises(ValueError, match="THRESHOLD"):
-            L.check_fraction("THRESHOLD", bad)
-    checks = L.rule_check(P, Q, 50_000, seed=1)
-    assert checks["exact"]["test"].passes and not checks["p>=q"]["test"].passes
-    assert int(checks["exact"]["counts"].sum()) == 50_000
-
-
-def test_speed_grid_rows_are_consistent(models):
-    from helpers.decode import spec_lab as L
-
-    target, draft = models
-    drafts = {"gpt": draft, "lookup": speculative.NGramDraft(2)}
-    costs = L.decode_costs(target, draft, PROMPT, [2], reps=2)
-    rows = L.speed_grid(target, drafts, [PROMPT, PROMPT.flip(0)], 12, [2], [0.0, 1.0], costs)
-    assert len(rows) == 4 and {(r["draft"], r["temperature"]) for r in rows} == {
-        (d, t) for d in drafts for t in (0.0, 1.0)}
-    for r in rows:
-        assert 0 <= r["alpha"] <= 1 and r["speedup_q25"] <= r["speedup"] <= r["speedup_q75"]
-        assert 1 <= r["tokens_per_pass"] <= 3 and r["expected"] == pytest.approx(speculative.expected_tokens(r["alpha"], 2))
-        assert r["predicted"] == pytest.approx(speculative.predicted_speedup(r["alpha"], 2, r["c"]))
-        assert r["c_q25"] <= r["c"] <= r["c_q75"]
-        assert r["proposal_rate"] == (1.0 if r["draft"] == "gpt" else r["proposal_rate"]) and len(r["runs"]) == 2
-    (row,) = L.greedy_rows(target, {"gpt": draft}, PROMPT, 12, [2])
-    assert row[:4] == ["gpt", 2, 12, 12] and row[5] is None  # identical, so no tie gap
-    by_i, by_pos = L.position_rows(rows[0]["runs"], 2, 12, bins=3)
-    assert [row[0] for row in by_i] == [0, 1][:len(by_i)] and sum(row[1] for row in by_pos) == sum(
-        len(x.betas) for x in rows[0]["runs"])
-    for r in rows:  # the ceiling: tokens per pass over at least one decode step; noise flags a speedup above it
-        assert r["ceiling"] == pytest.approx(r["tokens_per_pass"])
-        assert r["noise"] == (r["speedup"] > r["ceiling"]) and r["baseline_drift"] >= 0
-        overrun = sum(len(x.tokens) for x in r["runs"])  # 12 per run, after the last round's overrun is cut
-        assert r["truncated_per_pass"] * sum(x.target_passes for x in r["runs"]) == pytest.approx(
-            sum(x.accepted for x in r["runs"]) + sum(x.target_passes for x in r["runs"]) - overrun)
-    assert "γ=2" in L.gap_sentence(rows, "gpt", [2], [0.0, 1.0]) or "within" in L.gap_sentence(rows, "gpt", [2], [0.0, 1.0])
-
-
-def _row(draft, speedup, noise, gamma=1, other=0.0):
-    return {"draft": draft, "gamma": gamma, "temperature": 1.0, "speedup": speedup, "noise": noise,
-            "proposal_rate": 0.1, "tokens_per_pass": 1.1, "ceiling": 1.1, "speedup_q25": speedup,
-            "speedup_q75": speedup, "other_ms_per_token": other}
-
-
-def test_lab_sentences_follow_the_numbers():
-    from helpers.measure import bench
-    from helpers.decode import spec_lab as L
-
-    with pytest.raises(ValueError, match="GAMMAS=.*string.*-y"):
-        L.check_gammas("GAMMAS", "[1, 2]")
-    with pytest.raises(ValueError, match="TEMPERATURES=.*string"):
-        L.check_temperatures("TEMPERATURES", "[0.0]")
-    assert L.check_gammas("GAMMAS", (1, 2)) == [1, 2]
-    with pytest.raises(ValueError, match="GAMMAS"):
-        L.check_gammas("GAMMAS", [0])
-    assert L.trend([0.71, 0.75, 0.80, 0.77]) == "roughly flat"
-    assert L.trend([0.68, 0.68, 0.82, 0.93]) == "rises" and L.trend([0.9, 0.7]) == "falls"
-    quiet, loud = bench.Timing(1.0, 0.95, 1.05, []), bench.Timing(1.0, 0.8, 1.4, [])
-    assert L.cost_warnings({"a": quiet}, {1: 1.2}) == []
-    warn = L.cost_warnings({"a": quiet, "b": loud}, {1: 0.8, 2: 1.1})
-    assert len(warn) == 2 and "b ±" in warn[0] and "a ±" not in warn[0] and "γ=1: 0.80" in warn[1] and "γ=2" not in warn[1]
-    assert L.outside(_row("x", 1, False, other=-0.12)) == "0 ms (within noise)"
-    assert L.outside(_row("x", 1, False, other=0.5)) == "0.50 ms"
-    # the fastest prompt-lookup row not flagged as noise; the flagged one is counted, never reported as a result
-    rows = [_row("prompt-lookup", 1.9, True, 1), _row("prompt-lookup", 1.05, False, 2), _row("prompt-lookup", 0.8, False, 4)]
-    text = L.lookup_sentence(rows)
-    assert "γ=2" in text and "1.05x" in text and "1.9" not in text and "1 of its 3 rows" in text
-    assert "fastest" not in L.lookup_sentence([_row("prompt-lookup", 1.9, True)])
-
-
-def _gap_rows(ratios, gamma=4):
-    """Grid rows of one draft at one γ whose tokens per pass are `ratios` × the formula's, one per temperature."""
-    run = speculative.SpecResult(tokens=torch.zeros(10, dtype=torch.long))
-    return [{"draft": "gpt", "gamma": gamma, "temperature": float(t), "tokens_per_pass": 2.0 * r, "expected": 2.0,
-             "runs": [run], "truncated_per_pass": 0.0, "alpha": 0.5} for t, r in enumerate(ratios)]
-
-
-def test_gap_sentence_states_the_sign_the_gaps_have():
-    """Below the formula at every temperature, but not all by more than 5%, must not read 'no sign shared'."""
-    from helpers.decode import spec_lab as L
-
-    small_below = L.gap_sentence(_gap_rows([0.97, 0.96]), "gpt", [4], [0.0, 1.0])
-    assert "no sign shared" not in small_below and "below it at every temperature, by 3%-4%" in small_below
-    uneven = L.gap_sentence(_gap_rows([0.90, 0.98]), "gpt", [4], [0.0, 1.0])
-    assert "below it at every temperature, by 2%-10%" in uneven and "systematic" in uneven
-    above = L.gap_sentence(_gap_rows([1.08, 1.12]), "gpt", [4], [0.0, 1.0])
-    assert "exceed the formula at every temperature (by 8%-12%)" in above and "within" not in above
-    mixed = L.gap_sentence(_gap_rows([0.97, 1.02]), "gpt", [4], [0.0, 1.0])
-    assert "no sign shared" in mixed and "within 3%" in mixed
-    assert "equal to it" in L.gap_sentence(_gap_rows([1.0, 1.0]), "gpt", [4], [0.0, 1.0])
-    assert "at or below" in L.gap_sentence(_gap_rows([1.0, 0.98]), "gpt", [4], [0.0, 1.0])
-    below = L.gap_sentence(_gap_rows([0.90, 0.85]), "gpt", [4], [0.0, 1.0])
-    assert "fall below the formula at every temperature (by 10%-15%)" in below
+def test_prompts_open_on_a_line_and_are_seeded():
+    text = torch.tensor(list(b"first line\nsecond line of some text\n" * 40))
+    a = speculative.prompts(text, 3, 16, seed=1)
+    assert len(a) == 3 and all(p.shape == (16,) and p.dtype == torch.long for p in a)
+    assert all(torch.equal(x, y) for x, y in zip(a, speculative.prompts(text, 3, 16, seed=1)))
+    assert all(chr(int(p[0])) in "fs" for p in a)  # each opens a line ("first ..." or "second ...")
+    with pytest.raises(ValueError, match="too few"):
+        speculative.prompts(text[:100], 1, 16)

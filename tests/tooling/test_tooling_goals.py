@@ -222,7 +222,7 @@ def test_goals_that_time_what_a_notebook_times_take_its_full_profile_sizes(monke
     DDP rows are those notebooks' full-profile sizes (no CUDA: the callees are replaced and keep what they
     were given)."""
     from tools.capture import goals_decode
-    from helpers.decode import kv_lab, serving_lab
+    from helpers.decode import kv_cache_lab, kv_decode_lab, serving_lab
     from helpers.fusion import compile_lab
     from helpers.gpt.model import GPT, GPTConfig
     from helpers.measure import params
@@ -253,11 +253,11 @@ def test_goals_that_time_what_a_notebook_times_take_its_full_profile_sizes(monke
 
     monkeypatch.setattr(goals_decode, "need_cuda", lambda why: None)
     monkeypatch.setattr(goals_decode, "copy_gbps", lambda ctx: 4000.0)
-    monkeypatch.setattr(kv_lab, "random_model", lambda preset, dtype, device, **kw: keep("decode", (preset, kw), tiny))
-    monkeypatch.setattr(kv_lab, "compiled_decode", lambda model, context, reps: {
+    monkeypatch.setattr(kv_decode_lab, "random_model", lambda preset, dtype, device, **kw: keep("decode", (preset, kw), tiny))
+    monkeypatch.setattr(kv_decode_lab, "compiled_decode", lambda model, context, reps: {
         "compiled_gbps": 3000.0, "eager_gbps": 300.0, "compiled_s": 1e-3, "eager_s": 1e-2})
     r = goals_decode.decode_bandwidth(full)
-    assert given["decode"] == ("1.3b", {"n_layer": kv_lab.COMPILE_LAYERS_DEFAULT}) and r["sizes"]["n_layer"] == 8
+    assert given["decode"] == ("1.3b", {"n_layer": kv_cache_lab.COMPILE_LAYERS_DEFAULT}) and r["sizes"]["n_layer"] == 8
     assert r["ratio"] == 0.75 and r["met"] is True
 
     monkeypatch.setattr(goals_decode, "trained", lambda ctx, preset, **kw: type("Trained", (), {"model": tiny}))

@@ -20,7 +20,7 @@ from helpers.attention import flash_lab
 from helpers.capstone import capstone_lab
 from helpers.cost import hardware_lab, mfu_lab, roofline_lab
 from helpers.dataload import loading, loading_lab
-from helpers.decode import kv_lab, spec_lab
+from helpers.decode import kv_cache, kv_cache_lab, speculative_lab
 from helpers.fusion import compile_lab
 from helpers.gpt import data
 from helpers.gpt.model import GPT, GPTConfig
@@ -32,8 +32,8 @@ from helpers.training import accumulation_lab, checkpointing_lab, precision_lab
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = {p.name[:2]: p for p in sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))}
 LABS = {"00": hardware_lab, "01": roofline_lab, "02": mfu_lab, "03": precision_lab, "04": checkpointing_lab,
-        "05": accumulation_lab, "06": flash_lab, "07": fp8_lab, "08": quant_lab, "09": compile_lab, "10": kv_lab,
-        "11": spec_lab, "12": loading_lab, "13": dist_lab, "14": capstone_lab}
+        "05": accumulation_lab, "06": flash_lab, "07": fp8_lab, "08": quant_lab, "09": compile_lab, "10": kv_cache_lab,
+        "11": speculative_lab, "12": loading_lab, "13": dist_lab, "14": capstone_lab}
 COMMON = ("PROFILE", "SEED", "INTERACTIVE", "RESULTS_DIR")  # params.setup's, not the lab's
 ABOVE, BELOW = (lambda x: math.nextafter(x, math.inf)), (lambda x: math.nextafter(x, -math.inf))
 ABOVE32 = lambda x: float(np.nextafter(np.float32(x), np.float32(np.inf)))  # noqa: E731  the next fp32 value
@@ -154,8 +154,8 @@ CASES = [  # (notebook, overrides, None: passes | the parameter the ValueError m
     ("09", dict(MODES=["reduce-overhead"]), "MODES"), ("09", dict(DTYPE="bf16"), "DTYPE"),
     ("09", dict(N_LAYER=1, ROWS=1, COLS=1), None), ("09", dict(SOFTMAX_COLS=[]), "SOFTMAX_COLS"),
     ("10", dict(BUDGET_GB=2), "BUDGET_GB"),  # reported: a ZeroDivisionError in the budget table
-    ("10", dict(BUDGET_GB=math.inf), "BUDGET_GB"), ("10", dict(BUDGET_GB=kv_lab.min_budget_gb()), None),
-    ("10", dict(BUDGET_GB=BELOW(kv_lab.min_budget_gb())), "BUDGET_GB"),
+    ("10", dict(BUDGET_GB=math.inf), "BUDGET_GB"), ("10", dict(BUDGET_GB=kv_cache_lab.min_budget_gb()), None),
+    ("10", dict(BUDGET_GB=BELOW(kv_cache_lab.min_budget_gb())), "BUDGET_GB"),
     ("10", dict(PROMPT_LEN=2), None), ("10", dict(PROMPT_LEN=1), "PROMPT_LEN"),
     ("10", dict(PROMPT_LEN=120, NEW_TOKENS=7), None), ("10", dict(PROMPT_LEN=121, NEW_TOKENS=1), "PROMPT_LEN"),
     ("10", dict(PROMPT_LEN=2, NEW_TOKENS=107), None), ("10", dict(PROMPT_LEN=2, NEW_TOKENS=108), "NEW_TOKENS"),
@@ -203,7 +203,7 @@ def test_the_reported_cases_say_what_would_work(tmp_path):
     assert "at most 2.0**64" in refused("07", S, "OUTLIER", OUTLIER=1e40)
     assert "divisors of 128" in refused("08", S, "GROUPS", GROUPS=[48])
     assert "32, 64, 128" in refused("08", S, "BLOCKSIZE", BLOCKSIZE=256)
-    assert f"at least {kv_lab.min_budget_gb():.10g} GB" in refused("10", S, "BUDGET_GB", BUDGET_GB=2)
+    assert f"at least {kv_cache_lab.min_budget_gb():.10g} GB" in refused("10", S, "BUDGET_GB", BUDGET_GB=2)
     assert "at least 144" in refused("12", S, "N_DOCS", N_DOCS=10)
     assert "two distinct message sizes" in refused("13", S, "MSG_SIZES", MSG_SIZES=[1024])
 
@@ -280,12 +280,12 @@ def test_a_threshold_at_the_floor_leaves_no_int8_error():
 
 
 def test_the_smallest_budget_fits_one_token_of_every_variant():
-    cfg = GPTConfig.preset(kv_lab.BUDGET_PRESET)
-    variants = kv_lab.variant_configs(cfg, kv_lab.BUDGET_RANK)
-    weights, token = kv_lab.budget_need()
+    cfg = GPTConfig.preset(kv_cache_lab.BUDGET_PRESET)
+    variants = kv_cache.variant_configs(cfg, kv_cache_lab.BUDGET_RANK)
+    weights, token = kv_cache_lab.budget_need()
     assert weights > 2e9  # the 1.3b GPT's bf16 weights: the reported BUDGET_GB=2 cannot hold them
-    at = kv_lab.budget_rows(cfg, variants, kv_lab.min_budget_gb() * 1e9, weights, 2)
-    below = kv_lab.budget_rows(cfg, variants, BELOW(kv_lab.min_budget_gb()) * 1e9, weights, 2)
+    at = kv_cache.budget_rows(cfg, variants, kv_cache_lab.min_budget_gb() * 1e9, weights, 2)
+    below = kv_cache.budget_rows(cfg, variants, BELOW(kv_cache_lab.min_budget_gb()) * 1e9, weights, 2)
     assert min(r[2] for r in at) >= 1 and below[0][2] == 0  # the table divides by below[0][2]
 
 

@@ -145,7 +145,7 @@ GOALS: list[Goal] = [
           "compile of small10m's forward and backward at 3 of its 6 layers (~8 s + ~2 s a layer, notebook 09's), "
           "20 rounds of 16x256-token steps each way (~8 ms) and warm-up ~1 s, the process ~3 s"),
     _goal("10", "decode_bandwidth", "compiled batch-1 decode of the largest preset >= 70% of copy bandwidth",
-          decode_bandwidth, 28, "8 of 1.3b's 24 layers at its width on the GPU (kv_lab.compiled_layers, as "
+          decode_bandwidth, 28, "8 of 1.3b's 24 layers at its width on the GPU (kv_cache_lab.compiled_layers, as "
           "notebook 10), the static-cache step compiled with CUDA graphs ~21 s, 0.9 GB read a token (~0.2 ms) x "
           "25 compiled and eager steps, copy bandwidth, the process ~3 s"),
     _goal("10", "paged_decode", "paged decode attention within 10% of contiguous at 4k context", paged_decode_overhead,

@@ -4,11 +4,13 @@
 Each function measures one goal the course sets for its notebook's technique, through the same helpers
 the notebook calls in its full profile, never a second implementation:
 
-- notebook 08: `helpers.lowbit.quant_decode_lab` (`decode_speed`, `weight_only_copy`), and `kv_lab.compiled_decode`
+- notebook 08: `helpers.lowbit.quant_decode_lab` (`decode_speed`, `weight_only_copy`), and `kv_decode_lab.compiled_decode`
   for the decode step compiled whole;
-- notebook 10: `helpers.decode.kv_lab` (`random_model`, `compiled_decode`) and `helpers.decode.serving_lab`
-  (`paged_section`, `batching_section`);
-- notebook 11: `helpers.decode.spec_lab` (`prompts`, `decode_costs`, `speed_grid`).
+- notebook 10: `helpers.decode.kv_decode_lab` (`random_model`, `compiled_decode`), `helpers.decode.kv_cache_lab`
+  (`compiled_layers`), `helpers.decode.paged_lab` (`paged_section`) and `helpers.decode.serving_lab`
+  (`batching_section`);
+- notebook 11: `helpers.decode.speculative` (`prompts`) and `helpers.decode.speculative_lab` (`decode_costs`,
+  `speed_grid`).
 
 `10.continuous_batching` and `11.speculative` share the trained small10m of one run (`goal_base.trained`).
 Every function takes a `goal_base.Ctx` and returns `goal_base.result(...)` or raises `NotMeasurable`;
@@ -21,18 +23,18 @@ from copy import deepcopy
 import torch
 
 from tools.capture.goal_base import Ctx, check, copy_gbps, error_line, need_cuda, result, trained
-from helpers.decode import kv_lab, serving_lab, spec_lab
+from helpers.decode import kv_cache_lab, kv_decode_lab, paged_lab, serving_lab, speculative, speculative_lab
 from helpers.gpt import data
 from helpers.gpt.model import GPT, GPTConfig
-from helpers.lowbit import quant_decode_lab, quant_linear
+from helpers.lowbit import quant_decode_lab
 
 
 # ---------------------------------------------------------------- notebook 10: KV cache and serving
 
 def decode_bandwidth(ctx: Ctx) -> dict:
     """10.decode_bandwidth: batch-1 bf16 decode of the largest preset, static cache, compiled: its bandwidth
-    against the copy bandwidth (kv_lab.compiled_decode on kv_lab.random_model, as notebook 10: the preset's
-    width with kv_lab.compiled_layers of its layers, 8 of 1.3b's 24, since the compile's time grows with the
+    against the copy bandwidth (kv_decode_lab.compiled_decode on kv_decode_lab.random_model, as notebook 10: the preset's
+    width with kv_cache_lab.compiled_layers of its layers, 8 of 1.3b's 24, since the compile's time grows with the
     layers while each layer reads its weights with the same kernels).
 
     Notebook 10 teaches that a batch-1 decode step reads every weight and the KV cache once per token, so
@@ -40,11 +42,11 @@ def decode_bandwidth(ctx: Ctx) -> dict:
     reach >= 70% of the device's copy bandwidth."""
     need_cuda("compiled decode with CUDA graphs needs CUDA")
     preset, reps = ctx.pick(smoke="small10m", full="1.3b"), ctx.pick(smoke=5, full=20)
-    layers = kv_lab.compiled_layers(preset, kv_lab.COMPILE_LAYERS_DEFAULT)
+    layers = kv_cache_lab.compiled_layers(preset, kv_cache_lab.COMPILE_LAYERS_DEFAULT)
     copy = copy_gbps(ctx)
-    model = kv_lab.random_model(preset, torch.bfloat16, "cuda", n_layer=layers)
+    model = kv_decode_lab.random_model(preset, torch.bfloat16, "cuda", n_layer=layers)
     context = min(ctx.pick(smoke=64, full=512), model.config.seq_len - 2)
-    c = kv_lab.compiled_decode(model, context, reps)
+    c = kv_decode_lab.compiled_decode(model, context, reps)
     return result([check("compiled decode GB/s / copy GB/s", c["compiled_gbps"] / copy, ">=", 0.7)],
                   {"copy_gbps": copy, "compiled_gbps": c["compiled_gbps"], "eager_gbps": c["eager_gbps"],
                    "compiled_ms": 1e3 * c["compiled_s"], "eager_ms": 1e3 * c["eager_s"]},
@@ -53,7 +55,7 @@ def decode_bandwidth(ctx: Ctx) -> dict:
 
 def paged_decode_overhead(ctx: Ctx) -> dict:
     """10.paged_decode: paged decode attention (the Triton kernel, best block size) against contiguous SDPA
-    at 4k tokens (serving_lab.paged_section, as notebook 10; its timing depends on the model's shape, not
+    at 4k tokens (paged_lab.paged_section, as notebook 10; its timing depends on the model's shape, not
     its weights).
 
     A paged KV cache (Kwon et al., "Efficient Memory Management for Large Language Model Serving with
@@ -64,9 +66,9 @@ def paged_decode_overhead(ctx: Ctx) -> dict:
     model = GPT(GPTConfig.preset(ctx.pick(smoke="tiny", full="small10m"))).to("cuda").float().eval()
     context, batch = ctx.pick(smoke=256, full=4096), ctx.pick(smoke=8, full=32)
     blocks, reps = ctx.pick(smoke=[16], full=[16, 64, 128]), ctx.pick(smoke=5, full=20)
-    p = serving_lab.paged_section(model, block_sizes=blocks, n_requests=ctx.pick(smoke=24, full=200),
-                                  context=context, batch=batch, reps=reps, corpus=data.load_corpus("val"), seed=0,
-                                  show=False)
+    p = paged_lab.paged_section(model, block_sizes=blocks, n_requests=ctx.pick(smoke=24, full=200),
+                                context=context, batch=batch, reps=reps, corpus=data.load_corpus("val"), seed=0,
+                                show=False)
     rows = [r for r in p["speed"] if r.get("paged triton us")]
     best = min(rows, key=lambda r: r["paged triton us"] / r["contiguous us"]) if rows else None
     ratio = best["paged triton us"] / best["contiguous us"] if best else None
@@ -135,7 +137,7 @@ def quantized_decode_speedup(ctx: Ctx) -> dict:
 
 def compiled_quantized_decode_speedup(ctx: Ctx) -> dict:
     """08.compiled_decode: the comparison of `08.quantized_decode` with the whole decode step compiled
-    (kv_lab.compiled_decode: static cache and CUDA graphs), as gpt-fast measures it (its README: Llama-2-7B
+    (kv_decode_lab.compiled_decode: static cache and CUDA graphs), as gpt-fast measures it (its README: Llama-2-7B
     on an A100, 104.9 tok/s in bf16, 155.6 in int8, 196.8 in int4).
 
     `08.quantized_decode` times eager steps, where Python's kernel launches are paid by every variant alike
@@ -154,11 +156,9 @@ def compiled_quantized_decode_speedup(ctx: Ctx) -> dict:
             model = None
             try:
                 model = quant_decode_lab.weight_only_copy(base, bits, backend, 64) if bits else deepcopy(base)
-                # the int codes and scales are buffers, which kv_lab.weight_bytes leaves out
-                qbytes = sum(m.weight_bytes() for m in model.modules() if isinstance(m, quant_linear.WeightOnlyLinear))
-                c = kv_lab.compiled_decode(model, context, reps)
+                c = kv_decode_lab.compiled_decode(model, context, reps)  # its bytes count the int codes and scales
                 rows[name] = {"backend": backend, "ms": 1e3 * c["compiled_s"], "tokens_per_s": 1 / c["compiled_s"],
-                              "gbps": (c["bytes"] + qbytes) / c["compiled_s"] / 1e9, "eager_gbps": c["eager_gbps"]}
+                              "gbps": c["bytes"] / c["compiled_s"] / 1e9, "eager_gbps": c["eager_gbps"]}
                 ctx.partial(copy_gbps=copy, **{f"{name}_tokens_per_s": rows[name]["tokens_per_s"],
                                                f"{name}_gbps": rows[name]["gbps"]})  # kept if the limit stops us
                 why.pop(name, None)
@@ -187,7 +187,7 @@ def compiled_quantized_decode_speedup(ctx: Ctx) -> dict:
 
 def speculative_speedup(ctx: Ctx) -> dict:
     """11.speculative: the measured speedup against the formula for each γ at temperature 0, and the best
-    γ's speedup with the draft's cost (spec_lab.decode_costs and speed_grid on the trained target and draft
+    γ's speedup with the draft's cost (speculative_lab.decode_costs and speed_grid on the trained target and draft
     of notebook 11).
 
     Notebook 11 derives the expected speedup from the acceptance rate α, the draft length γ and the draft's
@@ -202,10 +202,10 @@ def speculative_speedup(ctx: Ctx) -> dict:
     gammas = ctx.pick(smoke=[1, 2], full=list(range(1, 9)))
     rounds, n = ctx.pick(smoke=1, full=3), ctx.pick(smoke=16, full=128)
     prompt_len, reps = ctx.pick(smoke=32, full=64), ctx.pick(smoke=5, full=30)
-    prompts = spec_lab.prompts(data.load_corpus("val"), rounds, prompt_len, seed=0)
-    costs = spec_lab.decode_costs(target, draft, prompts[0], gammas, reps=reps, device=ctx.device)
+    prompts = speculative.prompts(data.load_corpus("val"), rounds, prompt_len, seed=0)
+    costs = speculative_lab.decode_costs(target, draft, prompts[0], gammas, reps=reps, device=ctx.device)
     name = f"gpt-1L{width}d"
-    grid = spec_lab.speed_grid(target, {name: draft}, prompts, n, gammas, [0.0], costs, device=ctx.device, seed=0)
+    grid = speculative_lab.speed_grid(target, {name: draft}, prompts, n, gammas, [0.0], costs, device=ctx.device, seed=0)
     checks = [check(f"measured / formula speedup, γ={r['gamma']} (within 15%: >= 0.85)", r["speedup"] / r["predicted"],
                     ">=", 0.85) for r in grid]
     checks += [check(f"measured / formula speedup, γ={r['gamma']} (within 15%: <= 1.15)", r["speedup"] / r["predicted"],

@@ -1,287 +1,26 @@
-"""Notebook 11's measurements: speculative decoding on the course GPTs, timed and compared with its formula.
+"""Notebook 11's measurements read: sentences, the formula's prediction on a bandwidth-bound target, the ledger's
+verdicts and the figures, from what `helpers.decode.speculative_lab` measured.
 
-* `resolve_parameters(S, ...)`: the notebook's parameters validated at once, the profile's defaults filled in.
-* `prompts(tokens, count, length, seed)`: prompts cut from the held-out corpus.
-* `model_pq(target, draft, prompt, k)`: a small "known" p and q taken from the two models themselves.
-* `rule_check(p, q, draws, seed, threshold)`: the exact and the wrong rule sampled, each chi-square tested.
-* `greedy_rows(target, drafts, prompt, n, gammas)`: greedy speculative output against the target's greedy.
-* `decode_costs(target, draft, prompt, gammas, reps, device)`: one decode step of each model and the target's
-  verification pass of γ + 1 tokens, timed by the protocol; c and the verification cost as `paired_ratio`s.
-* `speed_grid(...)`: every (draft, γ, temperature) timed round-robin beside plain decoding, with α, tokens per
-  pass, measured and predicted speedup; `position_rows` bins acceptance by window index and by position.
-* A bandwidth-bound target: `weight_bytes`, `alpha_estimate` (α with its standard error), `formula_rows` (the
-  formula's speedup per γ from measured α, c and v, with a range), `bound_sentence`, `prediction_sentence`.
+* Reading the speed grid: `position_rows` (acceptance by window index and by position), `cost_warnings`,
+  `trend`, `gap_sentence` (measured tokens per pass against the formula), `outside`, `lookup_sentence`.
+* A bandwidth-bound target: `alpha_estimate` (α with its standard error), `formula_rows` (the formula's
+  speedup per γ from measured α, c and v, with a range), `bound_sentence`, `prediction_sentence`.
 * Sentences that rank only what the spread separates: `best_sentence`, `alpha_sentence`, `against_plain`.
-* The ledger: `CLAIMS` (Leviathan et al., 2023; Chen et al., 2023), `judge_range`, `claim_rows`.
+* The ledger: `CLAIMS` (Leviathan et al., 2023; Chen et al., 2023), `claim_rows` (judged by
+  `helpers.measure.claims.judge_range`).
 * Figures: `exactness_figure`, `speedup_figure`, `prediction_figure`, `panel_figure`.
 """
 from __future__ import annotations
 
 import math
 import statistics
-import time
 
 import torch
 
 from helpers.decode import speculative
-from helpers.gpt.generation import KVCache, Sampler, generate, prefill, rewound_step
-from helpers.gpt.model import GPT, PRESETS, GPTConfig
-from helpers.measure import bench, claims, params, protocol
+from helpers.measure import protocol
+from helpers.measure.claims import judge_range
 from helpers.show import plots
-
-
-def _not_a_string(name: str, values) -> None:
-    """Raise a ValueError saying that a list parameter arrived as a string (papermill's -p passes text)."""
-    if isinstance(values, (str, bytes)):
-        raise ValueError(f"{name}={values!r} arrived as a string, not a list: pass lists to papermill with -y "
-                         f"(e.g. -y \"{name}: [1, 2]\"), not -p")
-
-
-def check_gammas(name: str, values) -> list[int]:
-    """Validate γ values: a non-empty list of positive ints (params.positives), with a clear message when the list
-    arrived as a string (papermill -p). Raises ValueError naming the parameter."""
-    _not_a_string(name, values)
-    return params.positives(name, values)
-
-
-def check_temperatures(name: str, values) -> list[float]:
-    """Validate a parameter holding temperatures: a non-empty list of finite numbers >= 0 (0 = greedy); returns
-    them as sorted distinct floats. Raises ValueError naming the parameter (saying so when a string arrived)."""
-    _not_a_string(name, values)
-    if not isinstance(values, (list, tuple)) or not values or any(
-            isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0 for t in values):
-        raise ValueError(f"{name}={values!r} must be a non-empty list of finite numbers >= 0 (0 = greedy)")
-    return sorted({float(t) for t in values})
-
-
-def check_fraction(name: str, value) -> float:
-    """Validate a number strictly between 0 and 1 (e.g. a p-value threshold); raises ValueError naming it."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1:
-        raise ValueError(f"{name}={value!r} must be a number strictly between 0 and 1")
-    return float(value)
-
-
-def resolve_parameters(S: params.Setup, *, TARGET, BW_TARGET, DRAFT_LAYERS, DRAFT_WIDTH, NGRAM, PROMPT_LEN,
-                       NEW_TOKENS, GAMMAS, TEMPERATURES, ROUNDS, DRAWS, THRESHOLD, REPS) -> dict:
-    """Notebook 11's parameters, validated at once and with the profile's defaults filled in: {name: value}
-    (BW_TARGET: the preset, untrained, whose decode step and verification pass are timed for the formula's
-    prediction on a bandwidth-bound target)
-    (TEMPERATURES sorted and distinct). Raises ValueError naming the first bad parameter: an odd DRAFT_WIDTH
-    (the draft has 2 heads), or PROMPT_LEN + NEW_TOKENS + max(GAMMAS) + 1 beyond TARGET's seq_len (the last
-    verification pass scores max(GAMMAS) + 1 tokens after everything generated)."""
-    R = S.resolve
-    out = {"TARGET": R("TARGET", TARGET, smoke="tiny", full="small10m", check=lambda n, v: params.choose(n, v, PRESETS)),
-           "BW_TARGET": R("BW_TARGET", BW_TARGET, smoke="small10m", full="small10m",
-                          check=lambda n, v: params.choose(n, v, PRESETS)),
-           "DRAFT_LAYERS": R("DRAFT_LAYERS", DRAFT_LAYERS, smoke=1, full=1, check=params.positive),
-           "DRAFT_WIDTH": R("DRAFT_WIDTH", DRAFT_WIDTH, smoke=64, full=128, check=params.positive),
-           "NGRAM": R("NGRAM", NGRAM, smoke=3, full=3, check=params.positive),
-           "PROMPT_LEN": R("PROMPT_LEN", PROMPT_LEN, smoke=32, full=64, check=params.positive),
-           "NEW_TOKENS": R("NEW_TOKENS", NEW_TOKENS, smoke=32, full=96, check=params.positive),
-           "GAMMAS": R("GAMMAS", GAMMAS, smoke=[1, 2, 4], full=[1, 2, 4, 8], check=check_gammas),
-           "TEMPERATURES": R("TEMPERATURES", TEMPERATURES, smoke=[0.0, 0.5, 1.0], full=[0.0, 1.0],
-                             check=check_temperatures),
-           "ROUNDS": R("ROUNDS", ROUNDS, smoke=15, full=5, check=params.positive),
-           "DRAWS": R("DRAWS", DRAWS, smoke=100_000, full=1_000_000, check=params.positive),
-           "THRESHOLD": R("THRESHOLD", THRESHOLD, smoke=0.001, full=0.001, check=check_fraction),
-           "REPS": R("REPS", REPS, smoke=30, full=40, check=params.positive)}
-    if out["DRAFT_WIDTH"] % 2:
-        raise ValueError(f"DRAFT_WIDTH={out['DRAFT_WIDTH']} must be even (the draft has 2 heads)")
-    longest = out["PROMPT_LEN"] + out["NEW_TOKENS"] + max(out["GAMMAS"]) + 1
-    seq_len = GPTConfig.preset(out["TARGET"]).seq_len
-    if longest > seq_len:
-        raise ValueError(f"PROMPT_LEN + NEW_TOKENS + max(GAMMAS) + 1 = {longest} exceeds {out['TARGET']}'s "
-                         f"seq_len={seq_len}")
-    return out
-
-
-def prompts(tokens: torch.Tensor, count: int, length: int, seed: int = 0) -> list[torch.Tensor]:
-    """`count` prompts (length,) int64 from random offsets of a 1-D token tensor (the held-out corpus), each
-    starting after a newline when one is near, so that prompts open on a line. Raises ValueError if too short."""
-    if len(tokens) < length + 200:
-        raise ValueError(f"{len(tokens)} tokens are too few for prompts of {length}")
-    g = torch.Generator().manual_seed(seed)
-    out = []
-    for start in torch.randint(0, len(tokens) - length - 200, (count,), generator=g).tolist():
-        window = tokens[start:start + 200].tolist()
-        nl = window.index(10) + 1 if 10 in window[:199] else 0
-        out.append(tokens[start + nl:start + nl + length].long())
-    return out
-
-
-@torch.no_grad()
-def model_pq(target: GPT, draft: GPT, prompt: torch.Tensor, k: int = 8) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
-    """p and q (k,) float64: the target's and the draft's next-token distributions after `prompt` (temperature 1),
-    restricted to the target's k most likely tokens and renormalised; and those token ids."""
-    dev = next(target.parameters()).device
-    p = torch.softmax(target(prompt[None].to(dev))[0][0, -1].double().cpu(), -1)
-    q = torch.softmax(draft(prompt[None].to(dev))[0][0, -1].double().cpu(), -1)
-    ids = p.topk(k).indices
-    return p[ids] / p[ids].sum(), q[ids] / q[ids].sum(), ids.tolist()
-
-
-def rule_check(p: torch.Tensor, q: torch.Tensor, draws: int, seed: int = 0, threshold: float = 0.001) -> dict:
-    """Sample `draws` emitted tokens with each rule in `speculative.RULES`;
-    {rule: {"counts": (V,), "test": ChiSquare}}."""
-    g = torch.Generator().manual_seed(seed)
-    out = {}
-    for rule in speculative.RULES:
-        counts = torch.bincount(speculative.sample_rule(p, q, draws, rule=rule, generator=g), minlength=len(p))
-        out[rule] = {"counts": counts, "test": speculative.chi_square(counts, p, threshold)}
-    return out
-
-
-def greedy_rows(target: GPT, drafts: dict, prompt: torch.Tensor, n: int, gammas: list[int]) -> list[list]:
-    """Rows [draft, γ, identical tokens, n, target passes, tie gap] of greedy speculative decoding against the
-    target's own greedy tokens (helpers.gpt.generation.generate) for every draft and γ. `tie gap` is None when all n
-    tokens agree; else the target's top-1 minus top-2 logit at the first differing position (a gap at fp32
-    rounding's size means the two paths met a tie, which a (γ+1)-token pass and a 1-token pass may break apart)."""
-    dev = next(target.parameters()).device
-    want = generate(target, prompt.to(dev), n)[0].cpu()
-    rows = []
-    for name, draft in drafts.items():
-        for gamma in gammas:
-            got = speculative.speculative_generate(target, draft, prompt, n, gamma=gamma, temperature=0)
-            same = got.tokens == want
-            gap = None
-            if not bool(same.all()):
-                i = int((~same).nonzero()[0])
-                with torch.no_grad():
-                    logits = target(torch.cat([prompt, want[:i]])[None].to(dev))[0][0, -1].float()
-                top = logits.topk(2).values
-                gap = float(top[0] - top[1])
-            rows.append([name, gamma, int(same.sum()), n, got.target_passes, gap])
-    return rows
-
-
-def _step_fn(model: GPT, prompt: torch.Tensor, T: int):
-    """A callable running T new tokens against a cache holding `prompt` (rewound before each call)."""
-    dev = next(model.parameters()).device
-    cache = KVCache(model.config, 1, len(prompt) + T, device=dev)
-    prefill(model, prompt[None].to(dev), cache)
-    x = prompt[-T:][None].to(dev) if T <= len(prompt) else prompt[None, :1].repeat(1, T).to(dev)
-    return rewound_step(model, cache, x)
-
-
-def decode_costs(target: GPT, draft: GPT, prompt: torch.Tensor, gammas: list[int], *, reps: int = 30,
-                 min_reps: int = 5, device: str = "cpu", budget_s: float = 6.0) -> dict:
-    """One decode step of the target and of the draft (one token against a cache holding `prompt`) and, for each
-    γ, the target's verification pass of γ + 1 tokens, timed by the course protocol (helpers.measure.protocol:
-    warmed up until steady, interleaved rounds: at least `min_reps` (paired ratios need rounds, not only separated
-    medians), at most `reps` rounds or `budget_s` seconds).
-
-    Returns target_ms, draft_ms (medians), c_ratio (draft / target, `paired_ratio`: median and IQR of the
-    per-round ratios) and c (its median), verify_ratio {γ: verification / target step, paired} and verify
-    {γ: its median}, timings {name: Timing} and the protocol's comparison."""
-    fns = {"target": _step_fn(target, prompt, 1), "draft": _step_fn(draft, prompt, 1)}
-    fns.update({f"verify{g}": _step_fn(target, prompt, g + 1) for g in gammas})
-    cmp = protocol.compare(fns, device=device, min_reps=min(min_reps, reps), max_reps=reps, budget_s=budget_s)
-    t = cmp.timings
-    c = protocol.paired_ratio(t["draft"], t["target"])
-    verify = {g: protocol.paired_ratio(t[f"verify{g}"], t["target"]) for g in gammas}
-    return {"target_ms": t["target"].ms, "draft_ms": t["draft"].ms, "c": c.value, "c_ratio": c,
-            "verify": {g: v.value for g, v in verify.items()}, "verify_ratio": verify, "timings": t, "comparison": cmp}
-
-
-def _ngram_cost(prompt: torch.Tensor, n: int, gamma: int, target_ms: float, reps: int = 20) -> float:
-    """c of the n-gram draft: ms of one lookup over a sequence of the generation's length, per drafted token,
-    relative to the target's decode step."""
-    seq = prompt.tolist() * (1 + n // max(len(prompt), 1))
-    d = speculative.NGramDraft()
-    t0 = time.perf_counter()
-    for _ in range(reps):
-        d.propose(seq, gamma)
-    return (time.perf_counter() - t0) / reps / gamma * 1e3 / target_ms
-
-
-def _sync(device: str) -> None:
-    if device == "cuda":
-        torch.cuda.synchronize()
-
-
-def speed_grid(target: GPT, drafts: dict, prompt_list: list[torch.Tensor], n: int, gammas: list[int],
-               temperatures: list[float], costs: dict, *, device: str = "cpu", seed: int = 0,
-               progress=None) -> list[dict]:
-    """Every (draft, γ, temperature) generating n tokens, timed beside plain decoding of the target and of each GPT
-    draft alone (helpers.gpt.generation.generate with the same sampler), round-robin: round r uses prompt r.
-
-    One dict per configuration: draft, gamma, temperature, alpha (mean Σ min(p, q)), acceptance, proposal_rate
-    (draft tokens proposed / γ per target pass: 1 for a model, less for prompt lookup), tokens_per_pass, expected
-    (the formula's tokens per pass), speedup (median over rounds of plain time / speculative time) with its IQR,
-    c (a GPT draft's plain decoding time over the target's, median over every round and temperature; for prompt
-    lookup its lookup time per drafted token over a target step) with c_q25, c_q75 (its IQR; c itself for prompt
-    lookup), predicted (the formula), predicted_verify (the
-    formula with the verification cost `costs["verify"]` from decode_costs instead of one step), plain and
-    speculative ms per token, model_ms_per_token (the passes it ran, priced at plain decoding's ms per token of
-    each model) and other_ms_per_token (the rest: the rule, rollbacks, extra Python); plus the SpecResults ("runs").
-
-    Plain decoding is timed twice per round and temperature, before and after that temperature's configurations,
-    and each round's baseline is their mean (baseline_drift: the median |before - after| / mean). ceiling: the
-    largest speedup the passes allow, tokens_per_pass (a round costs at least one target pass, and a pass over
-    γ + 1 tokens cannot cost less than plain decoding's one-token step; the measured verification cost is itself
-    noisy, so the bound does not use it); noise: True when the measured median exceeds it,
-    i.e. timing noise, not a result. truncated_per_pass: tokens per pass dropped because the last round overran n.
-    """
-    configs = [(name, g, T) for T in temperatures for name in drafts for g in gammas]
-    models = [name for name in drafts if isinstance(drafts[name], GPT)]
-    plain_s = {T: [] for T in temperatures}
-    drift_s = {T: [] for T in temperatures}
-    alone_s = {(name, T): [] for name in models for T in temperatures}
-    spec_s = {c: [] for c in configs}
-    runs = {c: [] for c in configs}
-
-    def timed(fn):
-        _sync(device)
-        t0 = time.perf_counter()
-        out = fn()
-        _sync(device)
-        return time.perf_counter() - t0, out
-
-    rounds = range(len(prompt_list)) if progress is None else progress(range(len(prompt_list)))
-    for r in rounds:
-        prompt = prompt_list[r].to(device)
-        for T in temperatures:
-            before = timed(lambda: generate(target, prompt, n, Sampler(temperature=T, seed=seed + r)))[0]
-            for name in models:
-                alone_s[(name, T)].append(timed(lambda: generate(drafts[name], prompt, n, Sampler(T, seed=seed + r)))[0])
-            for c in (c for c in configs if c[2] == T):
-                s, res = timed(lambda: speculative.speculative_generate(target, drafts[c[0]], prompt.cpu(), n,
-                                                                        gamma=c[1], temperature=T, seed=seed + r))
-                spec_s[c].append(s)
-                runs[c].append(res)
-            after = timed(lambda: generate(target, prompt, n, Sampler(temperature=T, seed=seed + r)))[0]
-            plain_s[T].append((before + after) / 2)  # one slow baseline moves this round's ratios half as much
-            drift_s[T].append(abs(before - after) / (before + after) * 2)
-    plain_ms = 1e3 * statistics.median(x for T in temperatures for x in plain_s[T]) / n
-    c_q = {name: bench.quartiles([a / p for T in temperatures for a, p in zip(alone_s[(name, T)], plain_s[T])])
-           for name in models}
-    c_of = {name: q[0] for name, q in c_q.items()}
-    rows = []
-    for (name, g, T) in configs:
-        res = runs[(name, g, T)]
-        betas = [b for x in res for b in x.betas]
-        a = min(sum(betas) / len(betas), 1.0) if betas else 0.0
-        med, q25, q75 = bench.quartiles([p / s for p, s in zip(plain_s[T], spec_s[(name, g, T)])])
-        c = c_of[name] if name in c_of else _ngram_cost(prompt_list[0], n, g, plain_ms)
-        v = costs["verify"].get(g, 1.0)
-        proposed, passes = sum(x.proposed for x in res), sum(x.target_passes for x in res)
-        tokens = sum(len(x.tokens) for x in res)
-        spec_ms = 1e3 * statistics.median(spec_s[(name, g, T)]) / n
-        model_ms = (sum(x.draft_passes for x in res) * c * plain_ms * (name in c_of) + passes * plain_ms * v) / tokens
-        rows.append({"draft": name, "gamma": g, "temperature": T, "alpha": a,
-                     "acceptance": sum(x.accepted for x in res) / proposed if proposed else 0.0,
-                     "proposal_rate": proposed / (g * passes), "tokens_per_pass": tokens / passes,
-                     "expected": speculative.expected_tokens(a, g), "speedup": med, "speedup_q25": q25,
-                     "speedup_q75": q75,
-                     "c": c, "c_q25": c_q[name][1] if name in c_q else c, "c_q75": c_q[name][2] if name in c_q else c,
-                     "predicted": speculative.predicted_speedup(a, g, c),
-                     "predicted_verify": speculative.expected_tokens(a, g) / (g * c + v),
-                     "plain_ms_per_token": 1e3 * statistics.median(plain_s[T]) / n, "spec_ms_per_token": spec_ms,
-                     "model_ms_per_token": model_ms, "other_ms_per_token": spec_ms - model_ms,
-                     "baseline_drift": statistics.median(drift_s[T]), "ceiling": tokens / passes,
-                     "noise": med > tokens / passes,
-                     "truncated_per_pass": (sum(x.accepted for x in res) + passes - tokens) / passes, "runs": res})
-    return rows
 
 
 def position_rows(runs: list, gamma: int, n: int, bins: int = 4) -> tuple[list[list], list[list]]:
@@ -357,8 +96,8 @@ def gap_sentence(rows: list[dict], draft: str, gammas: list[int], temperatures: 
     by_i, _ = position_rows(row[(G, T)]["runs"], G, 10 ** 9, bins=1)
     kept = ", ".join(f"{r[3]:.2f}" for r in by_i)
     a = row[(G, T)]["alpha"]
-    first = (f"; the first index, which every round reaches, was kept less often than α, and the higher shares "
-             f"further on count only in rounds that got past it" if by_i and by_i[0][3] < a else "")
+    first = ("; the first index, which every round reaches, was kept less often than α, and the higher shares "
+             "further on count only in rounds that got past it" if by_i and by_i[0][3] < a else "")
     return (f"at γ={G} measured tokens per pass fall below the formula at every temperature (by "
             f"{-max(gaps):.0%}-{-min(gaps):.0%}), so it is systematic, not luck. Part is the end of the text: the last "
             f"round's tokens past NEW_TOKENS are dropped ({min(cut):.2f}-{max(cut):.2f} tokens per pass). The rest: the "
@@ -425,11 +164,6 @@ def bound_sentence(gbps: float, ceiling: float, preset: str, share: float = 0.3)
                 "not per-call overhead, sets its cost")
     return (f"the {preset} step streams its weights at only {gbps / ceiling:.0%} of the copy ceiling: here per-call "
             "overhead, not reading weights, sets its cost, so this c is not what a large target would see")
-
-
-def weight_bytes(model: GPT) -> int:
-    """Bytes of the model's parameters: what one decode step reads from memory at least once."""
-    return sum(p.numel() * p.element_size() for p in model.parameters())
 
 
 def formula_rows(alpha: float, alpha_se: float, gammas: list[int], c: protocol.Ratio,
@@ -512,21 +246,6 @@ CLAIMS = (
      "Chen et al., 2023, Accelerating Large Language Model Decoding with Speculative Sampling, abstract "
      "(Chinchilla 70B, TPU-v4)"),
 )
-
-
-def judge_range(value: float, lo: float, hi: float, claim_lo: float, claim_hi: float | None) -> tuple[str, str]:
-    """(verdict, reason) on a claim of claim_lo-claim_hi for a value known only to lie in [lo, hi] (its IQR or
-    range): claims.judge's verdict when lo and hi get the same one (the whole range is below, within or above the
-    claim), else "not testable", with the reason that the range spans a bound of the claim (this run's noise
-    cannot decide it). Raises ValueError when value lies outside [lo, hi]."""
-    if not lo <= value <= hi:
-        raise ValueError(f"value={value!r} lies outside its range {lo!r}-{hi!r}")
-    low, high = claims.judge(lo, claim_lo, claim_hi), claims.judge(hi, claim_lo, claim_hi)
-    if low == high:
-        return low, ""
-    bound = claim_lo if low == "contradicted" else claim_hi
-    return "not testable", (f"the range {lo:.2f}-{hi:.2f}x around {value:.2f}x spans the claim's bound of {bound:g}x, "
-                            "so this run's noise cannot decide it")
 
 
 def claim_rows(evidence: dict, *, basis: str, identical: str) -> list[dict]:

@@ -1,12 +1,13 @@
 """Notebook 10's parameters (`resolve_parameters`) and measurements of one sequence's cache: decode with and
-without a cache, prefill vs decode on the roofline, decode as bandwidth, attention variants against a memory
-budget, and compiled decode.
+without a cache, and prefill against decode on the roofline; the helpers both KV labs time with.
 
 Every headline here is timed by the course's protocol (`helpers.measure.protocol.compare`: warm-up until
-steady, interleaved rounds until the variants separate, the budget runs out or `max_reps`), and counts FLOPs with torch's FlopCounterMode (matmuls and
-attention, as torch counts them) and bytes by hand (stated in each docstring). The caches are
-`helpers.gpt.generation.KVCache` and `helpers.decode.kv_cache`'s; the serving sections (paged cache, batching,
-the KV-memory panel) are `helpers.decode.serving_lab`.
+steady, interleaved rounds until the variants separate, the budget runs out or `max_reps`), and counts FLOPs
+with torch's FlopCounterMode (matmuls and attention, as torch counts them) and bytes by hand
+(`helpers.gpt.footprint.decode_step_bytes` for the weights, stated in each docstring). The caches are
+`helpers.gpt.generation.KVCache` and `helpers.decode.kv_cache`'s; decode as bandwidth, the attention variants
+and compiled decode are `helpers.decode.kv_decode_lab`; the serving sections are `helpers.decode.paged_lab`
+and `helpers.decode.serving_lab`.
 """
 from __future__ import annotations
 
@@ -15,32 +16,26 @@ import math
 import torch
 import torch.nn as nn
 
-from helpers.decode.kv_cache import (LatentKVCache, StaticKVCache, decode_compile_options, factorise_kv,
-                                     kv_bytes_per_token, static_step)
+from helpers.decode.kv_cache import budget_rows, kv_bytes_per_token, variant_configs
+from helpers.gpt.footprint import decode_step_bytes
 from helpers.gpt.generation import KVCache, rewound_step
 from helpers.gpt.model import GPT, PRESETS, GPTConfig
-from helpers.gpt.pretrained import validation_loss
 from helpers.measure import bench, params, protocol
 from helpers.measure.params import positive
 from helpers.show import plots
 
+
 SMOKE_BUDGET_S, FULL_BUDGET_S = 3.0, 10.0  # seconds of timed rounds per comparison after the minimum rounds
 
 
-def _tokens(B: int, T: int, device, seed: int = 0) -> torch.Tensor:
+def random_tokens(B: int, T: int, device, seed: int = 0) -> torch.Tensor:
+    """(B, T) int64 tokens drawn uniformly from 0-255 by a generator seeded with `seed`, on `device`."""
     return torch.randint(0, 256, (B, T), generator=torch.Generator().manual_seed(seed)).to(device)
 
 
-def _param(model: nn.Module) -> torch.Tensor:
+def first_parameter(model: nn.Module) -> torch.Tensor:
+    """The model's first parameter: where its device and dtype are read from."""
     return next(model.parameters())
-
-
-def weight_bytes(model: GPT) -> int:
-    """Bytes of the weights one decode step reads: every parameter once (a tied LM head once), except the
-    position table, of which one row per token is read."""
-    n = sum(p.numel() * p.element_size() for p in model.parameters())
-    wpe = model.wpe.weight
-    return n - wpe.numel() * wpe.element_size() + wpe.size(1) * wpe.element_size()
 
 
 def counted_flops(fn) -> int:
@@ -56,17 +51,17 @@ def counted_flops(fn) -> int:
 
 def filled_cache(model: GPT, batch: int, context: int, max_len: int | None = None) -> KVCache:
     """A KVCache of `batch` sequences holding `context` tokens, filled by a prefill of random tokens."""
-    p = _param(model)
+    p = first_parameter(model)
     cache = KVCache(model.config, batch, max_len or context + 1, dtype=p.dtype, device=p.device)
     with torch.no_grad():
-        model(_tokens(batch, context, p.device), cache=cache)
+        model(random_tokens(batch, context, p.device), cache=cache)
     return cache
 
 
 def decode_step_fn(model: GPT, cache, batch: int):
     """A closure: one decode step of `batch` fixed random tokens at the cache's current length, rewound
     before every call so that every call measures the same position (`rewound_step`)."""
-    return rewound_step(model, cache, _tokens(batch, 1, _param(model).device, 1))
+    return rewound_step(model, cache, random_tokens(batch, 1, first_parameter(model).device, 1))
 
 
 def timed(row: dict, t: bench.Timing) -> dict:
@@ -80,8 +75,8 @@ def timing(row: dict) -> bench.Timing:
     return bench.Timing(row["seconds"], row["q25"], row["q75"], list(row["samples"]))
 
 
-def _compare(fns: dict, device: str, reps: int, budget_s: float) -> protocol.Comparison:
-    """protocol.compare with at least `reps` rounds, at most max(30, 2 * reps), `budget_s` seconds after them."""
+def compare(fns: dict, device: str, reps: int, budget_s: float) -> protocol.Comparison:
+    """`protocol.compare` with at least `reps` rounds, at most max(30, 2 * reps), `budget_s` seconds after them."""
     positive("reps", reps)
     return protocol.compare(fns, device=device, min_reps=reps, max_reps=max(30, 2 * reps), budget_s=budget_s)
 
@@ -91,16 +86,16 @@ def per_position(model: GPT, positions: list[int], reps: int, progress=iter,
     """The next token's time at each context length in `positions`: with a cache (one decode step) and
     without (a forward over the whole context + 1 tokens), compared by the protocol at each position (at
     least `reps` rounds). Returns {"with cache": [Timing per position], "without cache": [...]}."""
-    dev = _param(model).device.type
+    dev = first_parameter(model).device.type
     out = {"with cache": [], "without cache": []}
     cache = filled_cache(model, 1, max(positions), max(positions) + 1)
-    seq = _tokens(1, max(positions) + 1, _param(model).device)
+    seq = random_tokens(1, max(positions) + 1, first_parameter(model).device)
     for p in progress(positions):
         cache.length = p
         step = decode_step_fn(model, cache, 1)
         fns = {"with cache": step, "without cache": lambda p=p: model(seq[:, :p + 1])[0][:, -1]}
         with torch.no_grad():
-            c = _compare(fns, dev, reps, budget_s)
+            c = compare(fns, dev, reps, budget_s)
         for k in out:
             out[k].append(c[k])
     return out
@@ -162,19 +157,19 @@ def prefill_decode(model: GPT, prompt_len: int, reps: int, budget_s: float = SMO
     bytes (weights read once + K/V written for prefill; weights + K/V read + written for decode), the
     intensity (FLOP/byte), seconds (both compared by the protocol, interleaved; `timed`'s keys) and the
     achieved TFLOP/s and GB/s."""
-    dev, p = _param(model).device.type, _param(model)
+    dev, p = first_parameter(model).device.type, first_parameter(model)
     cfg, el = model.config, p.element_size()
     kv_tok = kv_bytes_per_token(cfg.n_layer, cfg.n_kv_head, cfg.head_dim, el)
-    toks = _tokens(1, prompt_len, p.device)
+    toks = random_tokens(1, prompt_len, p.device)
     cache = KVCache(cfg, 1, prompt_len + 1, dtype=p.dtype, device=p.device)
     pre = rewound_step(model, cache, toks)  # the prompt, always from an empty cache
     pre()
     dec = decode_step_fn(model, cache, 1)
-    cases = {"prefill": (pre, weight_bytes(model) + prompt_len * kv_tok),
-             "decode": (dec, weight_bytes(model) + (prompt_len + 1) * kv_tok)}
+    cases = {"prefill": (pre, decode_step_bytes(model) + prompt_len * kv_tok),
+             "decode": (dec, decode_step_bytes(model) + (prompt_len + 1) * kv_tok)}
     flops = {name: counted_flops(fn) for name, (fn, _) in cases.items()}
     with torch.no_grad():
-        c = _compare({name: fn for name, (fn, _) in cases.items()}, dev, reps, budget_s)
+        c = compare({name: fn for name, (fn, _) in cases.items()}, dev, reps, budget_s)
     rows = []
     for name, (_, nbytes) in cases.items():
         t = c[name]
@@ -216,183 +211,29 @@ def roofline_sentence(points: list[dict], peak_tflops: float, bw_gbps: float, fa
     return text
 
 
-def random_model(preset: str, dtype: torch.dtype, device: str, **overrides) -> GPT:
-    """An untrained course GPT of `preset` in `dtype` on `device` (speed does not depend on training)."""
-    torch.manual_seed(0)
-    with torch.device(device):  # built where it runs: a 1.3B model initialised on a CPU takes long
-        model = GPT(GPTConfig.preset(preset, **overrides))
-    return model.to(dtype=dtype).eval()
-
-
-def _decode_case(model: GPT, context: int, batch: int, name: str) -> tuple:
-    """(step closure, row without timings) for one decode step of `batch` sequences at `context` tokens."""
-    p, cfg = _param(model), model.config
-    kv = kv_bytes_per_token(cfg.n_layer, cfg.n_kv_head, cfg.head_dim, p.element_size())
-    fn = decode_step_fn(model, filled_cache(model, batch, context), batch)
-    nbytes = weight_bytes(model) + batch * (context + 1) * kv
-    flops = counted_flops(fn)
-    return fn, {"model": name, "params_m": sum(q.numel() for q in model.parameters()) / 1e6, "batch": batch,
-                "context": context, "bytes": nbytes, "flops": flops, "intensity": flops / nbytes}
-
-
-def _rates(row: dict, t: bench.Timing) -> dict:
-    return timed({**row, "tokens_per_s": row["batch"] / t.median, "gbps": row["bytes"] / t.median / 1e9,
-                  "tflops": row["flops"] / t.median / 1e12}, t)
-
-
-def bandwidth_row(model: GPT, context: int, batch: int, reps: int, name: str = "",
-                  budget_s: float = SMOKE_BUDGET_S) -> dict:
-    """One decode step of `batch` sequences at `context` cached tokens, timed by the protocol: seconds
-    (median, quartiles, IQR spread, samples), tokens/s, bytes read (weights once + every sequence's K/V),
-    achieved GB/s, counted FLOPs and FLOP/byte."""
-    fn, row = _decode_case(model, context, batch, name)
-    with torch.no_grad():
-        return _rates(row, protocol.measure(fn, device=_param(model).device.type, min_reps=reps,
-                                            max_reps=max(30, 2 * reps), budget_s=budget_s))
-
-
-def bandwidth_rows(cases: list[tuple[str, GPT, int, int]], reps: int, interleave: bool,
-                   budget_s: float = SMOKE_BUDGET_S) -> list[dict]:
-    """`bandwidth_row` for each (name, model, context, batch). With `interleave` (for a CPU shared with other
-    work) every case is set up first and all are compared by the protocol in interleaved rounds, so a burst of
-    other work slows all alike; otherwise one after another, each case's cache freed before the next (for
-    large models on a GPU)."""
-    if not interleave:
-        return [bandwidth_row(m, ctx, b, reps, name, budget_s) for name, m, ctx, b in cases]
-    built = [_decode_case(m, ctx, b, name) for name, m, ctx, b in cases]
-    with torch.no_grad():
-        c = _compare({i: fn for i, (fn, _) in enumerate(built)}, _param(cases[0][1]).device.type, reps, budget_s)
-    return [_rates(row, c[i]) for i, (_, row) in enumerate(built)]
-
-
-def decode_sweep(models: dict[str, GPT], context: int, batches: list[int], reps: int, interleave: bool,
-                 budget_s: float = SMOKE_BUDGET_S) -> tuple[list[dict], list[dict]]:
-    """Batch-1 decode of every model in `models` and the last model at every batch of `batches`, each case
-    measured once (`bandwidth_rows`): returns (batch-1 rows, one per model, in order; the last model's rows,
-    one per batch). The last model's batch-1 case is one measurement, the same row object in both lists, so
-    the bandwidth table and the batch table cannot quote two different numbers for it. Context is capped at
-    each model's seq_len - 2."""
-    names = list(models)
-    last = names[-1]
-    cases = [(n, models[n], min(context, models[n].config.seq_len - 2), 1) for n in names]
-    extra = [(last, models[last], cases[-1][2], b) for b in batches if b != 1]
-    rows = bandwidth_rows(cases + extra, reps, interleave, budget_s)
-    bw, rest = rows[:len(cases)], iter(rows[len(cases):])
-    return bw, [bw[-1] if b == 1 else next(rest) for b in batches]
-
-
-# ---------------------------------------------------------------- attention variants
-
-
-def variant_configs(cfg: GPTConfig, rank: int) -> dict[str, dict]:
-    """MHA, GQA (half the kv heads, when that divides), MQA and an MLA-style latent of `rank`, on the
-    dimensions of `cfg`: cached elements per token per layer, and the n_kv_head each uses."""
-    out = {"MHA": dict(n_kv_head=cfg.n_head, per_layer=2 * cfg.n_head * cfg.head_dim)}
-    if cfg.n_head % 2 == 0 and cfg.n_head > 2:
-        g = cfg.n_head // 2
-        out[f"GQA ({g} kv heads)"] = dict(n_kv_head=g, per_layer=2 * g * cfg.head_dim)
-    out["MQA"] = dict(n_kv_head=1, per_layer=2 * cfg.head_dim)
-    out[f"MLA-style latent (r={rank})"] = dict(n_kv_head=cfg.n_head, per_layer=rank)
-    return out
-
-
-def budget_rows(cfg: GPTConfig, variants: dict, budget_bytes: float, weight_bytes_: float, el: int) -> list[list]:
-    """Per variant: bytes per token, the longest context one sequence could hold in what the budget leaves
-    after the weights, and how many sequences of the model's seq_len fit."""
-    free = max(0.0, budget_bytes - weight_bytes_)
-    rows = []
-    for name, v in variants.items():
-        per_tok = cfg.n_layer * v["per_layer"] * el
-        rows.append([name, per_tok, int(free // per_tok), int(free // (per_tok * cfg.seq_len))])
-    return rows
-
-
-def mla_sweep(model: GPT, ranks: list[int], val_tokens: torch.Tensor, val_batches: int) -> list[dict]:
-    """For each rank: the k/v projections' mean relative reconstruction error, and the validation loss of the
-    factorised model (nats/byte), beside the original's."""
-    rows = []
-    for r in ranks:
-        low, errs = factorise_kv(model, r)
-        rows.append({"rank": r, "recon_error": sum(errs) / len(errs),
-                     "val_loss": validation_loss(low, val_tokens, batches=val_batches)})
-    return rows
-
-
-def _latent_step(low: GPT, context: int):
-    """(step closure, cache) for one decode step through a LatentKVCache at `context` tokens (batch 1)."""
-    p = _param(low)
-    cache = LatentKVCache(low, 1, context + 1, dtype=p.dtype, device=p.device)
-    with torch.no_grad():
-        low(_tokens(1, context, p.device), cache=cache)
-    return rewound_step(low, cache, _tokens(1, 1, p.device, 1)), cache
-
-
-def variant_speeds(models: dict[str, GPT], latent: tuple[str, GPT] | None, context: int, reps: int,
-                   budget_s: float = SMOKE_BUDGET_S) -> list[dict]:
-    """Batch-1 decode at `context` cached tokens for each named model (contiguous KV cache) and, when `latent`
-    is (name, factorised model), through a LatentKVCache. Every case is set up first and all are compared
-    by the protocol in interleaved rounds, so other work on the machine slows them alike.
-    Returns per case `timed`'s keys, "variant" and "kv_share" (the K/V's share of the bytes a step reads;
-    None for the latent)."""
-    positive("reps", reps)
-    fns, shares = {}, {}
-    for name, m in models.items():
-        fn, row = _decode_case(m, context, 1, name)
-        fns[name], shares[name] = fn, 1 - weight_bytes(m) / row["bytes"]
-    if latent is not None:
-        fns[latent[0]], _ = _latent_step(latent[1], context)
-        shares[latent[0]] = None
-    dev = _param(next(iter(models.values())) if models else latent[1]).device.type
-    with torch.no_grad():
-        c = _compare(fns, dev, reps, budget_s)
-    return [timed({"variant": k, "kv_share": shares[k]}, c[k]) for k in fns]
-
-
-# ---------------------------------------------------------------- compiled decode
-
-
-def compiled_decode(model: GPT, context: int, reps: int, mode: str = "reduce-overhead") -> dict:
-    """CUDA only: batch-1 decode at `context` tokens, eager KVCache vs torch.compile(static_step) with a
-    StaticKVCache (`mode` "reduce-overhead" adds CUDA graphs; `decode_compile_options` says what else is
-    set). Returns seconds and bytes read per token."""
-    options = decode_compile_options(mode)
-    p = _param(model)
-    cfg = model.config
-    static = StaticKVCache(cfg, 1, context + 1, dtype=p.dtype, device=p.device)
-    with torch.no_grad():
-        model(_tokens(1, context, p.device), cache=static)  # prefill through the same buffers
-    tok = _tokens(1, 1, p.device, 1)
-    step = torch.compile(static_step, fullgraph=True, options=options)
-
-    def run():
-        static.pos.fill_(context)
-        torch.compiler.cudagraph_mark_step_begin()
-        return step(model, tok, static).clone()
-    with torch.no_grad():
-        t = protocol.measure(run, device="cuda", min_reps=reps, max_reps=max(30, 2 * reps), budget_s=FULL_BUDGET_S)
-    eager = bandwidth_row(model, context, 1, reps)
-    nbytes = weight_bytes(model) + (context + 1) * kv_bytes_per_token(cfg.n_layer, cfg.n_kv_head, cfg.head_dim,
-                                                                       p.element_size())
-    return {"eager_s": eager["seconds"], "compiled_s": t.median, "compiled_spread": t.spread, "bytes": nbytes,
-            "compiled_gbps": nbytes / t.median / 1e9, "eager_gbps": eager["gbps"], "mode": mode}
-
-
 # ---------------------------------------------------------------- the parameters
 
+
 EXAMPLE_PROMPT = "    def __init__(self"  # the prompt of notebook 10's generation examples
+
+
 COMPILE_LAYERS_DEFAULT = 8  # layers of the compiled decode step's model (`compiled_layers` caps them)
+
+
 CHECK_EXTRA = 8  # the cache checks run PROMPT_LEN + 8 tokens: a prefill, then decode steps to compare
+
+
 BUDGET_PRESET, BUDGET_RANK = "1.3b", 512  # the model and latent rank of the budget table, in bf16
 
 
 def budget_need() -> tuple[int, int]:
-    """(bytes of the BUDGET_PRESET GPT's bf16 weights as `weight_bytes` counts them, bytes of one token of its
+    """(bytes of the BUDGET_PRESET GPT's bf16 weights as `footprint.decode_step_bytes` counts them, bytes of one token of its
     MHA cache in bf16): what the budget table subtracts, and what it divides the rest by. Shapes only: the
     model is built on the meta device, where nothing is allocated and no random numbers are drawn."""
     cfg = GPTConfig.preset(BUDGET_PRESET)
     with torch.device("meta"):
         model = GPT(cfg).to(torch.bfloat16)
-    return weight_bytes(model), budget_rows(cfg, variant_configs(cfg, BUDGET_RANK), 0.0, 0.0, 2)[0][1]
+    return decode_step_bytes(model), budget_rows(cfg, variant_configs(cfg, BUDGET_RANK), 0.0, 0.0, 2)[0][1]
 
 
 def min_budget_gb() -> float:

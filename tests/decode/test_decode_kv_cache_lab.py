@@ -1,0 +1,62 @@
+"""Notebook 10's parameters and measurements of one sequence's cache (helpers.decode.kv_cache_lab): the compiled
+model's layers, prefill against decode, the per-position timings and the sentences read from them."""
+from __future__ import annotations
+
+import pytest
+
+from helpers.decode import kv_cache_lab
+from helpers.gpt.model import GPTConfig
+from kv_support import small_gpt
+
+
+def test_the_compiled_model_keeps_its_presets_width_and_at_most_its_layers():
+    assert kv_cache_lab.compiled_layers("1.3b", kv_cache_lab.COMPILE_LAYERS_DEFAULT) == 8 < GPTConfig.preset("1.3b").n_layer
+    assert kv_cache_lab.compiled_layers("small10m", 12) == GPTConfig.preset("small10m").n_layer == 6  # smoke: all of them
+    assert kv_cache_lab.compiled_layers("1.3b", 1) == 1
+    with pytest.raises(ValueError, match="layers"):
+        kv_cache_lab.compiled_layers("1.3b", 0)
+
+
+def test_prefill_decode_counts_both_phases():
+    rows = kv_cache_lab.prefill_decode(small_gpt(2), 12, 1)
+    assert [r["phase"] for r in rows] == ["prefill", "decode"]
+    assert rows[0]["intensity"] > rows[1]["intensity"]  # prefill reuses every weight 12 times
+
+
+def test_per_position_returns_protocol_timings():
+    out = kv_cache_lab.per_position(small_gpt(2), [4, 8], 2, budget_s=0.01)
+    assert set(out) == {"with cache", "without cache"} and all(len(v) == 2 for v in out.values())
+    assert all(len(t.samples) >= 2 and t.q25 <= t.median <= t.q75 for v in out.values() for t in v)
+
+
+def _timing(median, spread=0.02):
+    from helpers.measure.bench import Timing
+    return Timing(median, median * (1 - spread), median * (1 + spread), [median] * 5)
+
+
+def test_position_report_ranks_only_separated_points():
+    pos = [8, 96]
+    t = {"with cache": [_timing(1.0, 0.5), _timing(1.0)], "without cache": [_timing(1.2, 0.5), _timing(4.0)]}
+    rep = kv_cache_lab.position_report(pos, t, "t")
+    assert [r[-1] for r in rep["rows"]] == ["no: IQRs overlap", "yes"]
+    assert "cannot rank them there" in rep["sentences"][1] and "faster" in rep["sentences"][0]
+    assert "O(n^2)" in kv_cache_lab.growth_sentence(pos, t)  # 1.2 -> 4.0 with disjoint IQRs: growth shows
+    flat = {"with cache": t["with cache"], "without cache": [_timing(1.0), _timing(1.1)]}
+    assert "did not grow beyond the noise" in kv_cache_lab.growth_sentence(pos, flat)
+
+
+def test_roofline_sentence_follows_where_the_points_sit():
+    peak, bw = 1.0, 10.0  # ridge at 100 FLOP/byte; roof at intensity 1 is 0.01 TFLOP/s
+    near = [{"phase": "decode", "intensity": 1.0, "tflops": 0.008},
+            {"phase": "prefill", "intensity": 500.0, "tflops": 0.6}]
+    text = kv_cache_lab.roofline_sentence(near, peak, bw)
+    assert "decode (1.00 FLOP/byte) reached 80% of its roof and is memory-bound" in text
+    assert "prefill (500.00 FLOP/byte) reached 60% of its roof and is compute-bound" in text
+    assert "neither" not in text
+    under = [{"phase": "decode", "intensity": 1.0, "tflops": 0.0001},
+             {"phase": "prefill", "intensity": 500.0, "tflops": 0.6}]
+    text = kv_cache_lab.roofline_sentence(under, peak, bw)
+    assert "memory-bound" not in text and "2.0 decades under it" in text
+    assert "Decode is neither memory- nor compute-bound" in text and "compute-bound" in text
+    with pytest.raises(ValueError):
+        kv_cache_lab.roofline_sentence(near, 0.0, bw)

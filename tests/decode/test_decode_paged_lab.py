@@ -1,0 +1,72 @@
+"""Notebook 10's paged-cache sections (helpers.decode.paged_lab): waste counted from block tables on planted,
+mixed and workload-like lengths, decode-attention speed rows, the KV-memory panel and the paged-waste verdict."""
+from __future__ import annotations
+
+import pytest
+
+from helpers.decode import paged_lab
+from kv_support import tiny_gpt
+
+
+def test_table_waste_on_planted_lengths():
+    w = paged_lab.table_waste([1, 16, 17, 32, 0], 16)
+    assert (w["allocated"], w["used"], w["wasted"]) == (16 + 16 + 32 + 32, 66, 30)
+    assert w["fraction"] == pytest.approx(30 / 96)
+
+
+def test_workload_lengths_and_the_waste_verdict():
+    lens = paged_lab.workload_lengths("ShareGPT-like", 4000, seed=1)
+    mean = sum(lens) / len(lens)
+    assert 400 < mean < 550 and max(lens) <= 2048 and min(lens) >= 2  # 161 + 338 on average, capped at 2048
+    out = paged_lab.realistic_waste(block_sizes=[16], n=500, show=False)
+    r = out["row16"]
+    assert r["block size"] == 16 and r["workload"] == "ShareGPT-like"
+    assert out["verdict"]["verdict"] == ("supported" if r["fraction"] < 0.04 else "contradicted")
+    assert out["verdict"]["expected"] == pytest.approx(8 / r["mean tokens"])
+    with pytest.raises(ValueError, match="workload"):
+        paged_lab.workload_lengths("chat", 3)
+
+
+def test_paged_section_prints_its_tables_and_returns_consistent_rows(capsys):
+    model = tiny_gpt(2)
+    out = paged_lab.paged_section(model, block_sizes=[4, 7], n_requests=6, batch=2, context=20, reps=1, show=False)
+    waste = {(r["scheme"], r["block size"]): r for r in out["waste"]}
+    assert waste[("paged", 4)]["fraction"] < waste[("preallocate prompt + cap", None)]["fraction"] \
+        < waste[("preallocate seq_len", None)]["fraction"]
+    assert all(r["used"] == waste[("paged", 4)]["used"] for r in out["waste"])  # the same tokens, held differently
+    assert all(r["max |err| torch"] < 1e-4 for r in out["speed"])
+    text = capsys.readouterr().out
+    assert "waste %" in text and out["sentence"] in text
+    with pytest.raises(ValueError, match="block_sizes"):
+        paged_lab.paged_section(model, block_sizes=[0])
+
+
+def test_request_mix_and_serving_estimate():
+    lens = paged_lab.request_mix("heavy-tailed", 50, 2048, seed=1)
+    assert len(lens) == 50 and all(1 <= n <= 2048 for n in lens)
+    est = paged_lab.serving_estimate(lens, 2048, 1000.0, 16, 1e7, 0.0, 100.0)
+    assert est["paged"]["reserved_tokens"] == sum(-(-n // 16) * 16 for n in lens)
+    assert est["paged"]["waste"] < est["preallocated"]["waste"]
+    assert est["paged"]["batch"] >= est["preallocated"]["batch"]
+    one = paged_lab.serving_estimate(lens, 2048, 1000.0, 1, 1e12, 0.0, 100.0)
+    assert one["paged"]["waste"] == 0.0  # blocks of one token waste nothing
+    with pytest.raises(ValueError, match="mix"):
+        paged_lab.request_mix("bursty", 3, 10)
+
+
+def test_serving_panel_callback(capsys):
+    est = paged_lab.serving_panel(2, 32, "uniform", 16, weight_bytes_=2.6e9, gbps=100.0)
+    assert "paged" in capsys.readouterr().out
+    assert est["paged"]["waste"] < est["preallocated"]["waste"]
+    more_heads = paged_lab.serving_panel(32, 32, "uniform", 16, weight_bytes_=2.6e9, gbps=100.0, show=False)
+    assert more_heads["paged"]["batch"] <= est["paged"]["batch"]  # bigger KV per token: fewer requests fit
+
+
+def test_paged_waste_verdict_is_not_testable_on_short_requests():
+    short = paged_lab.paged_waste_verdict(0.179, 16, 43)
+    assert short["verdict"] == "not testable" and "16" in short["reason"]
+    assert abs(short["expected"] - 8 / 43) < 1e-12
+    assert paged_lab.paged_waste_verdict(0.02, 16, 1000)["verdict"] == "supported"
+    assert paged_lab.paged_waste_verdict(0.10, 16, 1000)["verdict"] == "contradicted"
+    with pytest.raises(ValueError):
+        paged_lab.paged_waste_verdict(0.1, 0, 100)

@@ -1,0 +1,80 @@
+"""Notebook 11's parameters and measurements (helpers.decode.speculative_lab): the validators, the rule checked by
+sampling, and the speed grid's rows consistent with the formula and with each other."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from helpers.decode import speculative, speculative_lab, speculative_report_lab
+from helpers.gpt.model import GPT, GPTConfig
+
+
+def _gpt(n_layer: int, d_model: int, seed: int, scale: float = 3.0) -> GPT:
+    torch.manual_seed(seed)
+    model = GPT(GPTConfig(n_layer=n_layer, n_head=2, d_model=d_model, d_ff=2 * d_model, seq_len=96)).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(scale)
+    return model
+
+
+@pytest.fixture(scope="module")
+def models():
+    return _gpt(2, 32, 0), _gpt(1, 16, 1)
+
+
+PROMPT = torch.tensor([3, 14, 15, 92, 65, 35, 89, 79])
+
+
+# p and q on a vocabulary of 6: the wrong rule "accept when p >= q" can never emit tokens 2 or 5 (p < q)
+P = torch.tensor([0.30, 0.25, 0.05, 0.20, 0.15, 0.05], dtype=torch.float64)
+
+
+Q = torch.tensor([0.10, 0.15, 0.30, 0.10, 0.05, 0.30], dtype=torch.float64)
+
+
+def test_lab_validators_and_rule_check():
+    assert speculative_lab.check_temperatures("TEMPERATURES", [1, 0.0, 0.5, 1.0]) == [0.0, 0.5, 1.0]
+    for bad in ([], [-0.1], [float("nan")], [True], 0.5):
+        with pytest.raises(ValueError, match="TEMPERATURES"):
+            speculative_lab.check_temperatures("TEMPERATURES", bad)
+    assert speculative_lab.check_fraction("THRESHOLD", 0.01) == 0.01
+    for bad in (0, 1, 1.5, "0.1", True):
+        with pytest.raises(ValueError, match="THRESHOLD"):
+            speculative_lab.check_fraction("THRESHOLD", bad)
+    checks = speculative_lab.rule_check(P, Q, 50_000, seed=1)
+    assert checks["exact"]["test"].passes and not checks["p>=q"]["test"].passes
+    assert int(checks["exact"]["counts"].sum()) == 50_000
+
+
+def test_list_parameters_given_as_text_are_read_as_lists():
+    assert speculative_lab.check_temperatures("TEMPERATURES", "[1.0, 0.0]") == [0.0, 1.0]
+    with pytest.raises(ValueError, match="TEMPERATURES=.*string"):
+        speculative_lab.check_temperatures("TEMPERATURES", "hot")
+
+
+def test_speed_grid_rows_are_consistent(models):
+    target, draft = models
+    drafts = {"gpt": draft, "lookup": speculative.NGramDraft(2)}
+    costs = speculative_lab.decode_costs(target, draft, PROMPT, [2], reps=2)
+    rows = speculative_lab.speed_grid(target, drafts, [PROMPT, PROMPT.flip(0)], 12, [2], [0.0, 1.0], costs)
+    assert len(rows) == 4 and {(r["draft"], r["temperature"]) for r in rows} == {
+        (d, t) for d in drafts for t in (0.0, 1.0)}
+    for r in rows:
+        assert 0 <= r["alpha"] <= 1 and r["speedup_q25"] <= r["speedup"] <= r["speedup_q75"]
+        assert 1 <= r["tokens_per_pass"] <= 3 and r["expected"] == pytest.approx(speculative.expected_tokens(r["alpha"], 2))
+        assert r["predicted"] == pytest.approx(speculative.predicted_speedup(r["alpha"], 2, r["c"]))
+        assert r["c_q25"] <= r["c"] <= r["c_q75"]
+        assert r["proposal_rate"] == (1.0 if r["draft"] == "gpt" else r["proposal_rate"]) and len(r["runs"]) == 2
+    (row,) = speculative_lab.greedy_rows(target, {"gpt": draft}, PROMPT, 12, [2])
+    assert row[:4] == ["gpt", 2, 12, 12] and row[5] is None  # identical, so no tie gap
+    by_i, by_pos = speculative_report_lab.position_rows(rows[0]["runs"], 2, 12, bins=3)
+    assert [row[0] for row in by_i] == [0, 1][:len(by_i)] and sum(row[1] for row in by_pos) == sum(
+        len(x.betas) for x in rows[0]["runs"])
+    for r in rows:  # the ceiling: tokens per pass over at least one decode step; noise flags a speedup above it
+        assert r["ceiling"] == pytest.approx(r["tokens_per_pass"])
+        assert r["noise"] == (r["speedup"] > r["ceiling"]) and r["baseline_drift"] >= 0
+        overrun = sum(len(x.tokens) for x in r["runs"])  # 12 per run, after the last round's overrun is cut
+        assert r["truncated_per_pass"] * sum(x.target_passes for x in r["runs"]) == pytest.approx(
+            sum(x.accepted for x in r["runs"]) + sum(x.target_passes for x in r["runs"]) - overrun)
+    assert "γ=2" in speculative_report_lab.gap_sentence(rows, "gpt", [2], [0.0, 1.0]) or "within" in speculative_report_lab.gap_sentence(rows, "gpt", [2], [0.0, 1.0])
