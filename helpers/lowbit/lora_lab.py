@@ -15,7 +15,7 @@ Each section prints a table and sentences generated from this run's numbers and 
 - `qlora_65b_claim(bits, blocksize)`: the ledger's formula verdict on QLoRA's "65B on one 48 GB GPU" from the
   bits per parameter measured in the run (activations not counted).
 The fine-tuning sentences rank the methods (and the merged variants) only where a gap exceeds twice the
-standard error of the per-window difference (`quant_lab.gap_separated`).
+standard error of the per-window difference (`helpers.gpt.heldout.gap_separated`).
 Our LoRA and QLoRA against Hugging Face's peft are `helpers.lowbit.peft_lab`.
 """
 from __future__ import annotations
@@ -27,12 +27,12 @@ import torch
 import torch.nn as nn
 
 from helpers.gpt import data
+from helpers.gpt.heldout import gap_separated, loss_gap, window_losses, yardstick
 from helpers.gpt.pretrained import validation_loss
 from helpers.lowbit.gptq import block_linears
 from helpers.lowbit.lora import (FINETUNE, KINDS, finetune, finetune_gb, finetune_split, lora_layers, make_optimizer,
                                  memory_formula, merged_variants, optimizer_state_bytes, prepare, tensor_bytes,
                                  trainable)
-from helpers.lowbit.quant_lab import gap_separated, loss_gap, window_losses, yardstick
 from helpers.measure import bench
 from helpers.measure.params import positive
 from helpers.show import plots, tables
@@ -77,7 +77,7 @@ def finetune_section(trained, steps: int = 30, *, lr_full: float = 3e-4, lr_lora
     "seconds": {kind: float}, "trainable": {kind: int}, "merged": {label: (loss, perplexity)}}.
     Losses are nats/byte; held-out losses on `eval_batches` fixed batches of windows of the second part;
     "windows": {"before", "before_nf4", kind, "merged: " + label: per-window losses}, from which the sentences
-    rank a difference only when it exceeds twice its standard error (`quant_lab.gap_separated`)."""
+    rank a difference only when it exceeds twice its standard error (`heldout.gap_separated`)."""
     for name, value in (("steps", steps), ("r", r), ("batch", batch), ("seq_len", seq_len),
                         ("eval_batches", eval_batches)):
         positive(name, value)

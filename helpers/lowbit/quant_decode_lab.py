@@ -10,9 +10,9 @@ the blocks is quantised, the embeddings and the output head stay as they are.
   compiles one graph per batch size (the timed decode step's shape), not two.
 - On a CPU: `cpu_decode`, batch-1 decode of fp32 against int8 weight-only (PyTorch's fused int8 kernel,
   and dequantize-then-matmul) timed by `helpers.measure.protocol`, as bytes read per token / time per token;
-  `cpu_decode_table` and `cpu_decode_sentences` set it against the copy ceiling (`copy_gbps_on`, on as many
-  threads, of a copy of `copy_size`: larger than `hardware.last_level_cache`); `model_bytes`, the bytes a step
-  reads from the weights.
+  `cpu_decode_table` and `cpu_decode_sentences` set it against the copy ceiling on as many threads
+  (`helpers.measure.ceilings.bandwidth_ceiling("cpu", threads=...)`).
+- The bytes a step reads are `helpers.gpt.footprint.decode_step_bytes`'s, the course's one count.
 - `decode_claim`, the ledger's verdict from a measured ratio (`DECODE_CLAIM`).
 """
 from __future__ import annotations
@@ -23,11 +23,11 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
+from helpers.gpt import footprint
 from helpers.gpt.generation import KVCache, prefill, rewound_step
 from helpers.gpt.model import GPT, GPTConfig
 from helpers.lowbit import quant_linear
-from helpers.measure import bench, claims, hardware, protocol
-from helpers.measure.ceilings import measure_copy_bandwidth
+from helpers.measure import bench, claims, protocol
 from helpers.measure.params import positive
 from helpers.show import tables
 
@@ -105,7 +105,7 @@ def decode_speed(preset: str = "1.3b", batches=(1, 32), prompt: int = 64, reps: 
             if name.startswith("torchao"):  # its tensor subclasses hide their packed size: count ours at that width
                 wbytes = stored.get(name.split("-")[1].replace("int4", "int4-triton"))
             else:
-                wbytes = sum(t.numel() * t.element_size() for t in list(model.parameters()) + list(model.buffers()))
+                wbytes = footprint.decode_step_bytes(model)
                 stored[name] = wbytes
             for b in batches:
                 step = _decode_step(model, b, prompt, "cuda")
@@ -136,21 +136,6 @@ def _cache_bytes(cfg, batch: int, length: int, dtype: torch.dtype) -> int:
     return 2 * cfg.n_layer * batch * length * cfg.n_kv_head * cfg.head_dim * torch.empty((), dtype=dtype).element_size()
 
 
-def copy_size(device: str) -> int:
-    """Bytes of the source of a copy-bandwidth measurement whose traffic (source + destination) is larger than the
-    last-level cache: on a CPU the next power of two at or above that cache (64 MiB when it cannot be read, at most
-    1 GiB); on a GPU 1 GiB."""
-    if torch.device(device).type != "cpu":
-        return 2 ** 30
-    llc = hardware.last_level_cache("cpu")[0] or 2 ** 26
-    return min(2 ** 30, 1 << max(26, (llc - 1).bit_length()))
-
-
-def model_bytes(model: nn.Module) -> int:
-    """Bytes of every parameter and buffer of `model` (a decode step reads each once)."""
-    return sum(t.numel() * t.element_size() for t in list(model.parameters()) + list(model.buffers()))
-
-
 def cpu_decode(preset: str = "small10m", prompt: int = 64, *, variants=CPU_DECODE_DEFAULT, budget_s: float = 8.0,
                max_reps: int = 30, max_warmup: int = 10, threads: int = 1, seed: int = 0, timer=None) -> dict:
     """Batch-1 decode steps of a randomly initialised `preset` GPT on the CPU, its block linears in each of
@@ -158,8 +143,8 @@ def cpu_decode(preset: str = "small10m", prompt: int = 64, *, variants=CPU_DECOD
     `quant_linear.int8_fused_linear` or by converting the whole weight to fp32 before the matmul), timed by
     `helpers.measure.protocol.compare` (warm-up until steady, interleaved rounds, medians with IQR).
 
-    Bytes read per token = every parameter and buffer once (`model_bytes`) + the K/V cache of `prompt` + 1
-    tokens; bandwidth = bytes / seconds per token (GB/s = 1e9 B/s), with IQR bounds bytes / q75 .. bytes /
+    Bytes read per token = `footprint.decode_step_bytes` (every weight as stored, one row of the position
+    table) with the K/V cache of `prompt` + 1 tokens; bandwidth = bytes / seconds per token (GB/s = 1e9 B/s), with IQR bounds bytes / q75 .. bytes /
     q25. Timed on `threads` intra-op threads (`bench.cpu_threads`): one by default, because on a CPU shared with
     other work two threads wait on each other at every operation and the step time measures the scheduler.
     Returns {"rows": [{variant, bytes, timing (bench.Timing), tokens_per_s, gbps, gbps_lo, gbps_hi}],
@@ -179,7 +164,7 @@ def cpu_decode(preset: str = "small10m", prompt: int = 64, *, variants=CPU_DECOD
         else:
             model, dtype = weight_only_copy(base, 8, "fused" if "fused" in name else "torch"), torch.float32
         fns[name] = _decode_step(model, 1, prompt, "cpu", dtype)
-        nbytes[name] = model_bytes(model) + _cache_bytes(model.config, 1, prompt + 1, dtype)
+        nbytes[name] = footprint.decode_step_bytes(model, _cache_bytes(model.config, 1, prompt + 1, dtype))
     with bench.cpu_threads("cpu", positive("threads", threads)):
         comp = protocol.compare(fns, device="cpu", timer=timer, min_reps=5, max_reps=max_reps, budget_s=budget_s,
                                 max_warmup=max_warmup)
@@ -190,13 +175,6 @@ def cpu_decode(preset: str = "small10m", prompt: int = 64, *, variants=CPU_DECOD
                      "gbps": nbytes[name] / t.median / GB, "gbps_lo": nbytes[name] / t.q75 / GB,
                      "gbps_hi": nbytes[name] / t.q25 / GB})
     return {"rows": rows, "comparison": comp, "preset": preset, "prompt": prompt, "threads": threads}
-
-
-def copy_gbps_on(threads: int, copy_bytes: int) -> float:
-    """The copy bandwidth (GB/s, read + write) of a `copy_bytes` copy on `threads` intra-op threads of this CPU:
-    the ceiling for a decode step timed on as many threads (`cpu_decode`)."""
-    with bench.cpu_threads("cpu", positive("threads", threads)):
-        return measure_copy_bandwidth(copy_bytes, "cpu", reps=5)
 
 
 def cpu_decode_table(result: dict, copy_gbps: float) -> str:

@@ -1,5 +1,5 @@
 """Notebook 08's parameters and quantisation measurements: error on a trained GPT's real weights and activations,
-and a grid of RTN / NF4 formats on the whole model.
+and a sweep of RTN / NF4 formats on the whole model.
 
 The quantisers are `helpers.lowbit.quant` and `helpers.lowbit.quant_linear`; this module applies them to the
 course GPT. Every linear inside the blocks (attention q/kv/out, MLP up/down) is quantised; the embeddings and
@@ -11,11 +11,10 @@ state by `helpers.lowbit.optim8bit_lab`.
   the GPT's layer widths, the LLM.int8 threshold against the planted test input).
 - Weights and activations: `weight_error_rows` (each scheme, width and granularity on every block
   weight), `block_inputs`, `outlier_profile` and `activation_error_rows` (LLM.int8 on the real inputs).
-- `grid(model, specs, evaluate)`: every (method, bits, group) quantised in place, evaluated, restored;
+- `spec_sweep(model, specs, evaluate)`: every (method, bits, group) quantised in place, evaluated, restored;
   `weight_bits`, the storage bits per parameter of a format.
-- Noise in held-out losses: `window_losses` (one loss per window of `validation_loss`), `loss_gap`,
-  `gap_separated`, `yardstick`, `compare_losses` and `highest_loss`: a gap between two models is ranked only
-  when it exceeds `NOISE_K` standard errors of the paired per-window difference.
+- `highest_loss`: which of several models' held-out losses is highest, named only when its gap to the
+  runner-up exceeds `heldout.NOISE_K` standard errors of the paired per-window difference (`helpers.gpt.heldout`).
 - `zero_point_bits_note`: what the fp32 zero of a zero-point format costs, and the alternatives.
 """
 from __future__ import annotations
@@ -25,7 +24,7 @@ import math
 import torch
 from torch import nn
 
-from helpers.gpt import data
+from helpers.gpt.heldout import NOISE_K, compare_losses, gap_separated, yardstick
 from helpers.gpt.model import GPT, PRESETS, GPTConfig
 from helpers.lowbit import quant, quant_linear
 from helpers.lowbit.gptq import block_linears
@@ -211,7 +210,7 @@ def activation_error_rows(acts: dict[str, torch.Tensor], weights: dict[str, torc
     return rows
 
 
-# ---------------------------------------------------------------- a grid of RTN and NF4 formats on the whole model
+# ---------------------------------------------------------------- a sweep of RTN and NF4 formats on the whole model
 
 def weight_bits(model: nn.Module, method: str, bits: int = 4, group: "str | int" = 64) -> float:
     """Storage bits per parameter of the block linears under `method`, from each weight's quantised state
@@ -232,7 +231,7 @@ def weight_bits(model: nn.Module, method: str, bits: int = 4, group: "str | int"
 
 
 @torch.no_grad()
-def grid(model: nn.Module, specs, evaluate) -> dict[tuple, dict]:
+def spec_sweep(model: nn.Module, specs, evaluate) -> dict[tuple, dict]:
     """For each (method, bits, group) in `specs`: quantize every block linear's weight in place, measure the
     mean relative weight error, the bits per parameter (as `weight_bits` counts them) and `evaluate(model)`
     (e.g. a validation loss), then restore the weights. Returns {(method, bits, str(group)): {error, bits,
@@ -265,62 +264,7 @@ def grid(model: nn.Module, specs, evaluate) -> dict[tuple, dict]:
     return out
 
 
-# ---------------------------------------------------------------- held-out loss per window, and its noise
-
-@torch.no_grad()
-def window_losses(model: nn.Module, tokens: torch.Tensor, *, batches: int, batch: int, seq_len: int | None = None,
-                  seed: int = 1234) -> torch.Tensor:
-    """Cross-entropy (nats/byte) of every held-out window `pretrained.validation_loss` averages (the same seeded
-    draws): a float64 tensor of batches * batch values whose mean is that validation loss."""
-    seq_len = seq_len or model.config.seq_len
-    device = next(model.parameters()).device
-    g = torch.Generator().manual_seed(seed)
-    was = model.training
-    model.eval()
-    out = []
-    for _ in range(positive("batches", batches)):
-        x, y = data.get_batch(tokens, batch, seq_len, device, generator=g)
-        logits = model(x)[0].float()
-        ce = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1), reduction="none")
-        out.append(ce.reshape(y.shape).mean(1).double().cpu())
-    model.train(was)
-    return torch.cat(out)
-
-
-NOISE_K = 2.0  # a gap counts when it exceeds NOISE_K standard errors of the per-window difference
-
-
-def loss_gap(a: torch.Tensor, b: torch.Tensor) -> tuple[float, float]:
-    """(mean of a - b, standard error of that mean) over paired per-window losses (the same windows): the
-    yardstick a loss difference must exceed to be ranked. Raises ValueError for unpaired or single windows."""
-    if a.shape != b.shape or a.dim() != 1 or a.numel() < 2:
-        raise ValueError(f"need two 1-D tensors of the same windows (at least 2); got {tuple(a.shape)} and {tuple(b.shape)}")
-    d = (a - b).double()
-    return float(d.mean()), float(d.std() / math.sqrt(d.numel()))
-
-
-def gap_separated(a: torch.Tensor, b: torch.Tensor, k: float = NOISE_K) -> bool:
-    """Whether the paired loss gap a - b exceeds k of its standard errors."""
-    mean, se = loss_gap(a, b)
-    return abs(mean) > k * se
-
-
-def yardstick(a: torch.Tensor, b: torch.Tensor, k: float = NOISE_K) -> str:
-    """The words for the noise yardstick of a - b: 'k x the standard error of the per-window difference'."""
-    _, se = loss_gap(a, b)
-    return f"yardstick {k:g} x the standard error of the per-window difference, {k * se:.4f} nats/byte over {a.numel()} windows"
-
-
-def compare_losses(name_a: str, a: torch.Tensor, name_b: str, b: torch.Tensor, k: float = NOISE_K) -> str:
-    """One sentence on two models' held-out losses on the same windows: which is lower and by how much when
-    the gap exceeds the yardstick (`gap_separated`), else that this run cannot tell them apart."""
-    mean, _ = loss_gap(a, b)
-    if not gap_separated(a, b, k):
-        return (f"{name_a} and {name_b} cannot be told apart: {abs(mean):.4f} nats/byte apart, within the noise "
-                f"({yardstick(a, b, k)})")
-    lo, hi = (name_a, name_b) if mean < 0 else (name_b, name_a)
-    return f"{lo}'s loss is below {hi}'s by {abs(mean):.4f} nats/byte ({yardstick(a, b, k)})"
-
+# ---------------------------------------------------------------- the noise of held-out losses
 
 def highest_loss(windows: dict[str, torch.Tensor], k: float = NOISE_K) -> str:
     """Which of `windows` ({name: per-window losses}) has the highest held-out loss, named only when it is above

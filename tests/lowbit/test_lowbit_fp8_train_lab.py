@@ -27,7 +27,8 @@ def test_training_sentences_state_the_measured_gap():
 
 
 def test_the_baseline_comes_first_and_names_the_sentences():
-    assert fp8_train_lab.train_variants("bf16")[0] == "bf16" and fp8_train_lab.train_variants("fp32")[1:] == fp8_train_lab.TRAIN_VARIANTS[1:]
+    assert fp8_train_lab.train_variants("bf16")[0] == "bf16"
+    assert fp8_train_lab.train_variants("fp32")[1:] == fp8_train_lab.TRAIN_VARIANTS[1:]
     with pytest.raises(ValueError, match="baseline"):
         fp8_train_lab.train_variants("fp16")
     res = {"bf16": {"losses": [3.0, 2.0], "val_loss": 2.5}, "ours rowwise": {"losses": [3.0, 2.1], "val_loss": 2.6}}
@@ -128,8 +129,8 @@ def test_our_emulated_training_matches_the_scaled_mm_path(recipe):
         pytest.skip("torch._scaled_mm refuses these scales on this CPU")
     torch.manual_seed(0)
     base = GPT(GPTConfig.preset("tiny", n_layer=1))
-    runs = [fp8_train_lab.train(fp8_train_lab.make_variant(base, f"ours {recipe}", emulate=e)[0], _tiny_batches(), _tiny_batches(1),
-                          lr=1e-3, emulate=e) for e in (False, True)]
+    runs = [fp8_train_lab.train(fp8_train_lab.make_variant(base, f"ours {recipe}", emulate=e)[0], _tiny_batches(),
+                                _tiny_batches(1), lr=1e-3, emulate=e) for e in (False, True)]
     if recipe == "rowwise":
         assert runs[0] == runs[1]
     else:
