@@ -21,8 +21,8 @@ import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from helpers.gpt.model import GPT
-from helpers.parallel.data_parallel import DDP
-from helpers.parallel.dist_lab import global_batches, small_config
+from helpers.parallel.ddp import DDP
+from helpers.parallel.ddp_lab import global_batches, small_config
 
 
 @record  # a rank's exception is written where torchrun reports it, with its rank and traceback

@@ -1,20 +1,33 @@
 """Distributed training on `torch.distributed`, written from scratch and checked against PyTorch's own:
 notebook 13 (and `scripts/ddp_torchrun.py`). Imports `gpt`, `measure` and `show`.
 
-`distributed`     ranks on one machine (`run_on_ranks`, a fork-server launcher that leaves nothing behind),
-                  two torchrun launchers at a local rendezvous, the ring all-reduce from send/recv and its
-                  schedule, the alpha-beta model and nccl-tests' bus bandwidth
-`data_parallel`   DDP (per-parameter or bucketed all-reduce overlapped with backward, no_sync,
-                  find_unused_parameters as torch's; `bucket_assignment`, torch's rule; `overlap_prediction`),
-                  ZeRO-1/2 (`ShardedOptimizer`), FSDP (ZeRO-3) over Linear and Embedding layers, bytes per rank,
-                  the ZeRO paper's memory and communication formulas
-`model_parallel`  Megatron tensor parallelism (column/row-split MLP, head-split attention) and its bytes per
-                  layer, the GPipe and 1F1B pipeline schedules, `pipeline_step` (one training step of a real
-                  module split into stages by them), GPipe's bubble formula and `replay_schedule` (a schedule
-                  replayed as events with given step, delivery and in-between times)
-`dist_lab`        notebook 13's work on ranks: the checks against single-process training and dense layers,
-                  collective timings (ping-pong, ring, `dist.all_reduce`), DDP step times by the protocol,
-                  DDP's overlap with timed waits, memory per ZeRO stage, the pipeline executed with a fixed
-                  compute time, its bubble and where its idle time went; the notebook's sentences, ledger
-                  verdict, plan figure and parameter checks
+Technique modules:
+
+`collectives`      the ring all-reduce from send/recv and its schedule (`ring_schedule`, `simulate_ring`),
+                   the alpha-beta model and nccl-tests' bus bandwidth
+`ddp`              DDP (per-parameter or bucketed all-reduce overlapped with backward, no_sync,
+                   find_unused_parameters as torch's; `bucket_assignment`, torch's rule; `overlap_prediction`)
+                   and the helpers ZeRO and FSDP share
+`zero`             ZeRO-1/2 (`ShardedOptimizer`), bytes per rank, the ZeRO paper's memory and communication formulas
+`fsdp`             FSDP (ZeRO-3) over Linear and Embedding layers
+`tensor_parallel`  Megatron tensor parallelism (column/row-split MLP, head-split attention) and its bytes per layer
+`pipeline`         the GPipe and 1F1B pipeline schedules, `pipeline_step` (one training step of a real module
+                   split into stages by them), GPipe's bubble formula and `replay_schedule` (a schedule
+                   replayed as events with given step, delivery and in-between times)
+
+Launching ranks:
+
+`launch`           ranks on one machine (`run_on_ranks`, a fork-server launcher that leaves nothing behind)
+`payload`          what travels between the launcher and its ranks (the function out, the results back)
+`torchrun`         torchrun launchers at a local rendezvous, one per stand-in machine (`torchrun_two_nodes`)
+
+Notebook 13's labs, one per section, each named after the technique it measures:
+
+`collectives_lab`  the ring checked against `dist.all_reduce`, ping-pong and all-reduce timings, the
+                   course's timing protocol on ranks (`rounds`), the notebook's parameters
+`ddp_lab`          DDP, ZeRO and FSDP checked against single-process training, DDP step times by the
+                   protocol, DDP's overlap with timed waits, the bucketing and overlap sentences
+`zero_lab`         memory per ZeRO stage measured on ranks, the formulas' plan and figure
+`pipeline_lab`     tensor parallelism checked against dense layers, the pipeline executed with a fixed
+                   compute time, its bubble, where its idle time went, and the ledger's verdict
 """

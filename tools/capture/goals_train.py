@@ -11,9 +11,9 @@ the notebook calls in its full profile, never a second implementation:
 - notebook 12: `helpers.dataload.loading_lab` (`sweep_rounds`, `h2d_bandwidth`), `helpers.dataload.loading`
   (the document store, `train_step`), `helpers.dataload.packing` and
   `helpers.measure.bench.benchmark_interleaved`;
-- notebook 13: `helpers.parallel.dist_lab` (`section_collectives`, `measure_ddp`, `measure_memory`) on gloo
-  ranks started by `helpers.parallel.distributed.run_on_ranks`, against
-  `helpers.parallel.data_parallel.zero_formula`.
+- notebook 13: `helpers.parallel.collectives_lab.section_collectives`, `ddp_lab.measure_ddp` and
+  `zero_lab.measure_memory` on gloo ranks started by `helpers.parallel.launch.run_on_ranks`, against
+  `helpers.parallel.zero.zero_formula`.
 
 Every function takes a `goal_base.Ctx` and returns `goal_base.result(...)` or raises `NotMeasurable`;
 `tools.capture.goals` registers them with their targets and H200 estimates and runs each in its own process.
@@ -32,7 +32,7 @@ from helpers.gpt import data
 from helpers.gpt.model import GPT, PRESETS, GPTConfig
 from helpers.lowbit import fp8_linear, fp8_train_lab
 from helpers.measure import bench
-from helpers.parallel import data_parallel, dist_lab, distributed
+from helpers.parallel import collectives_lab, ddp_lab, launch, zero, zero_lab
 
 
 # ---------------------------------------------------------------- notebook 07: FP8 (helpers.lowbit.fp8_train_lab)
@@ -273,13 +273,13 @@ def _world(ctx: Ctx) -> tuple[int, int, str]:
 
 def ring_all_reduce_ratio(ctx: Ctx) -> dict:
     """13.ring: the course's ring all-reduce against dist.all_reduce for messages >= 16 MB
-    (dist_lab.section_collectives on gloo ranks, as notebook 13).
+    (collectives_lab.section_collectives on gloo ranks, as notebook 13).
 
     Notebook 13 builds the ring from point-to-point sends: each rank sends 2(p-1)/p of the message, the
     least any all-reduce must send, so on large messages it should be within 1.5x of the library's."""
     world, cores, note = _world(ctx)
     sizes, reps = ctx.pick(smoke=[2 ** 14, 2 ** 18], full=[2 ** 24, 2 ** 26]), ctx.pick(smoke=1, full=5)
-    coll = distributed.run_on_ranks(dist_lab.section_collectives, world, sizes, 3 * reps)[0]
+    coll = launch.run_on_ranks(collectives_lab.section_collectives, world, sizes, 3 * reps)[0]
     sw = coll["sweep"]
     size = lambda n: f"{n / 2 ** 20:g} MiB" if n >= 2 ** 20 else f"{n / 2 ** 10:g} KiB"  # noqa: E731
     checks = [check(f"ring / dist.all_reduce time at {size(n)}", r / t, "<=", 1.5)
@@ -291,14 +291,14 @@ def ring_all_reduce_ratio(ctx: Ctx) -> dict:
 
 def bucketed_ddp_speedup(ctx: Ctx) -> dict:
     """13.bucketed_ddp: overlapped, bucketed DDP against synchronising after backward, at the batch whose
-    compute is closest to the communication (dist_lab.measure_ddp, as notebook 13).
+    compute is closest to the communication (ddp_lab.measure_ddp, as notebook 13).
 
     All-reducing gradient buckets while backward still runs hides the communication behind compute
     (notebook 13); where the two take similar time, that should make a step >= 20% faster."""
     world, cores, note = _world(ctx)
     rows, reps = ctx.pick(smoke=[8], full=[16, 128]), ctx.pick(smoke=2, full=5)  # notebook 13's full DDP_ROWS, REPS
     depth = ctx.pick(smoke=2, full=8)
-    m = distributed.run_on_ranks(dist_lab.measure_ddp, world, 1024, depth, rows, reps, 1.0)[0]
+    m = launch.run_on_ranks(ddp_lab.measure_ddp, world, 1024, depth, rows, reps, 1.0)[0]
     near = min(rows, key=lambda r: abs(math.log(m[r]["compute only"] / m["comm"])))
     t = m[near]
     return result([check("after-backward / bucketed step time (>= 1.2: 20% faster)", t["after backward"] / t["bucketed"],
@@ -311,8 +311,8 @@ def bucketed_ddp_speedup(ctx: Ctx) -> dict:
 
 
 def zero_memory_deviation(ctx: Ctx) -> dict:
-    """13.zero_memory: memory per rank against the ZeRO formulas, stages 0-3 (dist_lab.measure_memory,
-    data_parallel.zero_formula).
+    """13.zero_memory: memory per rank against the ZeRO formulas, stages 0-3 (zero_lab.measure_memory,
+    zero.zero_formula).
 
     Notebook 13 derives each ZeRO stage's bytes per rank from the parameter count and the number of ranks
     (Rajbhandari et al., "ZeRO: Memory Optimizations Toward Training Trillion Parameter Models", 2020); the
@@ -323,11 +323,11 @@ def zero_memory_deviation(ctx: Ctx) -> dict:
     ranks = ctx.pick(smoke=[2], full=[2, 4])
     worst, rows = 0.0, []
     for n in ranks:
-        got = distributed.run_on_ranks(dist_lab.measure_memory, n, cfg)
+        got = launch.run_on_ranks(zero_lab.measure_memory, n, cfg)
         psi = got[0][0]["n_params"]
         for stage in range(4):
             have = max(r[stage]["total"] for r in got)
-            want = data_parallel.zero_formula(stage, psi, n)["total"]
+            want = zero.zero_formula(stage, psi, n)["total"]
             rows.append({"ranks": n, "stage": stage, "bytes": have, "formula": want, "deviation": have / want - 1})
             worst = max(worst, abs(have / want - 1))
     return result([check("largest |memory / ZeRO formula - 1| over stages 0-3", worst, "<=", 0.05)], {"rows": rows},

@@ -1,7 +1,7 @@
 """Notebook 13's exercises: the ring all-reduce's index arithmetic, ZeRO memory per rank, the pipeline bubble,
 DDP's bucket assignment.
 
-The ring exercise runs the learner's schedule through `distributed.simulate_ring` (every rank's
+The ring exercise runs the learner's schedule through `collectives.simulate_ring` (every rank's
 chunks, step by step, messages taken before any is applied), so a schedule passes only if every
 rank ends with the full sum: the same schedule `ring_all_reduce` runs on real ranks.
 
@@ -10,7 +10,7 @@ assignment torch's DDP computes for the same gradients (`torch.distributed._comp
 what its Reducer calls to build its buckets), so a rule that differs from torch's FAILs with a sentence.
 
 The code exercises refuse the course's own answer: a function that is, or calls, `ring_schedule`
-(exercise 1), `zero_formula` / `dist_lab.plan` (exercise 2) or `bucket_assignment` / torch's assignment
+(exercise 1), `zero_formula` / `zero_lab.plan` (exercise 2) or `bucket_assignment` / torch's assignment
 (exercise 4) FAILs with "write it yourself".
 The references below are written out here for the same reason.
 """
@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from helpers.course.check import Case, register
-from helpers.parallel import data_parallel, dist_lab, distributed
+from helpers.parallel import collectives, ddp, zero, zero_lab
 
 
 def _ring_cases() -> list[Case]:
@@ -52,7 +52,7 @@ def _refuse_course_answer(fn, course_fns, what: str) -> None:
 
 
 def _ring_reference(rank, world_size, step, phase):
-    """The reference schedule (the same arithmetic as distributed.ring_schedule)."""
+    """The reference schedule (the same arithmetic as collectives.ring_schedule)."""
     n = world_size
     if phase == "reduce-scatter":
         return (rank - step) % n, (rank - step - 1) % n
@@ -61,11 +61,11 @@ def _ring_reference(rank, world_size, step, phase):
 
 def _run_ring(schedule, case):
     """Every rank's result of a ring all-reduce of the case's inputs under `schedule`."""
-    _refuse_course_answer(schedule, (distributed.ring_schedule,), "distributed.ring_schedule")
+    _refuse_course_answer(schedule, (collectives.ring_schedule,), "collectives.ring_schedule")
     probe = schedule(0, 2, 0, "reduce-scatter")
     if probe is None:
         return None
-    return distributed.simulate_ring(case.args[0], schedule)
+    return collectives.simulate_ring(case.args[0], schedule)
 
 
 def _wrong_direction(rank, world_size, step, phase):
@@ -109,7 +109,7 @@ def _zero_total(stage, n_params, world_size, b_param=4, b_grad=4, b_state=8):
 
 
 def _zero_reference(stage, n_params, world_size):
-    """The reference (the same formula as data_parallel.zero_formula(...)["total"])."""
+    """The reference (the same formula as zero.zero_formula(...)["total"])."""
     return _zero_total(stage, n_params, world_size)
 
 
@@ -125,8 +125,8 @@ def _zero_paper_bytes(stage, n_params, world_size):
 
 def _run_zero(fn, case):
     """The learner's bytes for the case, after refusing the course's own formula."""
-    _refuse_course_answer(fn, (data_parallel.zero_formula, dist_lab.plan),
-                          "data_parallel.zero_formula or dist_lab.plan")
+    _refuse_course_answer(fn, (zero.zero_formula, zero_lab.plan),
+                          "zero.zero_formula or zero_lab.plan")
     return fn(*case.args, **case.kwargs)
 
 
@@ -168,7 +168,7 @@ def _bucket_cases() -> list[Case]:
 
 
 def _bucket_reference(nbytes, bucket_bytes):
-    """The reference (the rule of data_parallel.bucket_assignment and of torch DDP), written out: the checker
+    """The reference (the rule of ddp.bucket_assignment and of torch DDP), written out: the checker
     refuses any answer that calls the course's own function, this one included."""
     buckets, current, size = [], [], 0
     for i, n in enumerate(nbytes):
@@ -206,8 +206,8 @@ def _bucket_forward_order(nbytes, bucket_bytes):
 
 def _run_bucket(fn, case):
     """The learner's buckets as lists of ints, refused when they differ from torch DDP's for the case."""
-    _refuse_course_answer(fn, (data_parallel.bucket_assignment, dist._compute_bucket_assignment_by_size),
-                          "data_parallel.bucket_assignment or torch's _compute_bucket_assignment_by_size")
+    _refuse_course_answer(fn, (ddp.bucket_assignment, dist._compute_bucket_assignment_by_size),
+                          "ddp.bucket_assignment or torch's _compute_bucket_assignment_by_size")
     got = fn(*case.args, **case.kwargs)
     if got is None:
         return None

@@ -1,0 +1,133 @@
+"""Collectives built from point-to-point messages, and the models that price them.
+
+`ring_all_reduce` is reduce-scatter then all-gather around a ring, from `isend`/`irecv` only;
+`ring_schedule` is its index arithmetic as a pure function, and `simulate_ring` runs a schedule in one
+process. `alpha_beta_fit` fits the latency-bandwidth model t = alpha + n * beta to measured (bytes,
+seconds), `ring_model_time` prices a ring all-reduce with it, and `bus_bandwidth` follows the nccl-tests
+convention (all-reduce algorithm bandwidth x 2(n-1)/n). `all_gather_single` and `reduce_scatter_single`
+are torch's single-tensor collectives under the name the installed torch has.
+
+Everything that takes a group runs inside a process group (`helpers.parallel.launch.run_on_ranks`, or torchrun).
+"""
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import torch
+import torch.distributed as dist
+
+from helpers.measure.params import positive
+
+
+def all_gather_single(out: torch.Tensor, inp: torch.Tensor, async_op: bool = False):
+    """`dist.all_gather_single` where the installed torch has it (2.10+), else `all_gather_into_tensor`."""
+    fn = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    return fn(out, inp, async_op=async_op)
+
+
+def reduce_scatter_single(out: torch.Tensor, inp: torch.Tensor, async_op: bool = False):
+    """`dist.reduce_scatter_single` (sum) where the installed torch has it, else `reduce_scatter_tensor`."""
+    fn = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+    return fn(out, inp, async_op=async_op)
+
+
+# ---------------------------------------------------------------- the ring all-reduce
+
+def ring_schedule(rank: int, world_size: int, step: int, phase: str) -> tuple[int, int]:
+    """(chunk this rank sends to rank+1, chunk it receives from rank-1) at `step` of `phase`.
+
+    phase "reduce-scatter" (steps 0..n-2): the received chunk is added to the local one; afterwards
+    rank r holds the full sum of chunk (r+1) mod n. phase "all-gather" (steps 0..n-2): the received
+    chunk replaces the local one, passing the finished sums around. Raises ValueError for a bad phase.
+    """
+    n = world_size
+    if phase == "reduce-scatter":
+        return (rank - step) % n, (rank - step - 1) % n
+    if phase == "all-gather":
+        return (rank + 1 - step) % n, (rank - step) % n
+    raise ValueError(f"phase={phase!r}; choose 'reduce-scatter' or 'all-gather'")
+
+
+def simulate_ring(inputs: Sequence[torch.Tensor], schedule: Callable = ring_schedule) -> list[torch.Tensor]:
+    """Every rank's result of a ring all-reduce of `inputs` (one 1-D tensor per rank), in one process.
+
+    Runs `schedule` step by step with each step's messages taken before any is applied, as on a real
+    ring. Used to check a schedule without processes; equals `sum(inputs)` on every rank when right.
+    """
+    n = len(inputs)
+    bufs = [list(torch.tensor_split(x.clone(), n)) for x in inputs]
+    for phase in ("reduce-scatter", "all-gather"):
+        for step in range(n - 1):
+            plan = [schedule(r, n, step, phase) for r in range(n)]
+            sent = [bufs[r][plan[r][0]].clone() for r in range(n)]
+            for r in range(n):
+                recv = plan[r][1]
+                incoming = sent[(r - 1) % n]
+                bufs[r][recv] = bufs[r][recv] + incoming if phase == "reduce-scatter" else incoming
+    return [torch.cat(b) for b in bufs]
+
+
+def ring_all_reduce(tensor: torch.Tensor, group=None) -> torch.Tensor:
+    """Sum `tensor` over all ranks in place with a ring: reduce-scatter, then all-gather.
+
+    Each rank sends and receives 2(n-1) chunks of numel/n elements, the bandwidth-optimal volume
+    2(n-1)/n x the tensor's bytes. Works on any shape and dtype (exact for integers; for floats the
+    order of additions differs from `dist.all_reduce`'s, so results agree to rounding). Returns `tensor`.
+    """
+    n, rank = dist.get_world_size(group), dist.get_rank(group)
+    if n == 1:
+        return tensor
+    flat = tensor.view(-1) if tensor.is_contiguous() else tensor.reshape(-1)
+    chunks = list(torch.tensor_split(flat, n))
+    right, left = (rank + 1) % n, (rank - 1) % n
+    if group is not None:
+        right, left = dist.get_global_rank(group, right), dist.get_global_rank(group, left)
+    for phase in ("reduce-scatter", "all-gather"):
+        for step in range(n - 1):
+            send_i, recv_i = ring_schedule(rank, n, step, phase)
+            incoming = torch.empty_like(chunks[recv_i])
+            reqs = [dist.isend(chunks[send_i].contiguous(), right, group=group),
+                    dist.irecv(incoming, left, group=group)]
+            for r in reqs:
+                r.wait()
+            if phase == "reduce-scatter":
+                chunks[recv_i].add_(incoming)
+            else:
+                chunks[recv_i].copy_(incoming)
+    if flat.data_ptr() != tensor.data_ptr():
+        tensor.copy_(flat.view_as(tensor))
+    return tensor
+
+
+# ---------------------------------------------------------------- the alpha-beta model
+
+def alpha_beta_fit(nbytes: Sequence[float], seconds: Sequence[float]) -> tuple[float, float]:
+    """Least-squares (alpha s, beta s/byte) of t = alpha + n * beta, weighting each point by 1/t.
+
+    Relative weighting keeps the small messages (which fix alpha) from being drowned by the large
+    ones. Raises ValueError with fewer than two distinct sizes.
+    """
+    if len(set(nbytes)) < 2 or len(nbytes) != len(seconds):
+        raise ValueError("alpha_beta_fit needs at least two distinct sizes, one time each")
+    n = torch.tensor(nbytes, dtype=torch.float64)
+    t = torch.tensor(seconds, dtype=torch.float64)
+    A = torch.stack([torch.ones_like(n), n], 1) / t[:, None]
+    sol = torch.linalg.lstsq(A, torch.ones_like(t)[:, None]).solution.flatten()
+    return max(float(sol[0]), 0.0), max(float(sol[1]), 0.0)
+
+
+def ring_model_time(nbytes: float, world_size: int, alpha: float, beta: float) -> float:
+    """Predicted ring all-reduce seconds: 2(n-1) messages of nbytes/n, each alpha + size*beta."""
+    n = world_size
+    return 2 * (n - 1) * (alpha + nbytes / n * beta)
+
+
+def bus_bandwidth(nbytes: float, seconds: float, world_size: int) -> float:
+    """All-reduce bus bandwidth in GB/s, nccl-tests' convention: (nbytes / seconds) x 2(n-1)/n.
+
+    It is comparable with a link's bandwidth: a ring all-reduce moves 2(n-1)/n of the buffer per rank.
+    Raises ValueError unless seconds is a positive number and world_size a positive int.
+    """
+    positive("seconds", float(seconds) if type(seconds) is int else seconds, float)
+    positive("world_size", world_size)
+    return nbytes / seconds * 2 * (world_size - 1) / world_size / 1e9

@@ -1,0 +1,265 @@
+"""Notebook 13's collectives on ranks, the course's timing protocol on ranks, and the notebook's parameters.
+
+Each function taking `(rank, world, ...)` runs under `helpers.parallel.launch.run_on_ranks` and returns
+plain numbers (rank 0's; None or {} elsewhere):
+
+* `check_collectives`: our ring all-reduce (`helpers.parallel.collectives`) against `dist.all_reduce`;
+* timing on ranks: `rounds`, the course's protocol where a sentence ranks variants (warm-up, interleaved
+  rotated rounds until the compared IQRs separate, the stopping decision shared by the ranks), used by
+  `ddp_lab` too; `time_collective`, `ping_pong`, `comm_sweep` (ping-pong, our ring and `dist.all_reduce`
+  per message size); `section_collectives` (the check and the sweep on one process group);
+* `collectives_notes`: the sentences on the sweep;
+* the notebook's parameters: `resolve_parameters` (all at once), with the checks `at_least_2`,
+  `positive_ints` and `message_sizes`.
+"""
+from __future__ import annotations
+
+import ast
+import os
+import time
+from statistics import median
+from typing import Any, Callable, Sequence
+
+import torch
+import torch.distributed as dist
+
+from helpers.gpt.model import PRESETS
+from helpers.measure import bench, params, protocol
+from helpers.measure.params import positive, positive_number, positives
+from helpers.parallel import collectives
+
+
+# ---------------------------------------------------------------- timing on ranks
+
+def _device() -> str:
+    """Where this rank's buffers live: its GPU under NCCL, else the CPU."""
+    return f"cuda:{torch.cuda.current_device()}" if dist.get_backend() == "nccl" else "cpu"
+
+
+def _sync() -> None:
+    if dist.get_backend() == "nccl":
+        torch.cuda.synchronize()
+
+
+def time_collective(fn: Callable[[], Any], reps: int, warmup: int = 2) -> dict[str, float]:
+    """Median and quartiles (seconds) of `fn()` on this rank, each call between two barriers (and GPU syncs)."""
+    for _ in range(warmup):
+        fn()
+    xs = []
+    for _ in range(reps):
+        _sync()
+        dist.barrier()
+        t0 = time.perf_counter()
+        fn()
+        _sync()
+        xs.append(time.perf_counter() - t0)
+    xs.sort()
+    return {"median": median(xs), "q25": xs[len(xs) // 4], "q75": xs[(3 * len(xs)) // 4]}
+
+
+def ping_pong(nbytes: int, reps: int) -> float | None:
+    """One-way time (s, median of `reps` round trips / 2) of `nbytes` between ranks 0 and 1; None elsewhere."""
+    rank = dist.get_rank()
+    buf = torch.zeros(max(1, nbytes // 4), dtype=torch.float32, device=_device())
+    xs = []
+    for i in range(reps + 2):
+        _sync()
+        dist.barrier()
+        t0 = time.perf_counter()
+        if rank == 0:
+            dist.send(buf, 1)
+            dist.recv(buf, 1)
+        elif rank == 1:
+            dist.recv(buf, 0)
+            dist.send(buf, 0)
+        _sync()
+        if i >= 2:
+            xs.append((time.perf_counter() - t0) / 2)
+    return median(xs) if rank == 0 else None
+
+
+def comm_sweep(rank: int, world_size: int, sizes: Sequence[int], reps: int) -> dict[str, Any] | None:
+    """On ranks: ping-pong and all-reduce (ours and dist.all_reduce) for each size in bytes; the two
+    all-reduces by `rounds` (warm-up, interleaved rotated rounds, at least `reps` and at most 2 * reps,
+    until their IQRs separate).
+
+    Returns, on rank 0, {"sizes", "ping", "ring", "torch" (medians, s), "ring_iqr", "torch_iqr" (IQR / median),
+    "ring_t", "torch_t" (bench.Timing per size)}; None elsewhere.
+    """
+    rows: dict[str, list] = {k: [] for k in ("ping", "ring", "torch", "ring_iqr", "torch_iqr", "ring_t", "torch_t")}
+    for nbytes in sizes:
+        x = torch.ones(max(1, nbytes // 4), device=_device())
+        rows["ping"].append(ping_pong(nbytes, reps))
+        t = rounds({"ring": lambda: collectives.ring_all_reduce(x), "torch": lambda: dist.all_reduce(x)}, reps,
+                   [("ring", "torch")], warmup=2, max_reps=2 * reps)
+        for name in ("ring", "torch"):
+            rows[name].append(t[name].median)
+            rows[name + "_iqr"].append(t[name].q75 / t[name].median - t[name].q25 / t[name].median)
+            rows[name + "_t"].append(t[name])
+    return {"sizes": list(sizes), **rows} if rank == 0 else None
+
+
+def check_collectives(rank: int, world: int, seed: int = 0) -> dict:
+    """Our ring all-reduce against dist.all_reduce: integer (exact) and float tensors of awkward sizes."""
+    out = {"int exact": True, "float max err": 0.0}
+    g = torch.Generator().manual_seed(seed + rank)
+    for n in (1, world - 1 if world > 1 else 1, 7, 1000, 4099):
+        x = torch.randint(-1000, 1000, (n,), generator=g)
+        ours, ref = collectives.ring_all_reduce(x.clone()), x.clone()
+        dist.all_reduce(ref)
+        out["int exact"] &= bool(torch.equal(ours, ref))
+        y = torch.randn(3, n, generator=g)
+        ours, ref = collectives.ring_all_reduce(y.clone()), y.clone()
+        dist.all_reduce(ref)
+        out["float max err"] = max(out["float max err"], float((ours - ref).abs().max()))
+    return out if rank == 0 else {}
+
+
+def rounds(fns: dict[str, Callable[[], Any]], reps: int, pairs: list[tuple[str, str]], warmup: int = 3,
+           max_reps: int | None = None, target_spread: float = 0.05) -> dict[str, bench.Timing]:
+    """The course's protocol on ranks (`helpers.measure.protocol`, with the stopping decision shared):
+    `warmup` untimed calls of each variant, then rounds of one timed call each in rotated order, each
+    call between barriers; after `reps` rounds, rank 0 stops them (and tells every rank) once every pair
+    in `pairs` is separated (IQRs disjoint) or every spread is within `target_spread`, else at
+    `max_reps` (3 * reps). Every rank makes the same calls in the same order, so collectives pair up.
+    Returns {name: bench.Timing} of this rank's seconds per call."""
+    names = list(fns)
+    for n in names:
+        for _ in range(warmup):
+            fns[n]()
+    samples: dict[str, list[float]] = {n: [] for n in names}
+    max_reps = max_reps or 3 * reps
+    flag = torch.zeros(1)
+
+    def timings():
+        return {n: bench.Timing(*bench.quartiles(x), list(x), warmup) for n, x in samples.items()}
+
+    for k in range(max_reps):
+        for n in names[k % len(names):] + names[:k % len(names)]:
+            _sync()
+            dist.barrier()
+            t0 = time.perf_counter()
+            fns[n]()
+            _sync()
+            samples[n].append(time.perf_counter() - t0)
+        if k + 1 < reps:
+            continue
+        if dist.get_rank() == 0:
+            t = timings()
+            done = all(protocol.separated(t[a], t[b]) for a, b in pairs) or all(
+                x.spread <= target_spread for x in t.values())
+            flag.fill_(float(done))
+        dist.broadcast(flag, 0)
+        if flag.item():
+            break
+    return timings()
+
+
+def section_collectives(rank: int, world: int, sizes: list[int], reps: int) -> dict | None:
+    """Notebook 13's first section on one process group: the ring check, then the size sweep."""
+    check = check_collectives(rank, world)
+    sweep = comm_sweep(rank, world, sizes, reps)
+    return {"check": check, "sweep": sweep} if rank == 0 else None
+
+
+def collectives_notes(sweep: dict, world: int, alpha: float, beta: float) -> list[str]:
+    """Sentences on the collectives sweep, generated from its numbers: the spread of the all-reduce
+    times, dist.all_reduce's fitted slope against the ring's prediction 2(n-1)/n·β, and our ring's
+    smallest-message time against the α-β model. Causes are given as likely, not as measured."""
+    n, notes = world, []
+    spread = max(sweep["torch_iqr"])
+    notes.append(f"spread (IQR/median) of the all-reduce times up to {spread:.0%}: "
+                 + ("noisy, rerun when the machine is idle before trusting small differences" if spread > 0.25
+                    else "steady enough to compare the columns"))
+    a_ar, b_ar = collectives.alpha_beta_fit(sweep["sizes"], sweep["torch"])
+    pred = 2 * (n - 1) / n * beta
+    slope = b_ar / pred if pred > 0 else float("inf")
+    head = (f"dist.all_reduce's fitted line: intercept {1e6 * a_ar:.0f} µs (the ring predicts 2(n-1)α = "
+            f"{2e6 * (n - 1) * alpha:.0f} µs), slope {1e9 * b_ar:.2f} ns/byte (the ring predicts 2(n-1)/n·β = "
+            f"{1e9 * pred:.2f} ns/byte), {slope:.1f}x the prediction")
+    if slope > 1.3:
+        notes.append(head + ": gloo likely runs its own algorithm rather than this ring and copies buffers in "
+                     "and out, and its ranks share cores with those copies, so each byte costs more than one "
+                     "ping-pong transfer does (a likely cause, not measured here)")
+    elif slope < 1 / 1.3:
+        notes.append(head + ": faster per byte than the ring; likely gloo overlaps its transfers, which a "
+                     "single ping-pong cannot (a likely cause, not measured here)")
+    else:
+        notes.append(head + ": within 30%, as the model says")
+    floor = sweep["ring"][0] / collectives.ring_model_time(sweep["sizes"][0], n, alpha, beta)
+    if floor > 2:
+        notes.append(f"our ring's smallest message took {floor:.1f}x the α-β model's time: each of its 2(n-1) = "
+                     f"{2 * (n - 1)} steps likely pays Python overhead (splitting the tensor, a send/recv pair, "
+                     "waiting for the slowest rank) beyond the ping-pong's α (a likely cause, not measured here)")
+    else:
+        notes.append(f"our ring's smallest message took {floor:.1f}x the α-β model's time, within 2x of its floor "
+                     f"of 2(n-1) = {2 * (n - 1)} latencies")
+    return notes
+
+
+# ---------------------------------------------------------------- the notebook's parameters
+
+def at_least_2(name: str, value) -> int:
+    """A world size: an int >= 2 (one rank has nobody to talk to). Raises ValueError naming the parameter."""
+    if positive(name, value) < 2:
+        raise ValueError(f"{name}={value!r} must be an int >= 2")
+    return value
+
+
+def positive_ints(name: str, value) -> list[int]:
+    """A non-empty list of positive ints; a string such as "[1, 2]" (what papermill's `-p` passes for a
+    list) is read as a Python literal first. Raises ValueError naming the parameter, and for a string
+    that is not a list literal, says that a string was received and to pass lists with `-y`."""
+    if isinstance(value, str):
+        try:
+            parsed = ast.literal_eval(value.strip())
+        except (ValueError, SyntaxError):
+            parsed = None
+        if not isinstance(parsed, (list, tuple)):
+            raise ValueError(f"{name}={value!r} is a string, not a list: papermill's -p passes text; pass lists "
+                             f"with -y, e.g. -y '{name}: [1, 2]', or write a list literal such as \"[1, 2]\"")
+        value = parsed
+    return positives(name, value)
+
+
+def message_sizes(name: str, value) -> list[int]:
+    """All-reduce message sizes in bytes (`positive_ints`): each a whole number of fp32 elements (a multiple of
+    4, as the sweep's buffers hold floats), and at least two distinct sizes, the fewest the α-β fit takes."""
+    sizes = positive_ints(name, value)
+    for n in sizes:
+        if n % 4:
+            raise ValueError(f"{name}={sizes!r}: entry {n} is not a whole number of fp32 elements; the sweep sends "
+                             f"float32 buffers, so give multiples of 4 bytes (e.g. {max(4, n - n % 4)})")
+    if len(set(sizes)) < 2:
+        raise ValueError(f"{name}={sizes!r}: the α-β fit of the latency needs at least two distinct message sizes, "
+                         f"e.g. [{sizes[0]}, {4 * sizes[0]}]")
+    return sizes
+
+
+def resolve_parameters(S: params.Setup, *, WORLD_SIZE, MEMORY_RANKS, MSG_SIZES, REPS, DDP_WIDTH, DDP_ROWS, MICROS,
+                       STAGE_MS, MEMORY_MODEL, TORCHRUN) -> dict:
+    """Notebook 13's parameters, validated at once and with the profile's defaults filled in: {name: value},
+    plus "CORES" (the CPU cores this process may use, which size the full profile's WORLD_SIZE).
+
+    Raises ValueError naming the first bad parameter: a world size below 2 (WORLD_SIZE or an entry of
+    MEMORY_RANKS; one rank has nobody to talk to), message sizes that the sweep cannot send or fit
+    (`message_sizes`), a STAGE_MS that is not a finite positive number.
+    """
+    cores = len(os.sched_getaffinity(0))
+    R = S.resolve
+    out = {"CORES": cores,
+           "WORLD_SIZE": R("WORLD_SIZE", WORLD_SIZE, smoke=2, full=max(2, min(8, cores // 2)), check=at_least_2),
+           "MEMORY_RANKS": R("MEMORY_RANKS", MEMORY_RANKS, smoke=[2], full=[2, 4], check=positive_ints),
+           "MSG_SIZES": R("MSG_SIZES", MSG_SIZES, smoke=[2 ** k for k in (10, 14, 18, 22)],
+                          full=[2 ** k for k in range(10, 25, 2)], check=message_sizes),
+           "REPS": R("REPS", REPS, smoke=5, full=5, check=params.positive),
+           "DDP_WIDTH": R("DDP_WIDTH", DDP_WIDTH, smoke=1024, full=1024, check=params.positive),
+           "DDP_ROWS": R("DDP_ROWS", DDP_ROWS, smoke=[4, 32], full=[16, 128], check=positive_ints),
+           "MICROS": R("MICROS", MICROS, smoke=[1, 2, 4, 8], full=[1, 4, 16], check=positive_ints),
+           "STAGE_MS": R("STAGE_MS", STAGE_MS, smoke=10.0, full=10.0, check=positive_number),
+           "MEMORY_MODEL": R("MEMORY_MODEL", MEMORY_MODEL, smoke="tiny", full="small10m",
+                             check=lambda n, v: params.choose(n, v, PRESETS)),
+           "TORCHRUN": R("TORCHRUN", TORCHRUN, smoke=True, full=True, check=lambda n, v: params.choose(n, v, (True, False)))}
+    if min(out["MEMORY_RANKS"]) < 2:
+        raise ValueError(f"MEMORY_RANKS={out['MEMORY_RANKS']!r}: every world size must be >= 2")
+    return out
