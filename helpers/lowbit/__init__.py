@@ -24,8 +24,8 @@ Labs (the notebooks' measurements):
                     torchao, the panel
 `fp8_train_lab`     notebook 07's training with every recipe, and speed and profiles on GPUs with FP8
                     tensor cores
-`quant_lab`         notebook 08's parameters, weight and activation error, the grid of formats, the noise of
-                    held-out losses
+`quant_lab`         notebook 08's parameters, weight and activation error, the sweep of formats, the highest
+                    held-out loss beyond the noise (`helpers.gpt.heldout`)
 `gptq_lab`          notebook 08's GPTQ / AWQ layer errors and perplexity against RTN
 `quant_decode_lab`  notebook 08's decode speed of weight-only int8 / int4 linears (GPU and CPU), as tokens/s
                     and as bandwidth against the copy ceiling
