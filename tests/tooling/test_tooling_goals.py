@@ -226,13 +226,13 @@ def test_goals_that_time_what_a_notebook_times_take_its_full_profile_sizes(monke
     from helpers.fusion import compile_lab
     from helpers.gpt.model import GPT, GPTConfig
     from helpers.measure import params
-    from helpers.parallel import dist_lab, distributed
+    from helpers.parallel import collectives_lab, launch
 
     full, setup = goal_base.Ctx("full", tmp_path, "cuda"), params.Setup("full", "cpu", 0, False, None)
     nb09 = compile_lab.resolve_parameters(setup, **dict.fromkeys(
         ["ROWS", "COLS", "DTYPE", "REPS", "SOFTMAX_COLS", "MODEL", "N_LAYER", "BATCH", "SEQ_LEN", "MODES",
          "REGIONAL_LAYERS", "REGIONAL_BACKEND"]))
-    nb13 = dist_lab.resolve_parameters(setup, **dict.fromkeys(
+    nb13 = collectives_lab.resolve_parameters(setup, **dict.fromkeys(
         ["WORLD_SIZE", "MEMORY_RANKS", "MSG_SIZES", "REPS", "DDP_WIDTH", "DDP_ROWS", "MICROS", "STAGE_MS",
          "MEMORY_MODEL", "TORCHRUN"]))
     tiny = GPT(GPTConfig.preset("tiny"))
@@ -273,7 +273,7 @@ def test_goals_that_time_what_a_notebook_times_take_its_full_profile_sizes(monke
                                          "repeats=3"))  # the notebook's full profile, as the goal takes it
     assert r["measured"]["speedup_range"] == [2.2, 2.8] and r["measured"]["separated"] is True
 
-    monkeypatch.setattr(distributed, "run_on_ranks", lambda fn, world, width, depth, rows, reps, bucket_mb: keep(
+    monkeypatch.setattr(launch, "run_on_ranks", lambda fn, world, width, depth, rows, reps, bucket_mb: keep(
         "ddp", (width, rows, reps), [{"comm": 0.05, **{n: {"compute only": 0.01 * n, "after backward": 0.1,
                                                            "overlapped": 0.08, "bucketed": 0.08, "iqr": 0.01}
                                                        for n in rows}}]))

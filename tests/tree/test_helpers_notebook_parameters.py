@@ -26,14 +26,14 @@ from helpers.gpt import data
 from helpers.gpt.model import GPT, GPTConfig
 from helpers.lowbit import fp8_lab, gptq, quant, quant_lab, quant_linear
 from helpers.measure import hardware, params
-from helpers.parallel import dist_lab, distributed
+from helpers.parallel import collectives, collectives_lab
 from helpers.training import accumulation_lab, checkpointing_lab, precision_lab
 
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = {p.name[:2]: p for p in sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))}
 LABS = {"00": hardware_lab, "01": roofline_lab, "02": mfu_lab, "03": precision_lab, "04": checkpointing_lab,
         "05": accumulation_lab, "06": flash_lab, "07": fp8_lab, "08": quant_lab, "09": compile_lab, "10": kv_cache_lab,
-        "11": speculative_lab, "12": loading_lab, "13": dist_lab, "14": capstone_lab}
+        "11": speculative_lab, "12": loading_lab, "13": collectives_lab, "14": capstone_lab}
 COMMON = ("PROFILE", "SEED", "INTERACTIVE", "RESULTS_DIR")  # params.setup's, not the lab's
 ABOVE, BELOW = (lambda x: math.nextafter(x, math.inf)), (lambda x: math.nextafter(x, -math.inf))
 ABOVE32 = lambda x: float(np.nextafter(np.float32(x), np.float32(np.inf)))  # noqa: E731  the next fp32 value
@@ -300,5 +300,5 @@ def test_too_few_documents_run_a_loader_dry():
 
 def test_one_message_size_cannot_be_fitted():
     with pytest.raises(ValueError, match="two distinct sizes"):
-        distributed.alpha_beta_fit([1024], [1e-5])
-    assert distributed.alpha_beta_fit([4, 8], [1e-5, 2e-5])[1] > 0
+        collectives.alpha_beta_fit([1024], [1e-5])
+    assert collectives.alpha_beta_fit([4, 8], [1e-5, 2e-5])[1] > 0
