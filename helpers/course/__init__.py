@@ -1,4 +1,4 @@
-"""The course's own machinery, serving every notebook (00-13): exercises, the headless runner and its
+"""The course's own machinery, serving every notebook (00-14): exercises, the headless runner and its
 report. The top layer: it may import every other package, and none imports it. The maintainers' reference
 capture on a lent GPU and the GPU performance goals are tools/capture/ in the repository (not installed),
 which imports this package like any user.
@@ -6,11 +6,16 @@ which imports this package like any user.
 `check`         exercises: the registry, the value / choice / code checkers that never reveal the answer,
                 and `python -m helpers.course.check`, which proves each checker on its reference and on
                 planted wrong answers
-`exercises/`    one module per notebook (`nb00` ... `nb13`) registering that notebook's exercises
+`outputs`       how a learner's output is compared with the reference's (`compare`, `describe`, `how_far`),
+                in words that never reveal the expected value
+`time_limit`    `TimeLimit`: the seconds one call of a learner's function may take, and how it is stopped
+`exercises/`    one module per notebook (`nb00` ... `nb14`) registering that notebook's exercises
 `run`           `python -m helpers.course.run`: executes notebooks headlessly with papermill, each in a
                 worker process of its own, into a run folder with its summary and report
 `worker`        one notebook in a worker process, the supervision of the workers and their kernels
                 (signals, stray processes), where an executed notebook stopped, and the run's summary table
+`processes`     what every command that starts processes shares: signals (`Stop`), process groups and
+                descendants ended, one-line errors for bad command-line values and unwritable folders
 `report`        the report of a run (report.md and report.html): claims ledger, this run beside the
                 reference GPUs, one section per notebook with its headline numbers and figures
 `report_picture` the report's opening, "the course in one picture": notebook 14's training and serving

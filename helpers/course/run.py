@@ -27,8 +27,8 @@ from dataclasses import asdict
 from pathlib import Path
 
 from helpers.course import report
-from helpers.course.worker import (OneLineParser, Outcome, Stop, Workers, folder_problem, positive_argument,
-                                   status_word, summary_table, worker_main)
+from helpers.course.processes import OneLineParser, Stop, folder_problem, positive_argument
+from helpers.course.worker import Outcome, Workers, status_word, summary_table, worker_main
 from helpers.measure.params import PROFILES, resolve_profile
 from helpers.measure.results import REPO_ROOT, device_slug, read_records, write_atomic
 

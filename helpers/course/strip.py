@@ -17,7 +17,8 @@ from pathlib import Path
 
 import nbformat
 
-from helpers.course.worker import MARKER_TAG, OneLineParser
+from helpers.course.processes import OneLineParser
+from helpers.course.worker import MARKER_TAG
 from helpers.measure.results import write_atomic
 
 # metadata that a run adds and the repository does not keep

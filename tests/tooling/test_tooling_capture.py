@@ -222,7 +222,7 @@ def test_a_real_run_is_stopped_at_its_limit_and_leaves_no_process(tmp_path):
 
 
 class _Signalled:
-    """A stand-in for worker.Stop whose signal comes while notebook `at` runs."""
+    """A stand-in for processes.Stop whose signal comes while notebook `at` runs."""
 
     def __init__(self):
         self.why, self.signum = "", 0

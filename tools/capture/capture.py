@@ -51,7 +51,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable
 
-from helpers.course.worker import Descendants, OneLineParser, Stop, end_group, folder_problem, positive_argument
+from helpers.course.processes import Descendants, OneLineParser, Stop, end_group, folder_problem, positive_argument
 from helpers.measure.results import REPO_ROOT, device_slug, slug, write_atomic
 from helpers.show.tables import table
 

@@ -68,7 +68,7 @@ from tools.capture.goals_train import (bucketed_ddp_speedup, compiled_train_step
                                         float8_linear_speedup, fused_bandwidth, packing_speedup,
                                         pinned_copy_speedup, reduce_overhead_speedup, ring_all_reduce_ratio,
                                         scaled_mm_speedup, triton_softmax_speedup, zero_memory_deviation)
-from helpers.course.worker import Descendants, OneLineParser, Stop, end_group, folder_problem, positive_argument
+from helpers.course.processes import Descendants, OneLineParser, Stop, end_group, folder_problem, positive_argument
 from helpers.measure.results import write_atomic
 from helpers.show.tables import table as text_table
 

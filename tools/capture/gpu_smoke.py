@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from helpers.course.smoke_record import SMOKE_FILE
-from helpers.course.worker import OneLineParser, Stop, folder_problem, positive_argument
+from helpers.course.processes import OneLineParser, Stop, folder_problem, positive_argument
 from helpers.measure.results import REPO_ROOT, write_atomic
 from helpers.show.tables import table
 from tools.capture.capture import (SMOKE_MARK, BadPack, available_notebooks, gpu_facts, read_pack, run_notebook,
