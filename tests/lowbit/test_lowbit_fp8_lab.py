@@ -50,7 +50,7 @@ def test_quant_panel_is_a_plain_callback(capsys):
 def test_notebook_07_rejects_a_bad_outlier_at_once(tmp_path):
     import papermill as pm
 
-    from tests.test_course_notebooks import NOTEBOOKS, _execute
+    from tests.course.test_course_notebooks import NOTEBOOKS, _execute
 
     path = next(p for p in NOTEBOOKS if p.stem.startswith("07"))
     with pytest.raises(pm.PapermillExecutionError) as err:
