@@ -9,12 +9,11 @@ plain numbers (rank 0's; None or {} elsewhere):
   `ddp_lab` too; `time_collective`, `ping_pong`, `comm_sweep` (ping-pong, our ring and `dist.all_reduce`
   per message size); `section_collectives` (the check and the sweep on one process group);
 * `collectives_notes`: the sentences on the sweep;
-* the notebook's parameters: `resolve_parameters` (all at once), with the checks `at_least_2`,
-  `positive_ints` and `message_sizes`.
+* the notebook's parameters: `resolve_parameters` (all at once), with the checks `at_least_2` and
+  `message_sizes` (lists given as text are read by `helpers.measure.params.positives`).
 """
 from __future__ import annotations
 
-import ast
 import os
 import time
 from statistics import median
@@ -36,22 +35,18 @@ def _device() -> str:
     return f"cuda:{torch.cuda.current_device()}" if dist.get_backend() == "nccl" else "cpu"
 
 
-def _sync() -> None:
-    if dist.get_backend() == "nccl":
-        torch.cuda.synchronize()
-
-
 def time_collective(fn: Callable[[], Any], reps: int, warmup: int = 2) -> dict[str, float]:
     """Median and quartiles (seconds) of `fn()` on this rank, each call between two barriers (and GPU syncs)."""
+    dev = _device()
     for _ in range(warmup):
         fn()
     xs = []
     for _ in range(reps):
-        _sync()
+        bench.sync(dev)
         dist.barrier()
         t0 = time.perf_counter()
         fn()
-        _sync()
+        bench.sync(dev)
         xs.append(time.perf_counter() - t0)
     xs.sort()
     return {"median": median(xs), "q25": xs[len(xs) // 4], "q75": xs[(3 * len(xs)) // 4]}
@@ -60,10 +55,11 @@ def time_collective(fn: Callable[[], Any], reps: int, warmup: int = 2) -> dict[s
 def ping_pong(nbytes: int, reps: int) -> float | None:
     """One-way time (s, median of `reps` round trips / 2) of `nbytes` between ranks 0 and 1; None elsewhere."""
     rank = dist.get_rank()
-    buf = torch.zeros(max(1, nbytes // 4), dtype=torch.float32, device=_device())
+    dev = _device()
+    buf = torch.zeros(max(1, nbytes // 4), dtype=torch.float32, device=dev)
     xs = []
     for i in range(reps + 2):
-        _sync()
+        bench.sync(dev)
         dist.barrier()
         t0 = time.perf_counter()
         if rank == 0:
@@ -72,7 +68,7 @@ def ping_pong(nbytes: int, reps: int) -> float | None:
         elif rank == 1:
             dist.recv(buf, 0)
             dist.send(buf, 0)
-        _sync()
+        bench.sync(dev)
         if i >= 2:
             xs.append((time.perf_counter() - t0) / 2)
     return median(xs) if rank == 0 else None
@@ -130,17 +126,18 @@ def rounds(fns: dict[str, Callable[[], Any]], reps: int, pairs: list[tuple[str, 
     samples: dict[str, list[float]] = {n: [] for n in names}
     max_reps = max_reps or 3 * reps
     flag = torch.zeros(1)
+    dev = _device()
 
     def timings():
         return {n: bench.Timing(*bench.quartiles(x), list(x), warmup) for n, x in samples.items()}
 
     for k in range(max_reps):
         for n in names[k % len(names):] + names[:k % len(names)]:
-            _sync()
+            bench.sync(dev)
             dist.barrier()
             t0 = time.perf_counter()
             fns[n]()
-            _sync()
+            bench.sync(dev)
             samples[n].append(time.perf_counter() - t0)
         if k + 1 < reps:
             continue
@@ -206,26 +203,11 @@ def at_least_2(name: str, value) -> int:
     return value
 
 
-def positive_ints(name: str, value) -> list[int]:
-    """A non-empty list of positive ints; a string such as "[1, 2]" (what papermill's `-p` passes for a
-    list) is read as a Python literal first. Raises ValueError naming the parameter, and for a string
-    that is not a list literal, says that a string was received and to pass lists with `-y`."""
-    if isinstance(value, str):
-        try:
-            parsed = ast.literal_eval(value.strip())
-        except (ValueError, SyntaxError):
-            parsed = None
-        if not isinstance(parsed, (list, tuple)):
-            raise ValueError(f"{name}={value!r} is a string, not a list: papermill's -p passes text; pass lists "
-                             f"with -y, e.g. -y '{name}: [1, 2]', or write a list literal such as \"[1, 2]\"")
-        value = parsed
-    return positives(name, value)
-
-
 def message_sizes(name: str, value) -> list[int]:
-    """All-reduce message sizes in bytes (`positive_ints`): each a whole number of fp32 elements (a multiple of
-    4, as the sweep's buffers hold floats), and at least two distinct sizes, the fewest the α-β fit takes."""
-    sizes = positive_ints(name, value)
+    """All-reduce message sizes in bytes (`params.positives`, which reads a list given as text): each a whole
+    number of fp32 elements (a multiple of 4, as the sweep's buffers hold floats), and at least two distinct
+    sizes, the fewest the α-β fit takes."""
+    sizes = positives(name, value)
     for n in sizes:
         if n % 4:
             raise ValueError(f"{name}={sizes!r}: entry {n} is not a whole number of fp32 elements; the sweep sends "
@@ -249,13 +231,13 @@ def resolve_parameters(S: params.Setup, *, WORLD_SIZE, MEMORY_RANKS, MSG_SIZES, 
     R = S.resolve
     out = {"CORES": cores,
            "WORLD_SIZE": R("WORLD_SIZE", WORLD_SIZE, smoke=2, full=max(2, min(8, cores // 2)), check=at_least_2),
-           "MEMORY_RANKS": R("MEMORY_RANKS", MEMORY_RANKS, smoke=[2], full=[2, 4], check=positive_ints),
+           "MEMORY_RANKS": R("MEMORY_RANKS", MEMORY_RANKS, smoke=[2], full=[2, 4], check=positives),
            "MSG_SIZES": R("MSG_SIZES", MSG_SIZES, smoke=[2 ** k for k in (10, 14, 18, 22)],
                           full=[2 ** k for k in range(10, 25, 2)], check=message_sizes),
            "REPS": R("REPS", REPS, smoke=5, full=5, check=params.positive),
            "DDP_WIDTH": R("DDP_WIDTH", DDP_WIDTH, smoke=1024, full=1024, check=params.positive),
-           "DDP_ROWS": R("DDP_ROWS", DDP_ROWS, smoke=[4, 32], full=[16, 128], check=positive_ints),
-           "MICROS": R("MICROS", MICROS, smoke=[1, 2, 4, 8], full=[1, 4, 16], check=positive_ints),
+           "DDP_ROWS": R("DDP_ROWS", DDP_ROWS, smoke=[4, 32], full=[16, 128], check=positives),
+           "MICROS": R("MICROS", MICROS, smoke=[1, 2, 4, 8], full=[1, 4, 16], check=positives),
            "STAGE_MS": R("STAGE_MS", STAGE_MS, smoke=10.0, full=10.0, check=positive_number),
            "MEMORY_MODEL": R("MEMORY_MODEL", MEMORY_MODEL, smoke="tiny", full="small10m",
                              check=lambda n, v: params.choose(n, v, PRESETS)),

@@ -2,6 +2,7 @@
 sentences on the sweep, and the notebook's list parameters."""
 import pytest
 
+from helpers.measure import params
 from helpers.parallel import collectives_lab as L
 from helpers.parallel import launch
 
@@ -18,14 +19,25 @@ def test_ring_all_reduce_on_four_ranks():
     assert out["int exact"] and out["float max err"] <= 1e-5
 
 
+def _resolve(**given):
+    names = ("WORLD_SIZE", "MEMORY_RANKS", "MSG_SIZES", "REPS", "DDP_WIDTH", "DDP_ROWS", "MICROS", "STAGE_MS",
+             "MEMORY_MODEL", "TORCHRUN")
+    return L.resolve_parameters(params.Setup("smoke", "cpu", 0, False, None), **{**dict.fromkeys(names), **given})
+
+
 def test_list_parameters_accept_papermill_strings():
-    assert L.positive_ints("MICROS", "[1, 2]") == [1, 2] and L.positive_ints("MICROS", (4,)) == [4]
+    assert _resolve(MICROS="[1, 2]")["MICROS"] == [1, 2] and _resolve(MICROS=(4,))["MICROS"] == [4]
+    assert _resolve(MSG_SIZES="[1024, 4096]")["MSG_SIZES"] == [1024, 4096]
     with pytest.raises(ValueError, match="MICROS='1 2' is a string.*-y"):
-        L.positive_ints("MICROS", "1 2")
+        _resolve(MICROS="1 2")
     with pytest.raises(ValueError, match="MICROS"):
-        L.positive_ints("MICROS", "[0, 2]")
-    with pytest.raises(ValueError, match="MICROS"):
-        L.positive_ints("MICROS", [])
+        _resolve(MICROS="[0, 2]")
+    with pytest.raises(ValueError, match="DDP_ROWS"):
+        _resolve(DDP_ROWS=[])
+    with pytest.raises(ValueError, match="MSG_SIZES=.*not a whole number of fp32 elements"):
+        _resolve(MSG_SIZES="[1024, 1030]")
+    with pytest.raises(ValueError, match="MEMORY_RANKS=\\[1\\]: every world size must be >= 2"):
+        _resolve(MEMORY_RANKS="[1]")
 
 
 def test_collectives_notes_follow_the_numbers():
