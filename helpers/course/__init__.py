@@ -18,6 +18,9 @@ which imports this package like any user.
                 descendants ended, one-line errors for bad command-line values and unwritable folders
 `report`        the report of a run (report.md and report.html): claims ledger, this run beside the
                 reference GPUs, one section per notebook with its headline numbers and figures
+`report_render` the report's blocks written out as report.md and report.html (figures inlined)
+`executed_notebook` what the report reads from an executed notebook: its cells numbered as JupyterLab
+                numbers them, its figures saved, its title and the figures' captions
 `report_picture` the report's opening, "the course in one picture": notebook 14's training and serving
                 ladders, tokens/s per rung beside each reference GPU's, one sentence per ladder
 `smoke_record`  a reference GPU's smoke-pass record (gpu-smoke.json in results/<gpu>/) as the report reads

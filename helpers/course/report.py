@@ -1,19 +1,17 @@
 """The course-wide report of a run: summary, recorded results beside reference GPUs, and the plots."""
 from __future__ import annotations
 
-import base64
-import html
 from pathlib import Path
 from typing import Any, Iterable
 
+from helpers.course import executed_notebook
 from helpers.course import report_picture, smoke_record
+from helpers.course.report_render import Block, to_html, to_markdown
 from helpers.course.worker import SUMMARY_HEADER, status_word, summary_rows
 from helpers.measure import claims
 from helpers.measure.hardware import library_versions
 from helpers.measure.results import SUMMARY_PREFIX, device_name, read_records, records_by_name, write_atomic
 
-Block = tuple  # ("h1"|"h2"|"h3"|"p", text) | ("table", header, rows) | ("img", relative path)
-#               | ("fig", relative path, caption) | ("details", summary line) ... ("/details",)
 
 
 def _fmt(value: Any) -> str:
@@ -38,64 +36,6 @@ def flatten(metrics: dict, prefix: str = "") -> dict[str, str]:
         else:
             out[name] = _fmt(value)
     return out
-
-
-def _problem(problems: list | None, path: Path, reason: str, err: Exception) -> None:
-    """Append (path, reason) to `problems`, or raise `err` when no list is given."""
-    if problems is None:
-        raise err
-    problems.append((path, reason))
-
-
-def _read_executed(notebook: Path, problems: list | None):
-    """The executed notebook, or None when it cannot be read: (path, reason) is then appended to `problems`
-    when a list is given, else the error is raised."""
-    import nbformat  # heavy: a second to import, and only a report with executed notebooks needs it
-
-    try:
-        nb = nbformat.read(notebook, as_version=4)
-        nb.cells = list(nb.cells)
-        return nb
-    except Exception as err:  # torn JSON, not a notebook, unreadable: the report goes on without it
-        _problem(problems, notebook, f"unreadable executed notebook ({type(err).__name__}: {str(err)[:200]})", err)
-        return None
-
-
-def code_cell_numbers(nb) -> dict[int, int]:
-    """{cell index: code cell number} of the read notebook `nb`: its code cells counted from 1 as JupyterLab
-    labels them in the notebook a learner opens (papermill's injected-parameters cell not counted)."""
-    out, n = {}, 0
-    for i, cell in enumerate(nb.cells):
-        if isinstance(cell, dict) and cell.get("cell_type") == "code" and \
-                "injected-parameters" not in cell.get("metadata", {}).get("tags", []):
-            n += 1
-            out[i] = n
-    return out
-
-
-def _save_figures(nb, notebook: Path, figures_dir: Path, problems: list | None) -> list[tuple[int, Path]]:
-    """(cell index, saved file) for every PNG output of the read notebook `nb`, each written atomically.
-
-    An image that is not valid base64 PNG, or a figure that cannot be written, is appended to `problems` as
-    (path, reason) when a list is given, else raised."""
-    saved, numbers = [], code_cell_numbers(nb)
-    for i, cell in enumerate(nb.cells):
-        for k, out in enumerate(cell.get("outputs", []) if isinstance(cell, dict) else []):
-            data = out.get("data", {}).get("image/png") if isinstance(out, dict) else None
-            if not data:
-                continue
-            path = figures_dir / f"{notebook.stem}-code-cell{numbers.get(i, 0):02d}-{k}.png"
-            try:
-                png = base64.b64decode(data if isinstance(data, str) else "".join(data), validate=False)
-                if not png.startswith(b"\x89PNG"):
-                    raise ValueError("not a PNG image")
-                figures_dir.mkdir(parents=True, exist_ok=True)
-                saved.append((i, write_atomic(path, png, fsync=False)))
-            except (ValueError, TypeError, OSError) as err:
-                why = f"{err.strerror}" if isinstance(err, OSError) and err.strerror else str(err)
-                _problem(problems, path if isinstance(err, OSError) else notebook,
-                         f"figure of cell {i}, output {k} not saved: {why}", err)
-    return saved
 
 
 def reference_sets(references: Path, problems: list | None = None) -> dict[str, dict[str, dict]]:
@@ -273,41 +213,13 @@ def _versus_blocks(summaries: dict, refs: dict) -> list[Block]:
     return blocks + [("table", header, rows)]
 
 
-def _title(nb, stem: str) -> str:
-    """The read notebook's first markdown heading ('02 · FLOPs and MFU'), else `stem`."""
-    try:
-        for cell in nb.cells:
-            if cell.cell_type == "markdown" and cell.source.lstrip().startswith("# "):
-                return cell.source.lstrip()[2:].splitlines()[0].strip()
-    except Exception:  # a malformed cell: the file name will do
-        pass
-    return stem
-
-
-SKIP_SECTIONS = ("Play with it", "Exercises")   # figures there are the learner's, not the measurement's
-
-
-def _captions(nb) -> dict[int, str]:
-    """{cell index: caption} of the read notebook `nb`, from the section heading each code cell sits under,
-    and its code cell number as JupyterLab labels it (papermill's injected-parameters cell not counted)."""
-    out, heading, numbers = {}, "", code_cell_numbers(nb)
-    for i, cell in enumerate(nb.cells):
-        if cell.cell_type == "markdown":
-            for line in cell.source.splitlines():
-                if line.startswith("## ") or line.startswith("### "):
-                    heading = line.lstrip("#").strip()
-        elif i in numbers:
-            out[i] = f"{heading} (code cell {numbers[i]})" if heading else f"code cell {numbers[i]}"
-    return out
-
-
 def _notebook_blocks(stem: str, executed: Path | None, outcome, summary: dict | None, run_dir: Path,
                      problems: list, on_gpus: Iterable[str] = ()) -> list[Block]:
     """One notebook's section: its status, what it measured, whether it has run on each reference GPU
     (`on_gpus`: one sentence per GPU smoke pass), its headline numbers and key figures."""
 
-    nb = _read_executed(executed, problems) if executed is not None else None
-    blocks: list[Block] = [("h2", _title(nb, stem) if nb is not None else stem)]
+    nb = executed_notebook.read_executed(executed, problems) if executed is not None else None
+    blocks: list[Block] = [("h2", executed_notebook.title(nb, stem) if nb is not None else stem)]
     status = (f"Status: {status_word(outcome)} in {outcome.seconds:.1f} s." if outcome is not None else "")
     if summary:
         blocks.append(("p", f"{summary.get('sentence') or '?'} {status}".strip()))
@@ -322,10 +234,10 @@ def _notebook_blocks(stem: str, executed: Path | None, outcome, summary: dict | 
     if on_gpus:
         blocks.append(("p", "On the reference GPUs: " + " ".join(on_gpus)))
     if nb is not None:
-        captions = _captions(nb)
-        for cell, f in _save_figures(nb, executed, run_dir / "figures", problems):
+        captions = executed_notebook.captions(nb)
+        for cell, f in executed_notebook.save_figures(nb, executed, run_dir / "figures", problems):
             caption = captions.get(cell, "")
-            if not any(caption.startswith(s) for s in SKIP_SECTIONS):
+            if not any(caption.startswith(s) for s in executed_notebook.SKIP_SECTIONS):
                 blocks.append(("fig", str(f.relative_to(run_dir)), f"{stem}: {caption}"))
     return blocks
 
@@ -393,86 +305,6 @@ def build_blocks(run_dir: Path, outcomes: Iterable, references: Path, profile: s
         blocks += [("h2", "Files the report could not read"),
                    ("table", ["file", "reason"], [[str(p), r] for p, r in problems])]
     return blocks
-
-
-def to_markdown(blocks: list[Block]) -> str:
-    """Render blocks as GitHub-flavoured Markdown."""
-    lines: list[str] = []
-    for b in blocks:
-        kind = b[0]
-        if kind in ("h1", "h2", "h3"):
-            lines += ["#" * int(kind[1]) + " " + b[1], ""]
-        elif kind == "p":
-            lines += [b[1], ""]
-        elif kind == "table":
-            header, rows = b[1], b[2]
-            cell = lambda s: str(s).replace("|", "\\|").replace("\n", " ")  # noqa: E731
-            lines.append("| " + " | ".join(map(cell, header)) + " |")
-            lines.append("|" + "---|" * len(header))
-            lines += ["| " + " | ".join(map(cell, r)) + " |" for r in rows]
-            lines.append("")
-        elif kind == "img":
-            lines += [f"![{Path(b[1]).stem}]({b[1]})", ""]
-        elif kind == "fig":
-            lines += [f"![{b[2]}]({b[1]})", "", f"*Figure: {b[2]}*", ""]
-        elif kind == "details":  # GitHub renders the Markdown inside when blank lines surround it
-            lines += [f"<details><summary>{html.escape(b[1])}</summary>", ""]
-        elif kind == "/details":
-            lines += ["</details>", ""]
-    return "\n".join(lines)
-
-
-VERDICT_CLASS = {"supported": "ok", "exceeded": "ok", "contradicted": "bad", "not testable": "na"}
-CSS = ("body{font-family:system-ui,sans-serif;max-width:1150px;margin:2em auto;padding:0 1em;color:#222;"
-       "line-height:1.45}h1{font-size:1.6em}h2{margin-top:1.8em;border-bottom:1px solid #ddd;padding-bottom:.2em}"
-       ".scroll{overflow-x:auto}table{border-collapse:collapse;margin:.5em 0 1.5em}"
-       "td,th{border:1px solid #ccc;padding:3px 8px;text-align:left;vertical-align:top;font-size:13px}"
-       "th{background:#f3f3f3}td.ok{background:#e3f4e3}td.bad{background:#fbe3e3}td.na{background:#f1f1f1}"
-       "figure{margin:1em 0}figure img{max-width:100%;border:1px solid #eee}figcaption{font-size:13px;color:#555}"
-       "img{max-width:100%}details{margin:1.5em 0}summary{cursor:pointer;font-weight:600;font-size:1.1em}")
-
-
-def _td(cell: Any) -> str:
-    text = str(cell)
-    kind = next((c for v, c in VERDICT_CLASS.items() if text.startswith(v)), None)
-    return (f"<td class='{kind}'>" if kind else "<td>") + html.escape(text) + "</td>"
-
-
-def _png(run_dir: Path, rel: str) -> str | None:
-    try:
-        return base64.b64encode((run_dir / rel).read_bytes()).decode()
-    except OSError:
-        return None
-
-
-def to_html(blocks: list[Block], run_dir: Path) -> str:
-    """Render blocks as one self-contained HTML page (figures inlined, no external resource)."""
-    parts = ["<!doctype html><html lang='en'><head><meta charset='utf-8'><title>Course run report</title>"
-             f"<style>{CSS}</style></head><body>"]
-    esc = html.escape
-    for b in blocks:
-        kind = b[0]
-        if kind in ("h1", "h2", "h3", "p"):
-            parts.append(f"<{kind}>{esc(b[1])}</{kind}>")
-        elif kind == "table":
-            head = "".join(f"<th>{esc(str(h))}</th>" for h in b[1])
-            body = "".join("<tr>" + "".join(_td(c) for c in r) + "</tr>" for r in b[2])
-            parts.append(f"<div class='scroll'><table><tr>{head}</tr>{body}</table></div>")
-        elif kind in ("img", "fig"):
-            data = _png(run_dir, b[1])
-            caption = b[2] if kind == "fig" else Path(b[1]).stem
-            if data is None:
-                parts.append(f"<p>figure {esc(b[1])} could not be read</p>")
-            else:
-                parts.append(f"<figure><img alt='{esc(caption)}' src='data:image/png;base64,{data}'>"
-                             + (f"<figcaption>Figure: {esc(caption)}</figcaption>" if kind == "fig" else "")
-                             + "</figure>")
-        elif kind == "details":
-            parts.append(f"<details><summary>{esc(b[1])}</summary>")
-        elif kind == "/details":
-            parts.append("</details>")
-    parts.append("</body></html>")
-    return "\n".join(parts)
 
 
 def write_report(run_dir: Path, outcomes: Iterable, references: Path, profile: str = "auto",

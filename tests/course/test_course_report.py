@@ -8,7 +8,7 @@ import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_notebook, new_output
 
-from helpers.course import report, run
+from helpers.course import executed_notebook, report, run
 from helpers.measure.results import device_name
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
@@ -67,6 +67,7 @@ def test_a_full_disk_keeps_what_was_written_and_names_the_file(tmp_path, monkeyp
         return real(path, data, **kw)
 
     monkeypatch.setattr(report, "write_atomic", full)
+    monkeypatch.setattr(executed_notebook, "write_atomic", full)  # the figures
     with pytest.raises(OSError) as err:
         report.write_report(run_dir, OUTCOMES, tmp_path / "none")
     assert err.value.filename.endswith("report.html")
