@@ -172,3 +172,34 @@ def test_the_readme_links_nothing_outside_the_repository():
         outside = [link for link in links if not link.startswith(("http://", "https://"))
                    and not (doc.parent / link).resolve().is_relative_to(ROOT)]
         assert not outside, f"{doc.name} links outside the repository: {outside}"
+
+
+MAX_LINES = 400
+
+
+def oversized_modules(root: Path) -> list[str]:
+    """Modules of the helpers/ tree at `root` over MAX_LINES lines that are not exempt: the exercises' registrations
+    (course/exercises/) and Triton kernel files (a module that defines an @triton.jit kernel) are; any other must
+    give its reason in its docstring's first line, saying "over 400 lines"."""
+    out = []
+    for path in sorted(root.rglob("*.py")):
+        text = path.read_text()
+        if text.count("\n") <= MAX_LINES or "exercises" in path.relative_to(root).parts or "@triton.jit" in text:
+            continue
+        first = (ast.get_docstring(ast.parse(text)) or "").splitlines()[:1]
+        if not (first and f"over {MAX_LINES} lines" in first[0]):
+            out.append(f"{path.relative_to(root).as_posix()} ({text.count(chr(10))} lines)")
+    return out
+
+
+def test_no_module_is_over_400_lines_without_a_reason():
+    assert oversized_modules(HELPERS) == []
+
+
+def test_an_oversized_module_is_caught_until_its_first_line_gives_the_reason(tmp_path):
+    (tmp_path / "pkg").mkdir()
+    big = tmp_path / "pkg" / "big.py"
+    big.write_text('"""A module."""\n' + "x = 1\n" * MAX_LINES)
+    assert oversized_modules(tmp_path) == [f"pkg/big.py ({MAX_LINES + 1} lines)"]
+    big.write_text(f'"""A module, over {MAX_LINES} lines: one table that reads best whole."""\n' + "x = 1\n" * MAX_LINES)
+    assert oversized_modules(tmp_path) == []
