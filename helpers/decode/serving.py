@@ -17,7 +17,8 @@
     tokens it has produced, to be resumed by recomputing the prefill of prompt + those tokens.
   A `ServeRun` holds each request's tokens, time to first token and time per output token
   (p50 and p99), tokens/s and the KV memory wasted (allocated - used slots, averaged over iterations).
-* `solo_tokens`: a request served alone, the reference every batched run must reproduce.
+* `solo_tokens`: a request served alone, the reference every batched run must reproduce;
+  `serve_policies` and `policy_speedup`: both policies on one mix, repeated, and what the runs say.
 
 The schedule is deterministic: arrivals are counted in iterations (request i joins the queue at
 the start of iteration `arrival`), so the same seed gives the same batches on every machine; the
@@ -41,7 +42,6 @@ import torch
 from helpers.decode.paged import PagedKVCache, blocks_for
 from helpers.measure.bench import sync
 from helpers.measure.params import positive
-
 
 
 @dataclass(frozen=True)
@@ -189,12 +189,8 @@ def _cap(model, requests: Sequence[Request], num_blocks: int, block_size: int, m
 
 
 class _Server:
-    """What both schedulers share: the paged cache, the queues, the run's clock and its counters.
-
-    An iteration is `begin()` (arrivals join `waiting`; the clock starts), admissions (`admit`), one decode
-    step for the running requests (`decode`), `end(produced)` (the clock stops; the tokens are delivered)
-    and `release` of the requests whose blocks go back. `result` restores the model's mode and checks that
-    no block leaked."""
+    """What both schedulers share: the paged cache, the queues, the clock and the counters. An iteration is
+    `begin`, admissions (`admit`), one decode step (`decode`), `end` (tokens delivered) and `release`."""
 
     def __init__(self, model, requests: Sequence[Request], *, num_blocks: int, block_size: int, max_batch: int,
                  max_new_tokens: int | None, impl: str, clock: Callable[[], float] | None):
@@ -207,16 +203,14 @@ class _Server:
         self.running: list[_Live] = []  # holding blocks, in order of admission
         self.done: list[_Live] = []
         self.now, self.it, self.preemptions, self.peak, self.waste_sum, self.waste_n = 0.0, 0, 0, 0, 0.0, 0
-        self.t0 = 0.0
-        self.was_training = model.training
+        self.t0, self.was_training = 0.0, model.training
         model.eval()
 
     def busy(self) -> bool:
         return bool(self.pending or self.waiting or self.running)
 
     def begin(self) -> None:
-        """Requests that have arrived join the queue (an idle server skips ahead to the next arrival, and no
-        time passes); the iteration's clock starts."""
+        """Arrivals join the queue (an idle server skips to the next arrival: no time passes); the clock starts."""
         if not self.waiting and not self.running and self.pending[0].arrival > self.it:
             self.it = self.pending[0].arrival
         while self.pending and self.pending[0].arrival <= self.it:
@@ -225,8 +219,7 @@ class _Server:
         self.t0 = self.clock()
 
     def next_fits(self, held: Callable[[_Live], int]) -> bool:
-        """Whether the first waiting request may join: the batch has room and the free list has blocks for the
-        `held(request)` tokens it would hold."""
+        """Whether the first waiting request may join: room in the batch, free blocks for its `held(request)` tokens."""
         return (bool(self.waiting) and len(self.running) < self.max_batch
                 and blocks_for(held(self.waiting[0]), self.block_size) <= self.cache.allocator.num_free)
 
@@ -266,8 +259,7 @@ class _Server:
         return list(zip(decoding, _step(self.model, self.cache, decoding, [[lv.out[-1]] for lv in decoding])))
 
     def end(self, produced: list[tuple[_Live, int]]) -> None:
-        """Count the KV slots allocated and used, stop the clock, deliver the iteration's tokens (they are ready
-        when it ends) and record the requests they finish."""
+        """Count the KV slots, stop the clock, deliver the tokens (ready when the iteration ends), record the done."""
         alloc, used = self.cache.slots()
         self.peak = max(self.peak, self.cache.allocator.num_used)
         if alloc:
@@ -370,6 +362,31 @@ def serve(model, requests: Sequence[Request], *, policy: str = "continuous", **k
     if policy not in SERVERS:
         raise ValueError(f"policy={policy!r} is unknown; choose one of {', '.join(map(repr, POLICIES))}")
     return SERVERS[policy](model, requests, **kwargs)
+
+
+def serve_policies(model, requests: Sequence[Request], *, repeats: int = 1, **serve_kwargs) -> dict[str, list[ServeRun]]:
+    """Every policy of POLICIES serving `requests` `repeats` times, interleaved, which goes first alternating
+    round by round (drift on the machine hits both alike): {policy: its runs}. serve_kwargs: `serve_static`'s."""
+    positive("repeats", repeats)
+    tries: dict[str, list[ServeRun]] = {p: [] for p in POLICIES}
+    for i in range(repeats):
+        for p in (POLICIES if i % 2 == 0 else POLICIES[::-1]):
+            tries[p].append(SERVERS[p](model, requests, **serve_kwargs))
+    return tries
+
+
+def policy_speedup(tries: dict[str, list[ServeRun]]) -> dict:
+    """What `serve_policies`' runs say: "runs" {policy: its run with the median tokens/s}, "speedup" (continuous /
+    static tokens/s of those), "speedup_range" (slowest continuous / fastest static, fastest continuous /
+    slowest static), "separated" (two or more runs each, and the policies' tokens/s ranges do not overlap),
+    "spread" (the largest (max - min) / median tokens/s of a policy)."""
+    runs = {p: sorted(t, key=lambda r: r.tokens_per_s)[(len(t) - 1) // 2] for p, t in tries.items()}
+    tps = {p: sorted(r.tokens_per_s for r in t) for p, t in tries.items()}
+    co, st = tps["continuous"], tps["static"]
+    return {"runs": runs, "speedup": runs["continuous"].tokens_per_s / runs["static"].tokens_per_s,
+            "speedup_range": (co[0] / st[-1], co[-1] / st[0]),
+            "separated": min(len(co), len(st)) > 1 and (co[0] > st[-1] or st[0] > co[-1]),
+            "spread": max((v[-1] - v[0]) / runs[p].tokens_per_s for p, v in tps.items())}
 
 
 def solo_tokens(model, request: Request, *, block_size: int = 16, impl: str = "torch") -> list[int]:

@@ -27,7 +27,8 @@ import torch
 
 from helpers.decode.paged import blocks_for
 from helpers.decode.prefill import chunked_prefill, shared_prefix_generate
-from helpers.decode.serving import POLICIES, ServeRun, model_requests, serve, solo_tokens
+from helpers.decode.serving import (POLICIES, model_requests, policy_speedup, serve_continuous, serve_policies,
+                                    solo_tokens)
 from helpers.gpt.generation import KVCache, rewound_step
 from helpers.measure import claims, protocol
 from helpers.measure.params import positive
@@ -152,14 +153,10 @@ def batching_section(model, *, n_requests: int = 16, max_batch: int = 8, block_s
     longest = max(len(r.prompt) for r in reqs) + cap
     if num_blocks is None:
         num_blocks = max(1, max_batch // 2) * blocks_for(longest, block_size)
-    tries: dict[str, list[ServeRun]] = {p: [] for p in POLICIES}
-    for i in range(repeats):  # interleaved, alternating which policy goes first: drift hits both alike
-        for p in (POLICIES if i % 2 == 0 else POLICIES[::-1]):
-            tries[p].append(serve(model, reqs, policy=p, num_blocks=num_blocks, block_size=block_size,
-                                  max_batch=max_batch, max_new_tokens=cap, impl=impl))
-    runs = {p: sorted(tries[p], key=lambda r: r.tokens_per_s)[(repeats - 1) // 2] for p in POLICIES}  # the median
-    spread = max((max(r.tokens_per_s for r in t) - min(r.tokens_per_s for r in t)) / runs[p].tokens_per_s
-                 for p, t in tries.items())
+    tries = serve_policies(model, reqs, repeats=repeats, num_blocks=num_blocks, block_size=block_size,
+                           max_batch=max_batch, max_new_tokens=cap, impl=impl)
+    said = policy_speedup(tries)
+    runs, spread = said["runs"], said["spread"]
     noise = (f"Median of {repeats} interleaved runs per policy; their tokens/s varied by up to {100 * spread:.0f}% "
              f"of the median." if repeats > 1 else
              "One run per policy (repeats=1), so this run's noise is not measured.")
@@ -167,8 +164,8 @@ def batching_section(model, *, n_requests: int = 16, max_batch: int = 8, block_s
     tight_note = ""
     if tight_pool:  # the same mix with half the blocks: preemption, and nothing lost
         half = max(blocks_for(longest, block_size), num_blocks // 2)
-        tight = serve(model, reqs, policy="continuous", num_blocks=half, block_size=block_size, max_batch=max_batch,
-                      max_new_tokens=cap, impl=impl)
+        tight = serve_continuous(model, reqs, num_blocks=half, block_size=block_size, max_batch=max_batch,
+                                 max_new_tokens=cap, impl=impl)
         rows.append(tight.row() | {"policy": f"continuous, {half} blocks"})
         kept = sum(tight.tokens[r.rid] == runs["continuous"].tokens[r.rid] for r in reqs)
         tight_note = (f" With {half} blocks instead of {num_blocks}, continuous batching preempted {tight.preemptions} "
@@ -176,7 +173,7 @@ def batching_section(model, *, n_requests: int = 16, max_batch: int = 8, block_s
         runs = runs | {"continuous, tight": tight}
     print(tables.table(list(rows[0]), [list(r.values()) for r in rows]))
     st, co = runs["static"], runs["continuous"]
-    speedup = co.tokens_per_s / st.tokens_per_s
+    speedup = said["speedup"]
     same = sum(st.tokens[r.rid] == co.tokens[r.rid] for r in reqs)
     solo_matches, solo_note, checked = {}, "", reqs[::solo_every] if check_solo else []
     if check_solo:  # greedy tokens of each request served alone: what batching must not change
@@ -222,13 +219,12 @@ def batching_section(model, *, n_requests: int = 16, max_batch: int = 8, block_s
     record |= {f"solo_matches_{name.replace(', ', '_')}": k for name, k in solo_matches.items()}
     if check_solo:
         record["solo_checked"] = len(checked)
-    tps = {p: sorted(r.tokens_per_s for r in tries[p]) for p in POLICIES}
-    apart = repeats > 1 and (tps["continuous"][0] > tps["static"][-1] or tps["static"][0] > tps["continuous"][-1])
+    apart = said["separated"]
     record["policies_separated"] = apart
     return {"rows": rows, "runs": runs, "speedup": speedup, "same_tokens": same, "solo_matches": solo_matches,
             "solo_checked": len(checked),
             "sentence": sentence, "separated": apart,
-            "speedup_range": (tps["continuous"][0] / tps["static"][-1], tps["continuous"][-1] / tps["static"][0]),
+            "speedup_range": said["speedup_range"],
             "noise": noise, "figure": fig, "record": record}
 
 

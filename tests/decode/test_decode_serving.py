@@ -90,3 +90,30 @@ def test_serving_with_the_triton_decode_gives_the_same_tokens():
     a = serving.serve(model, reqs, num_blocks=20, block_size=4, max_batch=3, impl="torch")
     b = serving.serve(model, reqs, num_blocks=20, block_size=4, max_batch=3, impl="triton")
     assert a.tokens == b.tokens
+
+
+def test_serve_policies_runs_each_policy_repeats_times_and_changes_no_tokens(mix):
+    model, reqs, solo = mix
+    tries = serving.serve_policies(model, reqs, repeats=2, num_blocks=40, block_size=4, max_batch=5,
+                                   max_new_tokens=16)
+    assert list(tries) == list(serving.POLICIES) and all(len(t) == 2 for t in tries.values())
+    assert all(run.policy == p and run.tokens == solo for p, t in tries.items() for run in t)
+    with pytest.raises(ValueError, match="repeats"):
+        serving.serve_policies(model, reqs, repeats=0)
+
+
+def _run(policy, wall_s):
+    """A ServeRun of 10 tokens in `wall_s` seconds: 10 / wall_s tokens/s."""
+    return serving.ServeRun(policy, {0: list(range(10))}, {0: 0.0}, {}, wall_s, 1, 0, 0.0, 1, [0])
+
+
+def test_policy_speedup_takes_the_median_runs_and_ranks_only_disjoint_ranges():
+    tries = {"static": [_run("static", 2.0), _run("static", 1.0), _run("static", 1.25)],  # 5, 10, 8 tokens/s
+             "continuous": [_run("continuous", 0.5), _run("continuous", 0.4), _run("continuous", 0.625)]}  # 20, 25, 16
+    said = serving.policy_speedup(tries)
+    assert said["runs"]["static"] is tries["static"][2] and said["runs"]["continuous"] is tries["continuous"][0]
+    assert said["speedup"] == pytest.approx(20 / 8) and said["speedup_range"] == pytest.approx((16 / 10, 25 / 5))
+    assert said["separated"] and said["spread"] == pytest.approx(max((10 - 5) / 8, (25 - 16) / 20))
+    close = {"static": [_run("static", 1.0), _run("static", 0.5)], "continuous": [_run("continuous", 0.6)] * 2}
+    assert not serving.policy_speedup(close)["separated"]  # 16.7 tokens/s lies inside static's 10-20
+    assert not serving.policy_speedup({p: t[:1] for p, t in tries.items()})["separated"]  # one run each
