@@ -6,7 +6,7 @@ plain numbers (rank 0's; None or {} elsewhere):
 * `check_collectives`: our ring all-reduce (`helpers.parallel.collectives`) against `dist.all_reduce`;
 * timing on ranks: `rounds`, the course's protocol where a sentence ranks variants (warm-up, interleaved
   rotated rounds until the compared IQRs separate, the stopping decision shared by the ranks), used by
-  `ddp_lab` too; `time_collective`, `ping_pong`, `comm_sweep` (ping-pong, our ring and `dist.all_reduce`
+  `ddp_lab` too; `ping_pong`, `comm_sweep` (ping-pong, our ring and `dist.all_reduce`
   per message size); `section_collectives` (the check and the sweep on one process group);
 * `collectives_notes`: the sentences on the sweep;
 * the notebook's parameters: `resolve_parameters` (all at once), with the checks `at_least_2` and
@@ -33,23 +33,6 @@ from helpers.parallel import collectives
 def _device() -> str:
     """Where this rank's buffers live: its GPU under NCCL, else the CPU."""
     return f"cuda:{torch.cuda.current_device()}" if dist.get_backend() == "nccl" else "cpu"
-
-
-def time_collective(fn: Callable[[], Any], reps: int, warmup: int = 2) -> dict[str, float]:
-    """Median and quartiles (seconds) of `fn()` on this rank, each call between two barriers (and GPU syncs)."""
-    dev = _device()
-    for _ in range(warmup):
-        fn()
-    xs = []
-    for _ in range(reps):
-        bench.sync(dev)
-        dist.barrier()
-        t0 = time.perf_counter()
-        fn()
-        bench.sync(dev)
-        xs.append(time.perf_counter() - t0)
-    xs.sort()
-    return {"median": median(xs), "q25": xs[len(xs) // 4], "q75": xs[(3 * len(xs)) // 4]}
 
 
 def ping_pong(nbytes: int, reps: int) -> float | None:
