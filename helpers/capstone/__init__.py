@@ -11,5 +11,6 @@ measured rung by rung. It may import every technique package; only `course` impo
           stands on, the decoder each builds from the trained GPT, and the checks of its tokens
 `waterfall` the figure both ladders draw: tokens/s per rung with its spread and its gain over the baseline
 `serve_lab` the serving ladder's parameters and measurements: tokens checked, held-out loss, ms/token timed by
-          the protocol, bandwidth against a copy, its table, sentences and waterfall, continuous batching
+          the protocol, bandwidth against the one copy ceiling, its table, sentences and waterfall, continuous
+          against static batching on one request mix (`helpers.decode.serving`'s policies)
 """

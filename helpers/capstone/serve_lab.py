@@ -14,11 +14,13 @@ import torch
 from helpers.capstone import serve_stack
 from helpers.capstone.waterfall import waterfall as draw_waterfall
 from helpers.capstone.serve_stack import Decoder, ServeRung
-from helpers.decode import serving_lab
+from helpers.decode import serving
+from helpers.decode.paged import blocks_for
 from helpers.gpt import heldout
 from helpers.gpt.model import PRESETS, GPTConfig
 from helpers.measure import params, protocol
 from helpers.measure.bench import Timing
+from helpers.show import tables
 
 GB = 1e9
 
@@ -183,12 +185,34 @@ def bandwidth_sentence(table: list[dict], copy_gbps: float | None, where: str) -
             "weights once can go no faster than a copy of them.")
 
 
-def batching(model, *, n_requests: int, repeats: int = 3, seed: int = 0) -> dict:
-    """Continuous against static batching of one seeded request mix on the same paged KV memory, by notebook
-    10's `serving_lab.batching_section` (its table and sentence printed); its result with the speed-up's range
-    over the `repeats` interleaved runs."""
-    return serving_lab.batching_section(model, n_requests=n_requests, repeats=repeats, seed=seed, tight_pool=False,
-                                        check_solo=False, show=False)
+def batching(model, *, n_requests: int, repeats: int = 3, seed: int = 0, max_batch: int = 8, block_size: int = 16,
+             arrival_rate: float = 2.0) -> dict:
+    """Continuous against static batching of one seeded request mix (`serving.model_requests`, arriving at
+    `arrival_rate` per iteration) on the same paged KV memory: room for max_batch // 2 requests at their longest,
+    which static batching preallocates and continuous batching fills by actual lengths, up to `max_batch`. Both
+    policies serve the mix `repeats` times, interleaved (`serving.serve_policies`); prints a table of each policy's
+    median run and one sentence. Returns `serving.policy_speedup`'s dict (runs, speedup, speedup_range, separated,
+    spread) with "num_blocks", "same_tokens" (requests whose tokens both policies' median runs agree on) and
+    "sentence"."""
+    params.positive("n_requests", n_requests)
+    reqs, cap = serving.model_requests(model, n_requests, seed=seed, arrival_rate=arrival_rate)
+    longest = max(len(r.prompt) for r in reqs) + cap
+    num_blocks = max(1, max_batch // 2) * blocks_for(longest, block_size)
+    tries = serving.serve_policies(model, reqs, repeats=repeats, num_blocks=num_blocks, block_size=block_size,
+                                   max_batch=max_batch, max_new_tokens=cap)
+    said = serving.policy_speedup(tries)
+    st, co = said["runs"]["static"], said["runs"]["continuous"]
+    rows = [said["runs"][p].row() for p in serving.POLICIES]
+    print(tables.table(list(rows[0]), [list(r.values()) for r in rows]))
+    same = sum(st.tokens[r.rid] == co.tokens[r.rid] for r in reqs)
+    lo, hi = said["speedup_range"]
+    sentence = (f"Same {n_requests} requests, same {num_blocks} blocks of {block_size} tokens: continuous batching "
+                f"generated {co.tokens_per_s:.0f} tokens/s against static batching's {st.tokens_per_s:.0f} "
+                f"({said['speedup']:.2f}x; {lo:.2f}-{hi:.2f}x over {repeats} interleaved run"
+                f"{'s' if repeats != 1 else ''} per policy); {same} of {n_requests} requests produced identical "
+                "tokens under both policies.")
+    print(sentence)
+    return {**said, "num_blocks": num_blocks, "same_tokens": same, "sentence": sentence}
 
 
 def waterfall(table: list[dict], ax=None, title: str = "serving ladder: tokens/s at batch 1, rung by rung"):

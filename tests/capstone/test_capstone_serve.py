@@ -240,3 +240,17 @@ def test_smoke_on_cuda_walks_the_leave_one_out_stacks_and_a_cpu_smoke_run_does_n
           for profile in ("smoke", "full") for device in ("cpu", "cuda")}
     assert [on[k]["LEAVE_ONE_OUT"] for k in sorted(on)] == [True, True, False, True]  # full cpu/cuda, smoke cpu/cuda
     assert on[("smoke", "cuda")]["COMPILE"] and not on[("smoke", "cpu")]["COMPILE"]
+
+
+def test_batching_serves_one_mix_under_both_policies_on_the_same_memory(models, capsys):
+    from helpers.decode import serving
+
+    res = serve_lab.batching(models[0], n_requests=4, repeats=2, seed=0)
+    runs = res["runs"]
+    assert set(runs) == set(serving.POLICIES) and res["num_blocks"] > 0
+    assert res["speedup"] == pytest.approx(runs["continuous"].tokens_per_s / runs["static"].tokens_per_s)
+    lo, hi = res["speedup_range"]
+    assert lo <= res["speedup"] <= hi and isinstance(res["separated"], bool)
+    assert 0 <= res["same_tokens"] <= 4 and f"{res['same_tokens']} of 4 requests" in res["sentence"]
+    out = capsys.readouterr().out
+    assert "tokens/s" in out and res["sentence"] in out
