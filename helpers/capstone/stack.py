@@ -39,6 +39,7 @@ from helpers.measure import hardware
 from helpers.measure.params import positive
 from helpers.training import accumulation
 
+RECOMPILE_LIMIT = 64  # compiled entries allowed per frame while a ladder runs (Dynamo's default is 8)
 TECHNIQUES = ("tf32", "bf16", "sdpa", "fused_adamw", "compile", "fp8", "data_path", "checkpoint")
 # a technique that stands in for one of the ladder's rather than adding a rung: the course's own Triton
 # FlashAttention (notebook 06) in sdpa's place, as a second attention row

@@ -103,11 +103,9 @@ def resolve_device(device: "str | torch.device | None") -> str:
 
 
 def sync(device: "str | torch.device") -> None:
-    """Wait until the work queued on `device` has finished: `torch.cuda.synchronize(device)` on a CUDA device
-    ("cuda", "cuda:N" or a torch.device of type cuda), nothing on any other (a CPU runs each op before it
-    returns). Every clock read around GPU work goes after one of these."""
-    device = torch.device(device)
-    if device.type == "cuda":
+    """Wait until the work queued on `device` ("cuda", "cuda:N", a torch.device) has finished: a CUDA sync there,
+    nothing on a CPU (which runs each op before it returns). Every clock read around GPU work follows one."""
+    if torch.device(device).type == "cuda":
         torch.cuda.synchronize(device)
 
 class ImplausibleTiming(UserWarning):

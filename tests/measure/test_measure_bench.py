@@ -174,4 +174,4 @@ def test_sync_waits_on_cuda_only(monkeypatch):
     assert calls == []
     bench.sync("cuda:1")
     bench.sync(torch.device("cuda"))
-    assert calls == [torch.device("cuda:1"), torch.device("cuda")]
+    assert calls == ["cuda:1", torch.device("cuda")]

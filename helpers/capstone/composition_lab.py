@@ -1,0 +1,91 @@
+"""Notebook 14's "where each rung's step goes": each rung's training step split by the profiler into the parts a
+technique acts on (matmuls, attention, the optimizer, casts, the rest), its figure, and the sentence that says
+why a technique bought more or less in the stack than alone from the share of the step it acts on."""
+from __future__ import annotations
+
+import torch
+
+from helpers.capstone import stack
+from helpers.gpt.model import GPTConfig
+from helpers.measure import bench, profiling
+from helpers.show import plots
+
+PARTS = ("matmul", "attention", "optimizer", "casts", "rest")
+# the part of the step each technique acts on (checkpointing and the data path act on the micro-steps and on the
+# host's hand-over, which a profile shows as "rest")
+ACTS_ON = {"tf32": "matmul", "bf16": "matmul", "sdpa": "attention", "fused_adamw": "optimizer", "compile": "rest",
+           "fp8": "matmul", "data_path": "rest", "checkpoint": "rest"}
+PART_WORDS = {"matmul": "the linears' matmuls", "attention": "attention", "optimizer": "the optimizer step",
+              "casts": "dtype casts", "rest": "the rest of the step (elementwise work, launches, host work)"}
+_ATTENTION_WORDS = ("scaled_dot_product", "ScaledDotProduct", "softmax", "Softmax", "flash", "attention")
+
+
+def step_part(names: list[str]) -> str:
+    """The part of a training step an op belongs to, from its name and its callers' (innermost first):
+    "optimizer" inside AdamW's step or zero_grad; "attention" for SDPA and flash kernels, the softmax, the causal
+    mask and the batched matmuls (aten::bmm: only attention multiplies 4-D tensors in the course GPT); "matmul"
+    for the linears' GEMMs; "casts" for dtype conversions (aten::copy_, aten::_to_copy); "rest" for everything
+    else (elementwise ops, normalisation, launches, compiled fused kernels)."""
+    leaf, joined = names[0], " ".join(names)
+    if "Optimizer." in joined:
+        return "optimizer"
+    if any(w in joined for w in _ATTENTION_WORDS) or leaf in ("aten::bmm", "aten::baddbmm", "aten::masked_fill_",
+                                                                "aten::masked_fill"):
+        return "attention"
+    if profiling.is_matmul(leaf):
+        return "matmul"
+    if leaf in ("aten::copy_", "aten::_to_copy", "aten::to"):
+        return "casts"
+    return "rest"
+
+
+def composition(cfg: GPTConfig, rungs: list[stack.Rung], batch: tuple[torch.Tensor, torch.Tensor], device: str, *,
+                micro_batches: int, lr: float, seed: int = 0, steps: int = 2) -> dict[str, profiling.Shares]:
+    """Each rung's step split into PARTS by the profiler (`profiling.category_shares`): the rung built afresh from
+    the seeded weights, one warm-up step, then `steps` profiled steps on `batch` (x, y), on `device`."""
+    out = {}
+    x, y = (t.to(device) for t in batch)
+    with torch._dynamo.config.patch(recompile_limit=stack.RECOMPILE_LIMIT), bench.cpu_threads(device):
+        for rung in rungs:
+            built = stack.build(cfg, rung, device, micro_batches=micro_batches, lr=lr, seed=seed)
+            out[rung.name] = profiling.category_shares(lambda b=built: b.step(x, y), step_part, steps=steps)
+    return out
+
+
+def composition_figure(table: list[dict], comp: dict[str, profiling.Shares], ax=None,
+                       title: str = "where each rung's step goes"):
+    """Stacked bars per rung: the profiled self time of one step (ms) split into PARTS."""
+    fig, ax = plots.axes(ax, title)
+    names = [r["rung"] for r in table]
+    bottom = [0.0] * len(names)
+    for j, part in enumerate(PARTS):
+        ms = [comp[r["rung"]].ms_per_step * comp[r["rung"]].shares.get(part, 0.0) for r in table]
+        ax.bar(names, ms, bottom=bottom, label=part, color=plots.COLORS[j % len(plots.COLORS)])
+        bottom = [b + m for b, m in zip(bottom, ms)]
+    ax.set(ylabel="profiled self time per step (ms)", xlabel="rung (the profiler adds its own overhead)")
+    ax.tick_params(axis="x", rotation=30)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    fig.tight_layout()
+    return fig
+
+
+def why_sentence(technique: str, before: str, comp: dict[str, profiling.Shares], alone, in_stack) -> str:
+    """Why a technique's gain alone and in the stack differ on this run, from what it acts on (ACTS_ON): that
+    part's share of the baseline's step against its share of the step of the rung it joined (`before`),
+    with the two gains (`protocol.Ratio`s) ranked only beyond both spreads."""
+    part = ACTS_ON[technique]
+    a, b = comp["baseline"].shares.get(part, 0.0), comp[before].shares.get(part, 0.0)
+    what = ("the number of micro-steps (and adds one forward per block), which a profile shows in the rest of the step"
+            if technique == "checkpoint" else PART_WORDS[part])
+    where = (f"{technique} acts on {what}: {a:.0%} of the baseline's step, {b:.0%} of the step of the rung it joined "
+             f"({before})")
+    if alone.lo > in_stack.hi:
+        why = ("so it had less to act on in the stack" if b < a else
+               "a share as large or larger, so what changed is how that part runs there (its dtype, its kernel, "
+               "or what is fused into it), not how much of it there is")
+        return f"{where}; it bought less in the stack ({in_stack.value:.2f}x against {alone.value:.2f}x alone), {why}."
+    if in_stack.lo > alone.hi:
+        why = ("so it had more to act on in the stack" if b > a else
+               "a share no larger, so the rungs before it changed how that part runs, in its favour")
+        return f"{where}; it bought more in the stack ({in_stack.value:.2f}x against {alone.value:.2f}x alone), {why}."
+    return f"{where}; its gains alone and in the stack lie within each other's spread, so this run shows no interaction."
