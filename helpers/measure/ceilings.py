@@ -134,6 +134,6 @@ def bandwidth_ceiling(device: str | None = None, *, threads: int | None = None, 
         why = ("notebook 00's whole-machine record does not apply to a step timed on fewer threads"
                if recorded and recorded.get("copy_gbps") else
                "notebook 00 has no record for this device in this results folder")
-        out = gbps, f"measured just now: one {nbytes / 2**20:g} MiB copy{on}{where} ({why})"
+        out = gbps, f"measured just now: one {nbytes / 2**20:g} MiB copy{on}{where}; {why}"
     COPY_CEILINGS[key] = out
     return out
