@@ -1,5 +1,6 @@
 # LLM efficiency, measured: one environment, three commands.
-#   make test   bootstrap .venv (once) and run the test suite
+#   make test   bootstrap .venv (once) and run the whole test suite (what CI runs)
+#   make test-fast  the unit tier alone: no notebook, browser, process-launching, tooling or slow test (under 2 minutes)
 #   make lab    bootstrap .venv (once) and start JupyterLab on notebooks/
 #   make run    bootstrap .venv (once) and execute every notebook headlessly, with a report
 # The profile is picked by the device: "full" on CUDA, "smoke" on CPU (override: make run PROFILE=smoke).
@@ -15,7 +16,7 @@ ARGS   ?=
 PY    := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: test lab run strip clean-venv
+.PHONY: test test-fast lab run strip clean-venv
 
 # The marker alone does not prove the environment works: if .venv/bin/python is gone or broken (deleted,
 # or the system Python it links to was upgraded), the marker is treated as stale and the venv rebuilt.
@@ -38,6 +39,12 @@ CHROMIUM ?= $(or $(COURSE_CHROMIUM),/usr/bin/chromium)
 test: $(STAMP)
 	@test -x "$(CHROMIUM)" || echo "make test: no Chromium at $(CHROMIUM), so the browser suite (tests/browser) is SKIPPED; install it with 'apt-get install --no-install-recommends chromium' (or set COURSE_CHROMIUM) to run it"
 	COURSE_CHROMIUM="$(CHROMIUM)" $(PY) -m pytest $(ARGS)
+
+# the unit tier: what a contributor runs after each change; the markers are declared in pyproject.toml
+FAST := not notebook and not browser and not ranks and not tooling and not slow
+
+test-fast: $(STAMP)
+	$(PY) -m pytest -m "$(FAST)" $(ARGS)
 
 # cloud GPU containers often run as root, which JupyterLab refuses without --allow-root
 LAB_ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)

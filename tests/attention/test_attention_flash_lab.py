@@ -95,6 +95,7 @@ def test_correctness_leaves_out_what_it_is_told_and_checks_a_precision_on_its_ow
     assert text == "flash_pytorch: not checked in fp16 (left out here); in bf16 (this GPU has no bf16 units)"
 
 
+@pytest.mark.slow
 def test_gpt_kernels_times_a_slow_kernel_over_its_own_repetitions():
     torch.manual_seed(0)
     kernels.register_course_kernels()
@@ -134,6 +135,7 @@ def test_compare_fails_an_implementation_that_is_slightly_off(monkeypatch, dtype
     assert not result["passed"]
 
 
+@pytest.mark.slow
 def test_flash_panel_moves_with_its_controls(capsys):
     small = flash_lab.flash_panel(32, 1024, bandwidth_gbs=1000.0)
     first = capsys.readouterr().out

@@ -55,6 +55,7 @@ def test_time_attention_times_forward_and_backward():
     assert q.grad is None and not q.requires_grad  # the inputs are left alone
 
 
+@pytest.mark.slow
 def test_memory_wall_respects_the_budget_and_survives_out_of_memory(monkeypatch):
     real = kernels.attention
 
@@ -77,6 +78,7 @@ def test_memory_wall_respects_the_budget_and_survives_out_of_memory(monkeypatch)
     assert tight[0]["status"].startswith("exceeds budget") and tight[0]["saved_bytes"] is None
 
 
+@pytest.mark.slow
 def test_memory_wall_records_a_library_kernel_error_and_goes_on(monkeypatch):
     real = kernels.attention
 

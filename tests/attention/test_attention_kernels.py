@@ -168,6 +168,7 @@ def test_traffic_model():
     assert kernels.naive_traffic_bytes(n, d, is_causal=True) > kernels.naive_traffic_bytes(n, d)
 
 
+@pytest.mark.slow
 def test_triton_kernels_are_refused_with_a_reason_on_a_gpu_older_than_sm80():
     import subprocess
     import sys

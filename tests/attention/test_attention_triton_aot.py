@@ -94,6 +94,7 @@ def test_the_report_compiles_in_process_only_where_the_kernels_are_compiled(monk
     assert triton_aot.survey_here_or_in_subprocess(head_dims=(128,)) == ("here", {"head_dims": (128,)})
 
 
+@pytest.mark.slow
 def test_launch_configs_can_name_only_what_the_autotuner_tries():
     import os
     import subprocess

@@ -70,6 +70,7 @@ def test_flops_panel_moves_with_the_controls(capsys):
     plt.close("all")
 
 
+@pytest.mark.slow
 def test_sweep_train_steps_skips_the_points_that_run_out_of_memory(monkeypatch):
     real = mfu_lab.measure_train_step
 

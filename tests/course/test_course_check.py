@@ -67,6 +67,7 @@ def _sleeper(x):
     return "woke up"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("learner", [_endless, _sleeper])
 def test_a_function_that_never_returns_fails_within_its_time_limit(capsys, toys, learner):
     name = toys("forever", time_limit=1)
@@ -81,6 +82,7 @@ def test_a_function_that_never_returns_fails_within_its_time_limit(capsys, toys,
     assert capsys.readouterr().out.startswith("PASS")
 
 
+@pytest.mark.slow
 def test_an_outer_alarm_is_put_back_with_its_remaining_time(capsys, toys):
     name = toys("outer", time_limit=1)
     fired = []
@@ -103,6 +105,7 @@ def _in_a_thread(target) -> None:
     assert not worker.is_alive()
 
 
+@pytest.mark.slow
 def test_outside_the_main_thread_a_trace_function_stops_a_loop(capsys, toys):
     name = toys("thread", time_limit=1)
     _in_a_thread(lambda: check.exercise(name, _endless))
@@ -110,6 +113,7 @@ def test_outside_the_main_thread_a_trace_function_stops_a_loop(capsys, toys):
     assert sys.gettrace() is None
 
 
+@pytest.mark.slow
 def test_under_a_debugger_the_overrun_is_still_reported(capsys, toys):
     name = toys("debugger", time_limit=1)
 

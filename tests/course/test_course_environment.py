@@ -86,6 +86,7 @@ def _unguarded_new_names(tree) -> list[str]:
     return found
 
 
+@pytest.mark.slow
 def test_code_parses_and_imports_on_the_declared_python():
     problems = []
     for path, source in _sources():

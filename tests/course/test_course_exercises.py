@@ -127,6 +127,7 @@ def test_every_notebook_has_exercises_and_at_least_one_code_exercise():
         assert "code" in kinds, f"notebook {nb} has no code exercise (kinds: {kinds})"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("ex", EXERCISES, ids=lambda ex: ex.name)
 def test_reference_passes_and_every_planted_wrong_answer_fails(capsys, ex):
     assert ex.wrong, f"{ex.name} has no planted wrong answer"
@@ -183,6 +184,7 @@ def test_hints_do_not_contain_the_answer(ex):
     assert math.isfinite(float(ex.expected()))
 
 
+@pytest.mark.slow
 def test_the_command_line_self_test_passes():
     assert check.main(MODULES) == 0
 

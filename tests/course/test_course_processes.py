@@ -34,6 +34,7 @@ def test_folder_problem_says_why_a_folder_cannot_be_written(tmp_path):
     assert str(blocker) in problem and ("Not a directory" in problem or "File exists" in problem)
 
 
+@pytest.mark.slow
 def test_descendants_and_end_group_leave_nothing_running(tmp_path):
     """A group leader with a child that ignores SIGTERM and a grandchild in a session of its own: end_group
     kills the group (SIGKILL after the leader is gone), Descendants.kill the one that left the session."""

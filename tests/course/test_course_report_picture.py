@@ -1,6 +1,8 @@
 import base64
 import json
 
+import pytest
+
 from helpers.course import report, report_picture
 
 FIGURE = "figures/course-in-one-picture.png"
@@ -56,6 +58,7 @@ def _section(text):
     return text[start:text.index("\n## ", start + 3)]
 
 
+@pytest.mark.slow
 def test_the_picture_opens_the_report_with_one_sentence_per_ladder(tmp_path):
     run_dir, refs = _run(tmp_path)
     md, page = report.write_report(run_dir, [], refs, profile="smoke")

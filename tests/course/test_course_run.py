@@ -45,6 +45,7 @@ def fixture_dir(tmp_path):
     return folder
 
 
+@pytest.mark.slow
 def test_runner_reports_each_notebook_with_learner_cell_numbers(fixture_dir, tmp_path, capsys):
     refs = tmp_path / "refs"
     shutil.copytree(FIXTURES / "bad_reference", refs)  # a torn file and a record dated null
@@ -80,6 +81,7 @@ def test_runner_reports_each_notebook_with_learner_cell_numbers(fixture_dir, tmp
     assert "data:image/png;base64," in html and "broken on purpose" in html
 
 
+@pytest.mark.slow
 def test_runner_exits_0_with_a_torn_reference_and_saves_reference(fixture_dir, tmp_path, capsys):
     from helpers.measure.results import device_slug
 
@@ -107,6 +109,7 @@ def _wait_for(predicate, seconds):
     return False
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_a_signal_stops_workers_and_kernels_and_keeps_what_finished(tmp_path, sig):
     nbs = tmp_path / "nbs"
@@ -272,6 +275,7 @@ def test_every_kernel_of_a_run_shares_one_inductor_cache(fixture_dir, tmp_path, 
     assert seen and seen[0]["TORCHINDUCTOR_CACHE_DIR"] == str((tmp_path / "cache" / "inductor").resolve())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("death", ["os._exit(1)", "os.kill(os.getpid(), signal.SIGKILL)"])
 def test_a_kernel_that_dies_is_reported_at_its_cell_and_the_cells_after_it_did_not_run(tmp_path, capsys, death):
     """The dying cell prints first, so the kernel may have numbered it before it died: the report must still

@@ -29,6 +29,7 @@ def _batches(n_rows=2, T=16, cold_s=0.0):
     return gen
 
 
+@pytest.mark.slow
 def test_timed_block_discards_a_planted_cold_step():
     model = GPT(GPTConfig.preset("tiny", seq_len=16))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)

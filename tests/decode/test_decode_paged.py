@@ -92,6 +92,7 @@ def test_waste_counts_allocated_minus_used_slots():
         paged.waste([20], reserve=16)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("impl,kv_heads", [("torch", 4), ("torch", 2), ("torch", 1)]
                          + [(impl, 2) for impl in IMPLS if impl != "torch"])  # the kernel's MHA/MQA: above
 def test_gpt_on_the_paged_cache_matches_the_full_forward(impl, kv_heads):
@@ -159,6 +160,7 @@ def _teacher_forced(model, seq, cache, split):
     return torch.cat([first] + rest, 1)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("model_dtype", DTYPES)
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -40,6 +40,7 @@ def _dense(kp, vp, rows, lengths, block_size):
     return k, v
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("block_size,H,H_kv", [(3, 4, 4), (5, 4, 2), (4, 6, 1)])
 def test_paged_decode_equals_contiguous(impl, block_size, H, H_kv):
@@ -64,6 +65,7 @@ def test_paged_decode_equals_contiguous(impl, block_size, H, H_kv):
         torch.testing.assert_close(got[b], ref, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_flexattention_paged_helper_agrees_with_our_block_tables():
     lengths, block_size = [7, 1, 13, 5], 4
     kp, vp, tables, _ = _pool_and_tables(lengths, block_size, H_kv=2, hd=16)
@@ -75,6 +77,7 @@ def test_flexattention_paged_helper_agrees_with_our_block_tables():
                                atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(paged_attention.TRITON_MISSING is not None, reason="triton is not installed")
 def test_the_triton_decode_kernel_compiles_for_an_h100_without_a_gpu():
     """The interpreter accepts code the compiler rejects: compile for sm_90 in a process with it off."""

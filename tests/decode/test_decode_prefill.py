@@ -10,6 +10,7 @@ from helpers.decode import paged, prefill
 from kv_support import small_gpt
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("prompt_len,block", [(13, 4), (12, 4)])
 def test_shared_prefix_generation_equals_unshared_and_saves_the_formulas_blocks(prompt_len, block):
     model = small_gpt(2)
@@ -27,6 +28,7 @@ def test_shared_prefix_generation_equals_unshared_and_saves_the_formulas_blocks(
         prefill.shared_prefix_generate(model, prompt, [[1], [2, 3]], 5)
 
 
+@pytest.mark.slow
 def test_chunked_prefill_equals_plain_prefill_and_leaves_other_requests_alone():
     model = small_gpt(2)
     prompt = list(range(5, 35))

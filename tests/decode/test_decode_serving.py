@@ -39,6 +39,7 @@ def mix():
     return model, reqs, solo
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("policy,num_blocks", [("static", 40), ("continuous", 40), ("continuous", 9)])
 def test_every_request_finishes_once_with_its_solo_tokens(mix, policy, num_blocks):
     model, reqs, solo = mix
@@ -53,6 +54,7 @@ def test_every_request_finishes_once_with_its_solo_tokens(mix, policy, num_block
     assert set(run.ttft) == set(solo) and all(t >= 0 for t in run.ttft.values())
 
 
+@pytest.mark.slow
 def test_schedules_are_deterministic_and_static_wastes_more(mix):
     model, reqs, _ = mix
     ticks = itertools.count()
@@ -83,6 +85,7 @@ def test_serve_validates_its_arguments(mix):
         serving.serve(model, reqs, max_batch=0)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(paged_attention.TRITON_MISSING is not None, reason="triton is not installed")
 def test_serving_with_the_triton_decode_gives_the_same_tokens():
     model = tiny_gpt(2)
@@ -92,6 +95,7 @@ def test_serving_with_the_triton_decode_gives_the_same_tokens():
     assert a.tokens == b.tokens
 
 
+@pytest.mark.slow
 def test_serve_policies_runs_each_policy_repeats_times_and_changes_no_tokens(mix):
     model, reqs, solo = mix
     tries = serving.serve_policies(model, reqs, repeats=2, num_blocks=40, block_size=4, max_batch=5,

@@ -10,6 +10,7 @@ from helpers.decode import serving, serving_lab
 from kv_support import small_gpt, tiny_gpt
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("prompt_len,block", [(13, 4), (12, 4)])
 def test_prefix_section_checks_the_formulas_blocks(prompt_len, block):
     model = small_gpt(2)
@@ -23,6 +24,7 @@ def test_prefix_section_checks_the_formulas_blocks(prompt_len, block):
     assert out["bitwise"] and f"{f['saved']} saved" in out["sentence"]
 
 
+@pytest.mark.slow
 def test_chunked_section_checks_and_times_one_chunk_against_the_whole_prefill():
     model = small_gpt(2)
     out = serving_lab.chunked_section(model, list(range(5, 35)), 7, [[3, 4, 5], [6, 7]], reps=2, budget_s=0.01,
@@ -30,6 +32,7 @@ def test_chunked_section_checks_and_times_one_chunk_against_the_whole_prefill():
     assert out["tokens_equal"] and set(out["comparison"].timings) == {"whole prefill", "one chunk"}
 
 
+@pytest.mark.slow
 def test_batching_section_serves_both_policies_on_the_same_mix():
     model = tiny_gpt(2)
     run = serving_lab.batching_section(model, n_requests=5, max_batch=4, block_size=4, max_new_tokens=8, repeats=2,
@@ -47,6 +50,7 @@ def test_batching_section_serves_both_policies_on_the_same_mix():
     assert run["solo_checked"] == run["record"]["solo_checked"] == 5 and "Against each request served alone" in run["sentence"]
 
 
+@pytest.mark.slow
 def test_batching_checks_one_request_in_solo_every_against_its_solo_tokens():
     model = tiny_gpt(2, torch.float64)  # float64: batched and solo numerics cannot flip a greedy argmax
     run = serving_lab.batching_section(model, n_requests=5, max_batch=4, block_size=4, max_new_tokens=8,

@@ -36,6 +36,7 @@ Q = torch.tensor([0.10, 0.15, 0.30, 0.10, 0.05, 0.30], dtype=torch.float64)
 DRAWS, THRESHOLD = 200_000, 0.001
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("gamma", [1, 4])
 def test_greedy_speculative_equals_target_greedy(models, gamma):
     target, draft = models
@@ -45,6 +46,7 @@ def test_greedy_speculative_equals_target_greedy(models, gamma):
     assert got.proposed > 0 and got.target_passes < 24  # it did speculate (the draft got some right)
 
 
+@pytest.mark.slow
 def test_greedy_with_the_ngram_draft_and_a_one_token_prompt(models):
     target, _ = models
     for prompt in (PROMPT, PROMPT[:1]):
@@ -109,6 +111,7 @@ def test_formulas():
             speculative.predicted_speedup(**bad)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_rollback_leaves_each_cache_equal_to_a_fresh_prefill(models, temperature):
     target, draft = models

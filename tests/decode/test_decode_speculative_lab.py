@@ -53,6 +53,7 @@ def test_list_parameters_given_as_text_are_read_as_lists():
         speculative_lab.check_temperatures("TEMPERATURES", "hot")
 
 
+@pytest.mark.slow
 def test_speed_grid_rows_are_consistent(models):
     target, draft = models
     drafts = {"gpt": draft, "lookup": speculative.NGramDraft(2)}

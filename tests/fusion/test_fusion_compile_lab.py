@@ -18,6 +18,7 @@ def measured():
     return {name: compile_lab.measure_workload(name, ROWS, COLS, reps=2) for name in compiler.WORKLOADS}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(compiler.WORKLOADS))
 def test_compiled_equals_eager_and_fuses_into_one_kernel(measured, name):
     r = measured[name]  # measure_workload asserted compiled == eager within tolerance(fp32) = 1e-5

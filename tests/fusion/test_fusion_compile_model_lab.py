@@ -9,6 +9,7 @@ from helpers.fusion import compile_lab, compile_model_lab
 from helpers.measure import bench, protocol
 
 
+@pytest.mark.slow
 def test_gpt_training_step_compiled_equals_eager(results_tmp):
     from helpers.gpt.model import GPTConfig
 
@@ -83,6 +84,7 @@ def test_training_claim_is_judged_from_the_measured_step_and_not_testable_on_a_c
         claims.verdict("pytorch2-training-1-41x", notebook="09", claim="c", source="s", quiet=True, **kw)
 
 
+@pytest.mark.slow
 def test_regional_compilation_traces_one_block_for_all(results_tmp):
     from helpers.gpt.model import GPTConfig
 

@@ -18,6 +18,7 @@ def test_explain_finds_each_planted_break_and_none_after_the_fix(which):
     torch.testing.assert_close(fixed(x), broken(x))  # the fix computes the same thing
 
 
+@pytest.mark.slow
 def test_recompile_counts_for_a_scripted_shape_sequence():
     sizes = [8, 8, 16, 32, 5]
     auto = dynamo.count_compiles(sizes)

@@ -16,6 +16,7 @@ from kv_support import DTYPES, assert_close_to_reference, small_gpt, tolerance
 
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("n_kv_head", [4, 2, 1])  # MHA, GQA (a divisor), MQA
 def test_greedy_identical_with_and_without_cache(n_kv_head):
     model = small_gpt(n_kv_head)
@@ -26,6 +27,7 @@ def test_greedy_identical_with_and_without_cache(n_kv_head):
     assert torch.equal(with_cache, without)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("n_kv_head", [4, 2, 1])
 def test_cached_logits_match_full_forward(n_kv_head):
     model = small_gpt(n_kv_head)
@@ -60,6 +62,7 @@ def test_cache_overflow_and_bad_sizes_raise():
         generation.generate(model, torch.zeros(4, dtype=torch.long), 0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("T", [1, 3])
 def test_rewound_step_runs_at_the_same_position_every_call(T):
     model = small_gpt(2)
@@ -72,6 +75,7 @@ def test_rewound_step_runs_at_the_same_position_every_call(T):
     torch.testing.assert_close(first, model(seq)[0][:, -1], rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_greedy_top1_and_seeded_sampling():
     model = small_gpt(2)
     prompt = torch.randint(0, 256, (2, 12), generator=torch.Generator().manual_seed(4))
@@ -85,6 +89,7 @@ def test_greedy_top1_and_seeded_sampling():
     assert torch.equal(a, b)
 
 
+@pytest.mark.slow
 def test_sampling_reproducible_and_restricted():
     logits = torch.randn(4, 256, generator=torch.Generator().manual_seed(3))
     a = generation.Sampler(temperature=0.8, top_k=20, seed=5)(logits)
@@ -118,6 +123,7 @@ def _teacher_forced(model, seq, cache, split=6):
     return torch.cat([first] + rest, 1)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model_dtype", DTYPES)
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_contiguous_cache_in_any_dtype_under_a_model_of_any_dtype(model_dtype, dtype):
@@ -139,6 +145,7 @@ def test_contiguous_cache_in_any_dtype_under_a_model_of_any_dtype(model_dtype, d
     assert torch.equal(out, want)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model_dtype", DTYPES)
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_generate_with_any_cache_dtype(model_dtype, dtype):

@@ -19,6 +19,7 @@ import torch
 from helpers.gpt import pretrained
 
 
+@pytest.mark.slow
 def test_pretrained_caches_and_retrains(tmp_path, capsys):
     kw = dict(cache_dir=tmp_path, device="cpu", progress=False, n_layer=1, d_model=32, d_ff=64, n_head=2)
     first = pretrained.pretrained("tiny", 3, **kw)
@@ -44,6 +45,7 @@ def test_pretrained_caches_and_retrains(tmp_path, capsys):
         pretrained.pretrained("nope", 3, **kw)
 
 
+@pytest.mark.slow
 def test_shipped_weights_load_on_any_corpus_and_are_copied_into_the_cache(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(pretrained, "SHIPPED_DIR", tmp_path / "shipped")
     monkeypatch.setitem(pretrained.SCHEDULES, "tiny", dict(steps=3, batch=2, seq_len=16, lr=1e-3))
@@ -90,6 +92,7 @@ def shipped(tmp_path, monkeypatch):
     return path
 
 
+@pytest.mark.slow
 def test_torn_shipped_weights_are_named_with_what_training_costs(tmp_path, shipped, capsys):
     shipped.write_bytes(shipped.read_bytes()[:1000])  # torn: the zip's directory is gone
     capsys.readouterr()
@@ -101,6 +104,7 @@ def test_torn_shipped_weights_are_named_with_what_training_costs(tmp_path, shipp
     assert "no checkpoint" not in out
 
 
+@pytest.mark.slow
 def test_shipped_weights_that_do_not_fit_say_what_the_shipped_run_took(tmp_path, shipped, capsys):
     payload = torch.load(shipped, weights_only=True)
     payload["state_dict"].pop(next(iter(payload["state_dict"])))
@@ -112,6 +116,7 @@ def test_shipped_weights_that_do_not_fit_say_what_the_shipped_run_took(tmp_path,
            f"(the shipped run took 1050 s, 17 min on a test CPU; later runs load the result)." in out
 
 
+@pytest.mark.slow
 def test_a_git_lfs_pointer_is_named_as_such(tmp_path, shipped, capsys):
     shipped.write_text("version https://git-lfs.github.com/spec/v1\noid sha256:0123\nsize 1794115\n")
     capsys.readouterr()
@@ -119,6 +124,7 @@ def test_a_git_lfs_pointer_is_named_as_such(tmp_path, shipped, capsys):
     assert "it is a Git LFS pointer, not the weights (fetch them with `git lfs pull`)" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("val_loss", ["missing", float("nan"), "1.2"])
 def test_a_cached_checkpoint_without_its_validation_loss_is_measured_again(tmp_path, capsys, val_loss):
     first = pretrained.pretrained("tiny", 3, cache_dir=tmp_path, **KW)
@@ -161,6 +167,7 @@ print(json.dumps({"pid": os.getpid(), "trained_now": got.trained_now, "path": st
 """
 
 
+@pytest.mark.slow
 def test_two_processes_asking_for_one_model_train_it_once(tmp_path):
     flags = tmp_path / "flags"
     flags.mkdir()

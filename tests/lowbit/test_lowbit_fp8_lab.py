@@ -33,6 +33,7 @@ def test_delayed_scaling_overflows_at_a_spike_that_current_scaling_absorbs():
     assert rows[4]["delayed most_recent"]["underflow"] > rows[4]["current"]["underflow"]
 
 
+@pytest.mark.slow
 def test_quant_panel_is_a_plain_callback(capsys):
     import matplotlib
 

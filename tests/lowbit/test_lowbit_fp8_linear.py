@@ -72,6 +72,7 @@ def test_blockwise_mm_equals_float64_reference_of_the_same_operands():
     assert fp8_linear.BLOCKWISE_PATH[("cpu", 128)].startswith("emulated: ")  # the path taken is reported, with why
 
 
+@pytest.mark.slow
 def test_torchao_problem_probes_each_recipe_once_and_says_why_in_one_sentence(monkeypatch):
     with pytest.raises(ValueError, match="recipe"):
         fp8_linear.torchao_problem("delayed")
@@ -137,6 +138,7 @@ def test_convert_skips_lm_head_and_odd_shapes():
         fp8_linear.convert_to_float8(model, "fp4")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("recipe", ["tensorwise", "rowwise"])
 def test_gpt_loss_and_grads_close_to_torchao(recipe):
     _skip_unless_torchao_runs(recipe)

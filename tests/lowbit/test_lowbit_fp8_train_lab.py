@@ -35,6 +35,7 @@ def test_the_baseline_comes_first_and_names_the_sentences():
     assert "vs bf16" in fp8_train_lab.training_sentences(res, 1)[0]
 
 
+@pytest.mark.slow
 def test_training_under_bf16_autocast_keeps_fp32_master_weights():
     torch.manual_seed(0)
     model = GPT(GPTConfig.preset("tiny", n_layer=1))
@@ -45,6 +46,7 @@ def test_training_under_bf16_autocast_keeps_fp32_master_weights():
     assert all(p.dtype == torch.float32 and p.grad is not None for p in model.parameters() if p.requires_grad)
 
 
+@pytest.mark.slow
 def test_gpt_steps_times_every_variant_or_says_why():
     torch.manual_seed(0)
     base = GPT(GPTConfig(n_layer=1, n_head=2, d_model=32, d_ff=64, seq_len=16))
@@ -55,6 +57,7 @@ def test_gpt_steps_times_every_variant_or_says_why():
     assert next(base.parameters()).dtype == torch.float32  # the base model is left as it was
 
 
+@pytest.mark.slow
 def test_gpt_steps_compiles_each_block_not_the_whole_model(monkeypatch):
     compiled = []
     monkeypatch.setattr(torch.nn.Module, "compile", lambda self, *a, **k: compiled.append(type(self).__name__))
@@ -66,6 +69,7 @@ def test_gpt_steps_compiles_each_block_not_the_whole_model(monkeypatch):
     assert compiled == ["Block"] * 4  # two blocks in each of the two variants
 
 
+@pytest.mark.slow
 def test_gpt_steps_skips_just_the_torchao_recipe_that_cannot_run(monkeypatch):
     if fp8_linear.import_torchao()[0] is None:
         pytest.skip(fp8_linear.import_torchao()[1])
@@ -93,6 +97,7 @@ def test_linear_profile_attributes_time_to_ops(tmp_path):
     assert f"{fp8_train_lab.cast_share(prof):.0%} of the profiled CPU time" in sentences[0]
 
 
+@pytest.mark.slow
 def test_compiled_linears_each_get_their_graph_past_dynamos_recompile_limit(monkeypatch):
     # every compiled module shares Dynamo's recompile limit: without a reset per layer, those past it run eagerly
     graphs, real = [], torch.compile
@@ -108,6 +113,7 @@ def test_compiled_linears_each_get_their_graph_past_dynamos_recompile_limit(monk
     torch._dynamo.reset()
 
 
+@pytest.mark.slow
 def test_speed_sweep_leaves_out_just_the_torchao_recipe_that_cannot_run(monkeypatch):
     why = "torchao's rowwise recipe does not run on cuda here."
     monkeypatch.setattr(fp8_linear, "_TORCHAO_PROBLEMS", {("rowwise", "cuda"): why, ("tensorwise", "cuda"): None})
@@ -121,6 +127,7 @@ def test_speed_sweep_leaves_out_just_the_torchao_recipe_that_cannot_run(monkeypa
     assert without["skipped"] == {} and not any(v.startswith("torchao") for v in without["linear"])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("recipe", ["tensorwise", "delayed", "rowwise"])
 def test_our_emulated_training_matches_the_scaled_mm_path(recipe):
     # where torch._scaled_mm runs (the CPU), emulating it changes no bit with rowwise's power-of-two scales,
@@ -138,6 +145,7 @@ def test_our_emulated_training_matches_the_scaled_mm_path(recipe):
                                                                          rel=1e-5, abs=0)
 
 
+@pytest.mark.slow
 def test_torchao_emulate_option_is_set_and_trains():
     _skip_unless_torchao_runs("rowwise")
     torch.manual_seed(0)

@@ -160,6 +160,7 @@ def test_awq_protects_a_salient_channel():
     assert gptq.output_error(W, W_hat, X) < gptq.output_error(W, gptq.rtn_quantize(W, 3, 32), X)
 
 
+@pytest.mark.slow
 def test_quantize_model_returns_a_quantised_copy(tiny, calib):
     before = copy.deepcopy(tiny.state_dict())
     q = gptq.quantize_model(tiny, "gptq", 3, 64, calib)

@@ -29,6 +29,7 @@ def calib():
     return gptq.calibration_tokens(4, 128, seed=0)
 
 
+@pytest.mark.slow
 def test_sections_print_and_return_rows(tiny, calib, capsys):
     rows = gptq_lab.layer_error_section(tiny, calib, bits=(3,), group_size=64)
     assert len(rows) == len(gptq.block_linears(tiny))

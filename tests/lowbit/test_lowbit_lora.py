@@ -84,6 +84,7 @@ def test_merged_variants_dequantised_merge_matches_unmerged(tiny):
     assert err_deq < 0.01 * ref.abs().max() and err_orig > 5 * err_deq
 
 
+@pytest.mark.slow
 def test_finetune_lowers_the_loss_for_every_kind(tiny):
     tokens = lora.finetune_split()[0][:33]  # one window of 32: every step sees the same batch
     for kind in lora.KINDS:

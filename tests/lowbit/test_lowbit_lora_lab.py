@@ -25,6 +25,7 @@ def tiny():
     return pretrained("tiny", quiet=True, device="cpu").model
 
 
+@pytest.mark.slow
 def test_finetune_section_returns_its_numbers(tiny, capsys):
     res = lora_lab.finetune_section(tiny, steps=2, eval_batches=1)
     assert set(res["losses"]) == set(lora.KINDS) and all(len(v) == 2 for v in res["losses"].values())

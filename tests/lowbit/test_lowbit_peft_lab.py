@@ -30,6 +30,7 @@ def need_peft():
         pytest.skip(why)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("base,cls", [("fp32", "Linear"), ("nf4", "Linear4bit")])
 def test_lora_and_qlora_equal_peft_bitwise(tiny, need_peft, base, cls):
     p = peft_lab.peft_parity(tiny, r=4, alpha=8, base=base)
@@ -45,6 +46,7 @@ def test_peft_parity_catches_a_wrong_merge(tiny, need_peft, monkeypatch):
     assert p["merged"] > 0 and not p["bitwise"]
 
 
+@pytest.mark.slow
 def test_peft_initialises_like_ours(tiny, need_peft, capsys):
     res = peft_lab.parity_section(tiny, r=4)
     out = capsys.readouterr().out

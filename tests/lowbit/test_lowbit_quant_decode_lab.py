@@ -12,6 +12,7 @@ from helpers.measure import bench, protocol
 FUSED, DEQ = quant_decode_lab.CPU_DECODE_VARIANTS[1], quant_decode_lab.CPU_DECODE_VARIANTS[2]
 
 
+@pytest.mark.slow
 def test_weight_only_copy_swaps_the_block_linears_of_a_copy_and_leaves_the_base():
     torch.manual_seed(0)
     base = GPT(GPTConfig.preset("tiny")).eval()
@@ -54,6 +55,7 @@ def test_cpu_decode_sentences_rank_only_separated_timings():
     assert "int8 weight-only was slower" in slow[2]
 
 
+@pytest.mark.slow
 def test_cpu_decode_times_every_variant_and_counts_fewer_bytes_for_int8():
     res = quant_decode_lab.cpu_decode("tiny", prompt=8, variants=("fp32", FUSED, DEQ), timer=lambda fn: (fn(), 0.01)[1],
                                       budget_s=1.0)

@@ -67,6 +67,7 @@ def test_describe_prints_device_and_versions(capsys):
     assert "device" in out and "versions" in out and "torch" in out and "flash-attn" in out
 
 
+@pytest.mark.slow
 def test_ceilings_recorded_for_another_device_are_ignored(results_tmp):
     from helpers.measure.results import record
 

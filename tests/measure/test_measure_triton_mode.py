@@ -16,6 +16,7 @@ def _fresh(code: str) -> str:
     return done.stdout.strip()
 
 
+@pytest.mark.slow
 def test_switch_before_triton_is_imported_sets_the_interpreter_and_reports_nothing():
     out = _fresh("import os, sys\nfrom helpers.measure import triton_mode\n"
                  "print(triton_mode.use_interpreter_without_gpu('m', True), os.environ.get('TRITON_INTERPRET'),"
@@ -23,12 +24,14 @@ def test_switch_before_triton_is_imported_sets_the_interpreter_and_reports_nothi
     assert out == "None 1 [None]"  # the probe kernel ran in the interpreter
 
 
+@pytest.mark.slow
 def test_triton_imported_first_in_compiled_mode_is_named_with_the_module():
     out = _fresh("import triton\nfrom helpers.measure import triton_mode\n"
                  "print(triton_mode.use_interpreter_without_gpu('helpers.x', True))")
     assert out.startswith("triton was imported before helpers.x switched its interpreter on")
 
 
+@pytest.mark.slow
 def test_once_triton_was_imported_in_compiled_mode_every_later_switch_says_so():
     out = _fresh("import triton\nfrom helpers.measure import triton_mode\n"
                  "triton_mode.use_interpreter_without_gpu('helpers.a', True)\n"
@@ -36,6 +39,7 @@ def test_once_triton_was_imported_in_compiled_mode_every_later_switch_says_so():
     assert out.startswith("triton was imported before helpers.b switched its interpreter on")
 
 
+@pytest.mark.slow
 def test_interpreter_set_after_triton_was_imported_is_caught_by_the_probe():
     out = _fresh("import os, triton\nos.environ['TRITON_INTERPRET'] = '1'\nfrom helpers.measure import triton_mode\n"
                  "print(triton_mode.use_interpreter_without_gpu('m', True))")
@@ -48,6 +52,7 @@ def test_on_a_gpu_nothing_is_switched(monkeypatch):
     assert "TRITON_INTERPRET" not in os.environ
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("module", ["helpers.fusion.triton_softmax", "helpers.attention.flash_triton", "helpers.lowbit.quant_linear"])
 def test_kernel_modules_switch_before_their_import_of_triton(module):
     out = _fresh(f"import importlib, os\nm = importlib.import_module({module!r})\n"
@@ -60,6 +65,7 @@ FIRST = ["helpers.attention.kernels", "helpers.attention.flash_lab", "tools.capt
          "helpers.fusion.compiler", "helpers.fusion.dynamo", "helpers.fusion.compile_lab", "helpers.fusion.compile_model_lab"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("module", FIRST)
 def test_whichever_module_comes_first_the_kernels_imported_after_triton_still_run(module):
     """Import order is irrelevant: each of these modules switches the interpreter on itself, so triton
@@ -109,6 +115,7 @@ print(len(names), bad)
 """
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not hasattr(os, "fork") or torch.cuda.is_available(), reason="without a GPU, on a system with fork")
 def test_no_module_of_the_course_loads_triton_before_switching_its_interpreter():
     """The family of the import-order rule: whichever course module a learner imports first, triton is

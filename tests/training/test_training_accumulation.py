@@ -142,6 +142,7 @@ def test_effective_batch_arithmetic():
         accumulation.effective_batch(4, 0)
 
 
+@pytest.mark.slow
 def test_accumulation_step_matches_one_big_step():
     """One optimizer step after accumulating equals one step on the concatenated batch."""
     m1, x, y = model_and_batch()
@@ -153,6 +154,7 @@ def test_accumulation_step_matches_one_big_step():
         torch.testing.assert_close(p1, p2, **GRAD_TOL)
 
 
+@pytest.mark.slow
 def test_the_notebook_solution_and_the_helper_pass_the_code_exercise(capsys):
     """The loop in the notebook's collapsed solution, and accumulate_gradients with token weights, both PASS."""
     def accumulate(model, micro_batches):  # as in the notebook's Solutions block

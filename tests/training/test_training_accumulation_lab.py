@@ -36,6 +36,7 @@ def test_sweep_micro_batches_keeps_the_effective_batch():
         accumulation_lab.sweep_micro_batches(m, opt, [3], 4, 16)
 
 
+@pytest.mark.slow
 def test_accumulation_panel_reflects_the_controls(capsys):
     m, _, _ = model_and_batch()
     opt = torch.optim.AdamW(m.parameters())
@@ -70,6 +71,7 @@ def test_plot_sweep_has_iqr_bars_and_linear_memory_axes():
     plt.close("all")
 
 
+@pytest.mark.slow
 def test_rows_carry_the_quartiles_of_tokens_per_s():
     m, _, _ = model_and_batch()
     opt = torch.optim.AdamW(m.parameters())
@@ -78,6 +80,7 @@ def test_rows_carry_the_quartiles_of_tokens_per_s():
     assert r["tokens_per_s_q25"] <= r["tokens_per_s"] <= r["tokens_per_s_q75"]
 
 
+@pytest.mark.slow
 def test_sweep_micro_batches_leaves_out_a_size_that_runs_out_of_memory(monkeypatch):
     m, _, _ = model_and_batch()
     opt = torch.optim.AdamW(m.parameters())
@@ -123,6 +126,7 @@ def test_sweep_summary_calls_overlapping_iqrs_noise_and_flags_a_ceiling_above_10
         accumulation_lab.sweep_summary([], 4)
 
 
+@pytest.mark.slow
 def test_profile_splits_counts_k_times_the_matmul_calls(results_tmp):
     m, _, _ = model_and_batch()
     opt = torch.optim.AdamW(m.parameters())

@@ -59,6 +59,7 @@ def test_cuda_autocast_keeps_fp32_probabilities_and_their_copy():
                 == sum(checkpointing.course_block_terms(cfg, b, s, attn=attn, autocast=autocast, device="cuda").values()))
 
 
+@pytest.mark.slow
 def test_every_strategy_keeps_less_and_gradients_stay_equal():
     torch.manual_seed(0)
     cfg = tiny()

@@ -23,6 +23,7 @@ def batch(cfg, b=2, t=32, seed=0):
     return (torch.randint(0, cfg.vocab_size, (b, t), generator=g), torch.randint(0, cfg.vocab_size, (b, t), generator=g))
 
 
+@pytest.mark.slow
 def test_measure_strategy_and_panel_change_with_the_controls(capsys):
     torch.manual_seed(0)
     cfg = tiny()
@@ -106,6 +107,7 @@ def test_added_self_time_splits_matmuls_from_the_rest():
     assert "+5.00 ms" in checkpointing_lab.added_summary("every", added)
 
 
+@pytest.mark.slow
 def test_cuda_batch_fit_fits_a_line_confirms_and_survives_out_of_memory(monkeypatch, capsys):
     """The logic of the CUDA-only section, with the allocator's peak replaced by a known linear law."""
     cfg = tiny(n_layer=1)

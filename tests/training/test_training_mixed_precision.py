@@ -14,6 +14,7 @@ def _tiny_model():
     return GPT(GPTConfig.preset("tiny", n_layer=1, seq_len=16))
 
 
+@pytest.mark.slow
 def test_training_variants_step_and_memory():
     base = _tiny_model()
     x, y = torch.randint(0, 256, (2, 16)), torch.randint(0, 256, (2, 16))

@@ -113,6 +113,7 @@ def test_scaling_is_done_in_fp64_so_overflow_past_fp32_is_counted(capsys):
 
 # ---------------------------------------------------------------- loss scaling
 
+@pytest.mark.slow
 def test_static_scaling_sweep_and_its_figure_show_the_overflow_edge():
     base = _tiny_model()
     x, y = torch.randint(0, 256, (2, 16)), torch.randint(0, 256, (2, 16))
@@ -147,6 +148,7 @@ def test_scaling_sweep_sentence_names_the_window():
     assert "already overflowed" in precision_lab.scaling_sweep_sentence([_row(0, 0, False), _row(4, 0.1)])
 
 
+@pytest.mark.slow
 def test_compare_scalers_matches_on_the_course_gpt():
     base = _tiny_model()
     batches = [(torch.randint(0, 256, (2, 16)), torch.randint(0, 256, (2, 16))) for _ in range(3)]

@@ -68,6 +68,7 @@ def _tooling_in_helpers(helpers: Path) -> list[str]:
     return found
 
 
+@pytest.mark.slow
 def test_the_maintainers_tooling_stays_out_of_helpers_and_a_planted_piece_is_found(tmp_path):
     assert _tooling_in_helpers(HELPERS) == []
     assert (ROOT / "tools" / "capture" / "capture.py").is_file()  # where the tooling lives instead
