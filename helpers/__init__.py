@@ -27,17 +27,17 @@ panels and sentences. Notebook by notebook (lab first, then the technique module
 08  quantisation       lowbit/quant_lab, lowbit/gptq_lab, lowbit/quant_decode_lab, lowbit/lora_lab,
                        lowbit/peft_lab, lowbit/optim8bit_lab; lowbit/quant, lowbit/quant_linear, lowbit/gptq,
                        lowbit/lora
-09  torch.compile      fusion/compile_lab, fusion/compile_model_lab; fusion/compiler, fusion/dynamo,
+09  torch.compile      fusion/compiler_lab, fusion/compiler_model_lab; fusion/compiler, fusion/dynamo,
                        fusion/triton_softmax
 10  KV cache, serving  decode/kv_cache_lab, decode/kv_decode_lab, decode/paged_lab, decode/serving_lab;
                        gpt/generation, decode/kv_cache, decode/paged, decode/paged_attention, decode/serving,
                        decode/prefill
 11  speculative        decode/speculative_lab, decode/speculative_report_lab; decode/speculative
-12  data loading       dataload/loading_lab, dataload/sweep_lab, dataload/packing_lab; dataload/loading, dataload/packing
+12  data loading       dataload/loading_lab, dataload/loading_sweep_lab, dataload/packing_lab; dataload/loading, dataload/packing
 13  distributed        parallel/collectives_lab, parallel/ddp_lab, parallel/zero_lab, parallel/pipeline_lab;
                        parallel/collectives, parallel/ddp, parallel/zero, parallel/fsdp, parallel/tensor_parallel,
                        parallel/pipeline, parallel/launch, parallel/payload, parallel/torchrun
-14  capstone           capstone/capstone_lab; capstone/stack (every technique above, stacked)
+14  capstone           capstone/stack_lab; capstone/stack (every technique above, stacked)
 
 Every notebook also uses `measure/params`, `measure/results`, `measure/claims`, `show/` and its exercises
 in `course/exercises/nbNN`. Packages are imported on demand, so `import helpers` stays cheap.

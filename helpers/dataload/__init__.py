@@ -7,7 +7,7 @@
 `packing`      whole documents in fixed-length rows (first-fit decreasing), the block-diagonal causal mask,
                positions restarting per document, the GPT forward on packed rows, per-document losses,
                FlexAttention's block mask and cu_seqlens for attention without a T^2 mask
-`sweep_lab`    notebook 12's measurement protocol over loaders (fresh loaders warmed up until steady, blocks
+`loading_sweep_lab`    notebook 12's measurement protocol over loaders (fresh loaders warmed up until steady, blocks
                of steps interleaved in rotated rounds, medians and IQRs) and the verdicts generated from it
 `packing_lab`  notebook 12's variable-length attention: dense mask and FlexAttention checked against each
                document alone, the bytes of the dense mask, the BlockMask and cu_seqlens counted

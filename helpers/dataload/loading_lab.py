@@ -3,7 +3,7 @@
 * `Breakdown` / `step_breakdown`: per training step, the time spent waiting for the batch, copying it
   to the device and computing, and the share of the step the device was idle.
 * `loader_breakdown` / `sweep` / `sweep_rounds`: a fixed number of warm-up steps, best of rounds (the
-  course's goal checks; notebook 12's headlines come from `helpers.dataload.sweep_lab`); `epochs_time`:
+  course's goal checks; notebook 12's headlines come from `helpers.dataload.loading_sweep_lab`); `epochs_time`:
   the loader alone over whole epochs.
 * `worker_memory`: what a forked worker's unique memory (USS) grows by when it reads every document
   (copy-on-access: reading a Python object writes its reference count, so the page is copied).

@@ -8,8 +8,8 @@ Imports `gpt`, `cost`, `measure` and `show`.
                      captured, fullgraph=True
 `triton_softmax`     a fused row softmax in Triton (one program per row, online over blocks for long rows),
                      in Triton's interpreter without a GPU
-`compile_lab`        notebook 09's parameters and workload measurements: each workload eager, compiled and
+`compiler_lab`        notebook 09's parameters and workload measurements: each workload eager, compiled and
                      library against the copy ceiling, the softmax sweep, the generated sentences, the panel
-`compile_model_lab`  notebook 09's cost of compiling (cold, warm, break-even) and the course GPT compiled: its
+`compiler_model_lab`  notebook 09's cost of compiling (cold, warm, break-even) and the course GPT compiled: its
                      training step, its one-token forward under each mode, whole model vs by block, the claim
 """

@@ -6,7 +6,7 @@ import matplotlib
 import pytest
 import torch
 
-from helpers.capstone import serve_lab, serve_stack
+from helpers.capstone import serve_stack_lab, serve_stack
 from helpers.gpt import generation
 from helpers.gpt.pretrained import pretrained
 from helpers.lowbit.quant_linear import WeightOnlyLinear
@@ -33,7 +33,7 @@ def prompts():
 
 @pytest.fixture(scope="module")
 def decoders(models):
-    rungs, _ = serve_lab.rungs_for("cpu", compile=False)
+    rungs, _ = serve_stack_lab.rungs_for("cpu", compile=False)
     return serve_stack.build(rungs, *models, max_len=PROMPT_LEN + N + 6, gamma=3)
 
 
@@ -43,7 +43,7 @@ def test_the_ladder_puts_each_rung_on_its_base_and_moves_int8_and_int4_to_bf16_w
     assert bases == {"baseline": None, "kv_cache": "baseline", "bf16": "kv_cache", "compile": "bf16", "int8": "compile",
                      "int4": "compile", "speculative": "bf16"} and left == {}
     assert {r.name: r for r in rungs}["int4"].techniques == {"kv_cache", "bf16", "compile", "int4"}
-    rungs, left = serve_lab.rungs_for("cpu", compile=False)
+    rungs, left = serve_stack_lab.rungs_for("cpu", compile=False)
     assert {r.name: r.base for r in rungs}["int8"] == "bf16" and "COMPILE=False" in left["compile"]
     assert "int8" not in {r.name: r for r in rungs}["int4"].techniques
 
@@ -83,16 +83,16 @@ def test_the_static_cache_decodes_the_same_tokens_as_the_dynamic_one_and_is_reus
 
 
 def test_the_exact_rungs_keep_the_tokens_and_a_planted_wrong_rung_is_caught(decoders, prompts):
-    ex = serve_lab.exactness(decoders, prompts, N)
+    ex = serve_stack_lab.exactness(decoders, prompts, N)
     assert all(ex[n]["exact_ok"] for n in serve_stack.EXACT if n in ex)
     assert ex["kv_cache"]["identical"] == len(prompts) and ex["baseline"]["agreement"] == 1.0
     assert ex["int8"]["exact_ok"] is None and 0 < ex["int4"]["agreement"] <= 1
     wrong = dict(decoders)
     good = decoders["kv_cache"].generate
     wrong["kv_cache"] = dataclasses.replace(decoders["kv_cache"], generate=lambda p, n: (good(p, n) + 1) % 256)
-    bad = serve_lab.exactness(wrong, prompts, N)["kv_cache"]
+    bad = serve_stack_lab.exactness(wrong, prompts, N)["kv_cache"]
     assert bad["exact_ok"] is False and bad["differences"][0]["index"] == 0 and not bad["differences"][0]["tie"]
-    assert "NOT at a tie" in serve_lab.exact_sentence(_row("kv_cache", "baseline", _t(1.0), _t(1.0), bad))
+    assert "NOT at a tie" in serve_stack_lab.exact_sentence(_row("kv_cache", "baseline", _t(1.0), _t(1.0), bad))
 
 
 def test_tie_tolerance_is_fp32_rounding_or_four_bf16_ulps():
@@ -116,7 +116,7 @@ def test_weight_only_refuses_other_widths(models):
 
 
 def test_a_speculative_rung_needs_a_draft_of_the_same_vocabulary(models):
-    rungs, _ = serve_lab.rungs_for("cpu", compile=False)
+    rungs, _ = serve_stack_lab.rungs_for("cpu", compile=False)
     with pytest.raises(ValueError, match="needs a draft"):
         serve_stack.build(rungs, models[0], None, max_len=40)
 
@@ -124,7 +124,7 @@ def test_a_speculative_rung_needs_a_draft_of_the_same_vocabulary(models):
 def test_the_held_out_gaps_are_against_the_fp32_model(decoders):
     from helpers.gpt import data
 
-    held = serve_lab.held_out(decoders, data.load_corpus("val"), batches=1, seq_len=64)
+    held = serve_stack_lab.held_out(decoders, data.load_corpus("val"), batches=1, seq_len=64)
     assert held["baseline"]["gap"] == 0.0 and held["kv_cache"] is held["baseline"]  # one fp32 model
     assert held["speculative"] is held["bf16"] and held["int4"]["windows"].numel() == 8
 
@@ -150,7 +150,7 @@ def test_rows_take_each_gain_over_the_rung_it_stands_on(decoders):
     checks = {n: {"tokens": [torch.zeros(N)], "identical": 1, "exact_ok": True, "agreement": 1.0, "differences": [None]}
               for n in names}
     losses = {n: {"loss": 1.0, "gap": 0.0, "se": 0.0, "separated": False} for n in names}
-    table = serve_lab.rows(decoders, cmp, checks, losses, prompt_len=PROMPT_LEN, n=N, copy_gbps=10.0)
+    table = serve_stack_lab.rows(decoders, cmp, checks, losses, prompt_len=PROMPT_LEN, n=N, copy_gbps=10.0)
     by = {r["rung"]: r for r in table}
     assert by["int4"]["gain"].value == pytest.approx(0.5 / 0.45) and by["speculative"]["gain"].value == pytest.approx(2.0)
     assert by["int8"]["cumulative"].value == pytest.approx(10.0) and by["kv_cache"]["ms_per_token"] == pytest.approx(1e3 / N)
@@ -159,35 +159,35 @@ def test_rows_take_each_gain_over_the_rung_it_stands_on(decoders):
     assert by["bf16"]["gbps"] == pytest.approx((d.weight_bytes + (PROMPT_LEN + N / 2) * d.kv_bytes_per_token)
                                                / (0.5 / N) / 1e9)
     assert by["bf16"]["copy_share"] == pytest.approx(by["bf16"]["gbps"] / 10.0)
-    assert "faster than bf16" in serve_lab.gain_sentence(by["speculative"])
-    rec = serve_lab.record_metrics(table, {"speedup": 2.1, "speedup_range": (1.9, 2.3), "separated": True}, model="tiny",
+    assert "faster than bf16" in serve_stack_lab.gain_sentence(by["speculative"])
+    rec = serve_stack_lab.record_metrics(table, {"speedup": 2.1, "speedup_range": (1.9, 2.3), "separated": True}, model="tiny",
                                    prompt_len=PROMPT_LEN, n=N, left_out={})
     assert [r["rung"] for r in rec["rungs"]] == names and rec["batching"]["lo"] == 1.9
     assert rec["rungs"][1]["q25_ms_per_token"] == pytest.approx(1e3 * 0.98 / N)
-    fig = serve_lab.waterfall(table)
+    fig = serve_stack_lab.waterfall(table)
     assert len(fig.axes[0].patches) == len(names)
 
 
 def test_a_gain_sentence_ranks_only_separated_calls():
     check = {"tokens": [torch.zeros(1)], "identical": 1, "exact_ok": None, "agreement": 0.9, "differences": [None]}
-    noisy = serve_lab.gain_sentence(_row("bf16", "kv_cache", _t(0.95, 0.3), _t(1.0), check))
+    noisy = serve_stack_lab.gain_sentence(_row("bf16", "kv_cache", _t(0.95, 0.3), _t(1.0), check))
     assert "within the noise of kv_cache" in noisy and "faster" not in noisy
-    assert "slower than kv_cache" in serve_lab.gain_sentence(_row("bf16", "kv_cache", _t(2.0), _t(1.0), check))
-    assert "90.0% of next tokens agree" in serve_lab.exact_sentence(_row("int8", "bf16", _t(1.0), _t(1.0), check))
+    assert "slower than kv_cache" in serve_stack_lab.gain_sentence(_row("bf16", "kv_cache", _t(2.0), _t(1.0), check))
+    assert "90.0% of next tokens agree" in serve_stack_lab.exact_sentence(_row("int8", "bf16", _t(1.0), _t(1.0), check))
 
 
 def test_the_serving_parameters_are_validated_at_once():
     S = params.Setup("smoke", "cpu", 0, False, None)
     kw = dict(SERVE_MODEL=None, DRAFT_WIDTH=None, PROMPTS=None, PROMPT_LEN=None, NEW_TOKENS=None, GAMMA=None,
               REQUESTS=None, EVAL_BATCHES=None)
-    p = serve_lab.resolve_parameters(S, **kw)
+    p = serve_stack_lab.resolve_parameters(S, **kw)
     assert p["MAX_LEN"] == 32 + 32 + 4 + 2 and p["SERVE_MODEL"] == "tiny"
     with pytest.raises(ValueError, match="passes tiny's seq_len=128"):
-        serve_lab.resolve_parameters(S, **{**kw, "NEW_TOKENS": 100})
+        serve_stack_lab.resolve_parameters(S, **{**kw, "NEW_TOKENS": 100})
     with pytest.raises(ValueError, match="even"):
-        serve_lab.resolve_parameters(S, **{**kw, "DRAFT_WIDTH": 65})
+        serve_stack_lab.resolve_parameters(S, **{**kw, "DRAFT_WIDTH": 65})
     with pytest.raises(ValueError, match="GAMMA"):
-        serve_lab.resolve_parameters(S, **{**kw, "GAMMA": 0})
+        serve_stack_lab.resolve_parameters(S, **{**kw, "GAMMA": 0})
 
 
 def test_a_technique_alone_stands_on_the_fp32_cache_and_keeps_the_tokens_only_if_it_must(models, prompts):
@@ -202,7 +202,7 @@ def test_a_technique_alone_stands_on_the_fp32_cache_and_keeps_the_tokens_only_if
     built = serve_stack.build([rungs["baseline"], rungs["kv_cache"], r, serve_stack.alone("int4")], *models, max_len=40)
     assert next(built["speculative alone"].model.parameters()).dtype == torch.float32
     assert next(built["speculative alone"].draft.parameters()).dtype == torch.float32
-    ex = serve_lab.exactness(built, prompts, N)
+    ex = serve_stack_lab.exactness(built, prompts, N)
     assert ex["speculative alone"]["exact_ok"] and ex["int4 alone"]["exact_ok"] is None
 
 
@@ -210,19 +210,19 @@ def test_alone_sentences_give_the_bound_each_rung_is_held_to():
     check = {"tokens": [torch.zeros(1)], "identical": 1, "exact_ok": None, "agreement": 1.0, "differences": [None]}
     stack_row = _row("int8", "compile", _t(0.5), _t(1.0), check)
     row = {"technique": "int8", "alone": protocol.ratio(_t(1.0), _t(0.9)), "bound_alone": 3.6, "bound_stack": 1.8}
-    s = serve_lab.alone_sentence(row, stack_row)
+    s = serve_stack_lab.alone_sentence(row, stack_row)
     assert "it did better in the stack (2.00x on compile) than alone (1.11x)" in s and "at most 3.60x and 1.80x" in s
     assert "it reached 31% and 111% of those bounds." in s
     spec = {"technique": "speculative", "alone": protocol.ratio(_t(1.0), _t(0.5)), "passes_alone": 3.2,
             "passes_stack": 2.9, "gamma": 4}
-    s = serve_lab.alone_sentence(spec, _row("speculative", "bf16", _t(0.9, 0.3), _t(1.0), check))
+    s = serve_stack_lab.alone_sentence(spec, _row("speculative", "bf16", _t(0.9, 0.3), _t(1.0), check))
     assert "3.20 tokens alone" in s and "2.90 in the stack" in s and "it did better alone" in s
 
 
 def test_the_alone_comparison_times_each_technique_against_the_fp32_cache(models, decoders, prompts):
-    alone = serve_stack.build([serve_stack.alone(t) for t in serve_lab.ALONE], *models, max_len=PROMPT_LEN + N + 6,
+    alone = serve_stack.build([serve_stack.alone(t) for t in serve_stack_lab.ALONE], *models, max_len=PROMPT_LEN + N + 6,
                               gamma=3)
-    rows = {r["technique"]: r for r in serve_lab.alone_comparison(decoders, alone, prompts[0], N, "cpu", gamma=3,
+    rows = {r["technique"]: r for r in serve_stack_lab.alone_comparison(decoders, alone, prompts[0], N, "cpu", gamma=3,
                                                                   budget_s=0.5)}
     assert set(rows) == {"int8", "int4", "speculative"}
     assert rows["int8"]["bound_alone"] == pytest.approx(decoders["kv_cache"].weight_bytes / alone["int8 alone"].weight_bytes)
@@ -231,12 +231,12 @@ def test_the_alone_comparison_times_each_technique_against_the_fp32_cache(models
 
 
 def test_smoke_on_cuda_walks_the_leave_one_out_stacks_and_a_cpu_smoke_run_does_not():
-    from helpers.capstone import capstone_lab
+    from helpers.capstone import stack_lab
 
     kw = dict(MODEL=None, BATCH=None, SEQ_LEN=None, STEPS=None, WARMUP=None, MICRO_BATCHES=None, LR=None, COMPILE=None,
               LEAVE_ONE_OUT=None, SERVE_MODEL=None, DRAFT_WIDTH=None, PROMPTS=None, PROMPT_LEN=None, NEW_TOKENS=None,
               GAMMA=None, REQUESTS=None, EVAL_BATCHES=None)
-    on = {(profile, device): capstone_lab.resolve_parameters(params.Setup(profile, device, 0, False, None), **kw)
+    on = {(profile, device): stack_lab.resolve_parameters(params.Setup(profile, device, 0, False, None), **kw)
           for profile in ("smoke", "full") for device in ("cpu", "cuda")}
     assert [on[k]["LEAVE_ONE_OUT"] for k in sorted(on)] == [True, True, False, True]  # full cpu/cuda, smoke cpu/cuda
     assert on[("smoke", "cuda")]["COMPILE"] and not on[("smoke", "cpu")]["COMPILE"]
@@ -245,7 +245,7 @@ def test_smoke_on_cuda_walks_the_leave_one_out_stacks_and_a_cpu_smoke_run_does_n
 def test_batching_serves_one_mix_under_both_policies_on_the_same_memory(models, capsys):
     from helpers.decode import serving
 
-    res = serve_lab.batching(models[0], n_requests=4, repeats=2, seed=0)
+    res = serve_stack_lab.batching(models[0], n_requests=4, repeats=2, seed=0)
     runs = res["runs"]
     assert set(runs) == set(serving.POLICIES) and res["num_blocks"] > 0
     assert res["speedup"] == pytest.approx(runs["continuous"].tokens_per_s / runs["static"].tokens_per_s)

@@ -62,7 +62,7 @@ def test_kernel_modules_switch_before_their_import_of_triton(module):
 
 # every module of notebooks 06 and 09 that launches Triton kernels or makes torch import triton (Inductor)
 FIRST = ["helpers.attention.kernels", "helpers.attention.flash_lab", "tools.capture.gpu_check",
-         "helpers.fusion.compiler", "helpers.fusion.dynamo", "helpers.fusion.compile_lab", "helpers.fusion.compile_model_lab"]
+         "helpers.fusion.compiler", "helpers.fusion.dynamo", "helpers.fusion.compiler_lab", "helpers.fusion.compiler_model_lab"]
 
 
 @pytest.mark.slow

@@ -223,13 +223,13 @@ def test_goals_that_time_what_a_notebook_times_take_its_full_profile_sizes(monke
     were given)."""
     from tools.capture import goals_decode
     from helpers.decode import kv_cache_lab, kv_decode_lab, serving_lab
-    from helpers.fusion import compile_lab
+    from helpers.fusion import compiler_lab
     from helpers.gpt.model import GPT, GPTConfig
     from helpers.measure import params
     from helpers.parallel import collectives_lab, launch
 
     full, setup = goal_base.Ctx("full", tmp_path, "cuda"), params.Setup("full", "cpu", 0, False, None)
-    nb09 = compile_lab.resolve_parameters(setup, **dict.fromkeys(
+    nb09 = compiler_lab.resolve_parameters(setup, **dict.fromkeys(
         ["ROWS", "COLS", "DTYPE", "REPS", "SOFTMAX_COLS", "MODEL", "N_LAYER", "BATCH", "SEQ_LEN", "MODES",
          "REGIONAL_LAYERS", "REGIONAL_BACKEND"]))
     nb13 = collectives_lab.resolve_parameters(setup, **dict.fromkeys(
@@ -246,7 +246,7 @@ def test_goals_that_time_what_a_notebook_times_take_its_full_profile_sizes(monke
     assert (preset, cfg.n_layer, cfg.seq_len) == (nb09["MODEL"], nb09["N_LAYER"], nb09["SEQ_LEN"]) == ("small10m", 3, 256)
     monkeypatch.setattr(goals_train, "need_cuda", lambda why: None)
     monkeypatch.setattr(goals_train.triton_softmax, "BROKEN", None)
-    monkeypatch.setattr(compile_lab, "softmax_sweep", lambda cols, rows, **kw: keep("softmax", cols, {
+    monkeypatch.setattr(compiler_lab, "softmax_sweep", lambda cols, rows, **kw: keep("softmax", cols, {
         "cols": cols, **{k: [1.0] * len(cols) for k in ("eager", "compiled", "library", "triton")}}))
     goals_train.triton_softmax_speedup(full)
     assert given["softmax"] == nb09["SOFTMAX_COLS"]

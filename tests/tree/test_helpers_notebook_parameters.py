@@ -17,11 +17,11 @@ import pytest
 import torch
 
 from helpers.attention import flash_lab
-from helpers.capstone import capstone_lab
+from helpers.capstone import stack_lab
 from helpers.cost import hardware_lab, mfu_lab, roofline_lab
 from helpers.dataload import loading, loading_lab
 from helpers.decode import kv_cache, kv_cache_lab, speculative_lab
-from helpers.fusion import compile_lab
+from helpers.fusion import compiler_lab
 from helpers.gpt import data
 from helpers.gpt.model import GPT, GPTConfig
 from helpers.lowbit import fp8_lab, gptq, quant, quant_lab, quant_linear
@@ -32,8 +32,8 @@ from helpers.training import accumulation_lab, checkpointing_lab, precision_lab
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = {p.name[:2]: p for p in sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))}
 LABS = {"00": hardware_lab, "01": roofline_lab, "02": mfu_lab, "03": precision_lab, "04": checkpointing_lab,
-        "05": accumulation_lab, "06": flash_lab, "07": fp8_lab, "08": quant_lab, "09": compile_lab, "10": kv_cache_lab,
-        "11": speculative_lab, "12": loading_lab, "13": collectives_lab, "14": capstone_lab}
+        "05": accumulation_lab, "06": flash_lab, "07": fp8_lab, "08": quant_lab, "09": compiler_lab, "10": kv_cache_lab,
+        "11": speculative_lab, "12": loading_lab, "13": collectives_lab, "14": stack_lab}
 COMMON = ("PROFILE", "SEED", "INTERACTIVE", "RESULTS_DIR")  # params.setup's, not the lab's
 ABOVE, BELOW = (lambda x: math.nextafter(x, math.inf)), (lambda x: math.nextafter(x, -math.inf))
 ABOVE32 = lambda x: float(np.nextafter(np.float32(x), np.float32(np.inf)))  # noqa: E731  the next fp32 value

@@ -98,7 +98,7 @@ def test_notebooks_08_10_11_and_14_count_the_same_bytes_for_the_same_model():
     """The bytes a decode step reads, as each notebook's code reports them, all come from
     `footprint.decode_step_bytes`: notebook 10's decode rows, 14's ladder rungs, 08's CPU decode rows (fp32 and
     int8 weight-only), and 11's cell (it calls the footprint itself)."""
-    from helpers.capstone import serve_lab, serve_stack
+    from helpers.capstone import serve_stack_lab, serve_stack
     from helpers.decode import kv_decode_lab
     from helpers.gpt.footprint import decode_step_bytes
     from helpers.lowbit import quant_decode_lab
@@ -110,7 +110,7 @@ def test_notebooks_08_10_11_and_14_count_the_same_bytes_for_the_same_model():
     row = kv_decode_lab.decode_case(model, 8, 2, "tiny")[1]
     assert row["bytes"] - 2 * _kv(model, 9) == fp32
     # notebook 14: the serving ladder's weight bytes per rung
-    rungs, _ = serve_lab.rungs_for("cpu", compile=False)
+    rungs, _ = serve_stack_lab.rungs_for("cpu", compile=False)
     built = serve_stack.build([r for r in rungs if r.name in ("kv_cache", "bf16")] + [serve_stack.alone("int8")],
                               model, None, max_len=40)
     assert built["kv_cache"].weight_bytes == fp32 and built["int8 alone"].weight_bytes == int8

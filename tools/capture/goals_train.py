@@ -6,7 +6,7 @@ the notebook calls in its full profile, never a second implementation:
 
 - notebook 07: `helpers.lowbit.fp8_train_lab` (`matmul_tflops`, `linear_tflops`) and `helpers.lowbit.fp8_linear`'s checks
   of what this machine's torch._scaled_mm and torchao accept;
-- notebook 09: `helpers.fusion.compile_lab` (`measure_workload`, `softmax_sweep`), `helpers.fusion.compile_model_lab`
+- notebook 09: `helpers.fusion.compiler_lab` (`measure_workload`, `softmax_sweep`), `helpers.fusion.compiler_model_lab`
   (`one_token_forward`, `train_step_compare`) and `helpers.fusion.triton_softmax`;
 - notebook 12: `helpers.dataload.loading_lab` (`sweep_rounds`, `h2d_bandwidth`), `helpers.dataload.loading`
   (the document store, `train_step`), `helpers.dataload.packing` and
@@ -27,7 +27,7 @@ import torch
 
 from tools.capture.goal_base import Ctx, NotMeasurable, check, copy_gbps, error_line, need_cuda, need_fp8, result
 from helpers.dataload import loading, loading_lab, packing
-from helpers.fusion import compile_lab, compile_model_lab, triton_softmax
+from helpers.fusion import compiler_lab, compiler_model_lab, triton_softmax
 from helpers.gpt import data
 from helpers.gpt.model import GPT, PRESETS, GPTConfig
 from helpers.lowbit import fp8_linear, fp8_train_lab
@@ -92,7 +92,7 @@ def float8_linear_speedup(ctx: Ctx) -> dict:
 
 def fused_bandwidth(ctx: Ctx) -> dict:
     """09.fused_bandwidth: a compiled pointwise chain and LayerNorm in bf16 against the copy bandwidth
-    (compile_lab.measure_workload).
+    (compiler_lab.measure_workload).
 
     Notebook 09 teaches that fusion turns a memory-bound chain of ops into one read and one write of the
     tensor, so the fused kernel should run near the device's copy bandwidth (>= 80%)."""
@@ -102,7 +102,7 @@ def fused_bandwidth(ctx: Ctx) -> dict:
     copy = copy_gbps(ctx)
     checks, measured = [], {"copy_gbps": copy}
     for name in ("pointwise", "layernorm"):
-        r = compile_lab.measure_workload(name, rows, cols, dtype=torch.bfloat16, device="cuda", reps=reps, kernels=False)
+        r = compiler_lab.measure_workload(name, rows, cols, dtype=torch.bfloat16, device="cuda", reps=reps, kernels=False)
         measured[f"{name}_compiled_gbps"] = r["gbps"]["compiled"]
         ctx.partial(**measured)
         checks.append(check(f"compiled {name} GB/s / copy GB/s", r["gbps"]["compiled"] / copy, ">=", 0.8))
@@ -111,7 +111,7 @@ def fused_bandwidth(ctx: Ctx) -> dict:
 
 def triton_softmax_speedup(ctx: Ctx) -> dict:
     """09.triton_softmax: the course's Triton softmax against the compiled and the eager softmax, per row
-    length from 256 to 16384 (compile_lab.softmax_sweep, as notebook 09).
+    length from 256 to 16384 (compiler_lab.softmax_sweep, as notebook 09).
 
     Notebook 09's hand-written kernel reads each row once and writes it once, as Inductor's generated kernel
     does, so it should match it (>= 0.9x) and beat eager PyTorch, which runs the same ops one kernel each
@@ -121,7 +121,7 @@ def triton_softmax_speedup(ctx: Ctx) -> dict:
         raise NotMeasurable(f"the Triton softmax is unavailable here ({triton_softmax.BROKEN})")
     cols_list = ctx.pick(smoke=[256, 1024], full=[256, 4096, 16384])  # notebook 09's full sweep: one compile each
     rows, reps = ctx.pick(smoke=256, full=8192), ctx.pick(smoke=5, full=20)
-    sw = compile_lab.softmax_sweep(cols_list, rows, dtype=torch.bfloat16, device="cuda", reps=reps)
+    sw = compiler_lab.softmax_sweep(cols_list, rows, dtype=torch.bfloat16, device="cuda", reps=reps)
     checks = []
     for i, cols in enumerate(sw["cols"]):
         t, c, e = sw["triton"][i], sw["compiled"][i], sw["eager"][i]
@@ -133,22 +133,22 @@ def triton_softmax_speedup(ctx: Ctx) -> dict:
 
 def _gpt_config(ctx: Ctx):
     """The preset and config the compile goals time, as notebook 09's full profile: small10m cut to
-    compile_lab.full_layers (3 of its 6 layers) at 256 tokens (smoke: one layer of tiny)."""
+    compiler_lab.full_layers (3 of its 6 layers) at 256 tokens (smoke: one layer of tiny)."""
     preset = ctx.pick(smoke="tiny", full="small10m")
-    return preset, GPTConfig.preset(preset, n_layer=ctx.pick(smoke=1, full=compile_lab.full_layers(preset)),
+    return preset, GPTConfig.preset(preset, n_layer=ctx.pick(smoke=1, full=compiler_lab.full_layers(preset)),
                                     seq_len=ctx.pick(smoke=32, full=256))
 
 
 def reduce_overhead_speedup(ctx: Ctx) -> dict:
     """09.reduce_overhead: reduce-overhead (CUDA graphs) against default compile on a batch-1 one-token
-    forward (compile_model_lab.one_token_forward, as notebook 09).
+    forward (compiler_model_lab.one_token_forward, as notebook 09).
 
     A one-token forward is bound by kernel launches; notebook 09 shows CUDA graphs replaying the step's
     kernels with one launch, which should at least halve its time."""
     need_cuda("CUDA graphs need CUDA")
     preset, cfg = _gpt_config(ctx)
     reps = ctx.pick(smoke=20, full=100)
-    d = compile_model_lab.one_token_forward(cfg, ["default", "reduce-overhead"], device="cuda", reps=reps)
+    d = compiler_model_lab.one_token_forward(cfg, ["default", "reduce-overhead"], device="cuda", reps=reps)
     ms = {k: v["timing"].median * 1e3 for k, v in d.items()}
     return result([check("default / reduce-overhead time per one-token forward", ms["default"] / ms["reduce-overhead"],
                          ">=", 2.0)],
@@ -158,7 +158,7 @@ def reduce_overhead_speedup(ctx: Ctx) -> dict:
 
 
 def compiled_train_step_speedup(ctx: Ctx) -> dict:
-    """09.train_step: the course GPT's training step, compiled against eager (compile_model_lab.train_step_compare,
+    """09.train_step: the course GPT's training step, compiled against eager (compiler_model_lab.train_step_compare,
     bf16 autocast).
 
     Compiling the whole model fuses the pointwise work between the matmuls of forward and backward
@@ -166,7 +166,7 @@ def compiled_train_step_speedup(ctx: Ctx) -> dict:
     need_cuda("the goal is a bf16 training step on a GPU")
     preset, cfg = _gpt_config(ctx)
     batch, reps = ctx.pick(smoke=4, full=16), ctx.pick(smoke=5, full=20)
-    g = compile_model_lab.train_step_compare(cfg, batch, device="cuda", reps=reps, autocast_dtype=torch.bfloat16)
+    g = compiler_model_lab.train_step_compare(cfg, batch, device="cuda", reps=reps, autocast_dtype=torch.bfloat16)
     med, lo, hi = g["ratio"]
     return result([check("eager / compiled step time (median per round)", med, ">=", 1.3)],
                   {"eager_ms": g["timings"]["eager"].median * 1e3, "compiled_ms": g["timings"]["compiled"].median * 1e3,

@@ -3,7 +3,7 @@ import matplotlib
 import pytest
 import torch
 
-from helpers.capstone import capstone_lab, stack
+from helpers.capstone import stack_lab, stack
 from helpers.gpt.model import GPTConfig
 from helpers.measure import protocol
 from helpers.measure.bench import Timing
@@ -18,20 +18,20 @@ def _t(median, spread=0.02):
 
 def _row(name, timing, prev=None, base=None, gap=0.0, precision="fp32"):
     return {"rung": name, "title": stack.TITLES.get(name, "baseline"), "timing": timing, "tokens_per_s": 1000 / timing.median,
-            "loss": 4.0, "loss_gap": gap, "precision": precision, "within": abs(gap) <= capstone_lab.TOLERANCE[precision],
+            "loss": 4.0, "loss_gap": gap, "precision": precision, "within": abs(gap) <= stack_lab.TOLERANCE[precision],
             "steady": True, "gain": None if prev is None else protocol.ratio(prev, timing),
             "cumulative": protocol.ratio(base or timing, timing), "mfu": None, "peak_bytes": None}
 
 
 def test_a_rung_sentence_ranks_only_separated_step_times():
     base = _t(1.0)
-    assert "1.43x (IQR-bounded" in capstone_lab.rung_sentence(_row("sdpa", _t(0.7), base, base)) and \
-        "faster than the rung before" in capstone_lab.rung_sentence(_row("sdpa", _t(0.7), base, base))
-    noisy = capstone_lab.rung_sentence(_row("sdpa", _t(0.95, 0.3), base, base))
+    assert "1.43x (IQR-bounded" in stack_lab.rung_sentence(_row("sdpa", _t(0.7), base, base)) and \
+        "faster than the rung before" in stack_lab.rung_sentence(_row("sdpa", _t(0.7), base, base))
+    noisy = stack_lab.rung_sentence(_row("sdpa", _t(0.95, 0.3), base, base))
     assert "within the noise" in noisy and "faster" not in noisy
-    slower = capstone_lab.rung_sentence(_row("fused_adamw", _t(1.5), base, base))
+    slower = stack_lab.rung_sentence(_row("fused_adamw", _t(1.5), base, base))
     assert "slower than the rung before" in slower
-    assert "OUTSIDE the 2e-02 allowed for bf16" in capstone_lab.rung_sentence(
+    assert "OUTSIDE the 2e-02 allowed for bf16" in stack_lab.rung_sentence(
         _row("bf16", _t(0.5), base, base, gap=0.05, precision="bf16"))
 
 
@@ -40,50 +40,50 @@ def test_the_multiply_sentence_tells_apart_only_ranges_that_do_not_overlap():
     table = [_row("baseline", base, base=base), _row("sdpa", _t(0.5), base, base), _row("checkpoint", _t(0.25), _t(0.5), base)]
     mult = [{"technique": "sdpa", "alone": protocol.ratio(base, _t(0.5))},
             {"technique": "checkpoint", "alone": protocol.ratio(base, _t(0.5))}]
-    assert "cannot tell" in capstone_lab.multiply_sentence(mult, table)  # 2 x 2 = 4 = the stack's 4
+    assert "cannot tell" in stack_lab.multiply_sentence(mult, table)  # 2 x 2 = 4 = the stack's 4
     mult[1]["alone"] = protocol.ratio(base, _t(0.9))  # 2 x 1.1 = 2.2 < 4
-    assert "the stack gave more than the product" in capstone_lab.multiply_sentence(mult, table)
+    assert "the stack gave more than the product" in stack_lab.multiply_sentence(mult, table)
     mult[1]["alone"] = protocol.ratio(base, _t(0.1))  # 2 x 10 = 20 > 4
-    assert "the gains did not multiply" in capstone_lab.multiply_sentence(mult, table)
+    assert "the gains did not multiply" in stack_lab.multiply_sentence(mult, table)
 
 
 def test_the_ladder_runs_every_rung_on_the_same_batches_and_times_after_the_warm_up():
     g = torch.Generator().manual_seed(0)
     data = [(torch.randint(0, 64, (4, 16), generator=g), torch.randint(0, 64, (4, 16), generator=g)) for _ in range(5)]
     rungs = [stack.Rung("baseline", frozenset()), stack.Rung("sdpa", frozenset({"sdpa"}))]
-    res = capstone_lab.run_ladder(CFG, rungs, data, "cpu", micro_batches=2, lr=1e-3, warmup=2)
+    res = stack_lab.run_ladder(CFG, rungs, data, "cpu", micro_batches=2, lr=1e-3, warmup=2)
     assert all(len(r["times"]) == 5 and len(r["timing"].samples) == 3 for r in res.values())
     assert res["sdpa"]["losses"] == pytest.approx(res["baseline"]["losses"], rel=1e-5)
-    rows = capstone_lab.rows(CFG, rungs, res, 4, 16, {"fp32": 1e12, "bf16": None})
+    rows = stack_lab.rows(CFG, rungs, res, 4, 16, {"fp32": 1e12, "bf16": None})
     assert rows[0]["gain"] is None and rows[1]["within"] and 0 < rows[0]["mfu"] < 1
     assert rows[1]["cumulative"].value == pytest.approx(rows[1]["gain"].value)  # one rung on: cumulative is its gain
-    fig = capstone_lab.waterfall(rows)
+    fig = stack_lab.waterfall(rows)
     assert len(fig.axes[0].patches) == 2
 
 
 def test_the_panel_trains_the_ticked_stack_beside_the_baseline_and_leaves_out_what_cannot_run(capsys):
     g = torch.Generator().manual_seed(0)
     data = [(torch.randint(0, 64, (4, 16), generator=g), torch.randint(0, 64, (4, 16), generator=g)) for _ in range(4)]
-    update = capstone_lab.stack_panel(CFG, data, "cpu", micro_batches=2, lr=1e-3, warmup=1)
+    update = stack_lab.stack_panel(CFG, data, "cpu", micro_batches=2, lr=1e-3, warmup=1)
     out = update(sdpa=True, fp8=True, bf16=False)
     text = capsys.readouterr().out
     assert "fp8: left out." in text and "your stack (sdpa):" in text and set(out) == {"baseline", "stack"}
 
 
 def test_compile_is_left_out_with_its_reason_when_asked():
-    rungs, left = capstone_lab.rungs_for("cpu", compile=False)
+    rungs, left = stack_lab.rungs_for("cpu", compile=False)
     assert "compile" not in [r.name for r in rungs] and "COMPILE=False" in left["compile"]
 
 
 def test_leave_one_out_takes_each_technique_out_of_the_whole_stack_once():
     rungs = stack.ladder("cpu")
-    loo = capstone_lab.leave_one_out(rungs)
+    loo = stack_lab.leave_one_out(rungs)
     assert loo[0].name == "whole stack" and loo[0].techniques == rungs[-1].techniques
     assert [r.name for r in loo[1:]] == [f"without {t}" for t in stack.TECHNIQUES if rungs[-1].has(t)]
     assert all(r.techniques == rungs[-1].techniques - {r.name.removeprefix("without ")} for r in loo[1:])
     res = {"whole stack": {"timing": _t(1.0)}, "without sdpa": {"timing": _t(1.5)},
            "without bf16": {"timing": _t(1.0, 0.3)}, "without data_path": {"timing": _t(0.8)}}
-    rows = {r["technique"]: r for r in capstone_lab.leave_one_out_rows(res)}
+    rows = {r["technique"]: r for r in stack_lab.leave_one_out_rows(res)}
     assert rows["sdpa"]["cost"].value == pytest.approx(1.5) and "1.50x (IQR-bounded" in rows["sdpa"]["sentence"]
     assert "within the noise" in rows["bf16"]["sentence"]
     assert "costs more than it saves" in rows["data_path"]["sentence"]
@@ -96,21 +96,21 @@ def test_stack_claims_judge_the_rung_in_the_stack_beside_the_isolated_verdict():
     iso = {"mixed-precision-speed": {"verdict": "supported", "measured": "bf16: step x1.8"}}
     left = {"training": {"fp8": "FP8 needs FP8 tensor cores", "compile": "left out by COMPILE=False"},
             "serving": {"compile": "a serving reason"}}
-    on_gpu = {r["claim_id"]: r for r in capstone_lab.stack_claims({"training": training, "serving": serving}, iso,
+    on_gpu = {r["claim_id"]: r for r in stack_lab.stack_claims({"training": training, "serving": serving}, iso,
                                                                    "cuda", left)}
-    assert set(on_gpu) == {c[0] for c in capstone_lab.STACK_CLAIMS}
+    assert set(on_gpu) == {c[0] for c in stack_lab.STACK_CLAIMS}
     assert on_gpu["stack-mixed-precision-1-5-2x"]["verdict"] == "supported"  # 1.82x, IQR-bounded 1.75-1.89x
     assert "alone (notebook 03): supported, measured bf16: step x1.8" in on_gpu["stack-mixed-precision-1-5-2x"]["measured"]
     assert on_gpu["stack-flash-2-4x"]["verdict"] == "contradicted" and "notebook 06 has not" in on_gpu["stack-flash-2-4x"]["measured"]
     assert on_gpu["stack-speculative-2-3x"]["verdict"] == "supported"
     assert on_gpu["stack-fp8-2x"]["verdict"] == "not testable" and "FP8 needs FP8 tensor cores" in on_gpu["stack-fp8-2x"]["reason"]
     assert "COMPILE=False" in on_gpu["stack-compile-1-5-2x"]["reason"]  # the training ladder's reason, not the serving one
-    on_cpu = {r["claim_id"]: r for r in capstone_lab.stack_claims({"training": training, "serving": serving}, iso,
+    on_cpu = {r["claim_id"]: r for r in stack_lab.stack_claims({"training": training, "serving": serving}, iso,
                                                                    "cpu", left)}
     assert on_cpu["stack-mixed-precision-1-5-2x"]["verdict"] == "not testable"
     assert on_cpu["stack-speculative-2-3x"]["verdict"] == "supported"  # not a GPU-kernel claim: judged on a CPU too
     noisy = [_row("baseline", base, base=base), _row("bf16", _t(0.6, 0.2), base, base)]
-    spans = capstone_lab.stack_claims({"training": noisy, "serving": []}, {}, "cuda", left)[0]
+    spans = stack_lab.stack_claims({"training": noisy, "serving": []}, {}, "cuda", left)[0]
     assert spans["verdict"] == "not testable" and "spans the claim's bound" in spans["reason"]
 
 
@@ -121,8 +121,8 @@ def test_target_rows_measure_each_ratio_from_its_rungs_and_judge_only_beyond_its
     train[1]["mfu"] = 0.55
     serve = [{"rung": "compile", "base": "bf16", "copy_share": 0.8, "gain": protocol.ratio(base, _t(0.5))},
              {"rung": "int4", "base": "compile", "copy_share": 0.6, "gain": protocol.ratio(base, _t(0.5, 0.1))}]
-    rows = {r["target"]: r for r in capstone_lab.target_rows(train, serve, {"speedup": 1.9, "speedup_range": (1.5, 2.3)})}
-    assert len(rows) == len(capstone_lab.TARGETS)
+    rows = {r["target"]: r for r in stack_lab.target_rows(train, serve, {"speedup": 1.9, "speedup_range": (1.5, 2.3)})}
+    assert len(rows) == len(stack_lab.TARGETS)
     mfu, fp8, ladder, bw, int4, spec, cb = rows.values()
     assert mfu["value"] == 0.55 and mfu["range"] is None and mfu["met"] is True
     assert fp8["value"] == pytest.approx(0.2 / 0.15) and fp8["met"] is True  # 1.33x, IQR-bounded 1.28-1.39x
@@ -130,7 +130,7 @@ def test_target_rows_measure_each_ratio_from_its_rungs_and_judge_only_beyond_its
     assert bw["value"] == 0.8 and int4["value"] == pytest.approx(2.0) and int4["met"] is None  # 1.90-2.11x straddles 2
     assert spec["value"] is None and spec["met"] is None and spec["why"] == "no speculative rung"
     assert cb["range"] == (1.5, 2.3) and cb["met"] is None
-    unjudged = capstone_lab.target_rows(train, serve, None, judged=False)
+    unjudged = stack_lab.target_rows(train, serve, None, judged=False)
     assert all(r["met"] is None for r in unjudged) and unjudged[0]["value"] == 0.55 and unjudged[-1]["value"] is None
 
 
@@ -139,13 +139,13 @@ def test_a_rung_above_its_ceiling_gets_no_mfu_and_a_spread_rung_says_so():
     res = {"baseline": {"timing": base, "losses": [4.0] * 3, "steady": True, "peak_bytes": None},
            "sdpa": {"timing": _t(0.5, 0.8), "losses": [4.0] * 3, "steady": False, "peak_bytes": None}}
     rungs = [stack.Rung("baseline", frozenset()), stack.Rung("sdpa", frozenset({"sdpa"}))]
-    rows = capstone_lab.rows(CFG, rungs, res, 4, 16, {"fp32": 1.0, "bf16": 1.0})  # 1 FLOP/s: every MFU passes 100%
+    rows = stack_lab.rows(CFG, rungs, res, 4, 16, {"fp32": 1.0, "bf16": 1.0})  # 1 FLOP/s: every MFU passes 100%
     assert all(r["mfu"] is None and r["mfu_above_ceiling"] for r in rows)
-    assert "widely spread or still drifting" in capstone_lab.rung_sentence(rows[1])
-    assert "widely spread" not in capstone_lab.rung_sentence(rows[0])
+    assert "widely spread or still drifting" in stack_lab.rung_sentence(rows[1])
+    assert "widely spread" not in stack_lab.rung_sentence(rows[0])
 
 def test_the_attention_row_is_left_out_on_a_cpu_with_its_reason():
-    rows, sentence = capstone_lab.attention_rows(CFG, stack.ladder("cpu"), [], "cpu", micro_batches=2, lr=1e-3, warmup=1)
+    rows, sentence = stack_lab.attention_rows(CFG, stack.ladder("cpu"), [], "cpu", micro_batches=2, lr=1e-3, warmup=1)
     assert rows is None and "not run" in sentence and "interpreter" in sentence
 
 
@@ -158,7 +158,7 @@ def test_multiply_rows_set_each_gain_alone_beside_its_gain_on_the_rung_it_joined
     table = [_row("baseline", base, base=base), _row("sdpa", _t(0.9), base, base), _row("fused_adamw", _t(0.8), _t(0.9), base)]
     alone = {"baseline": {"timing": base}, "sdpa alone": {"timing": _t(0.5)}, "fused_adamw alone": {"timing": _t(0.9)}}
     comp = {n: Shares({"attention": 0.4, "optimizer": 0.1, "rest": 0.5}, 10.0, "cpu") for n in ("baseline", "sdpa")}
-    rows = capstone_lab.multiply_rows(rungs, table, alone, comp)
+    rows = stack_lab.multiply_rows(rungs, table, alone, comp)
     assert [r["technique"] for r in rows] == ["sdpa", "fused_adamw"]
     assert rows[0]["alone"].value == pytest.approx(2.0) and rows[0]["in_stack"].value == pytest.approx(1 / 0.9)
     assert "bought less in the stack" in rows[0]["sentence"] and "the rung it joined (baseline)" in rows[0]["sentence"]

@@ -3,7 +3,7 @@ function cold and warm and the calls it takes to pay back, the course GPT's trai
 forward compiled (each torch.compile mode), regional compilation (whole model vs each block), the sentences
 built from those numbers and the PyTorch 2 training claim judged against them.
 
-The timings are `helpers.fusion.compile_lab.timed`'s (the protocol's warm-up and interleaved rounds, on one
+The timings are `helpers.fusion.compiler_lab.timed`'s (the protocol's warm-up and interleaved rounds, on one
 thread on a CPU); the GPT's training step and one-token forward are compiled with plain torch.compile,
 regional compilation with `helpers.fusion.compiler.compile_blocks`.
 """
@@ -18,7 +18,7 @@ from typing import Any, Callable
 import torch
 
 from helpers.cost.flops import transformer_flops
-from helpers.fusion import compile_lab, compiler, dynamo
+from helpers.fusion import compiler_lab, compiler, dynamo
 from helpers.gpt.model import GPT
 from helpers.measure import bench, claims, profiling, protocol
 from helpers.measure.params import choices, positive
@@ -137,7 +137,7 @@ def train_step_compare(config, batch_size: int, *, device: str = "cpu", reps: in
     graphs); `check_steps` steps of both must give losses within rtol=1e-4, atol=1e-5 in fp32 (the
     compiled kernels sum in another order, and the difference grows slowly over steps), rtol=2e-2 under
     bf16 autocast (`autocast_dtype`; eager rounds each op's output to bf16, fused kernels do not); then both
-    are timed by the protocol (`compile_lab.timed`, at most `reps` rounds). Returns times, tokens/s, TFLOP/s (counted as
+    are timed by the protocol (`compiler_lab.timed`, at most `reps` rounds). Returns times, tokens/s, TFLOP/s (counted as
     in notebook 02), "speedup" (the protocol Ratio eager/compiled), "ratio" (its value, lo, hi) and "note".
     """
     eager, comp, (opt_e, opt_c), x, y = _train_pair(config, batch_size, device, lr, seed)
@@ -151,7 +151,7 @@ def train_step_compare(config, batch_size: int, *, device: str = "cpu", reps: in
     losses = [(float(_step(eager, opt_e, x, y, ac)), float(_step(comp, opt_c, x, y, ac))) for _ in range(check_steps)]
     for a, b in losses:
         torch.testing.assert_close(b, a, rtol=1e-4 if ac is None else 2e-2, atol=1e-5)
-    comparison = compile_lab.timed({"eager": lambda: _step(eager, opt_e, x, y, ac),
+    comparison = compiler_lab.timed({"eager": lambda: _step(eager, opt_e, x, y, ac),
                                     "compiled": lambda: _step(comp, opt_c, x, y, ac)},
                                    device=device, reps=reps, budget_s=budget_s)
     timings = comparison.timings
@@ -162,7 +162,7 @@ def train_step_compare(config, batch_size: int, *, device: str = "cpu", reps: in
             "tokens_per_s": {k: tokens / t.median for k, t in timings.items()},
             "tflops": {k: flops / t.median / 1e12 for k, t in timings.items()},
             "speedup": comparison.ratio("eager", "compiled"), "note": comparison.note(),
-            "ratio": compile_lab.ratio_triple(comparison.ratio("eager", "compiled"))}
+            "ratio": compiler_lab.ratio_triple(comparison.ratio("eager", "compiled"))}
 
 
 def matmul_share(step: Callable[[], Any], name: str = "09_gpt_step_eager") -> float:
@@ -170,7 +170,7 @@ def matmul_share(step: Callable[[], Any], name: str = "09_gpt_step_eager") -> fl
 
     torch.compile hands matmuls to the same library kernels eager uses, so only the rest can shrink: with a
     share m the whole step can be at most 1/m times faster (Amdahl's law)."""
-    with compile_lab.timing_threads("cuda" if torch.cuda.is_available() else "cpu"):  # as the step was timed
+    with compiler_lab.timing_threads("cuda" if torch.cuda.is_available() else "cpu"):  # as the step was timed
         prof = profiling.profile(step, steps=2, top=10_000, name=name)
     return sum(share for op, _, _, share in prof.rows if profiling.is_matmul(op))
 
@@ -203,10 +203,10 @@ def training_claim(speedup: protocol.Ratio, device: str, first_step_s: float) ->
 
 
 def modes_note(modes: list[str], device: str) -> str:
-    """The sentence saying which of `compile_lab.ALL_MODES` a CUDA run does not time on the one-token forward,
+    """The sentence saying which of `compiler_lab.ALL_MODES` a CUDA run does not time on the one-token forward,
     why the full profile leaves max-autotune out, and how to time them all; "" when every mode runs, or off CUDA
     (where only "default" can run)."""
-    left = [m for m in compile_lab.ALL_MODES if m not in modes]
+    left = [m for m in compiler_lab.ALL_MODES if m not in modes]
     if device != "cuda" or not left:
         return ""
     text = f"Not timed in this run: {', '.join(left)}."
@@ -214,7 +214,7 @@ def modes_note(modes: list[str], device: str) -> str:
         text += (" The full profile, sized for a few minutes of one GPU, leaves max-autotune out: its compile also "
                  "benchmarks Triton matmul templates for every matrix shape of the model (torch.compile's documentation: "
                  "it \"leverages Triton or template based matrix multiplications\").")
-    return text + f" MODES={list(compile_lab.ALL_MODES)!r} times all {len(compile_lab.ALL_MODES)}."
+    return text + f" MODES={list(compiler_lab.ALL_MODES)!r} times all {len(compiler_lab.ALL_MODES)}."
 
 
 def one_token_forward(config, modes: list[str], *, device: str = "cpu", reps: int = 20,
@@ -246,7 +246,7 @@ def one_token_forward(config, modes: list[str], *, device: str = "cpu", reps: in
             out[mode] = {"compile_s": time.perf_counter() - start}
             torch.testing.assert_close(got.float(), want.float(), rtol=1e-4, atol=1e-4)
             fns[mode] = fn
-        timings = compile_lab.timed({k: (lambda f=f: f(idx)) for k, f in fns.items()}, device=device, reps=reps).timings
+        timings = compiler_lab.timed({k: (lambda f=f: f(idx)) for k, f in fns.items()}, device=device, reps=reps).timings
     for k, t in timings.items():
         out[k]["timing"] = t
     return out
@@ -274,11 +274,11 @@ def regional_compare(config, batch_size: int, *, backend: str = "inductor", devi
     weights and batch. Each variant's loss must equal eager's within rtol 1e-4, atol 1e-5 (fp32).
 
     Returns {"eager": {"loss"}, "whole model" | "each block": {"first_step_s", "graphs" (graphs Dynamo handed
-    to the backend), "nodes" (their FX node counts), "loss"}}. backend: one of `compile_lab.BACKENDS`
+    to the backend), "nodes" (their FX node counts), "loss"}}. backend: one of `compiler_lab.BACKENDS`
     ("aot_eager" traces forward and backward without generating code: cheap; "inductor" is the real compile).
     Raises ValueError for another backend.
     """
-    choices("backend", [backend], compile_lab.BACKENDS)
+    choices("backend", [backend], compiler_lab.BACKENDS)
     g = torch.Generator().manual_seed(seed)
     x, y = (torch.randint(0, config.vocab_size, (batch_size, config.seq_len), generator=g).to(device) for _ in "xy")
     torch.manual_seed(seed)

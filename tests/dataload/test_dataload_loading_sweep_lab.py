@@ -1,4 +1,4 @@
-"""helpers.dataload.sweep_lab: the protocol over loaders and its generated sentences: a planted cold step is
+"""helpers.dataload.loading_sweep_lab: the protocol over loaders and its generated sentences: a planted cold step is
 discarded by the warm-up, the sweep interleaves whole blocks and pools their steps, and the packing and idle
 sentences follow the planted ratio and its spread."""
 import itertools
@@ -7,7 +7,7 @@ import time
 import pytest
 import torch
 
-from helpers.dataload import packing, sweep_lab
+from helpers.dataload import packing, loading_sweep_lab
 from helpers.gpt.model import GPT, GPTConfig
 from helpers.measure import protocol
 from helpers.measure.bench import Timing
@@ -34,13 +34,13 @@ def test_timed_block_discards_a_planted_cold_step():
     model = GPT(GPTConfig.preset("tiny", seq_len=16))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     closed = []
-    src = sweep_lab.Source(_batches(cold_s=0.5), close=closed.append)
-    got, warm = sweep_lab.timed_block(model, opt, src, steps=3)
-    assert len(got) == 3 and 2 <= warm <= sweep_lab.MAX_WARMUP_STEPS
+    src = loading_sweep_lab.Source(_batches(cold_s=0.5), close=closed.append)
+    got, warm = loading_sweep_lab.timed_block(model, opt, src, steps=3)
+    assert len(got) == 3 and 2 <= warm <= loading_sweep_lab.MAX_WARMUP_STEPS
     assert max(w for w, *_ in got) < 0.25  # the 0.5 s first batch was a warm-up step, not a timed one
     assert all(n == 32 for *_, n in got) and len(closed) == 1  # the loader was closed after the block
     with pytest.raises(ValueError, match="steps"):
-        sweep_lab.timed_block(model, opt, src, steps=0)
+        loading_sweep_lab.timed_block(model, opt, src, steps=0)
 
 
 def _prefetched(ready: int, wait_s: float, n_rows=2, T=16):
@@ -60,24 +60,24 @@ def _prefetched(ready: int, wait_s: float, n_rows=2, T=16):
 def test_timed_block_drains_what_the_workers_prefetched_before_it_times():
     model = GPT(GPTConfig.preset("tiny", seq_len=16))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    src = sweep_lab.Source(_prefetched(6, 0.03), ahead=6)
-    got, warm = sweep_lab.timed_block(model, opt, src, steps=3)
+    src = loading_sweep_lab.Source(_prefetched(6, 0.03), ahead=6)
+    got, warm = loading_sweep_lab.timed_block(model, opt, src, steps=3)
     assert warm >= 6 and min(w for w, *_ in got) >= 0.025  # every timed step waited for its batch
-    assert sweep_lab.loader_source(None, batch_size=4, row_len=16, num_workers=3).ahead == 6  # PyTorch's 2 a worker
-    assert sweep_lab.loader_source(None, batch_size=4, row_len=16, num_workers=2, prefetch_factor=4).ahead == 8
-    assert sweep_lab.loader_source(None, batch_size=4, row_len=16).ahead == 0
+    assert loading_sweep_lab.loader_source(None, batch_size=4, row_len=16, num_workers=3).ahead == 6  # PyTorch's 2 a worker
+    assert loading_sweep_lab.loader_source(None, batch_size=4, row_len=16, num_workers=2, prefetch_factor=4).ahead == 8
+    assert loading_sweep_lab.loader_source(None, batch_size=4, row_len=16).ahead == 0
 
 
 def test_cycle_restarts_a_loader_that_runs_out_and_refuses_an_empty_one():
-    it = sweep_lab.cycle(lambda: [1, 2])
+    it = loading_sweep_lab.cycle(lambda: [1, 2])
     assert [next(it) for _ in range(5)] == [1, 2, 1, 2, 1]
     with pytest.raises(ValueError, match="no batch"):
-        next(sweep_lab.cycle(lambda: []))
+        next(loading_sweep_lab.cycle(lambda: []))
 
 
 def test_loader_timing_pools_steps_into_medians_with_quartiles():
     steps = [(0.01, 0.0, 0.03, 40), (0.03, 0.0, 0.03, 40), (0.02, 0.0, 0.03, 40), (0.0, 0.0, 0.04, 40)]
-    t = sweep_lab.loader_timing(steps, [3])
+    t = loading_sweep_lab.loader_timing(steps, [3])
     assert t.step.median == pytest.approx(0.045)  # 40, 60, 50, 40 ms
     assert t.tokens_per_s == pytest.approx(160 / 0.19)  # one block: its tokens over its time
     assert t.idle[0] == pytest.approx((0.25 + 0.4) / 2)  # the median of the per-step shares 0.25, 0.5, 0.4, 0
@@ -88,12 +88,12 @@ def test_loader_timing_pools_steps_into_medians_with_quartiles():
 
 def test_tokens_per_s_is_each_blocks_total_not_a_median_of_bursty_steps():
     burst = [(0.0, 0.0, 0.001, 10)] * 3 + [(0.097, 0.0, 0.001, 10)]  # three batches at hand, then a long wait
-    t = sweep_lab.loader_timing(burst * 3, [0, 0, 0], block=4)
+    t = loading_sweep_lab.loader_timing(burst * 3, [0, 0, 0], block=4)
     assert t.step.median == pytest.approx(0.001)  # a median over steps sees only the bursts: 10,000 tokens/s
     assert t.tokens_per_s == pytest.approx(40 / 0.101) and len(t.per_token.samples) == 3  # the rate, once a round
     assert t.row()["tokens_per_s_iqr"] == pytest.approx((40 / 0.101, 40 / 0.101))
     with pytest.raises(ValueError, match="block=5"):
-        sweep_lab.loader_timing(burst * 3, [0], block=5)
+        loading_sweep_lab.loader_timing(burst * 3, [0], block=5)
 
 
 def test_sweep_protocol_rotates_whole_blocks_and_stops_when_separated(monkeypatch):
@@ -104,18 +104,18 @@ def test_sweep_protocol_rotates_whole_blocks_and_stops_when_separated(monkeypatc
         order.append(source.mask)  # the name travels in `mask` for this fake
         return [(0.0, 0.0, per_step[source.mask] * (1 + 0.01 * i), 10) for i in range(steps)], 2
 
-    monkeypatch.setattr(sweep_lab, "timed_block", fake_block)
+    monkeypatch.setattr(loading_sweep_lab, "timed_block", fake_block)
     model = torch.nn.Linear(2, 2)
-    sw = sweep_lab.sweep_protocol(model, {"fast": sweep_lab.Source(None, mask="fast"),
-                                            "slow": sweep_lab.Source(None, mask="slow")}, steps=3, min_rounds=3)
+    sw = loading_sweep_lab.sweep_protocol(model, {"fast": loading_sweep_lab.Source(None, mask="fast"),
+                                            "slow": loading_sweep_lab.Source(None, mask="slow")}, steps=3, min_rounds=3)
     assert order == ["fast", "slow", "slow", "fast", "fast", "slow"]  # rotated each round
     assert sw.rounds == 3 and sw.stopped == "separated" and sw.fastest() == "fast"
     assert len(sw["fast"].step.samples) == 9 and sw["fast"].warmup_steps == [2, 2, 2]
     assert "3 timed steps x 3 interleaved rounds" in sw.note() and "stopped: separated" in sw.note()
     with pytest.raises(ValueError):
-        sweep_lab.sweep_protocol(model, {}, steps=1)
+        loading_sweep_lab.sweep_protocol(model, {}, steps=1)
     with pytest.raises(ValueError, match="max_rounds"):
-        sweep_lab.sweep_protocol(model, {"a": None}, steps=1, min_rounds=3, max_rounds=2)
+        loading_sweep_lab.sweep_protocol(model, {"a": None}, steps=1, min_rounds=3, max_rounds=2)
 
 
 def _timing(median, spread):
@@ -134,19 +134,19 @@ VERDICTS = ("above the course", "below the course", "straddle", "cannot rank")
 ])
 def test_packing_sentence_flips_with_the_planted_ratio_and_spread(padded, packed, cuda, expect, verdict):
     r = protocol.ratio(_timing(padded, 0.05), _timing(packed, 0.05))  # padded time / packed time
-    text = sweep_lab.packing_sentence(r, cuda=cuda)
+    text = loading_sweep_lab.packing_sentence(r, cuda=cuda)
     assert expect in text and f"{r.value:.2f}x" in text
     assert ("set for a GPU" in text) == (not cuda)
     assert [v for v in VERDICTS if v in text] == [verdict]
 
 
 def test_idle_sentence_and_the_target_rule():
-    assert sweep_lab.against_target(1.6, 2.0, 1.5) == "met"
-    assert sweep_lab.against_target(1.0, 1.4, 1.5) == "not met"
-    assert sweep_lab.against_target(1.4, 1.6, 1.5) == "undecided"
-    assert sweep_lab.against_target(0.0, 0.01, 0.02, higher_is_better=False) == "met"
+    assert loading_sweep_lab.against_target(1.6, 2.0, 1.5) == "met"
+    assert loading_sweep_lab.against_target(1.0, 1.4, 1.5) == "not met"
+    assert loading_sweep_lab.against_target(1.4, 1.6, 1.5) == "undecided"
+    assert loading_sweep_lab.against_target(0.0, 0.01, 0.02, higher_is_better=False) == "met"
     with pytest.raises(ValueError):
-        sweep_lab.against_target(2.0, 1.0, 1.5)
-    assert "within the course's target of at most 2%" in sweep_lab.idle_sentence("w=2", (0.01, 0.005, 0.015), cuda=True)
-    text = sweep_lab.idle_sentence("w=0", (0.4, 0.3, 0.5), cuda=False)
+        loading_sweep_lab.against_target(2.0, 1.0, 1.5)
+    assert "within the course's target of at most 2%" in loading_sweep_lab.idle_sentence("w=2", (0.01, 0.005, 0.015), cuda=True)
+    text = loading_sweep_lab.idle_sentence("w=0", (0.4, 0.3, 0.5), cuda=False)
     assert "40.0%" in text and "above the course's target" in text and "CPU" in text

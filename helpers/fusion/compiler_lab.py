@@ -9,7 +9,7 @@ workloads' size is the workload table's measurement, reused by the sweep and the
 
 The workloads and Inductor's kernels are `helpers.fusion.compiler`; the Triton softmax is
 `helpers.fusion.triton_softmax`; the cost of compiling and the course GPT compiled are
-`helpers.fusion.compile_model_lab`. Compiled functions are kept in `COMPILED`, one per workload, so a notebook
+`helpers.fusion.compiler_model_lab`. Compiled functions are kept in `COMPILED`, one per workload, so a notebook
 (or a test) compiles each workload once and every later call reuses it. The workloads are compiled with
 `compiler.compile_counted` (their C++ kernels visible to the profiler, so they can be counted).
 """
@@ -31,7 +31,7 @@ COMPILED: dict[str, Callable] = {}
 # steps of the dtype apart (eps: fp16 9.8e-4, bf16 7.8e-3); fp32 differs only in the order of sums.
 TOLERANCES = {torch.float32: (1e-5, 1e-5), torch.float16: (2e-3, 2e-3), torch.bfloat16: (1.6e-2, 1.6e-2)}
 
-MODES = ("default", "reduce-overhead", "max-autotune")  # torch.compile's modes (compile_model_lab.one_token_forward)
+MODES = ("default", "reduce-overhead", "max-autotune")  # torch.compile's modes (compiler_model_lab.one_token_forward)
 BACKENDS = ("eager", "aot_eager", "inductor")  # torch.compile backends regional compilation is timed with
 ALL_MODES = MODES  # the same, under a name that `resolve_parameters`' MODES argument does not hide
 FULL_MODES = ("default", "reduce-overhead")  # the full profile's on CUDA
@@ -82,12 +82,12 @@ def resolve_parameters(S: params.Setup, *, ROWS, COLS, DTYPE, REPS, SOFTMAX_COLS
     out["N_LAYER"] = R("N_LAYER", N_LAYER, smoke=1, full=full_layers(out["MODEL"]), check=params.positive)
     out["BATCH"] = R("BATCH", BATCH, smoke=4, full=16, check=params.positive)
     out["SEQ_LEN"] = R("SEQ_LEN", SEQ_LEN, smoke=32, full=256, check=params.positive)
-    # full on CUDA: no max-autotune (`compile_model_lab.modes_note` says why; MODES=ALL_MODES adds it); smoke walks every mode
+    # full on CUDA: no max-autotune (`compiler_model_lab.modes_note` says why; MODES=ALL_MODES adds it); smoke walks every mode
     out["MODES"] = R("MODES", MODES, smoke=every if cuda else [], full=list(FULL_MODES) if cuda else ["default"],
                      check=check_modes)
     out["REGIONAL_LAYERS"] = R("REGIONAL_LAYERS", REGIONAL_LAYERS, smoke=4, full=PRESETS[out["MODEL"]]["n_layer"],
                                check=params.positive)
-    # aot_eager in both: the whole step's Inductor compile is timed once already (compile_model_lab.train_step_compare)
+    # aot_eager in both: the whole step's Inductor compile is timed once already (compiler_model_lab.train_step_compare)
     out["REGIONAL_BACKEND"] = R("REGIONAL_BACKEND", REGIONAL_BACKEND, smoke="aot_eager", full="aot_eager",
                                 check=lambda n, v: params.choose(n, v, BACKENDS))
     check_for_device(S.device, MODES=out["MODES"], DTYPE=out["DTYPE"])  # CUDA graphs, autotuning, fp16/bf16: a GPU

@@ -1,11 +1,11 @@
-"""helpers.fusion.compile_lab: compiled equals eager, the kernels counted, the parameter checks, the
+"""helpers.fusion.compiler_lab: compiled equals eager, the kernels counted, the parameter checks, the
 sentences, the softmax sweep and the panel. Each workload is compiled once (module-scoped)
 at the notebook's smoke size, so that notebook 09 finds these graphs in Inductor's on-disk cache. No test
 asserts a speed."""
 import pytest
 import torch
 
-from helpers.fusion import compile_lab, compiler, triton_softmax
+from helpers.fusion import compiler_lab, compiler, triton_softmax
 from helpers.measure import bench, protocol
 
 ROWS, COLS = 256, 1024  # notebook 09's smoke size
@@ -15,7 +15,7 @@ DEV = "cuda" if torch.cuda.is_available() else "cpu"  # the Triton softmax runs 
 @pytest.fixture(scope="module")
 def measured():
     """Each workload compiled once and measured (2 reps: the numbers are not asserted, only produced)."""
-    return {name: compile_lab.measure_workload(name, ROWS, COLS, reps=2) for name in compiler.WORKLOADS}
+    return {name: compiler_lab.measure_workload(name, ROWS, COLS, reps=2) for name in compiler.WORKLOADS}
 
 
 @pytest.mark.slow
@@ -39,7 +39,7 @@ def test_importing_leaves_inductor_config_alone_and_counting_still_sees_the_cpp_
     default = os.environ.get("TORCHINDUCTOR_CPP_ENABLE_KERNEL_PROFILE", "0") == "1"
     assert inductor_config.cpp.enable_kernel_profile is default  # after importing both modules and compiling
     args = compiler.make_inputs("pointwise", ROWS, COLS)
-    n, names = compiler.kernel_launches(compile_lab.compiled("pointwise"), *args)
+    n, names = compiler.kernel_launches(compiler_lab.compiled("pointwise"), *args)
     if DEV == "cpu":
         assert n == 1 and len(names) == 1 and "cpp_fused" in next(iter(names))  # the C++ kernel, by name
     assert inductor_config.cpp.enable_kernel_profile is default
@@ -53,13 +53,13 @@ def test_where_triton_cannot_run_only_the_triton_softmax_is_left_out(monkeypatch
     with pytest.raises(RuntimeError, match="planted probe failure"):
         triton_softmax.softmax(torch.zeros(2, 4, device=DEV))
     for device in ("cpu", "cuda"):
-        note = compile_lab.triton_note(device)
+        note = compiler_lab.triton_note(device)
         assert "did not run" in note and "timed" not in note and "interpreter runs" not in note
-    monkeypatch.setitem(compile_lab.COMPILED, "softmax, static 64", compiler.softmax_ops)  # eager: no compile cost
-    sweep = compile_lab.softmax_sweep([64], 8, device=DEV, reps=2)
+    monkeypatch.setitem(compiler_lab.COMPILED, "softmax, static 64", compiler.softmax_ops)  # eager: no compile cost
+    sweep = compiler_lab.softmax_sweep([64], 8, device=DEV, reps=2)
     assert sweep["triton"] == [None] and all(sweep[k][0] > 0 for k in ("eager", "compiled", "library"))
     monkeypatch.setattr(triton_softmax, "BROKEN", None)
-    assert "did not run" not in compile_lab.triton_note("cpu") and "timed" in compile_lab.triton_note("cuda")
+    assert "did not run" not in compiler_lab.triton_note("cpu") and "timed" in compiler_lab.triton_note("cuda")
 
 
 def test_regional_parameters_are_checked_and_defaulted(tmp_path):
@@ -68,12 +68,12 @@ def test_regional_parameters_are_checked_and_defaulted(tmp_path):
     S = params.Setup(profile="smoke", device="cpu", seed=0, interactive=False, results_dir=tmp_path)
     base = dict(ROWS=None, COLS=None, DTYPE=None, REPS=None, SOFTMAX_COLS=None, MODEL=None, N_LAYER=None, BATCH=None,
                 SEQ_LEN=None, MODES=None, REGIONAL_LAYERS=None, REGIONAL_BACKEND=None)
-    P = compile_lab.resolve_parameters(S, **base)
+    P = compiler_lab.resolve_parameters(S, **base)
     assert (P["REGIONAL_LAYERS"], P["REGIONAL_BACKEND"], P["REPS"]) == (4, "aot_eager", 30)
     with pytest.raises(ValueError, match="REGIONAL_BACKEND"):
-        compile_lab.resolve_parameters(S, **(base | {"REGIONAL_BACKEND": "tvm"}))
+        compiler_lab.resolve_parameters(S, **(base | {"REGIONAL_BACKEND": "tvm"}))
     with pytest.raises(ValueError, match="REGIONAL_LAYERS"):
-        compile_lab.resolve_parameters(S, **(base | {"REGIONAL_LAYERS": 0}))
+        compiler_lab.resolve_parameters(S, **(base | {"REGIONAL_LAYERS": 0}))
 
 
 def test_full_profile_on_cuda_times_two_modes_and_traces_regions(tmp_path, monkeypatch):
@@ -82,51 +82,51 @@ def test_full_profile_on_cuda_times_two_modes_and_traces_regions(tmp_path, monke
     base = dict(ROWS=None, COLS=None, DTYPE=None, REPS=None, SOFTMAX_COLS=None, MODEL=None, N_LAYER=None, BATCH=None,
                 SEQ_LEN=None, MODES=None, REGIONAL_LAYERS=None, REGIONAL_BACKEND=None)
     full = lambda device: params.Setup(profile="full", device=device, seed=0, interactive=False, results_dir=tmp_path)  # noqa: E731
-    P = compile_lab.resolve_parameters(full("cuda"), **base)  # resolving needs no GPU
+    P = compiler_lab.resolve_parameters(full("cuda"), **base)  # resolving needs no GPU
     assert P["MODES"] == ["default", "reduce-overhead"] and P["REGIONAL_BACKEND"] == "aot_eager"
     assert P["SOFTMAX_COLS"] == [256, 4096, 16384] and P["COLS"] in P["SOFTMAX_COLS"]  # 4096: the workloads' own
     assert (P["MODEL"], P["N_LAYER"], P["REGIONAL_LAYERS"]) == ("small10m", 3, 6)  # whole-model compiles at half depth
-    assert compile_lab.resolve_parameters(full("cuda"), **(base | {"MODEL": "tiny"}))["N_LAYER"] == 2  # the preset's
-    assert compile_lab.resolve_parameters(full("cuda"), **(base | {"MODES": list(compile_lab.ALL_MODES)}))["MODES"] == \
-        list(compile_lab.ALL_MODES)  # max-autotune stays one parameter away
-    assert compile_lab.resolve_parameters(full("cpu"), **base)["MODES"] == ["default"]
+    assert compiler_lab.resolve_parameters(full("cuda"), **(base | {"MODEL": "tiny"}))["N_LAYER"] == 2  # the preset's
+    assert compiler_lab.resolve_parameters(full("cuda"), **(base | {"MODES": list(compiler_lab.ALL_MODES)}))["MODES"] == \
+        list(compiler_lab.ALL_MODES)  # max-autotune stays one parameter away
+    assert compiler_lab.resolve_parameters(full("cpu"), **base)["MODES"] == ["default"]
 
 
 def test_parameter_checks_name_the_parameter():
-    assert compile_lab.check_modes("MODES", []) == [] and compile_lab.check_modes("MODES", ("default",)) == ["default"]
+    assert compiler_lab.check_modes("MODES", []) == [] and compiler_lab.check_modes("MODES", ("default",)) == ["default"]
     with pytest.raises(ValueError, match="MODES"):
-        compile_lab.check_modes("MODES", ["fast"])
+        compiler_lab.check_modes("MODES", ["fast"])
     with pytest.raises(ValueError, match="MODES"):
-        compile_lab.check_modes("MODES", "default")
-    compile_lab.check_for_device("cuda", MODES=["reduce-overhead"], DTYPE="bf16")
+        compiler_lab.check_modes("MODES", "default")
+    compiler_lab.check_for_device("cuda", MODES=["reduce-overhead"], DTYPE="bf16")
     with pytest.raises(ValueError, match="MODES"):
-        compile_lab.check_for_device("cpu", MODES=["max-autotune"], DTYPE="fp32")
+        compiler_lab.check_for_device("cpu", MODES=["max-autotune"], DTYPE="fp32")
     with pytest.raises(ValueError, match="DTYPE"):
-        compile_lab.check_for_device("cpu", MODES=[], DTYPE="bf16")
+        compiler_lab.check_for_device("cpu", MODES=[], DTYPE="bf16")
 
 
 def test_the_panel_callback_runs_without_a_kernel(measured, capsys):
     import matplotlib.pyplot as plt
 
-    r = compile_lab.panel_figure("pointwise", COLS, ROWS, reps=2)  # the size compiled above: no recompile
+    r = compiler_lab.panel_figure("pointwise", COLS, ROWS, reps=2)  # the size compiled above: no recompile
     assert r["kernels"] == {"eager": 3, "compiled": 1} and "pointwise (256 x 1024)" in capsys.readouterr().out
     plt.close("all")
 
 
 def test_low_precision_is_checked_against_fp32_with_twice_eagers_error():
     with pytest.raises(ValueError, match="tolerance"):
-        compile_lab.tolerance(torch.int32)
+        compiler_lab.tolerance(torch.int32)
     for name, w in compiler.WORKLOADS.items():
         args = compiler.make_inputs(name, 16, 300, dtype=torch.bfloat16)
         fused_like = w.fn(*(a.float() for a in args)).bfloat16()  # what a fused kernel gives: fp32 inside, one rounding
-        assert compile_lab.verify_output(w.fn, fused_like, args) < 0.05
+        assert compiler_lab.verify_output(w.fn, fused_like, args) < 0.05
         with pytest.raises(AssertionError, match="twice eager"):
-            compile_lab.verify_output(w.fn, fused_like + 0.1, args)
+            compiler_lab.verify_output(w.fn, fused_like + 0.1, args)
 
 
 def test_busy_warning(capsys):
-    assert compile_lab.busy_warning(cores=2, load=2.5) and "unreliable" in capsys.readouterr().out
-    assert not compile_lab.busy_warning(cores=2, load=0.5) and capsys.readouterr().out == ""
+    assert compiler_lab.busy_warning(cores=2, load=2.5) and "unreliable" in capsys.readouterr().out
+    assert not compiler_lab.busy_warning(cores=2, load=0.5) and capsys.readouterr().out == ""
 
 
 def T(median, spread=0.1):
@@ -142,28 +142,28 @@ def _planted(name, eager, compiled, library=None, nbytes=2**20):
 
 def test_workload_sentence_says_what_the_numbers_show_and_when_the_data_is_cache_resident():
     r = _planted("layernorm", T(0.30), T(0.12), library=T(0.05))
-    cached = compile_lab.workload_sentence(r, llc=480 * 2**20, llc_name="L3")
+    cached = compiler_lab.workload_sentence(r, llc=480 * 2**20, llc_name="L3")
     assert "fit in the 480 MiB L3 cache" in cached and "does not apply" in cached
     assert "compiled was 2.50x" in cached and "faster than eager" in cached
     assert "library kernel moved the same bytes 2.40x" in cached and "fixed costs" not in cached
-    streams = compile_lab.workload_sentence(r, llc=2**19)
+    streams = compiler_lab.workload_sentence(r, llc=2**19)
     assert "exceed the 512 KiB" in streams and "does not apply" not in streams
-    unknown = compile_lab.workload_sentence(r, llc=None)
+    unknown = compiler_lab.workload_sentence(r, llc=None)
     assert "1 MiB" in unknown and "unknown" in unknown
-    noisy = compile_lab.workload_sentence(_planted("softmax", T(0.10, 0.6), T(0.09, 0.6), library=T(0.09, 0.6)), 2**30)
+    noisy = compiler_lab.workload_sentence(_planted("softmax", T(0.10, 0.6), T(0.09, 0.6), library=T(0.09, 0.6)), 2**30)
     assert "cannot rank" in noisy and "within the noise" in noisy and "faster" not in noisy
-    slower = compile_lab.workload_sentence(_planted("pointwise", T(0.05), T(0.10)), 2**30)
+    slower = compiler_lab.workload_sentence(_planted("pointwise", T(0.05), T(0.10)), 2**30)
     assert "slower than eager" in slower
 
 
 def test_profile_sentence_and_fused_kernel_share():
     rows = [("graph_1_cpp_fused_add_mean_0", 0.08, 1, 0.616), ("TorchDynamo Cache Lookup", 0.01, 1, 0.08)]
-    assert compile_lab.fused_kernel_share(rows) == pytest.approx(0.616)
-    middle = compile_lab.profile_sentence(0.616, 0.13, 0.35)
+    assert compiler_lab.fused_kernel_share(rows) == pytest.approx(0.616)
+    middle = compiler_lab.profile_sentence(0.616, 0.13, 0.35)
     assert "62%" in middle and "other 38%" in middle and "both" in middle and "not what limits it" not in middle
-    assert "not what limits it" in compile_lab.profile_sentence(0.95, 0.13, 0.35)
-    assert "both" in compile_lab.profile_sentence(0.4, 0.13, 0.35)
-    assert "overhead around the kernel" in compile_lab.profile_sentence(0.2, 0.13, 0.35)
+    assert "not what limits it" in compiler_lab.profile_sentence(0.95, 0.13, 0.35)
+    assert "both" in compiler_lab.profile_sentence(0.4, 0.13, 0.35)
+    assert "overhead around the kernel" in compiler_lab.profile_sentence(0.2, 0.13, 0.35)
 
 
 def test_the_sweep_and_the_panel_reuse_the_tables_measurement(measured, monkeypatch, capsys):
@@ -173,25 +173,25 @@ def test_the_sweep_and_the_panel_reuse_the_tables_measurement(measured, monkeypa
 
     def refuse(*a, **k):
         raise AssertionError("measured again")
-    monkeypatch.setattr(compile_lab, "measure_workload", refuse)
-    sweep = compile_lab.softmax_sweep([COLS], ROWS, reps=2, known=known)
+    monkeypatch.setattr(compiler_lab, "measure_workload", refuse)
+    sweep = compiler_lab.softmax_sweep([COLS], ROWS, reps=2, known=known)
     assert sweep["reused"] == [COLS] and sweep["compiled"] == [measured["softmax"]["gbps"]["compiled"]]
-    r = compile_lab.panel_figure("softmax", COLS, ROWS, reps=2, known=known)
+    r = compiler_lab.panel_figure("softmax", COLS, ROWS, reps=2, known=known)
     assert r is measured["softmax"] and "reused" in capsys.readouterr().out
     plt.close("all")
 
 
 def test_timing_threads_sets_one_thread_on_a_cpu_and_restores_the_count():
     before = torch.get_num_threads()
-    with compile_lab.timing_threads("cpu"):
-        assert torch.get_num_threads() == compile_lab.TIMING_THREADS
+    with compiler_lab.timing_threads("cpu"):
+        assert torch.get_num_threads() == compiler_lab.TIMING_THREADS
     assert torch.get_num_threads() == before
-    with compile_lab.timing_threads("cuda"):
+    with compiler_lab.timing_threads("cuda"):
         assert torch.get_num_threads() == before
     seen = []
-    compile_lab.timed({"a": lambda: seen.append(torch.get_num_threads())}, device="cpu", reps=2, budget_s=1.0)
-    assert set(seen) == {compile_lab.TIMING_THREADS} and torch.get_num_threads() == before
-    c = compile_lab.timed({"a": lambda: None, "b": lambda: sum(range(10_000))}, device="cpu", reps=12)
+    compiler_lab.timed({"a": lambda: seen.append(torch.get_num_threads())}, device="cpu", reps=2, budget_s=1.0)
+    assert set(seen) == {compiler_lab.TIMING_THREADS} and torch.get_num_threads() == before
+    c = compiler_lab.timed({"a": lambda: None, "b": lambda: sum(range(10_000))}, device="cpu", reps=12)
     assert c.rounds == 12  # a fixed number of rounds: no stop at the first separated one
 
 
@@ -201,7 +201,7 @@ def test_smoke_on_cuda_runs_bf16_and_a_softmax_row_past_one_block(tmp_path):
     base = dict(ROWS=None, COLS=None, DTYPE=None, REPS=None, SOFTMAX_COLS=None, MODEL=None, N_LAYER=None, BATCH=None,
                 SEQ_LEN=None, MODES=None, REGIONAL_LAYERS=None, REGIONAL_BACKEND=None)
     smoke = lambda device: params.Setup(profile="smoke", device=device, seed=0, interactive=False, results_dir=tmp_path)  # noqa: E731
-    P = compile_lab.resolve_parameters(smoke("cuda"), **base)
-    assert (P["DTYPE"], P["SOFTMAX_COLS"], P["MODES"]) == ("bf16", [1024, 8192], list(compile_lab.ALL_MODES))
-    P = compile_lab.resolve_parameters(smoke("cpu"), **base)
+    P = compiler_lab.resolve_parameters(smoke("cuda"), **base)
+    assert (P["DTYPE"], P["SOFTMAX_COLS"], P["MODES"]) == ("bf16", [1024, 8192], list(compiler_lab.ALL_MODES))
+    P = compiler_lab.resolve_parameters(smoke("cpu"), **base)
     assert (P["DTYPE"], P["SOFTMAX_COLS"], P["MODES"]) == ("fp32", [1024], [])

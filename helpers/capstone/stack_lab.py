@@ -17,8 +17,8 @@ from typing import Callable
 
 import torch
 
-from helpers.capstone import serve_lab, stack
-from helpers.capstone.composition_lab import why_sentence
+from helpers.capstone import serve_stack_lab, stack
+from helpers.capstone.stack_composition_lab import why_sentence
 from helpers.capstone.waterfall import waterfall  # noqa: F401 - the notebook draws it from here
 from helpers.cost import flops
 from helpers.gpt.model import PRESETS, GPTConfig
@@ -35,11 +35,11 @@ def resolve_parameters(S: params.Setup, *, MODEL, BATCH, SEQ_LEN, STEPS, WARMUP,
                        LEAVE_ONE_OUT, SERVE_MODEL, DRAFT_WIDTH, PROMPTS, PROMPT_LEN, NEW_TOKENS, GAMMA, REQUESTS,
                        EVAL_BATCHES) -> dict:
     """Notebook 14's parameters, validated at once with the profile's defaults; plus "CFG" (the training model's
-    config) and the serving ladder's "MAX_LEN" (`serve_lab.resolve_parameters`).
+    config) and the serving ladder's "MAX_LEN" (`serve_stack_lab.resolve_parameters`).
 
     Raises ValueError naming the first bad parameter: STEPS not above WARMUP + 2 (a median and an IQR
     need three timed steps), a MICRO_BATCHES that does not divide BATCH, a non-finite LR, or a serving parameter
-    `serve_lab.resolve_parameters` refuses."""
+    `serve_stack_lab.resolve_parameters` refuses."""
     R = S.resolve
     out = {"MODEL": R("MODEL", MODEL, smoke="tiny", full="small10m", check=lambda n, v: params.choose(n, v, PRESETS)),
            "BATCH": R("BATCH", BATCH, smoke=8, full=16, check=params.positive),
@@ -58,7 +58,7 @@ def resolve_parameters(S: params.Setup, *, MODEL, BATCH, SEQ_LEN, STEPS, WARMUP,
     # smoke on CUDA too: two of its stacks (eager fp8 with checkpointing, compiled fp8 without autocast) run nowhere else
     out["LEAVE_ONE_OUT"] = R("LEAVE_ONE_OUT", LEAVE_ONE_OUT, smoke=S.device == "cuda", full=True, check=params.boolean)
     cfg = GPTConfig.preset(out["MODEL"], seq_len=out["SEQ_LEN"])
-    serving = serve_lab.resolve_parameters(S, SERVE_MODEL=SERVE_MODEL, DRAFT_WIDTH=DRAFT_WIDTH, PROMPTS=PROMPTS,
+    serving = serve_stack_lab.resolve_parameters(S, SERVE_MODEL=SERVE_MODEL, DRAFT_WIDTH=DRAFT_WIDTH, PROMPTS=PROMPTS,
                                            PROMPT_LEN=PROMPT_LEN, NEW_TOKENS=NEW_TOKENS, GAMMA=GAMMA, REQUESTS=REQUESTS,
                                            EVAL_BATCHES=EVAL_BATCHES)
     return {**out, **serving, "CFG": cfg}
@@ -179,7 +179,7 @@ def multiply_rows(rungs: list[stack.Rung], table: list[dict], alone: dict[str, d
                   comp: dict[str, profiling.Shares]) -> list[dict]:
     """Per technique: its gain alone on the baseline (from `run_ladder` over the baseline and the rungs
     "<technique> alone") beside its gain where it sits in the stack (`table`'s rung-over-rung gain), and the
-    sentence (`composition_lab.why_sentence`, from `comp`, the `composition_lab.composition` of the ladder's rungs) that says why they differ,
+    sentence (`stack_composition_lab.why_sentence`, from `comp`, the `stack_composition_lab.composition` of the ladder's rungs) that says why they differ,
     ranked only beyond both spreads."""
     base = alone[rungs[0].name]["timing"]
     out = []
