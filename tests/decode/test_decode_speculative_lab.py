@@ -6,21 +6,6 @@ import pytest
 import torch
 
 from helpers.decode import speculative, speculative_lab, speculative_report_lab
-from helpers.gpt.model import GPT, GPTConfig
-
-
-def _gpt(n_layer: int, d_model: int, seed: int, scale: float = 3.0) -> GPT:
-    torch.manual_seed(seed)
-    model = GPT(GPTConfig(n_layer=n_layer, n_head=2, d_model=d_model, d_ff=2 * d_model, seq_len=96)).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.mul_(scale)
-    return model
-
-
-@pytest.fixture(scope="module")
-def models():
-    return _gpt(2, 32, 0), _gpt(1, 16, 1)
 
 
 PROMPT = torch.tensor([3, 14, 15, 92, 65, 35, 89, 79])

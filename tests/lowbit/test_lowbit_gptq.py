@@ -13,27 +13,6 @@ import torch
 from helpers.lowbit import gptq
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Small CPU matmuls and column loops: one thread is faster than two fighting a busy machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    from helpers.gpt.pretrained import pretrained
-
-    return pretrained("tiny", quiet=True, device="cpu").model
-
-
-@pytest.fixture(scope="module")
-def calib():
-    return gptq.calibration_tokens(4, 128, seed=0)
-
-
 @pytest.fixture(scope="module")
 def inputs(tiny, calib):
     return gptq.collect_inputs(tiny, calib)

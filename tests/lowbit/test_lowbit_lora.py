@@ -7,22 +7,6 @@ import torch
 from helpers.lowbit import gptq, lora
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Small CPU matmuls and column loops: one thread is faster than two fighting a busy machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    from helpers.gpt.pretrained import pretrained
-
-    return pretrained("tiny", quiet=True, device="cpu").model
-
-
 def test_lora_starts_as_the_base_and_merged_equals_unmerged():
     torch.manual_seed(4)
     base = torch.nn.Linear(24, 40)

@@ -9,22 +9,6 @@ from helpers.lowbit import lora, lora_lab
 from helpers.measure import claims
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Small CPU matmuls and column loops: one thread is faster than two fighting a busy machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    from helpers.gpt.pretrained import pretrained
-
-    return pretrained("tiny", quiet=True, device="cpu").model
-
-
 @pytest.mark.slow
 def test_finetune_section_returns_its_numbers(tiny, capsys):
     res = lora_lab.finetune_section(tiny, steps=2, eval_batches=1)

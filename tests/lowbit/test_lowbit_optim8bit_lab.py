@@ -2,25 +2,8 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
 from helpers.lowbit import optim8bit_lab
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Small CPU matmuls and column loops: one thread is faster than two fighting a busy machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    from helpers.gpt.pretrained import pretrained
-
-    return pretrained("tiny", quiet=True, device="cpu").model
 
 
 def test_adamw8bit_state_is_uint8_above_the_threshold_only(tiny, capsys):
