@@ -124,3 +124,12 @@ def test_notebooks_08_10_11_and_14_count_the_same_bytes_for_the_same_model():
     # notebook 11: its cell counts the target's bytes with the footprint itself
     nb11 = (ROOT / "notebooks" / "11_speculative_decoding.ipynb").read_text()
     assert "footprint.decode_step_bytes(" in nb11
+
+
+def test_the_goals_take_the_copy_ceiling_by_the_one_rule():
+    """The maintainers' goals quote GB/s against the same ceiling as the notebooks: no copy of their own."""
+    tools = sorted((ROOT / "tools").rglob("*.py"))
+    assert tools, "tools/ is missing"
+    own = [p.name for p in tools if "measure_copy_bandwidth(" in p.read_text()]
+    assert own == []
+    assert "ceilings.bandwidth_ceiling(" in (ROOT / "tools" / "capture" / "goal_base.py").read_text()
