@@ -15,6 +15,8 @@ tensor shared by two modules (the tied LM head and token table) is counted once.
 """
 from __future__ import annotations
 
+from typing import Iterable
+
 import torch
 from torch import nn
 
@@ -27,6 +29,21 @@ def tensor_bytes(t: torch.Tensor) -> int:
         names, _ = flatten()
         return sum(tensor_bytes(getattr(t, name)) for name in names)
     return t.numel() * t.element_size()
+
+
+def storage_bytes(tensors: Iterable[torch.Tensor | None]) -> int:
+    """Bytes of the distinct storages among `tensors`: a tensor seen twice, two views of one storage or a tied
+    weight count once; anything that is not a tensor (None) and meta tensors (no storage) are skipped. What a
+    rank, an optimizer or a fine-tuning variant holds in memory, as the allocator sees it."""
+    seen, total = set(), 0
+    for t in tensors:
+        if not torch.is_tensor(t) or t.device.type == "meta":
+            continue
+        key = (t.device, t.untyped_storage().data_ptr())
+        if key not in seen:
+            seen.add(key)
+            total += t.untyped_storage().nbytes()
+    return total
 
 
 def stored_bytes(model: nn.Module) -> int:

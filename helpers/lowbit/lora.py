@@ -16,8 +16,8 @@ What it holds:
   `trainable`, `make_optimizer` (AdamW or bitsandbytes' AdamW8bit), `finetune` and `train_steps`;
 - memory: `memory_formula`, the course's one formula for the bytes of weights, gradients and optimizer
   state of full fine-tuning, LoRA and QLoRA; `finetune_gb`, the same in GB for Llama-size models
-  (`LLAMA_SHAPES`, `lora_params`); `tensor_bytes` and `optimizer_state_bytes`, the bytes counted from
-  the tensors themselves.
+  (`LLAMA_SHAPES`, `lora_params`); `optimizer_state_bytes`, the bytes counted from the tensors themselves
+  (with `helpers.gpt.footprint.storage_bytes`, as every byte count of a live model is).
 
 Notebook 08's measurements with these pieces (fine-tuning three ways, memory measured against the
 formula) are in `helpers.lowbit.lora_lab`, the check against peft in `helpers.lowbit.peft_lab`, the 8-bit
@@ -32,6 +32,7 @@ import torch
 import torch.nn as nn
 
 from helpers.gpt import data
+from helpers.gpt.footprint import storage_bytes
 from helpers.lowbit.gptq import block_linears
 from helpers.measure.params import positive
 
@@ -317,20 +318,6 @@ def memory_formula(n_linear: float, n_other: float, n_lora: float, method: str, 
     return {**out, "adapters": adapters} if split_adapters else out
 
 
-def tensor_bytes(tensors) -> int:
-    """Bytes of distinct tensor storages among `tensors` (a tensor seen twice, or two views of one
-    storage, count once)."""
-    seen, total = set(), 0
-    for t in tensors:
-        if not torch.is_tensor(t) or t.device.type == "meta":
-            continue
-        key = (t.device, t.untyped_storage().data_ptr())
-        if key not in seen:
-            seen.add(key)
-            total += t.untyped_storage().nbytes()
-    return total
-
-
 def optimizer_state_bytes(opt: torch.optim.Optimizer) -> tuple[int, dict]:
     """Bytes of an optimizer's state tensors (scalar step counters left out) and, per parameter
     tensor, {param: {"numel", "bytes", "dtypes"}} (tables shared by all tensors, such as
@@ -342,7 +329,7 @@ def optimizer_state_bytes(opt: torch.optim.Optimizer) -> tuple[int, dict]:
         per[p] = {"numel": p.numel(), "bytes": sum(v.nbytes for v in own),
                   "dtypes": sorted({str(v.dtype).replace("torch.", "") for v in own})}
         total_tensors += tens
-    return tensor_bytes(total_tensors), per
+    return storage_bytes(total_tensors), per
 
 
 FINETUNE = ("full (bf16, Adam)", "LoRA (bf16 base)", "QLoRA (NF4+DQ base)")

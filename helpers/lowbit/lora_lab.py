@@ -27,11 +27,12 @@ import torch
 import torch.nn as nn
 
 from helpers.gpt import data
+from helpers.gpt.footprint import storage_bytes
 from helpers.gpt.heldout import gap_separated, loss_gap, window_losses, yardstick
 from helpers.gpt.pretrained import validation_loss
 from helpers.lowbit.gptq import block_linears
 from helpers.lowbit.lora import (FINETUNE, KINDS, finetune, finetune_gb, finetune_split, lora_layers, make_optimizer,
-                                 memory_formula, merged_variants, optimizer_state_bytes, prepare, tensor_bytes,
+                                 memory_formula, merged_variants, optimizer_state_bytes, prepare,
                                  trainable)
 from helpers.measure import bench
 from helpers.measure.params import positive
@@ -288,10 +289,10 @@ def memory_rows(model: nn.Module, r: int = 8, alpha: float | None = None) -> lis
             m = prepare(model, kind, r, alpha)
             n_lora = sum(a.lora_A.numel() + a.lora_B.numel() for a in lora_layers(m).values())
             opt = _one_step(m)
-            measured = {"weights": tensor_bytes(_weight_tensors(m)),
-                        "gradients": tensor_bytes(p.grad for p in m.parameters() if p.grad is not None),
+            measured = {"weights": storage_bytes(_weight_tensors(m)),
+                        "gradients": storage_bytes(p.grad for p in m.parameters() if p.grad is not None),
                         "optimizer": optimizer_state_bytes(opt)[0]}
-            codes = tensor_bytes(t for a in lora_layers(m).values() for t in _code_tables(a.base))
+            codes = storage_bytes(t for a in lora_layers(m).values() for t in _code_tables(a.base))
             rows.append({"method": kind, "measured": measured, "trainable": sum(p.numel() for p in trainable(m)),
                          "code_tables": codes,
                          "formula": memory_formula(n_linear, n_all - n_linear, n_lora, kind)})

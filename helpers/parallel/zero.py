@@ -6,8 +6,8 @@ keeps optimizer state only for the parameters it owns, updates them, then broadc
 elsewhere (a gradient some ranks lack counts as zeros there). It runs inside a process group (see
 `helpers.parallel.launch.run_on_ranks` or torchrun); stage 3 is `helpers.parallel.fsdp`.
 
-Memory per rank: `tensor_bytes` (bytes a rank holds), `zero_formula` (the paper's bytes per rank of
-parameters, gradients and optimizer state at each stage) and `zero_extra_comm` (bytes each rank sends
+Memory per rank: `zero_formula` (the paper's bytes per rank of parameters, gradients and optimizer
+state at each stage; the bytes a rank holds are counted by `helpers.gpt.footprint.storage_bytes`) and `zero_extra_comm` (bytes each rank sends
 per step at each stage).
 """
 from __future__ import annotations
@@ -81,21 +81,7 @@ class ShardedOptimizer:
                    if torch.is_tensor(t) and t.dim() > 0)
 
 
-
 # ---------------------------------------------------------------- memory per rank
-
-def tensor_bytes(tensors: Iterable[torch.Tensor | None]) -> int:
-    """Bytes of the distinct storages among `tensors` (None skipped; a tied weight counted once)."""
-    seen, total = set(), 0
-    for t in tensors:
-        if t is None:
-            continue
-        key = (t.untyped_storage().data_ptr(), t.device)
-        if key not in seen:
-            seen.add(key)
-            total += t.untyped_storage().nbytes()
-    return total
-
 
 def zero_formula(stage: int, n_params: int, world_size: int, bytes_param: int = 4, bytes_grad: int = 4,
                  bytes_state: int = 8) -> dict[str, float]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from helpers.gpt.footprint import storage_bytes
 from helpers.gpt.model import GPT, GPTConfig
 from helpers.parallel import ddp, fsdp, zero
 from helpers.parallel.ddp_lab import global_batches, lm_loss, local_rows
@@ -44,9 +45,9 @@ def measure_memory(rank: int, world: int, cfg_kwargs: dict, seed: int = 0) -> li
         sync()
         opt.step()
         st = [t for s in state().values() for t in s.values() if torch.is_tensor(t) and t.dim() > 0]
-        out.append({"stage": stage, "params": zero.tensor_bytes(params),
-                    "grads": zero.tensor_bytes(p.grad for p in params),
-                    "state": zero.tensor_bytes(st),
+        out.append({"stage": stage, "params": storage_bytes(params),
+                    "grads": storage_bytes(p.grad for p in params),
+                    "state": storage_bytes(st),
                     "n_params": sum(p.numel() for p in ddp.unique_params(GPT(cfg)))})
         out[-1]["total"] = out[-1]["params"] + out[-1]["grads"] + out[-1]["state"]
         del wrap, model, opt

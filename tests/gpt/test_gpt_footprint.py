@@ -50,3 +50,11 @@ def test_a_wrapper_tensor_is_counted_through_its_inner_tensors():
     wrapped = types.SimpleNamespace(__tensor_flatten__=lambda: (list(inner), None), **inner)
     assert footprint.tensor_bytes(wrapped) == 10 + 8
     assert footprint.tensor_bytes(torch.zeros(3, 4, dtype=torch.float16)) == 24
+
+
+def test_storage_bytes_counts_each_storage_once_and_skips_what_has_none():
+    w = torch.zeros(4, 8)  # 128 bytes
+    view = w[:2]  # the same storage
+    other = torch.zeros(3, dtype=torch.float16)  # 6 bytes
+    assert footprint.storage_bytes([w, view, w, None, other, torch.empty(5, device="meta")]) == 128 + 6
+    assert footprint.storage_bytes(iter([])) == 0

@@ -22,6 +22,8 @@ HOMES = {
     r"^def positive_ints\(": None,
     r"^def _not_a_string\(": None,
     r"^def decode_step_bytes\(": "gpt/footprint.py",
+    r"^def storage_bytes\(": "gpt/footprint.py",
+    r"^def tensor_bytes\(": "gpt/footprint.py",
     r"^def bandwidth_ceiling\(": "measure/ceilings.py",
     r"^def copy_size\(": "measure/ceilings.py",
     r"^def paired_ratio\(": "measure/protocol.py",
