@@ -95,8 +95,7 @@ def run_ladder(cfg: GPTConfig, rungs: list[stack.Rung], data: list, device: str,
 
     def one(name: str) -> None:
         x, y = next(streams[name])
-        if device == "cuda":
-            torch.cuda.synchronize()
+        bench.sync(device)
         t0 = clock()
         loss = built[name].step(x, y)  # float(): the host waits for the step
         out[name]["times"].append(clock() - t0)

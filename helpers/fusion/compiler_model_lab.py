@@ -145,8 +145,7 @@ def train_step_compare(config, batch_size: int, *, device: str = "cpu", reps: in
     _step(eager, opt_e, x, y, ac)
     start = time.perf_counter()
     _step(comp, opt_c, x, y, ac)
-    if device == "cuda":
-        torch.cuda.synchronize()
+    bench.sync(device)
     first = time.perf_counter() - start
     losses = [(float(_step(eager, opt_e, x, y, ac)), float(_step(comp, opt_c, x, y, ac))) for _ in range(check_steps)]
     for a, b in losses:
@@ -241,8 +240,7 @@ def one_token_forward(config, modes: list[str], *, device: str = "cpu", reps: in
             start = time.perf_counter()
             for _ in range(3):  # CUDA graphs record on a later call than the first
                 got = fn(idx)[0]
-            if device == "cuda":
-                torch.cuda.synchronize()
+            bench.sync(device)
             out[mode] = {"compile_s": time.perf_counter() - start}
             torch.testing.assert_close(got.float(), want.float(), rtol=1e-4, atol=1e-4)
             fns[mode] = fn
@@ -296,8 +294,7 @@ def regional_compare(config, batch_size: int, *, backend: str = "inductor", devi
         opt = torch.optim.AdamW(model.parameters(), lr=lr)
         start = time.perf_counter()
         loss = float(_step(run, opt, x, y))
-        if device == "cuda":
-            torch.cuda.synchronize()
+        bench.sync(device)
         out[name] = {"first_step_s": time.perf_counter() - start, "graphs": len(graphs), "nodes": list(graphs),
                      "loss": loss}
         torch.testing.assert_close(loss, out["eager"]["loss"], rtol=1e-4, atol=1e-5)

@@ -108,6 +108,7 @@ def sync(device: "str | torch.device") -> None:
     if torch.device(device).type == "cuda":
         torch.cuda.synchronize(device)
 
+
 class ImplausibleTiming(UserWarning):
     """A timing too short for the timer to resolve, or a rate beyond what the device can do."""
 
