@@ -24,7 +24,7 @@ import torch
 
 from helpers.attention import kernels
 from helpers.gpt.model import PRESETS, naive_attention
-from helpers.measure import bench, hardware, params
+from helpers.measure import bench, hardware, memory, params
 from helpers.show import plots
 from helpers.show.tables import table
 
@@ -313,20 +313,20 @@ def gpt_kernels(gpt, idx, tgt, impls: list, *, device: str, reps: int, autocast,
         gpt.zero_grad(set_to_none=True)
         out = []
         try:
-            kept = bench.saved_tensors(lambda: forward_keeping_loss(out), ignore=gpt.parameters())  # one step, counted
+            kept = memory.saved_tensors(lambda: forward_keeping_loss(out), ignore=gpt.parameters())  # one step, counted
             out[0].backward()
             n = (reps_of or {}).get(impl, reps)
             t = None if impl in interpreted else bench.benchmark(step, warmup=1, reps=n, device=device)
             rows[impl] = {"loss": out[0].item(), "step_ms": t and t.ms, "spread": t and t.spread,
                           "reps": t and len(t.samples), "saved_bytes": kept.nbytes,
-                          "peak_bytes": bench.peak_cuda_memory(step), "interpreted": impl in interpreted}
+                          "peak_bytes": memory.peak_cuda_memory(step), "interpreted": impl in interpreted}
         except RuntimeError as err:  # out of memory on a small GPU, or a library kernel's refusal
             status = bench.recoverable_failure(err)
             if not status:
                 raise
             print(f"{impl}: not measured ({status})")
         out = kept = None
-        bench.release_memory()
+        memory.release_memory()
     return rows
 
 

@@ -15,7 +15,7 @@ import matplotlib.pyplot as plt
 import torch
 
 from helpers.attention import kernels
-from helpers.measure import bench, hardware
+from helpers.measure import bench, hardware, memory
 from helpers.show import plots
 from helpers.show.tables import table
 from helpers.show.widgets import progress
@@ -68,7 +68,7 @@ def speed(device: str, impls, head_dims, seq_lens, *, dtype: str = "bf16", token
                     if row["status"] is None:
                         raise
                 if row["status"] != "ok":  # after the except block, so the failed call's frames are gone
-                    bench.release_memory()
+                    memory.release_memory()
         del q, k, v
     return rows
 
@@ -116,12 +116,12 @@ def memory_wall(impls, seq_lens, *, batch: int, heads: int, head_dim: int, dtype
                 continue
             try:
                 q, k, v = kernels.make_qkv(batch, heads, n, head_dim, dtype, device, requires_grad=True)
-                row["saved_bytes"] = bench.saved_tensor_bytes(lambda: kernels.attention(q, k, v, impl, is_causal))
+                row["saved_bytes"] = memory.saved_tensor_bytes(lambda: kernels.attention(q, k, v, impl, is_causal))
                 do = torch.randn_like(q)
                 if device == "cuda":  # once unmeasured: Triton's autotuner and library set-up allocate scratch memory
                     kernels.attention(q, k, v, impl, is_causal).backward(do)
                     q.grad = k.grad = v.grad = None  # so the measured backward allocates them, as a first one does
-                row["peak_bytes"] = bench.peak_cuda_memory(lambda: kernels.attention(q, k, v, impl, is_causal).backward(do))
+                row["peak_bytes"] = memory.peak_cuda_memory(lambda: kernels.attention(q, k, v, impl, is_causal).backward(do))
             except RuntimeError as err:  # out of memory, or a library kernel that refuses this size
                 row["status"] = bench.recoverable_failure(err)
                 if row["status"] is None:
@@ -129,7 +129,7 @@ def memory_wall(impls, seq_lens, *, batch: int, heads: int, head_dim: int, dtype
                 failed.add(impl)
             finally:
                 q = k = v = do = None
-                bench.release_memory()
+                memory.release_memory()
     return rows
 
 

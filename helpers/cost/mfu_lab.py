@@ -17,7 +17,8 @@ from helpers.cost.flops import matmul_params, six_nd, transformer_flops
 from helpers.cost.mfu import SUBLAYERS, intensity_bounds, per_token_breakdown, sublayer_flops
 from helpers.gpt.model import GPT, PRESETS, Block, GPTConfig, resolve_attention
 from helpers.measure import params
-from helpers.measure.bench import benchmark, benchmark_interleaved, quartiles, release_memory
+from helpers.measure.bench import benchmark, benchmark_interleaved, quartiles
+from helpers.measure.memory import release_memory
 from helpers.show import plots
 from helpers.show.widgets import progress
 

@@ -1,6 +1,8 @@
 """The course-wide report of a run: summary, recorded results beside reference GPUs, and the plots."""
 from __future__ import annotations
 
+import datetime as _dt
+import subprocess
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -8,9 +10,9 @@ from helpers.course import executed_notebook
 from helpers.course import report_picture, smoke_record
 from helpers.course.report_render import Block, to_html, to_markdown
 from helpers.course.worker import SUMMARY_HEADER, status_word, summary_rows
-from helpers.measure import claims
+from helpers.measure import claims, clock
 from helpers.measure.hardware import library_versions
-from helpers.measure.results import SUMMARY_PREFIX, device_name, read_records, records_by_name, write_atomic
+from helpers.measure.results import REPO_ROOT, SUMMARY_PREFIX, device_name, read_records, records_by_name, write_atomic
 
 
 
@@ -96,6 +98,44 @@ def _verdict_text(row: dict) -> str:
     return claims.shown(row) + (f" ({row['reason']})" if row.get("reason") else "")
 
 
+def notebook_changed(number: str, notebooks: Path = REPO_ROOT / "notebooks") -> str | None:
+    """The ISO date of the last commit that changed notebook `number` (git log), or None where git cannot say
+    (no git, not a clone, an uncommitted notebook)."""
+    if number not in _CHANGED:
+        paths = sorted(notebooks.glob(f"{number}_*.ipynb"))
+        try:
+            out = subprocess.run(["git", "log", "-1", "--format=%cI", "--", *map(str, paths)], cwd=notebooks,
+                                 capture_output=True, text=True, timeout=20).stdout.strip() if paths else ""
+        except (OSError, subprocess.SubprocessError):
+            out = ""
+        _CHANGED[number] = out or None
+    return _CHANGED[number]
+
+
+_CHANGED: dict[str, str | None] = {}
+
+
+def _reference_text(ref: dict, here: dict | None) -> str:
+    """A reference GPU's ledger cell: its verdict judged again by today's rule from its recorded numbers (saying so
+    when that changes it), its measurement, and a flag when it was recorded before its notebook last changed."""
+    judged = claims.rejudge(ref, here if here and here.get("verdict") is not None else None)
+    text = f"{_verdict_text(judged)}; measured {ref.get('measured', '?')}"
+    if judged.get("rejudged"):
+        text += f"; re-judged by today's rule (recorded as {judged['rejudged']})"
+    changed, recorded = notebook_changed(str(ref.get("notebook"))), ref.get("date")
+    if changed and isinstance(recorded, str) and _when(recorded) < _when(changed):
+        text += f"; recorded {recorded[:10]}, before notebook {ref.get('notebook')} last changed ({changed[:10]})"
+    return text
+
+
+def _when(iso: str) -> _dt.datetime:
+    try:
+        stamp = _dt.datetime.fromisoformat(iso)
+    except ValueError:
+        return _dt.datetime.max.replace(tzinfo=_dt.timezone.utc)
+    return stamp if stamp.tzinfo else stamp.replace(tzinfo=_dt.timezone.utc)
+
+
 def _ledger_blocks(mine: dict, refs: dict, problems: list) -> tuple[list[Block], set[str]]:
     """The claims ledger (helpers.measure.claims): every claim recorded in this run or on a reference GPU, its
     source, this run's measurement, verdict and device, and each reference GPU's measurement and verdict.
@@ -124,9 +164,11 @@ def _ledger_blocks(mine: dict, refs: dict, problems: list) -> tuple[list[Block],
         here = ([r["measured"], _verdict_text(r), _text(r.get("device"))] if r["verdict"] is not None
                 else ["not run here", "", ""])
         table.append([r["notebook"], r["claim"], r.get("source", "") or "?"] + here
-                     + [f"{_verdict_text(g[r['id']])}; measured {g[r['id']].get('measured', '?')}" if r["id"] in g
-                        else "not recorded there" for g in ref_rows.values()])
-    refs_note = (" Beside it, the same claim's measurement and verdict on each reference GPU in results/<gpu>/."
+                     + [_reference_text(g[r["id"]], r) if r["id"] in g else "not recorded there"
+                        for g in ref_rows.values()])
+    refs_note = (" Beside it, the same claim's measurement and verdict on each reference GPU in results/<gpu>/, judged "
+                 "again by today's rule from the numbers it recorded, and flagged when it was recorded before its "
+                 "notebook last changed."
                  if ref_rows else " No reference GPU in results/<gpu>/ has recorded a verdict yet.")
     return blocks + [("p", "Every claim a notebook tested (from the source texts and papers), with this run's "
                            "measurement and verdict: exceeded (beyond the claim's range), supported, contradicted, or "
@@ -213,6 +255,13 @@ def _versus_blocks(summaries: dict, refs: dict) -> list[Block]:
     return blocks + [("table", header, rows)]
 
 
+def _clock_share(summary: dict) -> float | None:
+    """The share of wall time a notebook's summary says its timed thread ran; None if it timed nothing on that clock."""
+    tally = summary.get("clock") if isinstance(summary, dict) else None
+    share = tally.get("share") if isinstance(tally, dict) else None
+    return float(share) if isinstance(share, (int, float)) and not isinstance(share, bool) else None
+
+
 def _notebook_blocks(stem: str, executed: Path | None, outcome, summary: dict | None, run_dir: Path,
                      problems: list, on_gpus: Iterable[str] = ()) -> list[Block]:
     """One notebook's section: its status, what it measured, whether it has run on each reference GPU
@@ -227,6 +276,8 @@ def _notebook_blocks(stem: str, executed: Path | None, outcome, summary: dict | 
                        [[label, _value(v)] for label, v in summary["headline"].items()]))
         if summary.get("noise"):
             blocks.append(("p", f"Noise: {summary['noise']}."))
+        if _clock_share(summary) is not None:
+            blocks.append(("p", f"Clock: {clock.describe_share(_clock_share(summary))}."))
     else:
         blocks.append(("p", f"{status} This notebook recorded no summary in this run (a results.summary call in its "
                             "takeaways cell records one), so it has no headline numbers here.".strip()))
@@ -273,6 +324,11 @@ def build_blocks(run_dir: Path, outcomes: Iterable, references: Path, profile: s
     blocks.append(("p", "Noise (the timing spread each notebook printed): " + "; ".join(noise) + "." if noise else
                         "Noise: no notebook recorded its timing spread in this run, so differences of a few "
                         "percent between runs are not evidence of anything."))
+    shares = [f"{nb} {100 * share:.0f}%" for nb, s in sorted(summaries.items())
+              if (share := _clock_share(s)) is not None]
+    if shares:
+        blocks.append(("p", "Share of the wall time each notebook's timed thread ran (CPU timings are read from the "
+                            "thread's own clock; below 90%, other work shared the core): " + ", ".join(shares) + "."))
     ledger, in_ledger = _ledger_blocks(mine, refs, problems)
     blocks += ledger + _versus_blocks(summaries, refs)
     blocks += [

@@ -138,13 +138,15 @@ def route_parameters(notebooks: list[Path], given: dict) -> dict[Path, dict]:
 # the command line
 
 def conditions(jobs: int, threads: int, cuda: bool, explicit: bool) -> str:
-    """One sentence on how notebooks share this machine, and why (shown in each notebook and the report)."""
+    """One sentence on how notebooks share this machine, and why (shown in each notebook and the report). On a
+    CPU every notebook runs torch on one thread (`params.setup`), timed on that thread's own CPU clock."""
     cores = os.cpu_count() or 1
+    each = f"{threads} torch thread(s)" if cuda else "1 torch thread, timed on its own CPU clock,"
     if jobs == 1:
-        return (f"1 notebook at a time ({'--jobs 1' if explicit else 'the default'}), {threads} torch thread(s) "
+        return (f"1 notebook at a time ({'--jobs 1' if explicit else 'the default'}), {each} "
                 f"on {cores} core(s): no other notebook of this run shares the {'GPU' if cuda else 'cores'}, as when "
                 "notebook 00 measured its ceilings (other programs on the machine are not controlled)")
-    return (f"{jobs} notebooks at a time (--jobs {jobs}), {threads} torch thread(s) each on {cores} core(s): "
+    return (f"{jobs} notebooks at a time (--jobs {jobs}), {each} each on {cores} core(s): "
             f"they compete for {'the GPU' if cuda else 'cores and memory bandwidth'}, so timings and fractions "
             "of notebook 00's ceilings (measured alone) are lower than a notebook alone would get")
 

@@ -19,7 +19,7 @@ from typing import Callable
 import torch
 
 from helpers.lowbit import fp8, fp8_linear
-from helpers.measure import bench, profiling, protocol
+from helpers.measure import bench, memory, profiling, protocol
 
 TRAIN_VARIANTS = ("fp32", "ours tensorwise", "ours delayed", "ours rowwise", "ours blockwise",
                   "torchao tensorwise", "torchao rowwise")  # the first is the baseline: "bf16" where it runs
@@ -224,7 +224,7 @@ def speed_sweep(sizes, reps: int, with_torchao: bool, compile: bool) -> dict:
                 except Exception as err:  # noqa: BLE001: one refused point must not end the sweep
                     out[group][name].append(None)
                     out["failed"].append(f"{group} {name} n={n}: {type(err).__name__}: {str(err).splitlines()[0][:150]}")
-                bench.release_memory()
+                memory.release_memory()
     return out
 
 
@@ -265,7 +265,7 @@ def gpt_steps(base: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, reps: int
         except Exception as err:  # noqa: BLE001: one refused variant must not end the section
             out[variant] = None
             out["failed"].append(f"GPT step {variant}: {type(err).__name__}: {str(err).splitlines()[0][:150]}")
-        bench.release_memory()
+        memory.release_memory()
     return out
 
 

@@ -1,18 +1,17 @@
-"""The one timing API of the course, plus memory measurement (CUDA peak, and saved-for-backward bytes)."""
+"""The one timing API of the course: the clock each device is timed on, repeated calls, and the rates made from them."""
 from __future__ import annotations
 
 import contextlib
-import gc
 import math
 import os
 import statistics
 import time
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
-from helpers.measure import hardware
+from helpers.measure import clock as clocks, hardware
 
 
 @dataclass(frozen=True)
@@ -26,6 +25,15 @@ class Timing:
     warmup: int = 0
     device: str = "cpu"
     resolution: float = 0.0  # the least the timer reports for an empty call on this device (0: unknown)
+    clock: str = clocks.WALL  # what the samples were read from: clocks.THREAD, clocks.WALL or clocks.EVENTS
+    wall: list[float] = field(default_factory=list, repr=False)  # the same calls' wall seconds (thread clock only)
+
+    @property
+    def ran_share(self) -> float | None:
+        """On the thread's clock, the fraction of the wall time the thread ran during these calls; else None."""
+        if self.clock != clocks.THREAD or not self.wall or sum(self.wall) <= 0:
+            return None
+        return min(1.0, sum(self.samples) / sum(self.wall))
 
     @property
     def below_resolution(self) -> bool:
@@ -117,8 +125,28 @@ RESOLUTION_FACTOR = 2.0  # a call never faster than 2x an empty call's time is m
 _OVERHEAD: dict[str, float] = {}
 
 
-def _timed_samples(fn: Callable[[], Any], reps: int, device: str, flush: Callable[[], None] | None) -> list[float]:
-    """`reps` timed calls of `fn()` in seconds: CUDA events on CUDA, perf_counter on a CPU."""
+def resolve_clock(device: str, clock: str = "auto") -> str:
+    """The clock a timing on `device` ('cpu' or 'cuda') reads. On CUDA, always the GPU's events. On a CPU, "auto"
+    is the thread's CPU clock when torch runs on one thread (as `params.setup` sets it) and the wall clock
+    otherwise (the thread's clock would miss the other threads' work); "wall" is the wall clock, for code whose
+    waiting is the lesson (loader workers, ranks, queues); "thread" insists on the thread's clock and raises
+    ValueError when torch runs on more than one thread. Raises ValueError for any other name."""
+    if clock not in ("auto", clocks.WALL, clocks.THREAD):
+        raise ValueError(f"clock={clock!r}; choose 'auto', 'wall' or 'thread'")
+    if device == "cuda":
+        return clocks.EVENTS
+    if clock == clocks.THREAD and torch.get_num_threads() != 1:
+        raise ValueError(f"clock='thread' times one thread, but torch runs on {torch.get_num_threads()}: "
+                         "use torch.set_num_threads(1) (or bench.cpu_threads) around the timing, or clock='wall'")
+    if clock == "auto":
+        return clocks.THREAD if torch.get_num_threads() == 1 else clocks.WALL
+    return clock
+
+
+def _timed_samples(fn: Callable[[], Any], reps: int, device: str, flush: Callable[[], None] | None,
+                   clock: str = clocks.WALL, walls: list[float] | None = None) -> list[float]:
+    """`reps` timed calls of `fn()` in seconds: CUDA events on CUDA; on a CPU the thread's CPU clock (each call's
+    wall seconds appended to `walls`, and tallied in `clock`) or the wall clock (perf_counter)."""
     if device == "cuda":
         torch.cuda.synchronize()
         starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
@@ -135,21 +163,41 @@ def _timed_samples(fn: Callable[[], Any], reps: int, device: str, flush: Callabl
     for _ in range(reps):
         if flush:
             flush()
-        t0 = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - t0)
+        if clock == clocks.THREAD:
+            with clocks.Stopwatch() as sw:
+                fn()
+            samples.append(sw.cpu)
+            if walls is not None:
+                walls.append(sw.wall)
+        else:
+            t0 = time.perf_counter()
+            fn()
+            samples.append(time.perf_counter() - t0)
     return samples
 
 
-def timer_overhead(device: str | None = None) -> float:
-    """The least the course's timer reports for a call that does nothing on `device` (the fastest of 51
-    calls, measured once per process), in seconds; never less than the clock's stated resolution."""
+def timer_overhead(device: str | None = None, clock: str = clocks.WALL) -> float:
+    """The least the course's timer reports for a call that does nothing on `device` with `clock` (the fastest of
+    51 calls, measured once per process), in seconds; never less than the clock's stated resolution."""
     device = resolve_device(device)
-    if device not in _OVERHEAD:
-        _timed_samples(lambda: None, 5, device, None)  # warm-up: first event records, first calls
-        floor = time.get_clock_info("perf_counter").resolution
-        _OVERHEAD[device] = max(min(_timed_samples(lambda: None, 51, device, None)), floor)
-    return _OVERHEAD[device]
+    clock = clocks.EVENTS if device == "cuda" else clock
+    key = f"{device}/{clock}"
+    if key not in _OVERHEAD:
+        floor = time.get_clock_info("thread_time" if clock == clocks.THREAD else "perf_counter").resolution
+        with _untallied():
+            _timed_samples(lambda: None, 5, device, None, clock)  # warm-up: first event records, first calls
+            _OVERHEAD[key] = max(min(_timed_samples(lambda: None, 51, device, None, clock)), floor)
+    return _OVERHEAD[key]
+
+
+@contextlib.contextmanager
+def _untallied() -> Iterator[None]:
+    """Keep the timer's own calibration out of the thread clock's tally."""
+    saved = dict(clocks._tally)
+    try:
+        yield
+    finally:
+        clocks._tally.update(saved)
 
 
 # Generous bounds that only a wrong timing crosses. A CPU core: 2,048 operations per cycle (twice the
@@ -205,22 +253,26 @@ def _rate(amount: float, seconds: "float | Timing", unit: str, scale: float, lim
 
 
 def benchmark(fn: Callable[[], Any], *, warmup: int = 3, reps: int = 10, flush_l2: bool = False,
-              device: str | None = None) -> Timing:
+              device: str | None = None, clock: str = "auto") -> Timing:
     """Time `fn()`: `warmup` untimed calls, then `reps` timed calls, synchronised on CUDA.
 
-    On CUDA each call is bracketed by CUDA events (GPU time, no launch gaps hidden); on CPU by
-    `time.perf_counter`. With `flush_l2`, a buffer larger than the cache is overwritten before
-    every timed call (outside the timed region), so each call reads from memory, not cache.
+    On CUDA each call is bracketed by CUDA events (GPU time, no launch gaps hidden). On a CPU the clock is
+    `resolve_clock(device, clock)`'s: with torch on one thread, the thread's own CPU clock (what the code did,
+    not what the scheduler did; each call's wall time is kept in `Timing.wall`), else `time.perf_counter`.
+    With `flush_l2`, a buffer larger than the cache is overwritten before every timed call (outside the
+    timed region), so each call reads from memory, not cache.
     """
     if warmup < 0 or reps < 1:
         raise ValueError(f"warmup={warmup} must be >= 0 and reps={reps} >= 1")
     device = resolve_device(device)
+    read = resolve_clock(device, clock)
     flush = _CacheFlusher(device) if flush_l2 else None
     for _ in range(warmup):
         fn()
-    samples = _timed_samples(fn, reps, device, flush)
+    walls: list[float] = []
+    samples = _timed_samples(fn, reps, device, flush, read, walls)
     med, q25, q75 = quartiles(samples)
-    timing = Timing(med, q25, q75, samples, warmup, device, timer_overhead(device))
+    timing = Timing(med, q25, q75, samples, warmup, device, timer_overhead(device, read), read, walls)
     if timing.below_resolution:
         warnings.warn(ImplausibleTiming(
             f"the fastest call took {min(samples):.3g} s, less than {RESOLUTION_FACTOR:g}x the least the timer "
@@ -230,8 +282,9 @@ def benchmark(fn: Callable[[], Any], *, warmup: int = 3, reps: int = 10, flush_l
 
 
 def benchmark_interleaved(fns: dict[str, Callable[[], Any]], *, reps: int = 10, warmup: int = 1,
-                          device: str | None = None) -> dict[str, Timing]:
-    """Time several callables round-robin, one timed call of each per round; a `Timing` per name.
+                          device: str | None = None, clock: str = "auto") -> dict[str, Timing]:
+    """Time several callables round-robin, one timed call of each per round; a `Timing` per name, on the clock
+    `benchmark` would read.
 
     On a shared or noisy machine a burst of other work then slows every candidate alike, instead of
     whichever happened to be timed at that moment, so their ratio is more trustworthy.
@@ -239,14 +292,17 @@ def benchmark_interleaved(fns: dict[str, Callable[[], Any]], *, reps: int = 10, 
     if warmup < 0 or reps < 1:
         raise ValueError(f"warmup={warmup} must be >= 0 and reps={reps} >= 1")
     device = resolve_device(device)
+    read = resolve_clock(device, clock)
     for fn in fns.values():
         for _ in range(warmup):
             fn()
     samples: dict[str, list[float]] = {name: [] for name in fns}
+    walls: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(reps):
         for name, fn in fns.items():
-            samples[name] += benchmark(fn, warmup=0, reps=1, device=device).samples
-    return {name: Timing(*quartiles(xs), xs, warmup, device, timer_overhead(device)) for name, xs in samples.items()}
+            samples[name] += _timed_samples(fn, 1, device, None, read, walls[name])
+    over = timer_overhead(device, read)
+    return {name: Timing(*quartiles(xs), xs, warmup, device, over, read, walls[name]) for name, xs in samples.items()}
 
 
 def tflops(flops: float, seconds: "float | Timing", *, device: str | None = None,
@@ -298,103 +354,3 @@ def cpu_threads(device, n: int = 1) -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(before)
-
-
-def release_memory() -> None:
-    """Free what a failed or finished step left behind (call it after the except block, once its frames are gone)."""
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
-
-
-def peak_cuda_memory(fn: Callable[[], Any]) -> int | None:
-    """Bytes of CUDA memory `fn()` needed above what was allocated before it; None without CUDA."""
-    if not torch.cuda.is_available():
-        return None
-    torch.cuda.synchronize()
-    before = torch.cuda.memory_allocated()
-    torch.cuda.reset_peak_memory_stats()
-    fn()
-    torch.cuda.synchronize()
-    return torch.cuda.max_memory_allocated() - before
-
-
-def _storage_key(t: torch.Tensor) -> tuple[int, int] | None:
-    try:
-        s = t.untyped_storage()
-        return s.data_ptr(), s.nbytes()
-    except (RuntimeError, NotImplementedError):  # tensors without storage (e.g. some subclasses)
-        return None
-
-
-@dataclass
-class SavedTensors:
-    """What a forward pass kept for backward: distinct storages, their bytes and their shapes."""
-
-    nbytes: int = 0
-    count: int = 0
-    shapes: list[tuple[int, ...]] = field(default_factory=list)
-
-
-def saved_tensors(fn: Callable[[], Any], ignore: Iterable[torch.Tensor] = ()) -> SavedTensors:
-    """Run `fn()` and account for every tensor autograd saves for backward (each storage once).
-
-    Tensors in `ignore` (typically the model's parameters, which are not activations) are left
-    out. Works on every device, so activation memory can be measured without a GPU.
-    """
-    skip = {k for k in map(_storage_key, ignore) if k}
-    seen: set[tuple[int, int]] = set()
-    out = SavedTensors()
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        key = _storage_key(t)
-        if key and key not in skip and key not in seen:
-            seen.add(key)
-            out.nbytes += key[1]
-            out.count += 1
-            out.shapes.append(tuple(t.shape))
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        fn()
-    return out
-
-
-def _is_weight_copy(t: torch.Tensor, params: set[int]) -> bool:
-    """True for autocast's low-precision copy of a parameter: grad_fn leads (via views) to AccumulateGrad."""
-    fn = t.grad_fn
-    for _ in range(4):
-        if fn is None:
-            return False
-        if fn.name() == "torch::autograd::AccumulateGrad":
-            return id(fn.variable) in params
-        nxt = [f for f, _ in fn.next_functions if f is not None]
-        if len(nxt) != 1:
-            return False
-        fn = nxt[0]
-    return False
-
-
-def saved_breakdown(fn: Callable[[], Any], params: Iterable[torch.Tensor]) -> dict[str, int]:
-    """Bytes `fn()` saves for backward, split into activations and autocast's copies of `params`."""
-    params = list(params)
-    skip = {p.untyped_storage().data_ptr() for p in params}
-    ids = {id(p) for p in params}
-    seen: set[int] = set()
-    out = {"activations": 0, "weight_copies": 0}
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        s = t.untyped_storage()
-        if s.data_ptr() not in skip and s.data_ptr() not in seen:
-            seen.add(s.data_ptr())
-            out["weight_copies" if _is_weight_copy(t, ids) else "activations"] += s.nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        fn()
-    return out
-
-
-def saved_tensor_bytes(fn: Callable[[], Any], ignore: Iterable[torch.Tensor] = ()) -> int:
-    """Bytes of the distinct tensors `fn()` saves for backward (see `saved_tensors`)."""
-    return saved_tensors(fn, ignore).nbytes

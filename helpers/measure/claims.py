@@ -1,4 +1,4 @@
-"""The claims ledger: each claim the course tests, this run's measurement and its verdict.
+"""The claims ledger: each claim the course tests, this run's measurement, and the one rule that judges it.
 
 A notebook that tests a claim (from the source texts or a paper) records one verdict::
 
@@ -6,17 +6,17 @@ A notebook that tests a claim (from the source texts or a paper) records one ver
                    claim="attention runs at ~45% efficiency and the MLP at ~75-80%: a universal ~1.7x gap",
                    source="a Japanese blog post on LLM scaling laws",
                    measured=f"MLP/attention efficiency ratio {lo:.2f}-{hi:.2f}", value=median, unit="x",
-                   verdict="contradicted" if ... else "supported", reason="...")
+                   spread=(lo, hi), claimed=(1.7 / 1.25, 1.7 * 1.25))
 
-The verdict is one of `VERDICTS`; "not testable" needs a reason (e.g. "needs FP8 tensor cores").
-A claim that states a range is judged by `judge`: "exceeded" above it (an H200's 4.60x bf16 step is
-not "supported" by a claim of 1.5-2x), "supported" within it, "contradicted" below it. A verdict
-computed from formulas, not timed or counted (QLoRA's "65B on one 48 GB GPU"), passes basis="formula"
-and the ledger shows it as, say, "supported (by formula)".
-It is written as an ordinary record named `claim-<id>`, so it travels with the run's results and the
-reference GPUs' (`results/<gpu>/`), and the report lists every such record in its ledger, beside the
-same claim's verdict on each reference GPU. New notebooks add rows by calling `verdict`; the report
-needs no change.
+The notebook gives the number, its spread and the claimed range; `judge_interval`, the course's one verdict
+rule, decides: a spread too wide to judge is "not testable" (never support), a measurement close to the claim
+is never against it, the whole spread above a claimed gain is "exceeded" (an H200's 4.60x bf16 step is not
+"supported" by a claim of 1.5-2x), below it "contradicted". Only "not testable" is passed in, with the reason
+(e.g. "needs FP8 tensor cores"). A verdict computed from formulas, not timed or counted (QLoRA's "65B on one
+48 GB GPU"), passes basis="formula" and the ledger shows it as, say, "supported (by formula)".
+It is written as an ordinary record named `claim-<id>` with its value, spread and claimed range, so it travels
+with the run's results and the reference GPUs' (`results/<gpu>/`); the report lists every such record in its
+ledger, beside the same claim on each reference GPU judged again by today's rule (`rejudge`).
 """
 from __future__ import annotations
 
@@ -30,18 +30,56 @@ BASES = ("measured", "formula")
 PREFIX = "claim-"
 
 
-def judge(value: float, lo: float, hi: float | None = None) -> str:
-    """The verdict on a claim of "lo to hi" (hi None: "at least lo") for a measured value: "exceeded" above
-    hi, "supported" from lo to hi, "contradicted" below lo. Raises ValueError for a non-finite value or
-    bounds, or hi < lo."""
-    for name, x in (("value", value), ("lo", lo)) + ((("hi", hi),) if hi is not None else ()):
-        if isinstance(x, bool) or not isinstance(x, (int, float)) or x != x or x in (float("inf"), float("-inf")):
-            raise ValueError(f"{name}={x!r} must be a finite number")
-    if hi is not None and hi < lo:
-        raise ValueError(f"hi={hi!r} is below lo={lo!r}")
-    if hi is not None and value > hi:
-        return "exceeded"
-    return "supported" if value >= lo else "contradicted"
+CLOSE = 0.10  # a measurement within 10% of a claimed bound is close to the claim: that gap never decides a verdict
+MAX_SPREAD = 0.5  # a measured range wider than half its value is too wide to judge any claim with
+
+
+def _finite(name: str, x: Any) -> float:
+    if isinstance(x, bool) or not isinstance(x, (int, float)) or x != x or x in (float("inf"), float("-inf")):
+        raise ValueError(f"{name}={x!r} must be a finite number")
+    return float(x)
+
+
+def judge_interval(value: float, lo: float, hi: float, claim_lo: float | None, claim_hi: float | None = None, *,
+                   above: str = "exceeded", unit: str = "") -> tuple[str, str]:
+    """The course's one verdict rule: (verdict, reason) on a claim of claim_lo to claim_hi for a measurement whose
+    median is `value` and whose spread (an IQR, a ratio's IQR bounds, or value, value for a count) is lo to hi.
+
+    1. A spread wider than MAX_SPREAD of the value is "not testable": noise that wide can neither support nor
+       contradict a claim, whatever the median says.
+    2. The claimed range is widened by CLOSE at each bound (a measurement that close to a claim is not against it).
+    3. The whole spread above the widened range is `above` ("exceeded" for a claimed gain; pass "contradicted"
+       for a claimed ceiling such as "fits in 48 GB"), the whole spread below it "contradicted", and a spread
+       that meets it "supported".
+    claim_lo None: "at most claim_hi"; claim_hi None: "at least claim_lo" (never exceeded). Raises ValueError
+    for non-finite numbers, value outside lo..hi, no bound at all, claim_hi < claim_lo or an unknown `above`.
+    """
+    value, lo, hi = _finite("value", value), _finite("lo", lo), _finite("hi", hi)
+    if not lo <= value <= hi:
+        raise ValueError(f"value={value!r} lies outside its spread {lo!r}-{hi!r}")
+    if claim_lo is None and claim_hi is None:
+        raise ValueError("a claim needs a bound: claim_lo, claim_hi or both")
+    c_lo = None if claim_lo is None else _finite("claim_lo", claim_lo)
+    c_hi = None if claim_hi is None else _finite("claim_hi", claim_hi)
+    if c_lo is not None and c_hi is not None and c_hi < c_lo:
+        raise ValueError(f"claim_hi={claim_hi!r} is below claim_lo={claim_lo!r}")
+    if above not in ("exceeded", "contradicted"):
+        raise ValueError(f"above={above!r}; choose 'exceeded' or 'contradicted'")
+    scale = abs(value) or max(abs(c) for c in (c_lo, c_hi) if c is not None) or 1.0
+    spread = (hi - lo) / scale
+    claimed = (f"{c_lo:g}-{c_hi:g}{unit}" if c_lo is not None and c_hi is not None
+               else f"at least {c_lo:g}{unit}" if c_lo is not None else f"at most {c_hi:g}{unit}")
+    measured = f"{value:.3g}{unit} ({lo:.3g}-{hi:.3g})" if hi > lo else f"{value:.3g}{unit}"
+    if spread > MAX_SPREAD:
+        return "not testable", (f"this run's spread {lo:.3g}-{hi:.3g}{unit} is {100 * spread:.0f}% of its value, too "
+                                f"wide to judge a claim of {claimed}")
+    wide_lo = None if c_lo is None else c_lo - CLOSE * abs(c_lo)
+    wide_hi = None if c_hi is None else c_hi + CLOSE * abs(c_hi)
+    if wide_hi is not None and lo > wide_hi:
+        return above, f"the whole measured range {measured} lies above the claimed {claimed}"
+    if wide_lo is not None and hi < wide_lo:
+        return "contradicted", f"the whole measured range {measured} lies below the claimed {claimed}"
+    return "supported", ""
 
 
 def shown(row: dict[str, Any]) -> str:
@@ -50,31 +88,47 @@ def shown(row: dict[str, Any]) -> str:
     return v + " (by formula)" if row.get("basis") == "formula" and v != "not testable" else v
 
 
-def judge_range(value: float, lo: float, hi: float, claim_lo: float, claim_hi: float | None) -> tuple[str, str]:
-    """(verdict, reason) on a claim of claim_lo-claim_hi for a value known only to lie in [lo, hi] (its IQR or
-    range): `judge`'s verdict when lo and hi get the same one (the whole range is below, within or above the
-    claim), else "not testable", with the reason that the range spans a bound of the claim (this run's noise
-    cannot decide it). Raises ValueError when value lies outside [lo, hi]."""
-    if not lo <= value <= hi:
-        raise ValueError(f"value={value!r} lies outside its range {lo!r}-{hi!r}")
-    low, high = judge(lo, claim_lo, claim_hi), judge(hi, claim_lo, claim_hi)
-    if low == high:
-        return low, ""
-    bound = claim_lo if low == "contradicted" else claim_hi
-    return "not testable", (f"the range {lo:.2f}-{hi:.2f}x around {value:.2f}x spans the claim's bound of {bound:g}x, "
-                            "so this run's noise cannot decide it")
+def rejudge(row: dict[str, Any], claimed: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A recorded claim row judged again by today's rule (`judge_interval`), from its recorded value and spread
+    (a point when it recorded none) and the claimed range it recorded, else `claimed` (this run's row of the same
+    claim). Returns the row with the new verdict and reason, and "rejudged": the verdict it was recorded with when
+    today's rule says otherwise; the row unchanged when it holds too little to judge (no number, no range, or a
+    "not testable" verdict, whose reason is about the device)."""
+    source = row.get("claimed") or (claimed or {}).get("claimed")
+    value = row.get("value")
+    if row.get("verdict") == "not testable" or not isinstance(source, dict) or isinstance(value, bool) \
+            or not isinstance(value, (int, float)):
+        return row
+    lo, hi = row.get("spread") or (value, value)
+    try:
+        v, why = judge_interval(value, min(lo, value), max(hi, value), source.get("lo"), source.get("hi"),
+                                above=source.get("above", "exceeded"),
+                                unit=row.get("unit") if row.get("unit") in ("x", "%") else "")
+    except (TypeError, ValueError):
+        return row
+    if v == row.get("verdict"):
+        return row
+    return {**row, "verdict": v, "reason": why, "rejudged": row.get("verdict")}
 
-def verdict(claim_id: str, *, notebook: str, claim: str, source: str, measured: str, verdict: str,
-            reason: str = "", value: float | None = None, unit: str = "", basis: str = "measured",
-            quiet: bool = False) -> dict[str, Any]:
+
+def verdict(claim_id: str, *, notebook: str, claim: str, source: str, measured: str,
+            claimed: tuple[float | None, float | None] | None = None, value: float | None = None,
+            spread: tuple[float, float] | None = None, above: str = "exceeded", verdict: str | None = None,
+            reason: str = "", unit: str = "", basis: str = "measured", quiet: bool = False) -> dict[str, Any]:
     """Record this run's verdict on one claim and return what was recorded.
 
     claim_id: short kebab-case key ("flash-speedup"), the same on every device so that runs match.
-    notebook: "02"; measured: this run's number(s) in words; value/unit: the headline number, if any;
+    notebook: "02"; measured: this run's number(s) in words; value/unit: the headline number; spread: its
+    (lo, hi) (an IQR, or a ratio's bounds; None for a count, which has none); claimed: the claim's (lo, hi),
+    either None for an open side. The verdict is `judge_interval(value, *spread, *claimed, above=above)`:
+    no notebook writes "supported" itself. Pass verdict="not testable" with the reason (what this device
+    lacks) instead when the claim cannot be measured here; the claimed range is still recorded, so the report
+    can judge a reference GPU's number by the same rule.
     basis: "measured" (timed or counted in this run) or "formula" (computed from formulas, with this
     run's measured inputs).
     Raises ValueError for a malformed id or notebook, an unknown verdict or basis, an empty claim, source
-    or measured text, or "not testable" without a reason.
+    or measured text, a verdict other than "not testable" passed in, a judged claim without a value or a
+    claimed range, or "not testable" without a reason.
     """
     if basis not in BASES:
         raise ValueError(f"basis={basis!r}; choose one of {', '.join(map(repr, BASES))}")
@@ -82,18 +136,29 @@ def verdict(claim_id: str, *, notebook: str, claim: str, source: str, measured: 
         raise ValueError(f"claim id {claim_id!r} must be kebab-case letters and digits, e.g. 'flash-speedup'")
     if not re.fullmatch(r"\d\d", str(notebook)):
         raise ValueError(f"notebook={notebook!r} must be a two-digit notebook number like '02'")
-    if verdict not in VERDICTS:
-        raise ValueError(f"verdict={verdict!r}; choose one of {', '.join(map(repr, VERDICTS))}")
+    if verdict is not None and verdict != "not testable":
+        raise ValueError(f"verdict={verdict!r}: a notebook does not write its own verdict; pass value, spread and "
+                         "claimed, and claims.judge_interval decides (only 'not testable' is passed, with its reason)")
     for name, text in (("claim", claim), ("source", source), ("measured", measured)):
         if not isinstance(text, str) or not text.strip():
             raise ValueError(f"{name} must be a non-empty sentence")
-    if verdict == "not testable" and not reason.strip():
-        raise ValueError("a 'not testable' verdict needs the reason (what this device lacks)")
     if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
         raise ValueError(f"value={value!r} must be a number or None")
+    if claimed is not None and (not isinstance(claimed, (tuple, list)) or len(claimed) != 2):
+        raise ValueError(f"claimed={claimed!r} must be (lo, hi), either None for an open side")
+    if verdict is None:
+        if value is None or claimed is None:
+            raise ValueError("a judged claim needs value (the measured number) and claimed=(lo, hi)")
+        lo, hi = spread if spread is not None else (value, value)
+        verdict, why = judge_interval(value, lo, hi, claimed[0], claimed[1], above=above, unit=unit if unit in ("x", "%") else "")
+        reason = "; ".join(r for r in (why, reason.strip()) if r)
+    if verdict == "not testable" and not reason.strip():
+        raise ValueError("a 'not testable' verdict needs the reason (what this device lacks)")
     metrics = {"id": claim_id, "notebook": str(notebook), "claim": claim.strip(), "source": source.strip(),
                "measured": measured.strip(), "value": value, "unit": unit, "verdict": verdict,
-               "reason": reason.strip(), "basis": basis}
+               "reason": reason.strip(), "basis": basis,
+               "spread": None if spread is None else [float(spread[0]), float(spread[1])],
+               "claimed": None if claimed is None else {"lo": claimed[0], "hi": claimed[1], "above": above}}
     record(PREFIX + claim_id, metrics, quiet=True)
     if not quiet:
         print(f"claim {claim_id!r} ({source}): {shown(metrics)}; measured {measured}" + (f" ({reason})" if reason else ""))
@@ -111,5 +176,5 @@ def from_records(records: dict[str, dict]) -> list[dict[str, Any]]:
         if not name.startswith(PREFIX) or not isinstance(metrics, dict):
             continue
         if all(k in metrics for k in ("id", "notebook", "claim", "verdict")):
-            rows.append({**metrics, "device": rec.get("device"), "profile": rec.get("profile")})
+            rows.append({**metrics, "device": rec.get("device"), "profile": rec.get("profile"), "date": rec.get("date")})
     return sorted(rows, key=lambda r: (str(r["notebook"]), str(r["id"])))

@@ -136,8 +136,54 @@ def _importable(module: str) -> bool:
         return False
 
 
+EMULATED_SLOWER = 2.0  # a format whose matmul runs more than 2x slower than fp32's has no units of its own here
+_EMULATED: dict[str, str | None] = {}
+
+
+def emulated(dtype: str, device: str = "cpu") -> str | None:
+    """One sentence saying that `dtype` ("bf16" or "fp16") is emulated on `device`, or None where it runs natively.
+
+    On a GPU: bf16 without bf16 units (compute capability below 8.0; fp16 has units on every GPU the course runs).
+    On a CPU it is measured, once per process: a 256x256x256 matmul in `dtype` against fp32 on one torch thread,
+    the best of three calls each on the thread's own clock; more than EMULATED_SLOWER times fp32's time means the
+    CPU converts and computes in fp32 (an AVX2 CPU without AVX512-BF16 or AMX), and the sentence gives the ratio.
+    An emulated format is left out of rankings, MFU and products: its time measures the emulation."""
+    import time
+
+    import torch
+
+    if dtype not in ("bf16", "fp16"):
+        raise ValueError(f"dtype={dtype!r}; emulation is measured for 'bf16' and 'fp16'")
+    if device == "cuda" or str(device).startswith("cuda"):
+        if dtype == "bf16" and not torch.cuda.is_bf16_supported(including_emulation=False):
+            return "this GPU has no bf16 units, so bf16 is emulated"
+        return None
+    if dtype not in _EMULATED:
+        before = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            best = {}
+            for name in ("fp32", dtype):
+                a, b = matmul_operands(256, name, "cpu")
+                a @ b
+                times = []
+                for _ in range(3):
+                    t0 = time.thread_time_ns()
+                    a @ b
+                    times.append(time.thread_time_ns() - t0)
+                best[name] = max(min(times), 1)
+        finally:
+            torch.set_num_threads(before)
+        ratio = best[dtype] / best["fp32"]
+        _EMULATED[dtype] = (None if ratio <= EMULATED_SLOWER else
+                            f"{dtype} is emulated on this CPU (a {dtype} matmul ran {ratio:.0f}x slower than fp32's, so "
+                            f"it has no {dtype} units): {dtype} runs, but its times are left out of rankings and MFU")
+    return _EMULATED[dtype]
+
+
 def capabilities() -> dict[str, bool]:
-    """What this machine can run: bf16/tf32/fp8 units, flash-attn, triton (compiled or interpreted)."""
+    """What this machine can run: native bf16/fp16 (measured on a CPU: `emulated`), tf32/fp8 units, flash-attn,
+    triton (compiled or interpreted)."""
     import torch
 
     cuda = torch.cuda.is_available()
@@ -145,7 +191,8 @@ def capabilities() -> dict[str, bool]:
     triton = importlib.util.find_spec("triton") is not None  # importing it would fix its interpreter mode
     return {
         "cuda": cuda,
-        "bf16": bool(torch.cuda.is_bf16_supported(including_emulation=False)) if cuda else True,
+        "bf16": emulated("bf16", "cuda" if cuda else "cpu") is None,
+        "fp16": emulated("fp16", "cuda" if cuda else "cpu") is None,
         "tf32": cuda and cc >= (8, 0),
         "fp8": cuda and cc >= (8, 9) and hasattr(torch, "_scaled_mm"),
         "flash_attn": cuda and _importable("flash_attn"),
@@ -193,6 +240,9 @@ def describe() -> DeviceInfo:
         print("datasheet  : none for CPUs; this course measures the CPU's ceilings instead")
     caps = capabilities()
     print("can run    : " + ", ".join(f"{k} {'yes' if v else 'no'}" for k, v in caps.items()))
+    for dtype in ("bf16", "fp16"):
+        if emulated(dtype, info.kind):
+            print(f"emulated   : {emulated(dtype, info.kind)}")
     print("versions   : " + ", ".join(f"{k} {v}" for k, v in library_versions().items()))
     print("conditions : " + run_conditions())
     return info

@@ -17,8 +17,9 @@ A headline number decides a sentence, so one slow step must not decide it. The p
    A's q75 is below B's q25; otherwise "within the noise".
 
 Ratios are quoted with conservative bounds from the quartiles (`Ratio`: lo = a.q25 / b.q75,
-hi = a.q75 / b.q25). The timer is `bench.benchmark`'s (CUDA events on a GPU, perf_counter on a CPU);
-tests pass a fake `timer` with planted slow calls.
+hi = a.q75 / b.q25). The timer is `bench.benchmark`'s (CUDA events on a GPU; on a CPU the thread's own CPU
+clock with torch on one thread, else perf_counter: `bench.resolve_clock`); tests pass a fake `timer` with
+planted slow calls.
 """
 from __future__ import annotations
 
@@ -27,17 +28,24 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from helpers.measure import bench
+from helpers.measure import bench, clock as clocks
 from helpers.measure.bench import Timing
 from helpers.measure.params import positive
 
 Timer = Callable[[Callable[[], Any]], float]  # seconds of one call of fn
 
 
-def device_timer(device: str | None = None) -> Timer:
-    """One call of fn timed by the course's timer on `device` (None: CUDA when available, else the CPU)."""
+def device_timer(device: str | None = None, clock: str = "auto") -> Timer:
+    """One call of fn timed by the course's timer on `device` (None: CUDA when available, else the CPU) and
+    `clock` (see `bench.resolve_clock`); the clock it reads is its `clock` attribute."""
     dev = bench.resolve_device(device)
-    return lambda fn: bench.benchmark(fn, warmup=0, reps=1, device=dev).samples[0]
+    read = bench.resolve_clock(dev, clock)
+
+    def timer(fn: Callable[[], Any]) -> float:
+        return bench.benchmark(fn, warmup=0, reps=1, device=dev, clock=read).samples[0]
+
+    timer.clock = read
+    return timer
 
 
 def steady(times: list[float], window: int, tol: float) -> bool:
@@ -155,11 +163,12 @@ def check_rounds(min_name: str, min_value, max_name: str, max_value, budget_s) -
 def compare(fns: dict[str, Callable[[], Any]], *, device: str | None = None, timer: Timer | None = None,
             min_reps: int = 5, max_reps: int = 30, target_spread: float = 0.05, budget_s: float = 10.0,
             warmup_tol: float = 0.15, max_warmup: int = 20, confirm: int = 3,
-            clock: Callable[[], float] = time.monotonic) -> Comparison:
+            clock: Callable[[], float] = time.monotonic, timing_clock: str = "auto") -> Comparison:
     """Time every variant by the protocol in this module's docstring; a `Comparison`.
 
     fns: {name: zero-argument callable}, at least one. timer: seconds of one call (default
-    `device_timer(device)`); clock: the wall clock the budget is counted on (tests pass fakes for both).
+    `device_timer(device, timing_clock)`, timing_clock "wall" where waiting is what is timed); clock: the wall
+    clock the budget is counted on (tests pass fakes for both).
     target_spread: stop early once each variant's IQR / median is at most this. confirm: rounds in a row
     every pair must stay separated before the comparison stops on it. budget_s: seconds of
     timed rounds after `min_reps` (warm-up is not counted). Raises ValueError for an empty fns,
@@ -169,15 +178,16 @@ def compare(fns: dict[str, Callable[[], Any]], *, device: str | None = None, tim
         raise ValueError("fns is empty: give at least one {name: callable}")
     check_rounds("min_reps", min_reps, "max_reps", max_reps, budget_s)
     positive("confirm", confirm)
-    timer = timer or device_timer(device)
+    timer = timer or device_timer(device, timing_clock)
     dev = bench.resolve_device(device)
+    read = getattr(timer, "clock", clocks.WALL)
     warm = {name: len(warm_up(fn, timer, tol=warmup_tol, max_warmup=max_warmup)) for name, fn in fns.items()}
     names = list(fns)
     samples: dict[str, list[float]] = {n: [] for n in names}
     start, rounds, stopped, in_a_row = clock(), 0, "max_reps", 0
 
     def timings() -> dict[str, Timing]:
-        return {n: Timing(*bench.quartiles(s), list(s), warm[n], dev) for n, s in samples.items()}
+        return {n: Timing(*bench.quartiles(s), list(s), warm[n], dev, clock=read) for n, s in samples.items()}
 
     while rounds < max_reps:
         order = names[rounds % len(names):] + names[:rounds % len(names)]

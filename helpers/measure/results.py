@@ -13,6 +13,7 @@ import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+from helpers.measure import clock
 from helpers.measure.hardware import cpu_model, library_versions
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -229,7 +230,8 @@ def summary(notebook: str, sentence: str, headline: Mapping, *, noise: str | Non
     quantity and its condition ("fp32 matmul, best"), because the same label on a reference GPU is
     what the report sets beside it. noise: one line on the timing spread the notebook printed
     (e.g. "median IQR 6% of the step time"), or None when nothing was timed.
-    Writes the ordinary record `summary-<notebook>` and returns its metrics. Raises ValueError for a
+    Writes the ordinary record `summary-<notebook>` (with `clock.tally()`: how much of the wall time the thread
+    ran while it was timed on its own clock, a sentence on which this function prints) and returns its metrics. Raises ValueError for a
     malformed notebook number, an empty sentence, an empty or too long headline, a value that is
     neither a finite number nor a string, a unit that is not a string, or a spread that does not hold
     the value.
@@ -266,8 +268,10 @@ def summary(notebook: str, sentence: str, headline: Mapping, *, noise: str | Non
     if noise is not None and (not isinstance(noise, str) or not noise.strip()):
         raise ValueError("noise must be one line of text, or None when nothing was timed")
     metrics = {"notebook": notebook, "sentence": sentence.strip(), "headline": rows,
-               "noise": None if noise is None else noise.strip()}
+               "noise": None if noise is None else noise.strip(), "clock": clock.tally()}
     record(SUMMARY_PREFIX + notebook, metrics, quiet=True)
+    if metrics["clock"]["timings"]:
+        print(f"clock: {clock.sentence()}")
     if not quiet:
         print(f"{SUMMARY_PREFIX}{notebook} recorded: " + "; ".join(f"{k} {v['value']} {v['unit']}".strip() for k, v in rows.items()))
     return metrics

@@ -18,7 +18,8 @@ import torch
 
 from helpers.gpt.model import PRESETS
 from helpers.measure import params, profiling
-from helpers.measure.bench import benchmark, benchmark_interleaved, peak_cuda_memory, release_memory, saved_tensor_bytes
+from helpers.measure.bench import benchmark, benchmark_interleaved
+from helpers.measure.memory import peak_cuda_memory, release_memory, saved_tensor_bytes
 from helpers.show import plots
 from helpers.training.accumulation import accumulation_step, effective_batch
 

@@ -22,7 +22,7 @@ import torch
 
 from helpers.gpt import data
 from helpers.gpt.model import GPT, PRESETS
-from helpers.measure import bench, hardware, params, profiling
+from helpers.measure import bench, hardware, memory, params, profiling
 from helpers.measure.params import positive
 from helpers.measure.profiling import is_matmul
 from helpers.show import plots
@@ -60,7 +60,7 @@ def resolve_parameters(S: params.Setup, *, MODEL, N_LAYER, BATCH, SEQ_LEN, ATTN,
 
 def saved_by(fn, ignore=()) -> dict[str, int]:
     """Bytes `fn()` saves for backward: activations, and 16-bit copies of weights made by autocast."""
-    return bench.saved_breakdown(fn, list(ignore))
+    return memory.saved_breakdown(fn, list(ignore))
 
 
 def block_saved_bytes(block: torch.nn.Module, x: torch.Tensor, autocast: torch.dtype | None = None) -> dict[str, int]:
@@ -124,7 +124,7 @@ def measure_strategy(model: GPT, idx, tgt, strategy: str, k: int = 2, *, autocas
         if idx.is_cuda:  # absolute peak: what was allocated before (weights, ...) plus the step's rise
             torch.cuda.synchronize()
             before = torch.cuda.memory_allocated()
-            peak = before + bench.peak_cuda_memory(lambda: train_step(model, idx, tgt, autocast))
+            peak = before + memory.peak_cuda_memory(lambda: train_step(model, idx, tgt, autocast))
     finally:
         remove_strategy(model)
     return {"strategy": strategy, "k": k, "description": text, "activation_bytes": saved["activations"],
@@ -343,7 +343,7 @@ def cuda_step_peak(model: GPT, idx, tgt, autocast=None, others=()) -> int:
     for m in (model, *others):
         m.zero_grad(set_to_none=True)
     torch.cuda.empty_cache()
-    rise = bench.peak_cuda_memory(lambda: train_step(model, idx, tgt, autocast))
+    rise = memory.peak_cuda_memory(lambda: train_step(model, idx, tgt, autocast))
     return rise + sum(p.nbytes for p in model.parameters())
 
 
@@ -384,5 +384,5 @@ def cuda_batch_fit(models: dict[str, GPT], idx, tgt, tokens, *, autocast, budget
         except torch.cuda.OutOfMemoryError:
             print(f"{label[s]}: batch {b} ran out of memory: the linear fit was optimistic")
         del i, t
-        bench.release_memory()
+        memory.release_memory()
     return out

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from helpers.measure.bench import peak_cuda_memory, saved_breakdown
+from helpers.measure.memory import peak_cuda_memory, saved_breakdown
 from helpers.training.mixed_precision import Run
 
 

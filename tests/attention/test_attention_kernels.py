@@ -144,7 +144,7 @@ def test_flop_convention():
 def test_saved_bytes_model_matches_what_autograd_keeps(is_causal):
     q, k, v, _ = qkv((2, 3, 48, 16))
     q, k, v = (t.requires_grad_() for t in (q, k, v))
-    from helpers.measure.bench import saved_tensor_bytes
+    from helpers.measure.memory import saved_tensor_bytes
 
     for impl, kind in (("naive", "naive"), ("flash_pytorch", "tiled")):
         got = saved_tensor_bytes(lambda: kernels.attention(q, k, v, impl, is_causal))

@@ -212,7 +212,7 @@ def test_environment_block_states_the_run_conditions(monkeypatch, capsys):
     monkeypatch.setenv("COURSE_RUN_CONDITIONS", run.conditions(2, 1, False, True))
     hardware.describe()
     line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("conditions"))
-    assert "2 notebooks at a time (--jobs 2), 1 torch thread(s) each" in line and "compete" in line
+    assert "2 notebooks at a time (--jobs 2), 1 torch thread, timed on its own CPU clock, each" in line and "compete" in line
     monkeypatch.delenv("COURSE_RUN_CONDITIONS")
     assert "not under the course runner" in hardware.run_conditions()
     assert "1 notebook at a time (the default)" in run.conditions(1, 2, False, False)

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from helpers.gpt import model as M
-from helpers.measure.bench import saved_tensor_bytes
+from helpers.measure.memory import saved_tensor_bytes
 from helpers.gpt.model import GPT, GPTConfig
 
 FP32 = dict(rtol=1e-5, atol=1e-5)  # fp32 kernels that sum in a different order differ by ~1e-6

@@ -4,7 +4,7 @@ import warnings
 import pytest
 import torch
 
-from helpers.measure import bench
+from helpers.measure import bench, memory
 
 
 @pytest.mark.filterwarnings("ignore::helpers.measure.bench.ImplausibleTiming")  # empty bodies, on purpose
@@ -44,30 +44,30 @@ def test_saved_bytes_equal_the_tensors_a_known_function_saves():
     x = torch.randn(64, 32, requires_grad=True)
     w = torch.randn(32, 16, requires_grad=True)
     # sin saves its input; matmul saves both operands; the sum saves nothing
-    saved = bench.saved_tensors(lambda: (torch.sin(x) @ w).sum())
+    saved = memory.saved_tensors(lambda: (torch.sin(x) @ w).sum())
     sin_x_bytes = 64 * 32 * 4  # sin(x) is a new tensor saved by the matmul
     assert saved.nbytes == x.nbytes + sin_x_bytes + w.nbytes
     assert saved.count == 3
-    assert bench.saved_tensor_bytes(lambda: (torch.sin(x) @ w).sum(), ignore=[w]) == x.nbytes + sin_x_bytes
+    assert memory.saved_tensor_bytes(lambda: (torch.sin(x) @ w).sum(), ignore=[w]) == x.nbytes + sin_x_bytes
 
 
 def test_saved_bytes_count_a_storage_once():
     x = torch.randn(100, requires_grad=True)
-    assert bench.saved_tensor_bytes(lambda: x * x) == x.nbytes  # x saved twice, one storage
+    assert memory.saved_tensor_bytes(lambda: x * x) == x.nbytes  # x saved twice, one storage
 
 
 def test_saved_bytes_of_a_linear_layer_ignore_parameters():
     layer = torch.nn.Linear(8, 4)
     x = torch.randn(5, 8)
     # no input grad needed and parameters ignored: only x is kept (for the weight gradient)
-    assert bench.saved_tensor_bytes(lambda: layer(x), ignore=layer.parameters()) == x.nbytes
+    assert memory.saved_tensor_bytes(lambda: layer(x), ignore=layer.parameters()) == x.nbytes
 
 
 def test_peak_cuda_memory_is_none_without_cuda():
     if torch.cuda.is_available():
-        assert bench.peak_cuda_memory(lambda: torch.empty(2**20, device="cuda")) >= 4 * 2**20
+        assert memory.peak_cuda_memory(lambda: torch.empty(2**20, device="cuda")) >= 4 * 2**20
     else:
-        assert bench.peak_cuda_memory(lambda: None) is None
+        assert memory.peak_cuda_memory(lambda: None) is None
 
 
 # ---------------------------------------------------------------- timings that cannot be measurements

@@ -27,7 +27,7 @@ HOMES = {
     r"^def bandwidth_ceiling\(": "measure/ceilings.py",
     r"^def copy_size\(": "measure/ceilings.py",
     r"^def paired_ratio\(": "measure/protocol.py",
-    r"^def judge_range\(": "measure/claims.py",
+    r"^def judge_interval\(": "measure/claims.py",
     r"^def sync\(": "measure/bench.py",
     r"^def window_losses\(": "gpt/heldout.py",
     r"^def loss_gap\(": "gpt/heldout.py",

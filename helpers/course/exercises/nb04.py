@@ -9,7 +9,7 @@ three things at once, each measured on the case:
 * its output and every gradient (parameters and input) equal the plain block's (fp32, rtol 1e-5,
   atol 1e-6: recompute replays the same operations, so only reduction order may differ);
 * it keeps fewer bytes for backward than the plain block, counted with the course's saved-tensor
-  counter (`bench.saved_breakdown`, the hooks autograd calls for every tensor it saves);
+  counter (`memory.saved_breakdown`, the hooks autograd calls for every tensor it saves);
 * its recompute is selective: the extra backward FLOPs (FlopCounterMode) are at most a tenth of the
   block's forward FLOPs, so checkpointing the whole block does not pass.
 
@@ -24,7 +24,7 @@ from torch.utils.checkpoint import checkpoint
 
 from helpers.course.check import Case, register
 from helpers.gpt.model import GPT, Block, GPTConfig
-from helpers.measure.bench import saved_breakdown
+from helpers.measure.memory import saved_breakdown
 from helpers.training.checkpointing import korthikanti_bytes
 
 RECOMPUTE_BUDGET = 0.1  # at most this share of the block's forward FLOPs may be recomputed
