@@ -37,3 +37,12 @@ def check_keeps_only_qkv_o_lse():
             scores = scores.masked_fill(~torch.ones(n_q, n_k, dtype=torch.bool, device=q.device).tril(), float("-inf"))
         torch.testing.assert_close(saved[4], torch.logsumexp(scores, -1), rtol=1e-5, atol=2e-5)  # L
     return check
+
+
+@pytest.fixture(scope="session")
+def quiet_smoke(tmp_path_factory):
+    """A folder where each notebook test that runs a notebook in smoke keeps its headline and claim records
+    (`notebook_support.keep_quiet`), so that tests/course/test_course_under_load.py compares a loaded run with
+    them instead of running every notebook quietly a second time."""
+    return tmp_path_factory.mktemp("quiet-smoke")
+

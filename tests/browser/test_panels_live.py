@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 import pytest
+from notebook_support import keep_quiet
 
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS_DIR = ROOT / "notebooks"
@@ -252,7 +253,7 @@ def change(page, control: dict) -> tuple[str, str]:
 # A real browser on a busy 2-core machine can miss a deadline once; a broken panel fails both tries.
 @pytest.mark.flaky(reruns=1)
 @pytest.mark.parametrize("path", PANEL_NOTEBOOKS, ids=lambda p: p.stem)
-def test_instructor_panels_redraw_in_jupyterlab(path, lab, browser, request, capsys):
+def test_instructor_panels_redraw_in_jupyterlab(path, lab, browser, request, capsys, quiet_smoke):
     def say(line: str) -> None:  # shown even when pytest captures output: where the screenshots are
         with capsys.disabled():
             print(line, flush=True)
@@ -273,6 +274,7 @@ def test_instructor_panels_redraw_in_jupyterlab(path, lab, browser, request, cap
         assert not shown, f"{path.name} showed a traceback:\n" + "\n---\n".join(shown)
         written = [p for p in (lab.root / "results").rglob("*.json") if p.stat().st_mtime >= started - 1]
         assert written, f"{path.name} recorded nothing under {lab.root / 'results'}"
+        keep_quiet(lab.root / "results", quiet_smoke)
         panels = page.locator(f"{NOTEBOOK} .course-panel")
         wait_for(lambda: panels.count() >= panel_count(path), 60, f"{panel_count(path)} .course-panel widget(s)")
         for k in range(panels.count()):

@@ -13,6 +13,7 @@ from pathlib import Path
 import nbformat
 import papermill as pm
 import pytest
+from notebook_support import keep_quiet
 
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
@@ -80,13 +81,14 @@ def _execute(path, tmp_path, **parameters):
 
 @pytest.mark.notebook
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
-def test_notebook_runs_in_smoke_profile(path, tmp_path, monkeypatch):
+def test_notebook_runs_in_smoke_profile(path, tmp_path, monkeypatch, quiet_smoke):
     if run_by_the_browser_suite(path):
         pytest.skip("run in full by the browser suite (test_instructor_panels_redraw_in_jupyterlab)")
     monkeypatch.setenv("COURSE_HEADLESS", "1")
     monkeypatch.setenv("MPLBACKEND", "module://matplotlib_inline.backend_inline")
     _execute(path, tmp_path)
     assert list((tmp_path / "results").glob("*.json")), "the notebook recorded nothing"
+    keep_quiet(tmp_path / "results", quiet_smoke)
 
 
 @pytest.mark.notebook
