@@ -107,13 +107,14 @@ CLAIM = {"id": "speed", "notebook": "03", "claim": "2x faster", "source": "a pap
 def _course_run(tmp_path, monkeypatch):
     """A run folder as notebooks write it: claims and summaries through the helpers, one executed
     notebook with a figure under a section heading and one under "Play with it"."""
-    from helpers.measure import claims, results
+    from helpers.measure import claims, clock, results
 
+    clock.reset()  # no timing of an earlier test makes these summaries look timed
     run_dir = tmp_path / "run"
     monkeypatch.setitem(results._state, "dir", run_dir / "results")
     monkeypatch.setitem(results._state, "profile", "smoke")
     claims.verdict("speed", notebook="03", claim="2x faster", source="a paper", measured="1.1x", value=1.1,
-                   unit="x", verdict="contradicted", quiet=True)
+                   unit="x", claimed=(2.0, None), quiet=True)
     claims.verdict("gap", notebook="02", claim="a universal 1.7x gap", source="the second source text",
                    measured="ratio 0.9-1.1", verdict="not testable", reason="nothing is memory-bound here",
                    quiet=True)
@@ -151,13 +152,14 @@ REAL_PNG = _png_bytes()
 
 
 def test_ledger_lists_every_verdict_with_source_and_device_beside_the_reference(tmp_path, monkeypatch):
+    monkeypatch.setattr(report, "notebook_changed", lambda number: None)
     run_dir = _course_run(tmp_path, monkeypatch)
     _rec(run_dir / "results", "claim-half", {"id": "half"})
     _rec(run_dir / "results", "summary-09", {"notebook": "09", "headline": [1, 2]})
     (run_dir / "results" / "summary-02-copy.json").write_text(
         (run_dir / "results" / "summary-02.json").read_text())
     refs = tmp_path / "refs"
-    _rec(refs / "nvidia-h200", "claim-speed", {**CLAIM, "measured": "1.9x", "verdict": "supported"})
+    _rec(refs / "nvidia-h200", "claim-speed", {**CLAIM, "measured": "1.9x", "value": 1.9, "verdict": "supported"})
     _rec(refs / "nvidia-h200", "claim-fp8", {**CLAIM, "id": "fp8", "notebook": "07", "claim": "FP8 2x",
                                             "measured": "1.6x", "verdict": "contradicted"})
     md, _ = report.write_report(run_dir, [run.Outcome("02_flops_mfu", True, 3.0)], refs, profile="smoke")
@@ -166,12 +168,38 @@ def test_ledger_lists_every_verdict_with_source_and_device_beside_the_reference(
     here = device_name()
     assert (f"| 02 | a universal 1.7x gap | the second source text | ratio 0.9-1.1 | not testable (nothing is "
             f"memory-bound here) | {here} | not recorded there |") in ledger
-    assert f"| 03 | 2x faster | a paper | 1.1x | contradicted | {here} | supported; measured 1.9x |" in ledger
+    assert f"| 03 | 2x faster | a paper | 1.1x | contradicted (the whole measured range 1.1x lies below the claimed " \
+           f"at least 2x) | {here} | supported; measured 1.9x |" in ledger
     assert "| 07 | FP8 2x | a paper | not run here |  |  | contradicted; measured 1.6x |" in ledger  # only the reference tested it
     assert text.index("## Claims ledger") < text.index("## Notebooks")  # at the top
     assert "claim-half.json | a claim record without id" in text and "### claim-speed" not in text
     assert "summary-09.json | a summary record without notebook" in text
     assert "summary-02-copy.json | a second summary of notebook 02; the report shows summary-02 |" in text
+
+
+def test_a_reference_judged_by_an_older_rule_is_judged_again_and_flagged_when_older_than_its_notebook(
+        tmp_path, monkeypatch):
+    monkeypatch.setattr(report, "notebook_changed", lambda number: "2026-12-01T00:00:00+00:00")
+    run_dir = _course_run(tmp_path, monkeypatch)
+    refs = tmp_path / "refs"
+    _rec(refs / "nvidia-h200", "claim-speed", {**CLAIM, "measured": "4.60x", "value": 4.6, "verdict": "contradicted"})
+    text = report.write_report(run_dir, [], refs, profile="smoke")[0].read_text()
+    assert ("supported; measured 4.60x; re-judged by today's rule (recorded as contradicted); recorded 2026-11-30, "
+            "before notebook 03 last changed (2026-12-01)") in text
+
+
+def test_the_report_says_how_much_of_the_wall_time_each_notebooks_thread_ran(tmp_path, monkeypatch):
+    from helpers.measure import clock, results
+
+    run_dir = _course_run(tmp_path, monkeypatch)
+    clock.reset()
+    clock.add(0.46, 1.0)
+    results.summary("01", "Measured the roofline.", {"gemv GB/s": (12.0, "GB/s")})
+    clock.reset()
+    text = report.write_report(run_dir, [], tmp_path / "refs", profile="smoke")[0].read_text()
+    assert "Share of the wall time each notebook's timed thread ran" in text and ": 01 46%." in text
+    assert "Clock: timed on the thread's CPU clock with torch on one thread; it ran 46% of the wall time: the " \
+           "machine was shared" in text
 
 
 def test_headline_numbers_matched_to_references_by_record_name(tmp_path, monkeypatch):
