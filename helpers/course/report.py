@@ -248,6 +248,13 @@ def _versus_blocks(summaries: dict, refs: dict) -> list[Block]:
                 else:
                     row += ["no reference" if s["_record"] not in sums else "not in the reference", "-"]
             rows.append(row)
+    stale = [f"{nb} on {gpu} (recorded {str(date)[:10]}, notebook changed {changed[:10]})"
+             for gpu, recs in refs.items() for nb in sorted(summaries)
+             if isinstance(date := recs.get(SUMMARY_PREFIX + nb, {}).get("date"), str)
+             and (changed := notebook_changed(nb)) and _when(date) < _when(changed)]
+    if stale:
+        blocks.append(("p", "Recorded on a reference GPU before the notebook last changed, so its numbers may come "
+                            "from code that is gone: " + "; ".join(stale) + "."))
     if ref_sums:
         blocks.append(("p", "Each headline number of this run beside the record of the same name on each reference "
                             "GPU (results/<gpu>/), and their ratio; a ratio below 1 means this run measured less."

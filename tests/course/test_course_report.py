@@ -186,6 +186,10 @@ def test_a_reference_judged_by_an_older_rule_is_judged_again_and_flagged_when_ol
     text = report.write_report(run_dir, [], refs, profile="smoke")[0].read_text()
     assert ("supported; measured 4.60x; re-judged by today's rule (recorded as contradicted); recorded 2026-11-30, "
             "before notebook 03 last changed (2026-12-01)") in text
+    _rec(refs / "nvidia-h200", "summary-02", {"notebook": "02", "sentence": "x", "headline": {"ratio": {"value": 1.0}}})
+    text = report.write_report(run_dir, [], refs, profile="smoke")[0].read_text()
+    assert "before the notebook last changed, so its numbers may come from code that is gone: 02 on nvidia-h200 " \
+           "(recorded 2026-11-30, notebook changed 2026-12-01)." in text
 
 
 def test_the_report_says_how_much_of_the_wall_time_each_notebooks_thread_ran(tmp_path, monkeypatch):
