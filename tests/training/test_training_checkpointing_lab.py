@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from helpers.gpt.model import GPT, GPTConfig
-from helpers.measure import profiling
+from helpers.measure import bench, claims, profiling
 from helpers.measure.profiling import Profile
 from helpers.training import checkpointing_lab
 
@@ -24,15 +24,12 @@ def batch(cfg, b=2, t=32, seed=0):
 
 
 @pytest.mark.slow
-def test_measure_strategy_and_panel_change_with_the_controls(capsys):
+def test_the_panel_changes_with_the_controls(capsys):
     torch.manual_seed(0)
     cfg = tiny()
     m = GPT(cfg, attn_impl="naive")
     idx, tgt = batch(cfg)
-    base = checkpointing_lab.measure_strategy(m, idx, tgt, "none", reps=1, warmup=0)
-    assert base["cuda_peak_bytes"] is None  # CPU tensors: no CUDA peak
-    every = checkpointing_lab.measure_strategy(m, idx, tgt, "every", reps=1, warmup=0)
-    assert every["activation_bytes"] < base["activation_bytes"] and m.checkpointed_layers == []
+    base = {"activation_bytes": checkpointing_lab.saved_by(lambda: m(idx, tgt), m.parameters())["activations"]}
     heights = {}
     for strategy, k in (("every-k", 1), ("every-k", 4), ("selective-mlp", 2)):
         fig = checkpointing_lab.strategy_panel(strategy, k, model=m, idx=idx, tgt=tgt, reps=1)
@@ -79,20 +76,52 @@ def test_noise_aware_front_treats_overlapping_spreads_as_ties():
     plt.close(fig)
 
 
-def test_rule_verdict_follows_the_numbers():
-    def verdict(low, mid, high, flops, added=None):
-        return checkpointing_lab.rule_verdict(low, mid, high, flops, added)
+def test_rule_verdict_quotes_the_recorded_verdict_and_follows_the_numbers():
+    def verdict(low, mid, high, flops, added=None, v="supported"):
+        return checkpointing_lab.rule_verdict(low, mid, high, flops, added, verdict=v)
 
     above = verdict(0.54, 0.63, 0.83, 0.222, {"total_ms": 10.0, "matmul_ms": 3.6, "other_ms": 6.4,
-                                              "top": [("AddmmBackward0", 5.0), ("aten::addmm", 3.0)]})
-    assert "exceeded" in above and "64% of the 10.00 ms" in above and "AddmmBackward0" in above
-    assert "autograd node" in above and "early stop" in above
-    below = verdict(0.20, 0.25, 0.30, 0.28)
-    assert "stayed below" in below and "about as much as the counted FLOPs" in below
+                                              "top": [("AddmmBackward0", 5.0), ("aten::addmm", 3.0)]}, v="exceeded")
+    assert "verdict on the \"+33%\" rule of thumb: exceeded" in above and "64% of the 10.00 ms" in above
+    assert "AddmmBackward0" in above and "autograd node" in above and "early stop" in above
+    below = verdict(0.20, 0.25, 0.30, 0.28, v="contradicted")
+    assert "contradicted" in below and "about as much as the counted FLOPs" in below
     tie = verdict(0.30, 0.34, 0.40, 0.34)
-    assert "this run matched, within its measured spread, the" in tie and "exceeded" not in tie
+    assert "rule of thumb: supported" in tie and "exceeded" not in tie
     faster = verdict(0.05, 0.10, 0.15, 0.222)
     assert "grew less than the counted FLOPs" in faster
+
+
+def _judged(low, mid, high, emulated=None):
+    kw = checkpointing_lab.every_claim(low, mid, high, 0.22, "cpu", emulated)
+    if "verdict" in kw:
+        return kw["verdict"], kw["reason"]
+    return claims.judge_interval(kw["value"], *kw["spread"], *kw["claimed"], unit=kw["unit"])
+
+
+def test_the_every_block_claim_of_the_issue_s_two_measurements():
+    # a busy CPU's +43% (+14..+84%): too wide to support or contradict anything
+    wide, why = _judged(0.14, 0.43, 0.84)
+    assert wide == "not testable" and "163%" in why
+    # an H200's precise +36% (+35..+45%): close to the claim, never against it
+    assert _judged(0.35, 0.36, 0.45)[0] == "supported"
+    # a precise measurement well above and well below
+    assert _judged(0.60, 0.63, 0.70)[0] == "exceeded"
+    assert _judged(0.10, 0.12, 0.14)[0] == "contradicted"
+    # an emulated format: not testable, with the sentence that says so
+    assert _judged(0.35, 0.36, 0.45, "bf16 is emulated on this CPU")[1] == "bf16 is emulated on this CPU"
+
+
+def test_overhead_range_pairs_the_rounds():
+    def timing(xs):
+        return bench.Timing(*bench.quartiles(xs), xs)
+
+    base = timing([1.0, 2.0, 1.0, 2.0, 1.0])  # load moves both steps alike, round by round
+    every = timing([1.3, 2.6, 1.3, 2.6, 1.3])
+    lo, mid, hi = checkpointing_lab.overhead_range(every, base)
+    assert lo == pytest.approx(0.3) and mid == pytest.approx(0.3) and hi == pytest.approx(0.3)
+    with pytest.raises(ValueError):
+        checkpointing_lab.overhead_range(timing([1.0, 2.0]), base)
 
 
 def test_added_self_time_splits_matmuls_from_the_rest():
