@@ -32,6 +32,14 @@ VARIANTS = {  # name -> (weights dtype, autocast dtype, loss scaler, fp32 master
 }
 
 
+def variant_format(name: str) -> str:
+    """The format a variant's matmuls run in: "fp32", "fp16" or "bf16" (its autocast dtype, else its weights')."""
+    if name not in VARIANTS:
+        raise ValueError(f"variant {name!r} is unknown; choose one of {', '.join(map(repr, VARIANTS))}")
+    weights, autocast, _, _ = VARIANTS[name]
+    return {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}[autocast or weights]
+
+
 @dataclass
 class Run:
     """A model, optimizer and (optional) scaler / master weights set up for one variant."""

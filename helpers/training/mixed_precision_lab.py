@@ -2,9 +2,15 @@
 
 * `memory_breakdown`: the bytes of one variant by part (`MEMORY_PARTS`: weights, fp32 master copy, gradients,
   optimizer state, weight copies, saved activations), counted from the tensors themselves;
-* `summarize`: each variant's final loss, zeroed gradients, skipped steps, step time and bytes in one row;
+* `summarize`: each variant's final loss, zeroed gradients, skipped steps, step time, its speed against fp32
+  from the paired rounds, whether its format is emulated here, and bytes in one row;
 * the sentences on training, memory and speed (`training_sentences`, `bytes_per_parameter`,
-  `memory_sentences`, `speed_sentence`), each built from the summary's numbers.
+  `memory_sentences`, `speed_sentence`), each built from the summary's numbers;
+* the two claims (`speed_variant`, `claim_rows`): memory and speed, as `claims.verdict` judges them.
+
+A format this device emulates (`hardware.emulated`: fp16 on a CPU without fp16 units, bf16 on one without
+bf16 units or on a GPU older than Ampere) still trains, since its losses and lost gradients are the lesson, but
+its step time measures the emulation: it is shown, never ranked, and no speed headline or claim is made from it.
 
 The formats, the gradients against them and loss scaling are measured in `precision_lab`.
 """
@@ -14,8 +20,9 @@ from typing import Any
 
 import torch
 
+from helpers.measure import claims, hardware, protocol
 from helpers.measure.memory import peak_cuda_memory, saved_breakdown
-from helpers.training.mixed_precision import Run
+from helpers.training.mixed_precision import Run, variant_format
 
 
 MEMORY_PARTS = ("weights", "master", "grads", "optimizer", "weight_copies", "activations")
@@ -39,18 +46,29 @@ def memory_breakdown(run: Run, x: torch.Tensor, y: torch.Tensor, step: bool = Tr
             "optimizer": opt_state, "activations": saved["activations"], "weight_copies": saved["weight_copies"]}
 
 
+def emulated_formats(device: str) -> dict[str, str | None]:
+    """{"fp16": sentence or None, "bf16": sentence or None}: whether `device` emulates each 16-bit format
+    (`hardware.emulated`, measured once per process on a CPU)."""
+    return {f: hardware.emulated(f, device) for f in ("fp16", "bf16")}
+
+
 def summarize(runs: dict[str, Run], logs: dict[str, list[dict]], timings: dict[str, Any], x: torch.Tensor,
-              y: torch.Tensor) -> dict[str, dict[str, Any]]:
+              y: torch.Tensor, emulated: dict[str, str | None] | None = None) -> dict[str, dict[str, Any]]:
     """One row per variant: mean loss of the last 5 steps, mean zero-gradient share, skipped steps,
-    last scale, step time (ms, with its inter-quartile spread), bytes by part and the CUDA peak rise."""
+    last scale, step time (ms, with its inter-quartile spread), "speed": fp32's step time over its own
+    (`protocol.paired_ratio` of the interleaved rounds, so what a round's load does to both cancels),
+    "emulated": the sentence saying its format is emulated here (from `emulated`, `emulated_formats`' dict) or
+    None, bytes by part and the CUDA peak rise."""
     out = {}
     for name, run in runs.items():
         log, t = logs[name], timings[name]
         mem = memory_breakdown(run, x, y, step=False)  # the timed steps left gradients and optimizer state
+        fmt = variant_format(name)
         out[name] = {"final_loss": sum(r["loss"] for r in log[-5:]) / len(log[-5:]),
                      "zero_grad_fraction": sum(r["zero_fraction"] for r in log) / len(log),
                      "skipped_steps": sum(r["skipped"] for r in log), "final_scale": log[-1]["scale"],
-                     "step_ms": t.ms, "step_iqr": t.spread, "memory": mem,
+                     "step_ms": t.ms, "step_iqr": t.spread, "speed": protocol.paired_ratio(timings["fp32"], t),
+                     "format": fmt, "emulated": (emulated or {}).get(fmt), "memory": mem,
                      "cuda_peak_increment": peak_cuda_memory(lambda: run.step(x, y))}
     return out
 
@@ -122,16 +140,67 @@ def memory_sentences(summary: dict[str, dict[str, Any]], n_params: int, fast: st
 
 
 def speed_sentence(summary: dict[str, dict[str, Any]], device: str) -> str:
-    """The measured step-time ratios in words, with the noise (half the IQR) taken into account."""
-    base = summary["fp32"]
-    parts = []
+    """The measured speed of each variant against fp32 in words: ranked only when the paired rounds' ratios lie
+    wholly on one side of 1, and never for a format emulated here (its time measures the emulation)."""
+    parts, slow = [], []
     for name, s in summary.items():
         if name == "fp32":
             continue
-        ratio = base["step_ms"] / s["step_ms"]
-        noise = (base["step_iqr"] + s["step_iqr"]) / 2
-        verdict = ("faster" if ratio > 1 + noise else "slower" if ratio < 1 - noise else "the same within the noise")
-        parts.append(f"{name} ×{ratio:.2f} ({verdict})")
-    where = ("A CPU has no tensor cores, and where it lacks native fp16 or bf16 instructions those formats are "
-             "converted in software: these ratios say nothing about a GPU. " if device == "cpu" else "")
-    return where + "Speed against fp32 in this run: " + "; ".join(parts) + "."
+        r = s["speed"]
+        if s.get("emulated"):
+            slow.append(name)
+            parts.append(f"{name} ×{r.value:.2f} ({s['format']} is emulated here: not a speed comparison)")
+            continue
+        said = ("faster" if r.lo > 1 else "slower" if r.hi < 1 else "cannot tell: the rounds' ratios straddle 1")
+        parts.append(f"{name} ×{r.value:.2f} ({r.lo:.2f}-{r.hi:.2f}, {said})")
+    where = ("A CPU has no tensor cores: these ratios say nothing about a GPU. " if device == "cpu" else "")
+    emul = (f" {len(slow)} variant(s) ran in a format this device emulates; their times measure the conversion "
+            "in software." if slow else "")
+    return where + "Speed against fp32 in this run (median of the paired rounds, their quartiles): " + \
+        "; ".join(parts) + "." + emul
+
+
+SPEED_CANDIDATES = ("bf16 autocast", "fp16 + GradScaler")  # the 16-bit variants a practitioner would train with
+
+
+def speed_variant(summary: dict[str, dict[str, Any]]) -> str | None:
+    """The variant whose speed is the notebook's headline and the claim's measurement: the first of
+    SPEED_CANDIDATES that ran in a format this device does not emulate; None when none did."""
+    return next((n for n in SPEED_CANDIDATES if n in summary and not summary[n].get("emulated")), None)
+
+
+MEMORY_CLAIM = (None, 0.6)  # "memory: about halved": total bytes at most 0.6x fp32's
+
+
+def claim_rows(summary: dict[str, dict[str, Any]], mem_variant: str, device: str) -> list[dict[str, Any]]:
+    """`claims.verdict`'s keyword arguments for the two claims of the first source text: memory (the total
+    counted bytes of `mem_variant` over fp32's, judged against MEMORY_CLAIM: a count, no spread) and speed
+    (the `speed_variant`'s paired ratio against 1.5-2x; "not testable" on a CPU, which has no tensor cores, and
+    where every candidate format is emulated)."""
+    cols = MEMORY_PARTS
+    total = {n: sum(s["memory"][c] for c in cols) for n, s in summary.items()}
+    ratio = total[mem_variant] / total["fp32"]
+    act = summary[mem_variant]["memory"]["activations"] / summary["fp32"]["memory"]["activations"]
+    memory = dict(claim_id="mixed-precision-memory", notebook="03",
+                  claim="mixed precision roughly halves memory (FP32 → FP16/BF16)",
+                  source="the first source text, section 2.4",
+                  measured=f"{mem_variant}: total memory ×{ratio:.2f} of fp32's", value=ratio, unit="x",
+                  claimed=MEMORY_CLAIM, above="contradicted",
+                  reason=f"activations ×{act:.2f}; weights, gradients and AdamW state unchanged")
+    fast = speed_variant(summary)
+    speed = dict(claim_id="mixed-precision-speed", notebook="03", claim="mixed precision gives 1.5–2× speed through "
+                 "tensor cores", source="the first source text, section 2.4", claimed=(1.5, 2.0), unit="x")
+    if fast is None:
+        why = "; ".join(dict.fromkeys(s["emulated"] for s in summary.values() if s.get("emulated")))
+        speed.update(measured="no 16-bit variant ran in a format this device runs natively", verdict="not testable",
+                     reason=why or "no 16-bit variant ran")
+        return [memory, speed]
+    r = summary[fast]["speed"]
+    speed.update(measured=f"{fast}: step ×{r.value:.2f} the speed of fp32 ({r.lo:.2f}-{r.hi:.2f} over the paired "
+                          "rounds)", value=r.value, spread=(r.lo, r.hi))
+    if device == "cpu":
+        speed.update(verdict="not testable", reason="a CPU has no tensor cores")
+    elif claims.judge_interval(r.value, r.lo, r.hi, 1.5, 2.0)[0] == "exceeded":
+        speed["reason"] = ("fp32 matmuls here run without tensor cores (TF32 off, torch's default), 16-bit ones on "
+                           "them")
+    return [memory, speed]

@@ -26,3 +26,58 @@ def test_training_sentences_follow_the_numbers():
     s = _summary()
     s["fp16 no scaling"]["zero_grad_fraction"] = 1e-5
     assert "recovered" not in mixed_precision_lab.training_sentences(s, 12)[0]
+
+
+def _timed(speeds, emulated=()):
+    """A summary with a paired speed ratio per variant and the formats named in `emulated` emulated."""
+    from helpers.measure.protocol import Ratio
+    from helpers.training.mixed_precision import variant_format
+
+    mem = {"weights": 4, "master": 0, "grads": 4, "optimizer": 8, "weight_copies": 0, "activations": 20}
+    out = {}
+    for name, (value, lo, hi) in speeds.items():
+        fmt = variant_format(name)
+        out[name] = {"speed": Ratio(value, lo, hi, not lo <= 1 <= hi), "format": fmt,
+                     "emulated": f"{fmt} is emulated on this CPU" if fmt in emulated else None,
+                     "memory": dict(mem, activations=10 if fmt != "fp32" else 20)}
+    return out
+
+
+def test_an_emulated_format_is_never_ranked_nor_the_speed_headline():
+    s = _timed({"fp32": (1, 1, 1), "fp16 + GradScaler": (0.14, 0.13, 0.15), "bf16 autocast": (1.3, 1.2, 1.4)},
+               emulated=("fp16",))
+    text = mixed_precision_lab.speed_sentence(s, "cpu")
+    assert "fp16 + GradScaler ×0.14 (fp16 is emulated here: not a speed comparison)" in text
+    assert "bf16 autocast ×1.30 (1.20-1.40, faster)" in text and "slower" not in text
+    assert mixed_precision_lab.speed_variant(s) == "bf16 autocast"
+    # the issue's machine: bf16 emulated, fp16 native -> the headline is fp16's
+    s = _timed({"fp32": (1, 1, 1), "fp16 + GradScaler": (0.9, 0.8, 1.1), "bf16 autocast": (0.023, 0.02, 0.025)},
+               emulated=("bf16",))
+    assert mixed_precision_lab.speed_variant(s) == "fp16 + GradScaler"
+    assert "cannot tell" in mixed_precision_lab.speed_sentence(s, "cpu")
+    both = _timed({"fp32": (1, 1, 1), "fp16 + GradScaler": (0.1, 0.1, 0.1), "bf16 autocast": (0.1, 0.1, 0.1)},
+                  emulated=("bf16", "fp16"))
+    assert mixed_precision_lab.speed_variant(both) is None
+    speed = mixed_precision_lab.claim_rows(both, "bf16 autocast", "cuda")[1]
+    assert speed["verdict"] == "not testable" and "emulated" in speed["reason"] and "value" not in speed
+
+
+def test_the_claims_are_left_to_the_one_rule():
+    from helpers.measure import claims
+
+    s = _timed({"fp32": (1, 1, 1), "bf16 autocast": (4.6, 4.4, 4.9)})
+    memory, speed = mixed_precision_lab.claim_rows(s, "bf16 autocast", "cuda")
+    assert "verdict" not in memory and "verdict" not in speed  # claims.verdict judges them
+    assert claims.judge_interval(memory["value"], memory["value"], memory["value"], *memory["claimed"],
+                                 above=memory["above"])[0] == "contradicted"  # 26 of 36 bytes: far from half
+    assert claims.judge_interval(speed["value"], *speed["spread"], *speed["claimed"])[0] == "exceeded"
+    assert "tensor cores" in speed["reason"]
+    cpu = mixed_precision_lab.claim_rows(s, "bf16 autocast", "cpu")[1]
+    assert cpu["verdict"] == "not testable" and cpu["claimed"] == (1.5, 2.0) and cpu["spread"] == (4.4, 4.9)
+
+
+def test_emulated_formats_follow_the_measurement(monkeypatch):
+    from helpers.measure import hardware
+
+    monkeypatch.setattr(hardware, "emulated", lambda dtype, device="cpu": "planted" if dtype == "bf16" else None)
+    assert mixed_precision_lab.emulated_formats("cpu") == {"fp16": None, "bf16": "planted"}

@@ -201,3 +201,4 @@ def test_the_full_profile_trains_long_enough_for_two_growth_probes(tmp_path):
                                          CPU_THREADS=None)
     assert (P["MODEL"], P["BATCH"], P["SEQ_LEN"], P["STEPS"]) == ("gpt2", 16, 512, 120)
     assert P["STEPS"] // P["GROWTH_INTERVAL"] == 2  # the scaler tries to grow twice (steps 50 and 100)
+    assert P["CPU_THREADS"] == 1  # one thread in every profile: the course times a CPU on the thread's own clock
