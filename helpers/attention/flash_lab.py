@@ -134,7 +134,7 @@ def resolve_parameters(S: params.Setup, *, DTYPE, SEQ_LENS, HEAD_DIMS, TOKENS, D
                      check=lambda name, v: params.choose(name, v, PRESETS)),
         gpt_batch=R("GPT_BATCH", GPT_BATCH, smoke=2, full=8 if gib is None or gib >= 24 else 2,  # 2 on a T4
                     check=params.positive),
-        reps=R("REPS", REPS, smoke=3, full=10, check=params.positive),
+        reps=R("REPS", REPS, smoke=5, full=10, check=params.positive),  # >= 3 rounds: a median and quartiles
         warmup=S.pick(smoke=1, full=3),
         autotune=R("AUTOTUNE", AUTOTUNE, smoke="shortlist", full="shortlist",
                    check=lambda name, v: params.choose(name, v, AUTOTUNE_CHOICES)),

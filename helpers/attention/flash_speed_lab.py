@@ -1,8 +1,10 @@
 """Notebook 06's speed and memory measurements: each attention implementation timed, the TFLOP/s sweep and its
 goal, the memory wall as N grows, and their figures.
 
-* `time_attention`, `speed`, `goal`: one implementation timed (forward, or forward + backward), the TFLOP/s
-  sweep over sequence lengths and head dims, and the Triton forward against SDPA's flash kernel.
+* `time_attention`, `speed`, `speedup`, `goal`: one implementation timed (forward, or forward + backward), the
+  TFLOP/s sweep over sequence lengths and head dims (the implementations timed interleaved at each point), one
+  implementation's speed-up over another at one point from their paired rounds (median and quartiles), and the
+  Triton forward against SDPA's flash kernel.
 * `memory_wall`: bytes kept for backward (and peak CUDA memory) of each implementation as N grows.
 * `memory_wall_figure`, `speed_figures`: the figures, drawn so that what the run did not measure is not drawn
   as if it had (a wall where naive stopped, error bars from the IQR, no curve through two points).
@@ -15,62 +17,129 @@ import matplotlib.pyplot as plt
 import torch
 
 from helpers.attention import kernels
-from helpers.measure import bench, hardware, memory
+from helpers.measure import bench, hardware, memory, protocol
 from helpers.show import plots
 from helpers.show.tables import table
 from helpers.show.widgets import progress
 
 
-def time_attention(impl: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: bool = False,
-                   backward: bool = False, reps: int = 5, warmup: int = 2) -> bench.Timing:
-    """Time the forward (no autograd graph) or the forward plus backward of one implementation."""
+def attention_call(impl: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: bool = False,
+                   backward: bool = False):
+    """A zero-argument function running one implementation's forward (no autograd graph) or forward plus backward."""
     if not backward:
         def fn():
             with torch.no_grad():
                 return kernels.attention(q, k, v, impl, is_causal)
-    else:
-        inputs = [t.detach().requires_grad_() for t in (q, k, v)]
-        do = torch.randn_like(q)
+        return fn
+    inputs = [t.detach().requires_grad_() for t in (q, k, v)]
+    do = torch.randn_like(q)
 
-        def fn():
-            return torch.autograd.grad(kernels.attention(*inputs, impl, is_causal), inputs, do)
+    def fn():
+        return torch.autograd.grad(kernels.attention(*inputs, impl, is_causal), inputs, do)
+    return fn
+
+
+def time_attention(impl: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: bool = False,
+                   backward: bool = False, reps: int = 5, warmup: int = 2) -> bench.Timing:
+    """Time the forward (no autograd graph) or the forward plus backward of one implementation (`bench.benchmark`:
+    CUDA events on a GPU, the thread's CPU clock on a CPU with torch on one thread)."""
+    fn = attention_call(impl, q, k, v, is_causal=is_causal, backward=backward)
     return bench.benchmark(fn, warmup=warmup, reps=reps, device=q.device.type)
+
+
+def _failed(row: dict, err: RuntimeError) -> None:
+    """Record a recoverable failure (out of memory, a library kernel's refusal) in the row; re-raise anything else."""
+    row["status"] = bench.recoverable_failure(err)
+    if row["status"] is None:
+        raise err
+
+
+def _time_pass(fns: dict, rows: dict, *, reps: int, warmup: int, device: str) -> None:
+    """Time one pass of every implementation at one point, interleaved (one call of each per round, so a burst of
+    other work slows all of them alike and their per-round ratios cancel it), into their rows. Each is called
+    `warmup` times first (at least once) alone, so that a refusal or an out-of-memory error is caught and recorded
+    before anything is timed; should the interleaved rounds fail all the same, each is timed alone."""
+    ready = {}
+    for impl, fn in fns.items():
+        try:
+            for _ in range(max(1, warmup)):
+                fn()
+            ready[impl] = fn
+        except RuntimeError as err:
+            _failed(rows[impl], err)
+    if rows and any(r["status"] != "ok" for r in rows.values()):
+        memory.release_memory()
+    try:
+        timings = bench.benchmark_interleaved(ready, reps=reps, warmup=0, device=device) if ready else {}
+    except RuntimeError as err:
+        if bench.recoverable_failure(err) is None:
+            raise
+        memory.release_memory()
+        timings = {}
+        for impl, fn in ready.items():
+            try:
+                timings[impl] = bench.benchmark(fn, warmup=0, reps=reps, device=device)
+            except RuntimeError as err_one:
+                _failed(rows[impl], err_one)
+    for impl, t in timings.items():
+        rows[impl]["timing"] = t
 
 
 def speed(device: str, impls, head_dims, seq_lens, *, dtype: str = "bf16", tokens: int = 16384,
           d_model: int = 2048, reps: int = 10, warmup: int = 3, max_n: dict[str, int] | None = None) -> list[dict]:
     """TFLOP/s of each implementation, forward and forward+backward, per (head dim, causal, N).
 
-    Batch x N stays at `tokens` and heads x d at `d_model`. `max_n` = {impl: longest N to time}
-    (for slow ones). An out-of-memory error, or a library kernel's refusal, is recorded in the row's
-    status, and the sweep goes on.
+    Batch x N stays at `tokens` and heads x d at `d_model`. At each point and pass the implementations are timed
+    interleaved (`_time_pass`), so each row keeps its per-round times ("samples_ms", round i of every implementation
+    taken together) and `speedup` can divide them round by round. `max_n` = {impl: longest N to time} (for slow
+    ones). An out-of-memory error, or a library kernel's refusal, is recorded in the row's status, and the sweep
+    goes on. Each row's "clock" says what its times were read from ("thread", "cuda events"; `bench.resolve_clock`).
     """
     rows = []
     combos = [(d, causal, n) for d in head_dims for causal in (False, True) for n in seq_lens]
     for d, causal, n in progress(combos, desc="speed sweep"):
         b, h = max(1, tokens // n), max(1, d_model // d)
         q, k, v = kernels.make_qkv(b, h, n, d, hardware.torch_dtype(dtype), device)
+        here = {}
         for impl in impls:
             for backward in (False, True):
                 row = {"impl": impl, "dtype": dtype, "head_dim": d, "causal": causal, "n": n,
                        "pass": "fwd+bwd" if backward else "fwd", "ms": None, "tflops": None, "status": "ok"}
                 rows.append(row)
+                here[(impl, backward)] = row
                 if n > (max_n or {}).get(impl, n):
                     row["status"] = f"not timed above N={max_n[impl]}"
+        for backward in (False, True):
+            timed_here = {impl: row for (impl, bwd), row in here.items() if bwd == backward and row["status"] == "ok"}
+            fns = {impl: attention_call(impl, q, k, v, is_causal=causal, backward=backward) for impl in timed_here}
+            _time_pass(fns, timed_here, reps=reps, warmup=warmup, device=device)
+            fns = None
+            for impl, row in timed_here.items():
+                t = row.pop("timing", None)
+                if t is None:
                     continue
-                try:
-                    t = time_attention(impl, q, k, v, is_causal=causal, backward=backward, reps=reps, warmup=warmup)
-                    flops = kernels.attention_flops(b, h, n, d, causal, backward)
-                    row |= {"ms": t.ms, "spread": t.spread, "tflops": bench.tflops(flops, t.median),
-                            "tflops_lo": bench.tflops(flops, t.q75), "tflops_hi": bench.tflops(flops, t.q25)}  # IQR
-                except RuntimeError as err:  # out of memory, or a library kernel that refuses this shape
-                    row["status"] = bench.recoverable_failure(err)
-                    if row["status"] is None:
-                        raise
-                if row["status"] != "ok":  # after the except block, so the failed call's frames are gone
-                    memory.release_memory()
+                flops = kernels.attention_flops(b, h, n, d, causal, backward)
+                row |= {"ms": t.ms, "spread": t.spread, "tflops": bench.tflops(flops, t.median),
+                        "tflops_lo": bench.tflops(flops, t.q75), "tflops_hi": bench.tflops(flops, t.q25),  # IQR
+                        "samples_ms": [s * 1e3 for s in t.samples], "clock": t.clock}
         del q, k, v
     return rows
+
+
+def speedup(rows: list[dict], impl: str, base: str, *, head_dim: int, causal: bool, n: int,
+            pass_: str = "fwd+bwd") -> protocol.Ratio | None:
+    """`base`'s time over `impl`'s at one point of `speed`'s rows (above 1: impl is faster), from the rounds they
+    were timed in together: the median of the per-round ratios, with their quartiles as lo and hi
+    (`protocol.paired_ratio`). None when either was not timed there."""
+    key = lambda r: (r["head_dim"], r["causal"], r["n"], r["pass"])  # noqa: E731
+    pick = {r["impl"]: r for r in rows if key(r) == (head_dim, causal, n, pass_) and r.get("samples_ms")}
+    if impl not in pick or base not in pick:
+        return None
+    mine, theirs = pick[impl]["samples_ms"], pick[base]["samples_ms"]
+    if len(mine) != len(theirs):
+        raise ValueError(f"{impl} and {base} at N={n} were not timed in the same rounds ({len(mine)} and {len(theirs)})")
+    med, q25, q75 = bench.quartiles([b / a for a, b in zip(mine, theirs)])
+    return protocol.Ratio(med, q25, q75, not q25 <= 1 <= q75)
 
 
 GOAL_MIN_N, GOAL_HEAD_DIM = 2048, 128  # the goal: our forward >= SDPA flash's at d=128 and N >= 2048
@@ -78,13 +147,21 @@ GOAL_MIN_N, GOAL_HEAD_DIM = 2048, 128  # the goal: our forward >= SDPA flash's a
 
 def goal(rows: list[dict], ours: str = "flash_triton", theirs: str = "sdpa_flash") -> list[dict]:
     """The course kernel's performance goal, per N >= 2048 and causal flag: our forward's TFLOP/s over
-    theirs at head dim 128, from `speed`'s rows: [{"n", "causal", "ours", "theirs", "ratio"}]."""
+    theirs at head dim 128, from `speed`'s rows: [{"n", "causal", "ours", "theirs", "ratio", "lo", "hi"}], where
+    ratio, lo and hi are the median and quartiles of the per-round ratios (`speedup`) when the rows hold their
+    rounds, else the ratio of the medians' TFLOP/s (lo = hi = ratio)."""
     pick = {(r["impl"], r["causal"], r["n"]): r["tflops"] for r in rows
             if r["pass"] == "fwd" and r["head_dim"] == GOAL_HEAD_DIM and r["tflops"]}
-    return [{"n": n, "causal": c, "ours": pick[(ours, c, n)], "theirs": pick[(theirs, c, n)],
-             "ratio": pick[(ours, c, n)] / pick[(theirs, c, n)]}
-            for (impl, c, n) in sorted(pick, key=lambda key: (key[1], key[2]))
-            if impl == ours and n >= GOAL_MIN_N and (theirs, c, n) in pick]
+    out = []
+    for (impl, c, n) in sorted(pick, key=lambda key: (key[1], key[2])):
+        if impl != ours or n < GOAL_MIN_N or (theirs, c, n) not in pick:
+            continue
+        paired = speedup(rows, ours, theirs, head_dim=GOAL_HEAD_DIM, causal=c, n=n, pass_="fwd")
+        value = pick[(ours, c, n)] / pick[(theirs, c, n)]
+        out.append({"n": n, "causal": c, "ours": pick[(ours, c, n)], "theirs": pick[(theirs, c, n)],
+                    "ratio": paired.value if paired else value, "lo": paired.lo if paired else value,
+                    "hi": paired.hi if paired else value})
+    return out
 
 
 N_BY_N = ("naive", "sdpa_math")  # the implementations that materialise the N x N scores

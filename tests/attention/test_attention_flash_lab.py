@@ -24,7 +24,7 @@ def setup(tmp_path):
 def test_defaults_follow_the_profile(setup):
     p = flash_lab.resolve_parameters(setup, **RAW)
     assert p.dtype == "fp32" and p.torch_dtype == torch.float32 and len(p.seq_lens) >= 3
-    assert p.memory_budget_gb == 0.05 and p.reps == 3 and p.gpt_preset == "tiny"
+    assert p.memory_budget_gb == 0.05 and p.reps == 5 and p.gpt_preset == "tiny"
 
 
 @pytest.mark.parametrize("name, value", [("REPS", 0), ("REPS", -2), ("TOKENS", 0), ("SEQ_LENS", []),

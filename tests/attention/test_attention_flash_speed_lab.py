@@ -38,13 +38,57 @@ def test_speed_rows_have_positive_tflops_for_every_point():
     assert {(r["n"], r["head_dim"]) for r in rows} == {(32, 16), (64, 16)}
 
 
+def test_speed_times_the_implementations_in_the_same_rounds_and_records_a_refusal(monkeypatch):
+    real, calls = kernels.attention, []
+
+    def logged(q, k, v, impl="sdpa", is_causal=False):
+        if impl == "sdpa_math" and q.shape[-2] == 64:
+            raise RuntimeError("cuDNN Frontend error: No execution plans support the graph.")
+        calls.append(impl)
+        return real(q, k, v, impl, is_causal)
+    monkeypatch.setattr(kernels, "attention", logged)
+    rows = flash_speed_lab.speed("cpu", ["naive", "sdpa_math"], head_dims=[16], seq_lens=[32, 64], tokens=64,
+                                 d_model=32, reps=3, warmup=1)
+    by = {(r["impl"], r["causal"], r["n"], r["pass"]): r for r in rows}
+    assert [r["impl"] for r in rows[:4]] == ["naive", "naive", "sdpa_math", "sdpa_math"]  # impl, then pass, as before
+    assert by[("sdpa_math", False, 64, "fwd")]["status"].startswith("error: cuDNN Frontend")
+    assert by[("sdpa_math", False, 64, "fwd")]["tflops"] is None and by[("naive", False, 64, "fwd")]["tflops"] > 0
+    assert all(len(r["samples_ms"]) == 3 and r["clock"] for r in rows if r["status"] == "ok")
+    # at N=32, one warm-up call of each alone, then rounds of one call of each: naive, sdpa_math, naive, ...
+    first = calls[:8]
+    assert first == ["naive", "sdpa_math"] + ["naive", "sdpa_math"] * 3
+
+
+def test_speedup_divides_the_rounds_pairwise_and_takes_their_median_and_quartiles():
+    def row(impl, samples):
+        return {"impl": impl, "head_dim": 64, "causal": False, "n": 256, "pass": "fwd+bwd", "samples_ms": samples}
+    # per-round ratios naive / flash: 2, 4, 3, 3, 30 (one round where naive was held up): median 3
+    rows = [row("naive", [2.0, 4.0, 3.0, 3.0, 30.0]), row("flash", [1.0, 1.0, 1.0, 1.0, 1.0])]
+    r = flash_speed_lab.speedup(rows, "flash", "naive", head_dim=64, causal=False, n=256)
+    assert r.value == pytest.approx(3.0) and r.lo == pytest.approx(3.0) and r.hi == pytest.approx(4.0)
+    assert r.separated  # the quartiles exclude 1
+    assert flash_speed_lab.speedup(rows, "flash", "naive", head_dim=64, causal=False, n=512) is None
+    assert flash_speed_lab.speedup(rows, "flash", "naive", head_dim=64, causal=True, n=256) is None
+    with pytest.raises(ValueError, match="same rounds"):
+        flash_speed_lab.speedup([rows[0], row("flash", [1.0, 1.0])], "flash", "naive", head_dim=64, causal=False, n=256)
+    even = [row("naive", [1.0, 1.1, 0.9]), row("flash", [1.0, 1.0, 1.0])]
+    assert not flash_speed_lab.speedup(even, "flash", "naive", head_dim=64, causal=False, n=256).separated
+
+
+def test_goal_quotes_the_paired_rounds_when_the_rows_hold_them():
+    rows = [{"impl": impl, "pass": "fwd", "head_dim": 128, "causal": False, "n": 4096, "tflops": t,
+             "samples_ms": s} for impl, t, s in (("flash_triton", 300.0, [1.0, 1.0, 1.0]), ("sdpa_flash", 250.0, [1.1, 1.3, 1.2]))]
+    (got,) = flash_speed_lab.goal(rows)
+    assert got["ratio"] == pytest.approx(1.2) and got["lo"] == pytest.approx(1.15) and got["hi"] == pytest.approx(1.25)
+
+
 def test_goal_takes_d128_forward_at_n_of_2048_and_up():
     rows = [{"impl": impl, "pass": p, "head_dim": d, "causal": c, "n": n, "tflops": t}
             for impl, t in (("flash_triton", 300.0), ("sdpa_flash", 250.0))
             for p in ("fwd", "fwd+bwd") for d in (64, 128) for c in (False, True) for n in (1024, 2048, 4096)]
     got = flash_speed_lab.goal(rows)
     assert [(r["n"], r["causal"]) for r in got] == [(2048, False), (4096, False), (2048, True), (4096, True)]
-    assert all(r["ratio"] == pytest.approx(1.2) for r in got)
+    assert all(r["ratio"] == pytest.approx(1.2) and r["lo"] == r["hi"] == r["ratio"] for r in got)
 
 
 def test_time_attention_times_forward_and_backward():
