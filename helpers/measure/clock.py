@@ -76,6 +76,20 @@ class Stopwatch:
         return Reading(self.cpu, self.wall)
 
 
+def probe(loops: int = 200_000) -> Reading:
+    """The machine's contention right now, where waiting is the lesson and the wall clock stays: a fixed
+    CPU-bound loop of `loops` additions in Python, timed on both clocks and left out of the tally. Its
+    `share` is the fraction of the wall time this thread got; near 1.0 the core was free, 0.5 means another
+    process held it half the time. Raises ValueError for loops < 1."""
+    if isinstance(loops, bool) or not isinstance(loops, int) or loops < 1:
+        raise ValueError(f"loops={loops!r} must be a positive int")
+    with Stopwatch(tally=False) as sw:
+        total = 0
+        for i in range(loops):
+            total += i
+    return sw.reading
+
+
 def add(cpu_s: float, wall_s: float) -> None:
     """Tally one interval timed on the thread's clock (seconds on each clock)."""
     _tally["cpu_ns"] += int(cpu_s * 1e9)

@@ -112,3 +112,11 @@ def test_the_thread_clock_holds_while_another_process_steals_the_core(one_thread
     quiet_wall, busy_wall = sorted(quiet.wall)[7], sorted(busy.wall)[7]
     assert busy_wall > 1.4 * quiet_wall, "the busy process did not take the core: the test proves nothing"
     assert busy.median < 1.3 * quiet.median, f"thread clock moved {busy.median / quiet.median:.2f}x under load"
+
+
+def test_a_probe_reads_the_contention_without_joining_the_tally(one_thread):
+    reading = clock.probe(50_000)
+    assert reading.cpu > 0 and reading.wall >= reading.cpu * 0.99 and 0 < reading.share <= 1.0
+    assert clock.tally()["timings"] == 0
+    with pytest.raises(ValueError, match="positive int"):
+        clock.probe(0)
