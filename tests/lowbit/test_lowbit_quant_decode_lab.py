@@ -7,7 +7,7 @@ import torch
 
 from helpers.gpt.model import GPT, GPTConfig
 from helpers.lowbit import quant_decode_lab, quant_linear
-from helpers.measure import bench, protocol
+from helpers.measure import bench, claims, clock as clocks, protocol
 
 FUSED, DEQ = quant_decode_lab.CPU_DECODE_VARIANTS[1], quant_decode_lab.CPU_DECODE_VARIANTS[2]
 
@@ -62,10 +62,20 @@ def test_cpu_decode_times_every_variant_and_counts_fewer_bytes_for_int8():
     rows = {r["variant"]: r for r in res["rows"]}
     assert list(rows) == ["fp32", FUSED, DEQ] and res["comparison"].stopped == "steady"
     assert res["threads"] == 1 and "on 1 thread:" in quant_decode_lab.cpu_decode_sentences(res, 1.0)[0]
+    assert res["clock"] == "planted"
     assert rows[FUSED]["bytes"] == rows[DEQ]["bytes"] < rows["fp32"]["bytes"] / 2
     assert rows["fp32"]["gbps"] == pytest.approx(rows["fp32"]["bytes"] / 0.01 / 1e9)
     with pytest.raises(ValueError, match="variants"):
         quant_decode_lab.cpu_decode("tiny", variants=("int3",))
+
+
+@pytest.mark.slow
+def test_cpu_decode_reads_the_threads_clock_on_one_thread_and_the_wall_on_more():
+    res = quant_decode_lab.cpu_decode("tiny", prompt=8, variants=("fp32",), budget_s=0.2, max_reps=5, max_warmup=3)
+    assert res["clock"] == clocks.THREAD and res["rows"][0]["timing"].clock == clocks.THREAD
+    res = quant_decode_lab.cpu_decode("tiny", prompt=8, variants=("fp32",), budget_s=0.2, max_reps=5, max_warmup=3,
+                                      threads=2)
+    assert res["clock"] == clocks.WALL and res["rows"][0]["timing"].clock == clocks.WALL
 
 
 def test_uncompiled_runs_the_compiled_int8_linears_eagerly_and_restores_them():
@@ -89,9 +99,33 @@ def test_uncompiled_runs_the_compiled_int8_linears_eagerly_and_restores_them():
         quant_linear._COMPILED = None
 
 
-def test_decode_claim_is_judged_on_the_ratios_low_bound():
-    fast = protocol.ratio(_timing([0.04, 0.041, 0.042]), _timing([0.01, 0.011, 0.012]))
-    tied = protocol.ratio(_timing([0.02, 0.03, 0.04]), _timing([0.019, 0.029, 0.039]))
-    assert quant_decode_lab.decode_claim(fast, "planted")["verdict"] == "supported"
+def test_decode_claim_is_judged_by_the_one_rule_on_the_ratio_and_its_spread(results_tmp):
+    fast = protocol.ratio(_timing([0.04, 0.041, 0.042]), _timing([0.01, 0.011, 0.012]))  # ~3.7x, tight
+    kw = quant_decode_lab.decode_claim(fast, "planted")
+    assert kw["spread"] == (fast.lo, fast.hi) and kw["claimed"] == (1.48, None) and "verdict" not in kw
+    assert claims.verdict("quant-decode-speedup", quiet=True, **kw)["verdict"] == "supported"
+    tied = protocol.ratio(_timing([0.02, 0.03, 0.04]), _timing([0.019, 0.029, 0.039]))  # IQR-bounded 0.5-2.1x
     kw = quant_decode_lab.decode_claim(tied, "planted")
-    assert kw["verdict"] == "contradicted" and "within the noise" in kw["measured"] and kw["value"] > 1
+    row = claims.verdict("quant-decode-speedup", quiet=True, **kw)
+    assert row["verdict"] == "not testable" and "within the noise" in kw["measured"] and "too wide" in row["reason"]
+    slow = protocol.ratio(_timing([0.0120, 0.0121, 0.0122]), _timing([0.0100, 0.0101, 0.0102]))  # ~1.2x, tight
+    assert claims.verdict("quant-decode-speedup", quiet=True, **quant_decode_lab.decode_claim(slow, "p"))["verdict"] == "contradicted"
+    # the same 1.2x is held to int4's 1.88x when bits=4, and to nothing else
+    assert quant_decode_lab.decode_claim(slow, "p", bits=4)["claimed"] == (1.88, None)
+    with pytest.raises(ValueError, match="bits"):
+        quant_decode_lab.decode_claim(slow, "p", bits=3)
+
+
+def test_gpu_decode_sentences_rank_int8_against_int4_only_when_separated():
+    def row(variant, ms, q25, q75, batch=1):
+        return {"variant": variant, "batch": batch, "ms": ms, "q25_ms": q25, "q75_ms": q75}
+
+    rows = [row("bf16", 10.0, 9.9, 10.1), row("int8", 6.0, 5.9, 6.1), row("int4-triton", 6.05, 5.8, 6.3),
+            {"variant": "torchao-int4", "batch": None, "why": "missing"}]
+    text = quant_decode_lab.gpu_decode_sentences(rows)
+    assert text[0].startswith("Decode batch 1") and "int8 1.67x" in text[0] and "(within the noise)" not in text[0]
+    assert "cannot rank them" in text[1] and "torchao" not in " ".join(text)
+    apart = quant_decode_lab.gpu_decode_sentences(rows[:2] + [row("int4-triton", 4.0, 3.9, 4.1)])
+    assert "int4 (Triton) was" in apart[1] and "faster than int8" in apart[1]
+    noisy = quant_decode_lab.gpu_decode_sentences([row("bf16", 10.0, 8.0, 12.0), row("int8", 9.0, 7.0, 11.0)])
+    assert noisy == ["Decode batch 1, tokens/s over bf16's: int8 1.11x (IQR-bounded 0.73-1.71x) (within the noise)."]
