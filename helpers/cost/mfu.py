@@ -2,19 +2,24 @@
 
 `helpers.cost.flops` counts FLOPs; this module groups that count the ways notebook 02 compares it
 (a blog post's three formulas, one block's attention and MLP halves, 6N against the exact count)
-and turns 6·N·D into GPU-hours and back into MFU. FLOPs are always the `transformer_flops`
+turns 6·N·D into GPU-hours and back into MFU, and says when a measured MFU may be given at all (never for a
+format this device emulates) and at which shape a universal claim about the halves' efficiency is judged. FLOPs are always the `transformer_flops`
 convention (FlopCounterMode's): matmuls only, attention scores for the full T x T square even when a
 causal kernel skips half of them.
 """
 from __future__ import annotations
 
+import math
 import numbers
 from dataclasses import replace
+from typing import Sequence
 
 import torch
 
 from helpers.cost.flops import COMPONENTS, SECONDS_PER_DAY, matmul_params, six_nd, transformer_flops
 from helpers.gpt.model import GPT, GPTConfig
+from helpers.measure import hardware
+from helpers.measure.claims import judge_interval
 from helpers.measure.params import positive
 
 SECONDS_PER_HOUR = 3_600
@@ -22,6 +27,7 @@ ATTENTION_PARTS = ("qkv", "attn_scores", "attn_values", "attn_out")
 CORE_PARTS = ("attn_scores", "attn_values")
 MLP_PARTS = ("mlp_up", "mlp_down")
 SUBLAYERS = ("attention", "attention_core", "mlp")
+GAP_CLAIM, GAP_BAND = 1.7, 1.25  # the blog post's MLP/attention efficiency gap, read as 1.7x within ±25%
 
 
 # ---------------------------------------------------------------- counting
@@ -144,3 +150,79 @@ def implied_mfu(n_params: float, n_tokens: float, peak_flops_per_s: float, repor
 def days_from_gpu_hours(hours: float, n_gpus: int) -> float:
     """Wall-clock days when `n_gpus` share `hours` GPU-hours perfectly: hours · 3600 / n_gpus / 86 400."""
     return hours * SECONDS_PER_HOUR / n_gpus / SECONDS_PER_DAY
+
+
+# ---------------------------------------------------------------- measured MFU, when it is withheld, and sentences on 6N
+
+def withheld(dtype: str, device: str) -> str | None:
+    """Why MFU is not computed for steps in `dtype` on `device` (`hardware.emulated`'s sentence: a format this
+    device emulates is timed as an emulation, so a fraction of a ceiling means nothing), or None (fp32, or a
+    16-bit format the device runs natively)."""
+    return hardware.emulated(dtype, device) if dtype in ("bf16", "fp16") else None
+
+
+def step_fractions(row: dict, ceiling: float, peak: float | None = None, why_not: str | None = None) -> dict:
+    """MFU of one timed training step (a `measure_train_step` row: flops, seconds, q25, q75) against the measured
+    `ceiling` and the datasheet `peak` (TFLOP/s; None: no datasheet row): mfu_ceiling (from the median step),
+    mfu_ceiling_lo / _hi (from the slow and the fast quartile) and mfu_datasheet. Every one is None when `why_not`
+    (see `withheld`) says the format is emulated here."""
+    if why_not:
+        return {"mfu_ceiling": None, "mfu_ceiling_lo": None, "mfu_ceiling_hi": None, "mfu_datasheet": None}
+    rate = lambda s: row["flops"] / s / 1e12  # noqa: E731
+    return {"mfu_ceiling": rate(row["seconds"]) / ceiling, "mfu_ceiling_lo": rate(row["q75"]) / ceiling,
+            "mfu_ceiling_hi": rate(row["q25"]) / ceiling, "mfu_datasheet": rate(row["seconds"]) / peak if peak else None}
+
+
+def gap_claimed(claim: float = GAP_CLAIM, band: float = GAP_BAND) -> tuple[float, float]:
+    """The claimed range of the MLP/attention efficiency gap: claim / band to claim * band."""
+    return claim / band, claim * band
+
+
+def judged_point(points: list[dict], claimed: tuple[float, float] | None = None) -> tuple[dict, dict[str, int]]:
+    """The shape at which a claim of one universal gap is judged, and the rule's verdict at every shape.
+
+    points: rows with "ratio" (the median of the per-repetition MLP/attention ratios) and "ratio_q25", "ratio_q75".
+    Each is judged by `claims.judge_interval` against `claimed` (above it counts as against a universal constant
+    too). One shape precisely outside the range is enough against "universal", so the point returned is the one
+    farthest from the claim (in ratio) among those judged "contradicted", else the farthest of all; a point too
+    noisy to judge never hides a precise one. Returns (point, {verdict: number of shapes})."""
+    if not points:
+        raise ValueError("no points to judge")
+    lo, hi = claimed or gap_claimed()
+    verdicts = [judge_interval(p["ratio"], p["ratio_q25"], p["ratio_q75"], lo, hi, above="contradicted")[0]
+                for p in points]
+    against = [p for p, v in zip(points, verdicts) if v == "contradicted"]
+    middle = (lo * hi) ** 0.5
+    far = max(against or points, key=lambda p: abs(math.log(p["ratio"] / middle)))
+    return far, {v: verdicts.count(v) for v in dict.fromkeys(verdicts)}
+
+
+def six_n_takeaway(errors: dict[str, dict[str, float]]) -> str:
+    """One sentence on 6N's error over several presets ({preset: six_n_error(...)}), naming the main cause."""
+    def span(key, sign=1):
+        vals = [sign * e[key] for e in errors.values()]
+        return f"{min(vals):.0%}–{max(vals):.0%}" if f"{min(vals):.0%}" != f"{max(vals):.0%}" else f"{min(vals):.0%}"
+    low = all(e["six_n_all"] < 0 for e in errors.values())
+    main = "attention" if all(e["attention"] > e["unmultiplied"] for e in errors.values()) else "mixed"
+    text = (f"6 x (all parameters) came out {span('six_n_all', -1)} {'low' if low else 'off'} for "
+            f"{', '.join(errors)}; ")
+    if main == "attention":
+        return text + (f"the main cause is the attention scores-and-values term it leaves out "
+                       f"({span('attention')} of the exact count at each preset's context), while the parameters "
+                       f"no token is multiplied by (position table, biases, LayerNorm) add back only "
+                       f"{span('unmultiplied')}.")
+    return text + (f"the attention term it leaves out is {span('attention')} of the exact count and the parameters "
+                   f"no token is multiplied by add back {span('unmultiplied')}: neither dominates at every preset.")
+
+
+def step_headline(steps: Sequence[dict]) -> tuple[str, dict]:
+    """The summary's training-step headlines, from one fixed point (the last row: the largest model and batch that
+    ran, never the best of the sweep): (that point's name, {label: (value, unit, (lo, hi))}), MFU left out when it
+    was withheld (None)."""
+    r = steps[-1]
+    rate = lambda s: r["flops"] / s / 1e12  # noqa: E731
+    out = {"training step throughput, largest model and batch": (rate(r["seconds"]), "TFLOP/s", (rate(r["q75"]), rate(r["q25"])))}
+    if r.get("mfu_ceiling") is not None:
+        out["MFU vs measured ceiling, largest model and batch"] = (
+            100 * r["mfu_ceiling"], "%", (100 * r["mfu_ceiling_lo"], 100 * r["mfu_ceiling_hi"]))
+    return f"{r['model']} B={r['batch_size']} T={r['seq_len']}", out

@@ -14,7 +14,8 @@ from typing import Callable, Sequence
 import torch
 
 from helpers.cost.flops import matmul_params, six_nd, transformer_flops
-from helpers.cost.mfu import SUBLAYERS, intensity_bounds, per_token_breakdown, sublayer_flops
+from helpers.cost.mfu import (GAP_BAND, GAP_CLAIM, SUBLAYERS, gap_claimed, intensity_bounds, judged_point,
+                              per_token_breakdown, sublayer_flops, withheld as mfu_withheld)
 from helpers.gpt.model import GPT, PRESETS, Block, GPTConfig, resolve_attention
 from helpers.measure import params
 from helpers.measure.bench import benchmark, benchmark_interleaved, quartiles
@@ -213,27 +214,9 @@ def flops_panel(n_layer: int, d_model: int, seq_len: int, vocab_size: int, *, he
 
 # ---------------------------------------------------------------- sentences generated from a run's numbers
 
-def six_n_takeaway(errors: dict[str, dict[str, float]]) -> str:
-    """One sentence on 6N's error over several presets ({preset: six_n_error(...)}), naming the main cause."""
-    def span(key, sign=1):
-        vals = [sign * e[key] for e in errors.values()]
-        return f"{min(vals):.0%}–{max(vals):.0%}" if f"{min(vals):.0%}" != f"{max(vals):.0%}" else f"{min(vals):.0%}"
-    low = all(e["six_n_all"] < 0 for e in errors.values())
-    main = "attention" if all(e["attention"] > e["unmultiplied"] for e in errors.values()) else "mixed"
-    text = (f"6 x (all parameters) came out {span('six_n_all', -1)} {'low' if low else 'off'} for "
-            f"{', '.join(errors)}; ")
-    if main == "attention":
-        return text + (f"the main cause is the attention scores-and-values term it leaves out "
-                       f"({span('attention')} of the exact count at each preset's context), while the parameters "
-                       f"no token is multiplied by (position table, biases, LayerNorm) add back only "
-                       f"{span('unmultiplied')}.")
-    return text + (f"the attention term it leaves out is {span('attention')} of the exact count and the parameters "
-                   f"no token is multiplied by add back {span('unmultiplied')}: neither dominates at every preset.")
-
-
 def over_ceiling_note(fractions: dict[str, float], ceiling_source: str) -> str:
     """'' when every fraction is at most 1, else a sentence calling the ceiling into question."""
-    over = {k: v for k, v in fractions.items() if v > 1}
+    over = {k: v for k, v in fractions.items() if v is not None and v > 1}
     if not over:
         return ""
     worst = max(over, key=over.get)
@@ -243,9 +226,9 @@ def over_ceiling_note(fractions: dict[str, float], ceiling_source: str) -> str:
             "fraction here as relative, and re-measure the ceiling on an idle machine at the model's own shapes.")
 
 
-def pct(fraction: float) -> str:
-    """A fraction as a percentage, flagged with '(!)' above 100% (see `over_ceiling_note`)."""
-    return f"{fraction:.0%}" + (" (!)" if fraction > 1 else "")
+def pct(fraction: float | None) -> str:
+    """A fraction as a percentage, flagged with '(!)' above 100% (see `over_ceiling_note`); "n/a" for None (withheld)."""
+    return "n/a" if fraction is None else f"{fraction:.0%}" + (" (!)" if fraction > 1 else "")
 
 
 def projection_takeaway(config: GPTConfig, points: Sequence[dict], backward: bool) -> str:
@@ -292,18 +275,22 @@ def roofline_takeaway(ridge: float, config: GPTConfig, points: Sequence[dict], b
 
 
 def attention_vs_mlp_verdict(points: Sequence[dict], batch_sizes: Sequence[int], seq_lens: Sequence[int],
-                             ceiling: float, *, ceiling_source: str = "measured", claim: float = 1.7,
-                             band: float = 1.25) -> tuple[list[str], dict]:
+                             ceiling: float, *, ceiling_source: str = "measured", claim: float = GAP_CLAIM,
+                             band: float = GAP_BAND) -> tuple[list[str], dict]:
     """Bullets on the attention-vs-MLP sweep, generated from its rows, and a summary for `record`.
 
-    `points`: rows with "B", "T", "ratio", "<part>_tflops" and "<part>_spread" for attention, attention_core
-    and mlp; `ceiling` in TFLOP/s. A ratio is "within" the claim when in [claim / band, claim * band].
+    `points`: rows with "B", "T", "ratio", "ratio_q25", "ratio_q75", "<part>_tflops" and "<part>_spread" for
+    attention, attention_core and mlp; `ceiling` in TFLOP/s. Each shape is judged by the course's verdict rule
+    against claim / band to claim * band (`mfu.judged_point`); the summary names the shape the claim is judged at
+    ("judged") and how many shapes got each verdict ("by_shape"). The bullets quote those verdicts, never their own.
     """
     ratios = [p["ratio"] for p in points]
     attn = [p["attention_tflops"] / ceiling for p in points]
     mlp_ = [p["mlp_tflops"] / ceiling for p in points]
     spread = sorted(max(p["attention_spread"], p["mlp_spread"]) for p in points)[len(points) // 2]
     lo, hi = min(ratios), max(ratios)
+    claimed = gap_claimed(claim, band)
+    judged, by_shape = judged_point(list(points), claimed)
     lines = [f"attention reached {pct(min(attn))}–{pct(max(attn))} of the measured ceiling, the MLP "
              f"{pct(min(mlp_))}–{pct(max(mlp_))} (the claim: ~45% and ~75–80%).",
              f"MLP/attention efficiency ratio: {lo:.2f}–{hi:.2f} over B={list(batch_sizes)}, T={list(seq_lens)} "
@@ -319,24 +306,55 @@ def attention_vs_mlp_verdict(points: Sequence[dict], batch_sizes: Sequence[int],
     mid = statistics.median(ratios)
     how = "more efficiently than" if mid > band else "less efficiently than" if mid < 1 / band else "about as efficiently as"
     lines.append(f"median ratio {mid:.2f}: per counted FLOP, the MLP half ran {how} the attention half on this device.")
-    near = sum(claim / band <= r <= claim * band for r in ratios)
-    within = f"{near} of {len(ratios)} points are within ±{band - 1:.0%} of the claimed {claim}"
-    lines.append("verdict: " + ("the ratio is roughly constant here" if hi / lo < 1.5 else
-                                f"the ratio is not constant here: it varies {hi / lo:.1f}x with batch size and sequence length")
-                 + (f"; every point is within ±{band - 1:.0%} of {claim}." if near == len(ratios) else
-                    f"; {within}, so {claim}x describes none of the shapes measured on this device." if near == 0 else
-                    f"; {within}: {claim}x describes some shapes on this device, not all, so it is not universal here."))
+    counts = ", ".join(f"{n} {v}" for v, n in by_shape.items())
+    lines.append(f"each shape's ratio and its IQR against the claimed {claimed[0]:.2f}–{claimed[1]:.2f}x, by the course's "
+                 f"verdict rule: {counts} (of {len(points)}); the claim of one universal gap is judged at "
+                 f"B={judged['B']}, T={judged['T']} ({judged['ratio']:.2f}x, IQR {judged['ratio_q25']:.2f}–"
+                 f"{judged['ratio_q75']:.2f}), the shape farthest from it" + (" among those the rule finds against it"
+                                                                          if by_shape.get("contradicted") else "") + ".")
     if spread > band - 1:
         lines.append(f"caution: timings were noisy on this machine (median IQR {spread:.0%}), so ratio differences "
-                     "smaller than that are not evidence of anything; re-run on an idle machine")
+                     "smaller than that are not evidence of anything")
     note = over_ceiling_note({f"{k} B={p['B']} T={p['T']}": p[f"{k}_tflops"] / ceiling
                               for p in points for k in ("attention", "mlp")}, ceiling_source)
     if note:
         lines.append(note)
     summary = {"ratio_min": lo, "ratio_max": hi, "ratio_median": mid, "attention_fraction_max": max(attn),
                "mlp_fraction_max": max(mlp_), "trend_with_T": {str(b): t for b, t in trends.items()},
-               "median_spread": spread}
+               "median_spread": spread, "claimed": list(claimed), "by_shape": by_shape,  # the median shape's IQR, below:
+               "ratio_iqr_median": [statistics.median(p[k] for p in points) for k in ("ratio_q25", "ratio_q75")],
+               "judged": {k: judged[k] for k in ("B", "T", "ratio", "ratio_q25", "ratio_q75")}}
     return lines, summary
+
+
+def formats_sentence(dtype: str, device: str) -> str:
+    """One sentence on the formats MFU may be computed for here: the steps' `dtype`, and which 16-bit formats
+    `device` runs natively or emulates (`hardware.emulated`); MFU is never computed for an emulated one."""
+    emulated = [d for d in ("bf16", "fp16") if mfu_withheld(d, device)]
+    native = [d for d in ("bf16", "fp16") if d not in emulated]
+    here = (f"this run's {dtype} is emulated here, so its MFU is withheld" if dtype in emulated else
+            f"this run times {dtype}, which runs natively here")
+    return (f"MFU is never computed for a format this {device.upper() if device == 'cpu' else device} emulates (its time "
+            f"measures the emulation): here {' and '.join(native) or 'no 16-bit format'} "
+            f"{'is' if len(native) == 1 else 'are'} native and {' and '.join(emulated) or 'none'} emulated; {here}.")
+
+
+def extremes_sentence(steps: Sequence[dict]) -> str:
+    """Which timed step reached the highest and the lowest MFU, said only as far as the IQRs allow: the highest
+    is named when its MFU range (`mfu.step_fractions`' lo-hi) clears every other step's, else the steps whose
+    ranges reach it are named as tied."""
+    rows = [r for r in steps if r.get("mfu_ceiling") is not None]
+    if not rows:
+        return "no MFU was computed for these steps"
+    name = lambda r: f"{r['model']} B={r['batch_size']}"  # noqa: E731
+    best = max(rows, key=lambda r: r["mfu_ceiling"])
+    worst = min(rows, key=lambda r: r["mfu_ceiling"])
+    tied = [r for r in rows if r is not best and r["mfu_ceiling_hi"] >= best["mfu_ceiling_lo"]]
+    span = lambda r: f"{pct(r['mfu_ceiling'])} (IQR {r['mfu_ceiling_lo']:.0%}–{r['mfu_ceiling_hi']:.0%})"  # noqa: E731
+    head = (f"highest MFU: {name(best)} at {span(best)} of the measured ceiling, clear of every other step's IQR"
+            if not tied else f"this run cannot tell which step reached the highest MFU: {name(best)} at {span(best)} "
+            f"and {', '.join(name(r) for r in tied)}, whose IQRs reach it")
+    return head + f"; lowest median: {name(worst)} at {span(worst)}"
 
 
 # ---------------------------------------------------------------- figures and profiles

@@ -6,7 +6,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from helpers.cost import flops, mfu, mfu_lab
 from helpers.gpt.model import GPT, GPTConfig
-from helpers.measure import ceilings
+from helpers.measure import ceilings, claims, hardware
 from helpers.measure.results import record
 
 
@@ -102,7 +102,7 @@ def test_a_fraction_above_the_ceiling_is_called_a_ceiling_problem():
 
 
 def test_six_n_takeaway_names_the_main_cause():
-    text = mfu_lab.six_n_takeaway({n: mfu.six_n_error(GPTConfig.preset(n)) for n in ("tiny", "gpt2")})
+    text = mfu.six_n_takeaway({n: mfu.six_n_error(GPTConfig.preset(n)) for n in ("tiny", "gpt2")})
     assert "13% low" in text and "main cause is the attention" in text and "lookup" not in text
 
 
@@ -126,23 +126,83 @@ def test_roofline_takeaway_follows_the_measured_ridge(ridge, words):
     assert words in text and f"{ridge:.3g} FLOP/B" in text
 
 
-def _point(B, T, ratio, attn=0.4, mlp=0.7, spread=0.05):
-    return {"B": B, "T": T, "ratio": ratio, "attention_tflops": attn, "mlp_tflops": mlp, "attention_core_tflops": 0.1 * T,
-            "attention_spread": spread, "mlp_spread": spread}
+def _point(B, T, ratio, attn=0.4, mlp=0.7, spread=0.05, iqr=0.02):
+    return {"B": B, "T": T, "ratio": ratio, "ratio_q25": ratio - iqr, "ratio_q75": ratio + iqr, "attention_tflops": attn,
+            "mlp_tflops": mlp, "attention_core_tflops": 0.1 * T, "attention_spread": spread, "mlp_spread": spread}
 
 
-def test_verdict_is_generated_from_the_points():
+def test_verdict_bullets_quote_the_rule_at_each_shape():
     pts = [_point(1, 64, 1.7), _point(1, 512, 1.8)]
     lines, summary = mfu_lab.attention_vs_mlp_verdict(pts, [1], [64, 512], 1.0)
-    assert "roughly constant" in lines[-1] and "every point is within" in lines[-1]
+    assert "2 supported (of 2)" in lines[-1] and summary["by_shape"] == {"supported": 2}
     assert summary["ratio_min"] == 1.7 and summary["trend_with_T"] == {"1": "stays within ±25%"}
+    assert summary["claimed"] == pytest.approx([1.36, 2.125]) and summary["judged"]["T"] == 512  # farther from 1.7
+    assert summary["ratio_iqr_median"] == pytest.approx([1.73, 1.77])
     pts = [_point(1, 64, 3.0, mlp=1.01), _point(1, 512, 1.0)]
     lines, summary = mfu_lab.attention_vs_mlp_verdict(pts, [1], [64, 512], 1.0, ceiling_source="notebook 00")
     text = "\n".join(lines)
-    assert "not constant" in text and "0 of 2 points" in text and "describes none" in text and "shrinks" in text
-    lines, _ = mfu_lab.attention_vs_mlp_verdict([_point(1, 64, 1.7), _point(1, 512, 3.0)], [1], [64, 512], 1.0)
-    assert "1 of 2 points" in lines[-1] and "describes some shapes on this device, not all" in lines[-1]
-    assert "CEILING PROBLEM" in text and "101% (!)" in text
+    assert "2 contradicted (of 2)" in text and "among those the rule finds against it" in text and "shrinks" in text
+    assert "CEILING PROBLEM" in text and "101% (!)" in text and "verdict:" not in text
+
+
+def test_the_gap_claim_is_judged_where_a_precise_shape_leaves_the_claimed_range(results_tmp):
+    claimed = mfu.gap_claimed()
+    # every shape inside the range: judged at the farthest one, and the rule supports the claim
+    point, counts = mfu.judged_point([_point(1, 64, 1.6), _point(1, 128, 2.0), _point(2, 64, 1.7)], claimed)
+    assert point["ratio"] == 2.0 and counts == {"supported": 3}
+    # one precise shape below: that shape is judged, even though a noisy one lies farther off
+    noisy = _point(1, 512, 4.0, iqr=1.5)  # IQR 2.5-5.5: wider than half its value
+    point, counts = mfu.judged_point([_point(1, 64, 1.7), _point(1, 128, 1.1), noisy], claimed)
+    assert point["ratio"] == 1.1 and counts == {"supported": 1, "contradicted": 1, "not testable": 1}
+    row = claims.verdict("attention-mlp-gap", notebook="02", claim="c", source="s", measured="m", value=point["ratio"],
+                         unit="x", spread=(point["ratio_q25"], point["ratio_q75"]), claimed=claimed, above="contradicted",
+                         quiet=True)
+    assert row["verdict"] == "contradicted" and row["claimed"]["lo"] == pytest.approx(1.36)
+    # the same median inside the claim's range but with a spread too wide to judge: not testable, never support
+    point, counts = mfu.judged_point([_point(1, 64, 1.7, iqr=0.6)], claimed)
+    assert counts == {"not testable": 1}
+    # a gap far above the claim is against a universal constant too
+    assert mfu.judged_point([_point(1, 64, 3.0)], claimed)[1] == {"contradicted": 1}
+    with pytest.raises(ValueError, match="no points"):
+        mfu.judged_point([], claimed)
+
+
+def _step(model, b, seconds, q25, q75, flops=1e12):
+    return {"model": model, "batch_size": b, "seq_len": 64, "seconds": seconds, "q25": q25, "q75": q75, "flops": flops}
+
+
+def test_mfu_comes_with_its_range_and_is_withheld_for_an_emulated_format(monkeypatch):
+    row = _step("tiny", 4, 2.0, 1.6, 2.5)
+    f = mfu.step_fractions(row, ceiling=1.0, peak=2.0)
+    assert f["mfu_ceiling"] == pytest.approx(0.5) and f["mfu_datasheet"] == pytest.approx(0.25)
+    assert f["mfu_ceiling_lo"] == pytest.approx(0.4) and f["mfu_ceiling_hi"] == pytest.approx(0.625)
+    monkeypatch.setattr(hardware, "emulated", lambda d, dev="cpu": f"{d} is emulated" if d == "bf16" else None)
+    assert mfu.withheld("fp32", "cpu") is None and mfu.withheld("fp16", "cpu") is None
+    why = mfu.withheld("bf16", "cpu")
+    assert why == "bf16 is emulated"
+    assert all(v is None for v in mfu.step_fractions(row, 1.0, 2.0, why).values())
+    text = mfu_lab.formats_sentence("bf16", "cpu")
+    assert "fp16 is native and bf16 emulated" in text and "bf16 is emulated here, so its MFU is withheld" in text
+    assert "runs natively here" in mfu_lab.formats_sentence("fp32", "cpu")
+    steps = [dict(row, **mfu.step_fractions(row, 1.0, None, why))]
+    point, head = mfu.step_headline(steps)
+    assert point == "tiny B=4 T=64" and list(head) == ["training step throughput, largest model and batch"]
+    value, unit, (lo, hi) = head["training step throughput, largest model and batch"]
+    assert unit == "TFLOP/s" and (value, lo, hi) == pytest.approx((0.5, 0.4, 0.625))
+    assert mfu_lab.extremes_sentence(steps) == "no MFU was computed for these steps" and mfu_lab.pct(None) == "n/a"
+
+
+def test_the_highest_mfu_is_named_only_when_its_iqr_clears_the_others():
+    def fr(r):
+        return dict(r, **mfu.step_fractions(r, ceiling=1.0))
+    apart = [fr(_step("tiny", 1, 4.0, 3.9, 4.1)), fr(_step("tiny", 2, 2.0, 1.95, 2.05)), fr(_step("small", 1, 1.0, 0.98, 1.02))]
+    text = mfu_lab.extremes_sentence(apart)
+    assert text.startswith("highest MFU: small B=1 at 100% (IQR 98%–102%) of the measured ceiling, clear of") and "lowest median: tiny B=1" in text
+    tied = apart[:2] + [fr(_step("small", 1, 1.9, 1.5, 2.2))]  # small B=1's IQR reaches tiny B=2's
+    text = mfu_lab.extremes_sentence(tied)
+    assert text.startswith("this run cannot tell which step reached the highest MFU") and "tiny B=2" in text
+    value, unit, (lo, hi) = mfu.step_headline(apart)[1]["MFU vs measured ceiling, largest model and batch"]
+    assert unit == "%" and (value, lo, hi) == pytest.approx((100.0, 100 / 1.02, 100 / 0.98))
 
 
 def test_ratio_quartiles_and_kernel_share():
