@@ -2,8 +2,9 @@
 
 * the parameters: `resolve_parameters` validates all of them at once and fills in the profile's defaults;
 * timing optimizer steps of random micro-batches: `prepared_step`, `measure_accumulation` (one
-  setting), `sweep_micro_batches` (micro-batch sizes at one effective batch, timed interleaved);
-* what the sweep says: `sweep_summary` (differences inside the IQRs are noise), `memory_of`;
+  setting), `sweep_micro_batches` (micro-batch sizes at one effective batch, by the course's protocol);
+* what the sweep says: `fastest`, `sweep_summary` (a size is recommended only when its IQR clears the others';
+  differences inside the IQRs are noise), `memory_of`;
 * the profiler's view: `profile_splits` (matmul calls and time per split), `split_profile_lines`;
 * figures: `draw_sweep`, `plot_sweep`, and the panel `accumulation_panel`.
 
@@ -17,8 +18,8 @@ from typing import Sequence
 import torch
 
 from helpers.gpt.model import PRESETS
-from helpers.measure import params, profiling
-from helpers.measure.bench import benchmark, benchmark_interleaved
+from helpers.measure import params, profiling, protocol
+from helpers.measure.bench import benchmark
 from helpers.measure.memory import peak_cuda_memory, release_memory, saved_tensor_bytes
 from helpers.show import plots
 from helpers.training.accumulation import accumulation_step, effective_batch
@@ -48,7 +49,7 @@ def resolve_parameters(S: params.Setup, *, PRESET, SEQ_LEN, EFFECTIVE_BATCH, MIC
         raise ValueError(f"CHECK_ACCUM_STEPS={check_steps} must be at least 2 (one micro-batch accumulates nothing)")
     return {"PRESET": preset, "SEQ_LEN": seq_len, "EFFECTIVE_BATCH": effective, "MICRO_BATCHES": micro,
             "CHECK_MICRO_BATCH": check_micro, "CHECK_ACCUM_STEPS": check_steps,
-            "REPS": R("REPS", REPS, smoke=3, full=7, check=params.positive)}
+            "REPS": R("REPS", REPS, smoke=5, full=7, check=params.positive)}
 
 
 # ---------------------------------------------------------------- timing optimizer steps
@@ -102,13 +103,16 @@ def measure_accumulation(model: torch.nn.Module, optimizer: torch.optim.Optimize
 def sweep_micro_batches(model: torch.nn.Module, optimizer: torch.optim.Optimizer, micro_batches: Sequence[int],
                         effective_batch: int, seq_len: int, *, device: str = "cpu",
                         autocast_dtype: torch.dtype | None = None, flops_per_token: float | None = None,
-                        reps: int = 3, warmup: int = 1, seed: int = 0) -> list[dict]:
-    """`measure_accumulation` for each micro-batch size b at k = effective_batch / b, timed interleaved.
+                        reps: int = 3, max_warmup: int = 10, budget_s: float = 10.0, seed: int = 0,
+                        timer: protocol.Timer | None = None) -> list[dict]:
+    """`measure_accumulation` for each micro-batch size b at k = effective_batch / b, timed by the course's
+    protocol (`protocol.compare`: warm-up until steady, at most `max_warmup` calls; interleaved rounds, `reps` at
+    least and 3 x `reps` at most, more only while the sizes cannot be told apart and `budget_s` seconds last).
 
-    One shared-timer call per (repetition, b), cycling through the sizes, so a burst of other work
-    on the machine slows every size alike instead of one of them. Each size first runs one step
-    alone: a size that runs out of GPU memory is left out of the rows (so compare the rows'
-    micro_batch values with the sizes asked for).
+    Interleaving makes a burst of other work on the machine slow every size alike instead of one of them; on a
+    CPU each step is read from the thread's own clock. Each size first runs one step alone: a size that runs out
+    of GPU memory is left out of the rows (so compare the rows' micro_batch values with the sizes asked for).
+    `timer` replaces the course's timer (a test plants step times with it).
     """
     for b in micro_batches:
         if effective_batch % b:
@@ -126,9 +130,9 @@ def sweep_micro_batches(model: torch.nn.Module, optimizer: torch.optim.Optimizer
         else:  # after the except block, so the failed step's tensors are gone
             optimizer.zero_grad(set_to_none=True)
             release_memory()
-    timings = benchmark_interleaved({str(i): step for i, (step, _) in enumerate(runs)}, reps=reps, warmup=warmup,
-                                    device=device)
-    return [_row(model, step, mbs, timings[str(i)], seq_len, device, autocast_dtype, flops_per_token)
+    c = protocol.compare({str(i): step for i, (step, _) in enumerate(runs)}, device=device, timer=timer,
+                         min_reps=reps, max_reps=3 * reps, budget_s=budget_s, max_warmup=max(3, max_warmup))
+    return [_row(model, step, mbs, c[str(i)], seq_len, device, autocast_dtype, flops_per_token) | {"rounds": c.rounds}
             for i, (step, mbs) in enumerate(runs)]
 
 
@@ -139,38 +143,53 @@ def _overlap(a: dict, b: dict) -> bool:
     return a["tokens_per_s_q25"] <= b["tokens_per_s_q75"] and b["tokens_per_s_q25"] <= a["tokens_per_s_q75"]
 
 
+def fastest(rows: Sequence[dict]) -> tuple[dict, list[dict]]:
+    """The row with the highest median tokens/s and the other rows whose tokens/s IQRs overlap its own: the sizes
+    this run cannot tell from it (empty when it is separated from every other size)."""
+    top = max(rows, key=lambda r: r["tokens_per_s"])
+    return top, [r for r in rows if r is not top and _overlap(r, top)]
+
+
 def sweep_summary(rows: Sequence[dict], effective_batch: int) -> tuple[dict, list[str]]:
     """The sweep's verdict from its own numbers: (numbers to record, sentences to print).
 
-    rows: `sweep_micro_batches` rows (in any order), each with "of_ceiling" (achieved
-    over the measured matmul ceiling). Differences whose IQRs overlap are called noise, not a trend.
-    Raises ValueError for no rows.
+    rows: `sweep_micro_batches` rows (in any order), each with "of_ceiling" (achieved over the measured matmul
+    ceiling). A micro-batch is recommended only when its tokens/s IQR clears every other size's
+    ("recommended_micro_batch"; else None, and "tied_micro_batches" names the sizes that cannot be told from the
+    fastest median); differences whose IQRs overlap are called noise, not a trend. Raises ValueError for no rows.
     """
     if not rows:
         raise ValueError("no rows: every micro-batch size ran out of memory")
     rows = sorted(rows, key=lambda r: r["micro_batch"])
-    best = max(rows, key=lambda r: r["tokens_per_s"])
+    best, tied = fastest(rows)
     first, last = rows[0], rows[-1]
-    enough = next(r for r in rows if r["tokens_per_s"] >= 0.9 * best["tokens_per_s"])
+    enough = next(r for r in rows if r["tokens_per_s_q75"] >= 0.9 * best["tokens_per_s"])
     mem_first, label = memory_of(first)
     mem_ratio, b_ratio = memory_of(last)[0] / mem_first, last["micro_batch"] / first["micro_batch"]
-    out = {"best_micro_batch": best["micro_batch"], "best_tokens_per_s": best["tokens_per_s"],
-           "first_fraction_of_best": first["tokens_per_s"] / best["tokens_per_s"],
+    tied_bs = sorted(r["micro_batch"] for r in [best, *tied]) if tied else []
+    out = {"fastest_median_micro_batch": best["micro_batch"], "fastest_median_tokens_per_s": best["tokens_per_s"],
+           "recommended_micro_batch": None if tied or len(rows) == 1 else best["micro_batch"],
+           "tied_micro_batches": tied_bs, "first_fraction_of_best": first["tokens_per_s"] / best["tokens_per_s"],
            "first_vs_best_within_noise": _overlap(first, best), "smallest_b_within_10pct": enough["micro_batch"],
            "memory_ratio_last_first": mem_ratio, "micro_batch_ratio_last_first": b_ratio}
     lines = [f"b={first['micro_batch']} (k={first['accum_steps']}): {first['tokens_per_s']:.4g} tokens/s, "
-             f"{out['first_fraction_of_best']:.0%} of the best ({best['tokens_per_s']:.4g} tokens/s at "
+             f"{out['first_fraction_of_best']:.0%} of the fastest median ({best['tokens_per_s']:.4g} tokens/s at "
              f"b={best['micro_batch']}); {first['of_ceiling']:.1%} vs {best['of_ceiling']:.1%} of the ceiling"]
     if len(rows) == 1:
         lines.append("only one micro-batch size was measured, so there is nothing to compare it with")
     elif best is first:
-        lines.append("the smallest micro-batch was the fastest: splitting cost nothing measurable in this run")
+        lines.append("the smallest micro-batch had the fastest median: splitting cost nothing measurable in this run")
     elif out["first_vs_best_within_noise"]:
         lines.append(f"their IQRs overlap, so this run cannot tell b={first['micro_batch']} from "
                      f"b={best['micro_batch']}: the difference is within the timing noise")
     else:
         lines.append(f"their IQRs do not overlap: b={first['micro_batch']} is slower beyond this run's noise")
-    lines.append(f"the smallest micro-batch within 10% of the best median: b={enough['micro_batch']}")
+    if len(rows) > 1:
+        lines.append(f"recommended: b={best['micro_batch']}, the fastest, its tokens/s IQR clear of every other size's"
+                     if out["recommended_micro_batch"] is not None else
+                     f"no micro-batch is recommended: this run cannot tell which is fastest, since the tokens/s IQRs "
+                     f"of b={', '.join(map(str, tied_bs))} overlap the fastest median's (b={best['micro_batch']})")
+    lines.append(f"the smallest micro-batch whose IQR reaches within 10% of the fastest median: b={enough['micro_batch']}")
     if abs(mem_ratio / b_ratio - 1) < 0.1:
         shape = "in proportion to b"
     elif mem_ratio < b_ratio:

@@ -7,7 +7,6 @@ import matplotlib.pyplot as plt
 import pytest
 import torch
 
-from helpers.gpt.model import GPT, GPTConfig
 from helpers.training import accumulation_lab
 from test_training_accumulation import model_and_batch
 
@@ -28,7 +27,7 @@ def test_measure_accumulation_memory_follows_micro_batch():
 def test_sweep_micro_batches_keeps_the_effective_batch():
     m, _, _ = model_and_batch()
     opt = torch.optim.AdamW(m.parameters())
-    rows = accumulation_lab.sweep_micro_batches(m, opt, [1, 2, 4], 4, 16, reps=2, warmup=0, flops_per_token=1e6)
+    rows = accumulation_lab.sweep_micro_batches(m, opt, [1, 2, 4], 4, 16, reps=2, max_warmup=3, flops_per_token=1e6)
     assert [(r["micro_batch"], r["accum_steps"]) for r in rows] == [(1, 4), (2, 2), (4, 1)]
     assert all(r["tokens_per_s"] == pytest.approx(64 / r["seconds"]) for r in rows)
     assert rows[2]["saved_bytes"] == pytest.approx(4 * rows[0]["saved_bytes"], rel=0.05)
@@ -95,7 +94,7 @@ def test_sweep_micro_batches_leaves_out_a_size_that_runs_out_of_memory(monkeypat
             raise torch.cuda.OutOfMemoryError("CUDA out of memory (simulated)")
         return step_out_of_memory, mbs
     monkeypatch.setattr(accumulation_lab, "prepared_step", failing_at_4)
-    rows = accumulation_lab.sweep_micro_batches(m, opt, [1, 2, 4], 4, 16, reps=1, warmup=0)
+    rows = accumulation_lab.sweep_micro_batches(m, opt, [1, 2, 4], 4, 16, reps=1, max_warmup=3)
     assert [r["micro_batch"] for r in rows] == [1, 2]
 
 
@@ -104,26 +103,63 @@ def _row(b, k, median, q25, q75, saved, of_ceiling=0.1):
             "tokens_per_s_q75": q75, "peak_bytes": None, "saved_bytes": saved, "of_ceiling": of_ceiling}
 
 
-def test_sweep_summary_calls_overlapping_iqrs_noise_and_flags_a_ceiling_above_100_percent():
+def test_sweep_summary_recommends_only_a_size_whose_iqr_clears_the_others_and_flags_a_ceiling_above_100_percent():
     apart = [_row(1, 4, 100, 95, 105, 2**20), _row(2, 2, 150, 140, 160, 2 * 2**20), _row(4, 1, 200, 190, 210, 4 * 2**20)]
     out, lines = accumulation_lab.sweep_summary(apart[::-1], 4)  # any order: the smallest micro-batch is compared with the best
-    assert out["best_micro_batch"] == 4 and out["first_fraction_of_best"] == pytest.approx(0.5)
+    assert out["recommended_micro_batch"] == 4 and out["tied_micro_batches"] == []
+    assert out["fastest_median_micro_batch"] == 4 and out["first_fraction_of_best"] == pytest.approx(0.5)
     assert not out["first_vs_best_within_noise"] and "beyond this run's noise" in lines[1]
-    assert out["smallest_b_within_10pct"] == 4 and "in proportion to b" in lines[3]
+    assert lines[2].startswith("recommended: b=4")
+    assert out["smallest_b_within_10pct"] == 4 and "in proportion to b" in lines[4]
     assert not any("100%" in line for line in lines)
     close = [_row(1, 4, 190, 150, 230, 2**20), _row(2, 2, 200, 160, 240, 3 * 2**20, of_ceiling=1.2)]
     out, lines = accumulation_lab.sweep_summary(close, 4)
     assert out["first_vs_best_within_noise"] and "cannot tell b=1 from b=2" in lines[1]
+    assert out["recommended_micro_batch"] is None and out["tied_micro_batches"] == [1, 2]
+    assert "no micro-batch is recommended" in lines[2] and "b=1, 2 overlap" in lines[2]
     assert out["smallest_b_within_10pct"] == 1
-    assert out["memory_ratio_last_first"] == pytest.approx(3.0) and "more than in proportion to b (x2)" in lines[3]
+    assert out["memory_ratio_last_first"] == pytest.approx(3.0) and "more than in proportion to b (x2)" in lines[4]
     assert "b=[2] ran above 100%" in lines[-1] and "under-measured" in lines[-1]
+    # the fastest median is separated from the smallest size but not from its neighbour: still no recommendation
+    out, lines = accumulation_lab.sweep_summary([_row(1, 4, 100, 95, 105, 2**20), _row(2, 2, 190, 170, 205, 2**20),
+                                                 _row(4, 1, 200, 185, 215, 2**20)], 4)
+    assert not out["first_vs_best_within_noise"] and out["recommended_micro_batch"] is None
+    assert out["tied_micro_batches"] == [2, 4] and out["smallest_b_within_10pct"] == 2
     out, lines = accumulation_lab.sweep_summary([_row(1, 2, 300, 290, 310, 2**20), _row(2, 1, 200, 190, 210, 2**20)], 2)
-    assert out["best_micro_batch"] == 1 and "smallest micro-batch was the fastest" in lines[1]
-    assert "less than in proportion" in lines[3]
+    assert out["recommended_micro_batch"] == 1 and "smallest micro-batch had the fastest median" in lines[1]
+    assert "less than in proportion" in lines[4]
     out, lines = accumulation_lab.sweep_summary([_row(4, 1, 300, 290, 310, 2**20)], 4)
-    assert "only one micro-batch size" in lines[1]
+    assert "only one micro-batch size" in lines[1] and out["recommended_micro_batch"] is None
     with pytest.raises(ValueError, match="no rows"):
         accumulation_lab.sweep_summary([], 4)
+
+
+@pytest.mark.parametrize("b4_seconds, recommended, tied", [(0.52, None, [2, 4]), (0.3, 4, [])],
+                         ids=["overlapping", "separated"])
+def test_the_sweep_withholds_a_recommendation_when_planted_step_times_overlap(monkeypatch, b4_seconds, recommended, tied):
+    """Planted step times through the sweep's timer (no clock read): b=2 and b=4 within each other's noise give no
+    recommendation, a clearly faster b=4 is recommended."""
+    m, _, _ = model_and_batch()
+    opt = torch.optim.AdamW(m.parameters())
+    prepare, size_of = accumulation_lab.prepared_step, {}
+
+    def remember(model, optimizer, micro_batch, *args):
+        step, mbs = prepare(model, optimizer, micro_batch, *args)
+        size_of[step] = micro_batch
+        return step, mbs
+    monkeypatch.setattr(accumulation_lab, "prepared_step", remember)
+    median = {1: 1.0, 2: 0.5, 4: b4_seconds}
+    calls = {b: 0 for b in median}
+
+    def planted(fn):  # each size cycles through -10%, 0, +10% of its median
+        b = size_of[fn]
+        calls[b] += 1
+        return median[b] * (0.9, 1.0, 1.1)[calls[b] % 3]
+    rows = [r | {"of_ceiling": 0.1} for r in accumulation_lab.sweep_micro_batches(m, opt, [1, 2, 4], 4, 16, reps=5, timer=planted)]
+    assert [r["seconds"] for r in rows] == pytest.approx([1.0, 0.5, b4_seconds])
+    out, lines = accumulation_lab.sweep_summary(rows, 4)
+    assert out["recommended_micro_batch"] == recommended and out["tied_micro_batches"] == tied
+    assert ("no micro-batch is recommended" in lines[2]) == (recommended is None)
 
 
 @pytest.mark.slow
@@ -181,7 +217,7 @@ def test_notebook_parameters_fail_at_once_naming_the_parameter(results_tmp, name
 
 def test_notebook_parameters_resolve_none_to_the_profile_default(results_tmp, capsys):
     scope = _validate()
-    assert (scope["PRESET"], scope["SEQ_LEN"], scope["EFFECTIVE_BATCH"], scope["REPS"]) == ("tiny", 64, 16, 3)
+    assert (scope["PRESET"], scope["SEQ_LEN"], scope["EFFECTIVE_BATCH"], scope["REPS"]) == ("tiny", 64, 16, 5)
     assert scope["MICRO_BATCHES"] == [1, 2, 4, 8, 16]
     assert (scope["CHECK_MICRO_BATCH"], scope["CHECK_ACCUM_STEPS"]) == (2, 4)
     assert _validate(REPS=7, MICRO_BATCHES=[8, 2])["MICRO_BATCHES"] == [2, 8]  # smallest first
