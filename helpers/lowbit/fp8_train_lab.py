@@ -4,8 +4,8 @@ tensor cores, matmul, linear and GPT-step speed with the profile of one FP8 line
 
 - Training: `train_variants` (TRAIN_VARIANTS with the baseline first), `make_variant`, `train`, `evaluate`,
   `training_sentences`, `reference_kernel_cost`.
-- Speed: `matmul_tflops`, `matmul_speedup`, `linear_tflops`, `speed_sweep`, `gpt_steps`; profiles:
-  `linear_profile`, `cast_share`, `profile_sentences`.
+- Speed: `matmul_tflops`, `matmul_speedup`, `linear_tflops`, `speed_sweep`, `gpt_steps`, and the verdict on the
+  source text's "about 2x" (`speed_claim`); profiles: `linear_profile`, `cast_share`, `profile_sentences`.
 
 The recipes are `helpers.lowbit.fp8`, the layer `helpers.lowbit.fp8_linear`; the notebook's parameters and
 numerics are `helpers.lowbit.fp8_lab`.
@@ -19,7 +19,7 @@ from typing import Callable
 import torch
 
 from helpers.lowbit import fp8, fp8_linear
-from helpers.measure import bench, memory, profiling, protocol
+from helpers.measure import bench, claims, memory, profiling, protocol
 
 TRAIN_VARIANTS = ("fp32", "ours tensorwise", "ours delayed", "ours rowwise", "ours blockwise",
                   "torchao tensorwise", "torchao rowwise")  # the first is the baseline: "bf16" where it runs
@@ -129,6 +129,22 @@ def reference_kernel_cost(m: int, k: int, n: int, device: str = "cpu", reps: int
     return {**t, "ratio": protocol.ratio(t["scaled_mm"], t["emulated"])}
 
 
+def reference_cost_sentence(cost: dict | None, layer: str) -> str:
+    """What `reference_kernel_cost` found, in one sentence: the reason the training runs use the emulation. Both
+    timings are of fp8 products this device emulates (neither is FP8 speed), so their ratio is quoted only as the
+    cost of a choice, and only when their IQRs are separated; otherwise the sentence says the run cannot tell."""
+    if cost is None:
+        return f"torch._scaled_mm refuses the {layer} product here, so the training runs use the emulation."
+    r = cost["ratio"]
+    if not r.separated:
+        return (f"One {layer} product: torch._scaled_mm {cost['scaled_mm']}, the emulation {cost['emulated']}: their IQRs "
+                "overlap, so this run cannot tell which costs a training run less.")
+    which = "the emulation" if r.value > 1 else "torch._scaled_mm"
+    return (f"Neither is FP8 speed (this device has no FP8 units), but for the training runs the choice matters: one "
+            f"{layer} product took {cost['scaled_mm']} through torch._scaled_mm, a reference kernel here, and "
+            f"{cost['emulated']} as the fp32 emulation; {which} costs less (scaled_mm / emulation {r}).")
+
+
 def training_sentences(results: dict[str, dict], last: int) -> list[str]:
     """Each FP8 variant's final losses against the baseline (the first entry: fp32 or bf16), as measured
     (mean of the last `last` training losses)."""
@@ -178,6 +194,11 @@ def matmul_speedup(n: int, kind: str = "tensorwise", reps: int = 20, device: str
 def linear_tflops(n: int, variant: str, reps: int, compile: bool = False, device: str = "cuda") -> float:
     """TFLOP/s of a bf16 linear n→n on n tokens, forward + backward (6 n³ FLOPs), casts included:
     variant "bf16", "ours tensorwise", "ours rowwise", "torchao tensorwise" or "torchao rowwise"."""
+    return bench.tflops(6 * n ** 3, linear_timing(n, variant, reps, compile, device))
+
+
+def linear_timing(n: int, variant: str, reps: int, compile: bool = False, device: str = "cuda") -> bench.Timing:
+    """The `bench.Timing` of one forward + backward of `linear_tflops`'s layer."""
     lin, x, g = _bf16_linear(n, variant, device)
     if compile:  # every compiled module's graph counts against one recompile limit (Dynamo wraps them all in the
         torch._dynamo.reset()  # same function): past torch._dynamo.config.recompile_limit the rest would run eagerly
@@ -185,7 +206,7 @@ def linear_tflops(n: int, variant: str, reps: int, compile: bool = False, device
 
     def step():
         model(x).backward(g)
-    return bench.tflops(6 * n ** 3, bench.benchmark(step, reps=reps, warmup=3, device=device))
+    return bench.benchmark(step, reps=reps, warmup=3, device=device)
 
 
 MATMUL_KINDS = ("bf16", "tensorwise", "rowwise")
@@ -207,28 +228,61 @@ def _torchao_skips(variants, with_torchao: bool, device: str) -> dict[str, str]:
 def speed_sweep(sizes, reps: int, with_torchao: bool, compile: bool) -> dict:
     """On a CUDA GPU with FP8 tensor cores: matmul and linear fwd+bwd TFLOP/s for every size.
 
-    Returns {"matmul": {kind: [tflops or None]}, "linear": {variant: [...]}, "failed": [messages],
-    "skipped": {variant: one sentence}}; a point that raises is recorded as None with its message
+    Returns {"matmul": {kind: [tflops or None]}, "linear": {variant: [...]}, "linear_iqr": {variant: [[q25, q75]
+    seconds or None]}, "failed": [messages], "skipped": {variant: one sentence}}; a point that raises is recorded as None with its message
     (kernels this course did not write may refuse a shape), never a traceback. A torchao recipe that
     `fp8_linear.torchao_problem` finds unable to run on this GPU is left out of "linear" and named in "skipped"."""
     skipped = _torchao_skips(LINEAR_VARIANTS, with_torchao, "cuda")
     out = {"matmul": {k: [] for k in MATMUL_KINDS}, "failed": [],
            "skipped": {v: why for v, why in skipped.items() if with_torchao},
            "linear": {v: [] for v in LINEAR_VARIANTS if v not in skipped}}
+    out["linear_iqr"] = {v: [] for v in out["linear"]}
     for n in sizes:
-        for group, fn in (("matmul", lambda k: matmul_tflops(n, k, reps)),
-                          ("linear", lambda v: linear_tflops(n, v, reps, compile))):
+        for group in ("matmul", "linear"):
             for name in out[group]:
                 try:
-                    out[group][name].append(fn(name))
+                    if group == "matmul":
+                        out[group][name].append(matmul_tflops(n, name, reps))
+                    else:
+                        t = linear_timing(n, name, reps, compile)
+                        out[group][name].append(bench.tflops(6 * n ** 3, t))
+                        out["linear_iqr"][name].append([t.q25, t.q75])
                 except Exception as err:  # noqa: BLE001: one refused point must not end the sweep
                     out[group][name].append(None)
+                    if group == "linear":
+                        out["linear_iqr"][name].append(None)
                     out["failed"].append(f"{group} {name} n={n}: {type(err).__name__}: {str(err).splitlines()[0][:150]}")
                 memory.release_memory()
     return out
 
 
+def faster(a: list[float] | None, b: list[float] | None) -> bool:
+    """Whether a time with IQR `a` ([q25, q75] seconds) is faster than `b` beyond both IQRs (False if either is None)."""
+    return bool(a and b) and a[1] < b[0]
+
+
 GPT_VARIANTS = ("bf16", "ours rowwise", "torchao rowwise")
+SPEED_CLAIM = {"claim": "FP8 is about 2x faster than BF16", "source": "the first source text, section 5.3",
+               "claimed": (1.7, None), "unit": "x"}  # read as at least 1.7x, as notebook 14's stack reads it
+
+
+def speed_claim(head: "tuple[protocol.Ratio, protocol.Comparison] | None", n: int, linear_ratio: float | None,
+                gpt_ratio: float | None, why_not: str | None, *, quiet: bool = False) -> dict:
+    """Record notebook 07's verdict on "FP8 is about 2x faster than BF16" (`claims.verdict`, claim id
+    "fp8-2x-bf16") and return it. head: `matmul_speedup`'s (Ratio, Comparison) at n x n x n, or None where
+    nothing was timed: then "not testable" with `why_not` (what this device lacks), the claimed range still
+    recorded. Otherwise the rule judges the matmul ratio with its IQR bounds as the spread; the layer's and the
+    GPT step's ratios (medians, or None) go into the measured text."""
+    if head is None:
+        return claims.verdict("fp8-2x-bf16", notebook="07", measured="nothing timed", verdict="not testable",
+                              reason=why_not or "the largest size of the sweep failed; see the lines above", quiet=quiet,
+                              **SPEED_CLAIM)
+    r = head[0]
+    return claims.verdict("fp8-2x-bf16", notebook="07", value=r.value, spread=(r.lo, r.hi), quiet=quiet,
+                          measured=f"n={n}: matmul (torch._scaled_mm, use_fast_accum=True) {r}, linear fwd+bwd "
+                                   + (f"{linear_ratio:.2f}x" if linear_ratio else "not measured") + ", GPT step "
+                                   + (f"{gpt_ratio:.2f}x" if gpt_ratio else "not measured"),
+                          reason="judged on the raw matmul; a layer also pays for its casts", **SPEED_CLAIM)
 
 
 def gpt_steps(base: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, reps: int, compile: bool,
@@ -238,12 +292,13 @@ def gpt_steps(base: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, reps: int
     (regional compilation, `nn.Module.compile` per block: the blocks share one compiled graph, so a variant
     costs one block's compile rather than the whole model's, and the casts of its FP8 linears are fused).
 
-    Returns {variant: ms or None, "failed": [messages], "skipped": {variant: one sentence}}: a variant
+    Returns {variant: ms (median) or None, "iqr": {variant: [q25, q75] ms}, "failed": [messages], "skipped":
+    {variant: one sentence}}: a variant
     that raises (a compiler or kernel refusing it) is recorded as None with its message; a torchao recipe
     that `fp8_linear.torchao_problem` finds unable to run on x's device is not run and is named in "skipped"
     (without torchao, its variants are simply left out)."""
     skipped = _torchao_skips(GPT_VARIANTS, with_torchao, x.device.type)
-    out: dict = {"failed": [], "skipped": {v: why for v, why in skipped.items() if with_torchao}}
+    out: dict = {"failed": [], "skipped": {v: why for v, why in skipped.items() if with_torchao}, "iqr": {}}
     for variant in GPT_VARIANTS:
         if variant in skipped:
             continue
@@ -261,7 +316,8 @@ def gpt_steps(base: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, reps: int
                 loss.backward()
                 opt.step()
                 opt.zero_grad(set_to_none=True)
-            out[variant] = bench.benchmark(step, reps=reps, warmup=3, device=x.device.type).ms
+            t = bench.benchmark(step, reps=reps, warmup=3, device=x.device.type)
+            out[variant], out["iqr"][variant] = t.ms, [1e3 * t.q25, 1e3 * t.q75]
         except Exception as err:  # noqa: BLE001: one refused variant must not end the section
             out[variant] = None
             out["failed"].append(f"GPT step {variant}: {type(err).__name__}: {str(err).splitlines()[0][:150]}")

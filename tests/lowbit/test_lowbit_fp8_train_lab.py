@@ -7,6 +7,7 @@ import torch
 
 from helpers.gpt.model import GPT, GPTConfig
 from helpers.lowbit import fp8, fp8_linear, fp8_train_lab
+from helpers.measure import bench, protocol
 
 
 def _skip_unless_torchao_runs(recipe, device="cpu"):
@@ -52,7 +53,7 @@ def test_gpt_steps_times_every_variant_or_says_why():
     base = GPT(GPTConfig(n_layer=1, n_head=2, d_model=32, d_ff=64, seq_len=16))
     x = torch.randint(0, 256, (2, 16))
     out = fp8_train_lab.gpt_steps(base, x, x, reps=1, compile=False, with_torchao=False)
-    assert out["failed"] == [] and out["skipped"] == {} and set(out) == {"failed", "skipped", "bf16", "ours rowwise"}
+    assert out["failed"] == [] and out["skipped"] == {} and set(out) == {"failed", "skipped", "iqr", "bf16", "ours rowwise"}
     assert all(out[v] > 0 for v in ("bf16", "ours rowwise"))
     assert next(base.parameters()).dtype == torch.float32  # the base model is left as it was
 
@@ -118,11 +119,13 @@ def test_speed_sweep_leaves_out_just_the_torchao_recipe_that_cannot_run(monkeypa
     why = "torchao's rowwise recipe does not run on cuda here."
     monkeypatch.setattr(fp8_linear, "_TORCHAO_PROBLEMS", {("rowwise", "cuda"): why, ("tensorwise", "cuda"): None})
     monkeypatch.setattr(fp8_train_lab, "matmul_tflops", lambda n, kind, reps: float(n))  # no GPU needed: the bookkeeping only
-    monkeypatch.setattr(fp8_train_lab, "linear_tflops", lambda n, variant, reps, compile: n / 2)
+    monkeypatch.setattr(fp8_train_lab, "linear_timing", lambda n, variant, reps, compile: _timing(6 * n ** 3 / (n * 1e9)))
     out = fp8_train_lab.speed_sweep([64, 128], 1, True, False)
     assert out["skipped"] == {"torchao rowwise": why} and out["failed"] == []
     assert list(out["linear"]) == ["bf16", "ours tensorwise", "ours rowwise", "torchao tensorwise"]
-    assert out["linear"]["torchao tensorwise"] == [32.0, 64.0] and out["matmul"]["rowwise"] == [64.0, 128.0]
+    assert out["linear"]["torchao tensorwise"] == pytest.approx([0.064, 0.128]) and out["matmul"]["rowwise"] == [64.0, 128.0]
+    q25, q75 = out["linear_iqr"]["bf16"][1]
+    assert q25 < 6 * 128 ** 2 / 1e9 < q75 and len(out["linear_iqr"]["bf16"]) == 2
     without = fp8_train_lab.speed_sweep([64], 1, False, False)
     assert without["skipped"] == {} and not any(v.startswith("torchao") for v in without["linear"])
 
@@ -174,3 +177,36 @@ def test_the_matmul_headline_is_timed_by_the_protocol():
     r, c = fp8_train_lab.matmul_speedup(32, "tensorwise", reps=3, device="cpu")
     assert set(c.timings) == {"bf16", "tensorwise"} and 3 <= c.rounds <= 9
     assert r.value == pytest.approx(c["bf16"].median / c["tensorwise"].median) and r.lo <= r.value <= r.hi
+
+
+def _timing(median, spread=0.02):
+    return bench.Timing(median, median * (1 - spread), median * (1 + spread), [median] * 3)
+
+
+def test_the_speed_claim_is_judged_by_the_rule_or_is_not_testable_with_its_range(results_tmp):
+    def head(fp8_s, bf16_s=2.0, spread=0.02):
+        return protocol.ratio(_timing(bf16_s, spread), _timing(fp8_s, spread)), None
+    assert fp8_train_lab.speed_claim(head(1.0), 8192, 1.4, 1.2, None, quiet=True)["verdict"] == "supported"  # 2.0x
+    row = fp8_train_lab.speed_claim(head(1.6), 8192, None, None, None, quiet=True)  # 1.25x, precisely below 1.7
+    assert row["verdict"] == "contradicted" and row["spread"][0] < 1.25 < row["spread"][1]
+    assert "linear fwd+bwd not measured" in row["measured"]
+    assert fp8_train_lab.speed_claim(head(1.0, spread=0.3), 8192, None, None, None, quiet=True)["verdict"] == "not testable"
+    row = fp8_train_lab.speed_claim(None, 512, None, None, "this device has no FP8 tensor cores", quiet=True)
+    assert row["verdict"] == "not testable" and row["reason"] == "this device has no FP8 tensor cores"
+    assert row["claimed"] == {"lo": 1.7, "hi": None, "above": "exceeded"} and row["unit"] == "x"
+
+
+def test_faster_means_beyond_both_iqrs():
+    assert fp8_train_lab.faster([1.0, 1.1], [1.2, 1.3]) and not fp8_train_lab.faster([1.0, 1.25], [1.2, 1.3])
+    assert not fp8_train_lab.faster([1.2, 1.3], [1.0, 1.1]) and not fp8_train_lab.faster(None, [1.0, 1.1])
+
+
+def test_the_reference_kernel_sentence_ranks_only_separated_costs_and_never_calls_them_fp8_speed():
+    def cost(scaled_s, emulated_s, spread=0.02):
+        a, b = _timing(scaled_s, spread), _timing(emulated_s, spread)
+        return {"scaled_mm": a, "emulated": b, "ratio": protocol.ratio(a, b)}
+    text = fp8_train_lab.reference_cost_sentence(cost(0.05, 0.001), "blocks.0.mlp.down")
+    assert "Neither is FP8 speed" in text and "the emulation costs less" in text
+    text = fp8_train_lab.reference_cost_sentence(cost(0.0011, 0.001, spread=0.2), "blocks.0.mlp.down")
+    assert "cannot tell" in text and "costs less" not in text
+    assert "refuses" in fp8_train_lab.reference_cost_sentence(None, "blocks.0.mlp.down")
