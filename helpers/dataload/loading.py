@@ -14,7 +14,8 @@
 * `write_token_file` / `MemmapBatches`: nanoGPT's and llm.c's fast path, one flat uint16 token file
   read through `np.memmap`, random windows, no per-item Python work.
 * `train_step`: one forward, backward and optimizer step on a batch, with the block-diagonal mask
-  for packed rows.
+  for packed rows; `timed_step` / `StepTime`: the same step on the next batch, its wait and copy on the wall
+  clock and its compute on both the wall and the thread's CPU clock.
 * `host_buffer`: a pageable host tensor whose every page is written, the source of a real
   host-to-device copy (a fresh allocation is the kernel's shared zero page until written).
 """
@@ -25,13 +26,13 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, NamedTuple, Sequence
 
 import numpy as np
 import torch
 
 from helpers.dataload import packing
-from helpers.measure import bench
+from helpers.measure import bench, clock
 from helpers.measure.params import positive
 
 # ---------------------------------------------------------------- documents
@@ -259,20 +260,34 @@ def train_step(model, batch: packing.Batch, optimizer, mask: bool) -> None:
 
 # ---------------------------------------------------------------- host memory for pinned copies
 
+class StepTime(NamedTuple):
+    """One training step's parts, in seconds: wait, copy and compute on the wall clock (each closed by a device
+    sync), the batch's real tokens, and compute_cpu: the same compute on the calling thread's CPU clock, the
+    seconds the main thread actually ran (below the wall seconds when other work shared its core)."""
+
+    wait: float
+    copy: float
+    compute: float
+    tokens: int
+    compute_cpu: float
+
+
 def timed_step(model, it, optimizer, *, device: str = "cpu", mask: bool = False,
-               non_blocking: bool = False) -> tuple[float, float, float, int]:
-    """One `train_step` on the next batch of `it`: (wait, copy, compute) seconds, each closed by a device sync,
-    and the batch's real tokens. Raises StopIteration when `it` is exhausted."""
-    t0 = time.perf_counter()
-    batch = next(it)
-    t1 = time.perf_counter()
-    batch = batch.to(device, non_blocking=non_blocking)
-    bench.sync(device)
-    t2 = time.perf_counter()
-    train_step(model, batch, optimizer, mask)
-    bench.sync(device)
-    t3 = time.perf_counter()
-    return t1 - t0, t2 - t1, t3 - t2, batch.tokens
+               non_blocking: bool = False) -> StepTime:
+    """One `train_step` on the next batch of `it`, timed part by part with `clock.Stopwatch`: a `StepTime`.
+
+    The wait and the copy are wall time (waiting for a worker, or for a copy, is what they measure); the
+    compute is read on both clocks, so a caller can quote the thread's own time and the share of the wall time
+    it ran. Raises StopIteration when `it` is exhausted."""
+    with clock.Stopwatch(tally=False) as wait:
+        batch = next(it)
+    with clock.Stopwatch(tally=False) as copy:
+        batch = batch.to(device, non_blocking=non_blocking)
+        bench.sync(device)
+    with clock.Stopwatch() as compute:
+        train_step(model, batch, optimizer, mask)
+        bench.sync(device)
+    return StepTime(wait.wall, copy.wall, compute.wall, batch.tokens, compute.cpu)
 
 
 def host_buffer(nbytes: int) -> torch.Tensor:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import math
 import multiprocessing as mp
-import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Sequence
 
@@ -28,7 +27,7 @@ import torch
 from helpers.dataload import loading, packing
 from helpers.gpt import data
 from helpers.gpt.model import PRESETS
-from helpers.measure import bench, params, protocol
+from helpers.measure import bench, clock, params, protocol
 from helpers.measure.params import positive
 from helpers.show import plots
 
@@ -78,24 +77,25 @@ def step_breakdown(model, batches: Iterable[packing.Batch], *, steps: int, warmu
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
     it = iter(batches)
     waits, copies, computes, tokens = [], [], [], 0
-    start = None
-    for i in range(warmup + steps):
-        if i == warmup:
-            bench.sync(device)
-            start = time.perf_counter()
+
+    def step(i):
         try:
-            wait, copy, compute, n = loading.timed_step(model, it, opt, device=device, mask=mask,
-                                                        non_blocking=non_blocking)
+            return loading.timed_step(model, it, opt, device=device, mask=mask, non_blocking=non_blocking)
         except StopIteration:
             raise ValueError(f"the loader ran out after {i} batches; {warmup + steps} were asked for") from None
-        if i >= warmup:
-            waits.append(wait)
-            copies.append(copy)
-            computes.append(compute)
-            tokens += n
-    seconds = time.perf_counter() - start
+
+    for i in range(warmup):
+        step(i)
+    bench.sync(device)
+    with clock.Stopwatch(tally=False) as timed:  # wall time: the steps include waiting for the loader
+        for i in range(warmup, warmup + steps):
+            st = step(i)
+            waits.append(st.wait)
+            copies.append(st.copy)
+            computes.append(st.compute)
+            tokens += st.tokens
     med = lambda xs: float(np.median(xs))  # noqa: E731
-    return Breakdown(med(waits), med(copies), med(computes), tokens, seconds, steps, waits)
+    return Breakdown(med(waits), med(copies), med(computes), tokens, timed.wall, steps, waits)
 
 
 def loader_breakdown(model, dataset, *, steps: int, warmup: int = 1, device: str = "cpu", **loader_kw) -> Breakdown:
@@ -157,11 +157,11 @@ def epochs_time(dataset, *, epochs: int, **loader_kw) -> float:
     """
     loader = loading.make_loader(dataset, **loader_kw)
     try:
-        t0 = time.perf_counter()
-        for _ in range(epochs):
-            for _batch in loader:
-                pass
-        return time.perf_counter() - t0
+        with clock.Stopwatch(tally=False) as sw:  # wall time: the main thread waits for the workers
+            for _ in range(epochs):
+                for _batch in loader:
+                    pass
+        return sw.wall
     finally:
         loading.shutdown(loader)
 
@@ -215,7 +215,9 @@ def h2d_bandwidth(sizes: Sequence[int], *, reps: int = 10) -> list[dict[str, flo
     pin-on-the-fly (`.pin_memory()` then the non-blocking copy, every time). CUDA only (RuntimeError otherwise).
 
     Each number is bytes / median time by the course's protocol (`protocol.compare`: warmed up until steady,
-    at least `reps` interleaved rounds, CUDA events); "separated" says whether the three timings' IQRs are disjoint.
+    at least `reps` interleaved rounds, CUDA events); "separated" says whether the three timings' IQRs are disjoint;
+    "pinned_speedup" (pageable time / pinned time) and "otf_slowdown" (pin-on-the-fly time / pageable time) are
+    (ratio of medians, lo, hi) with the IQR bounds of `protocol.ratio`.
     The source buffers come from `loading.host_buffer`: written memory, not the zero page of a fresh allocation.
     """
     if not torch.cuda.is_available():
@@ -229,9 +231,10 @@ def h2d_bandwidth(sizes: Sequence[int], *, reps: int = 10) -> list[dict[str, flo
                "pinned": lambda: dst.copy_(pinned, non_blocking=True),
                "pin on the fly": lambda: dst.copy_(pageable.pin_memory(), non_blocking=True)}
         t = protocol.compare(fns, device="cuda", min_reps=reps, max_reps=3 * reps, budget_s=5.0)
+        bounds = lambda r: (r.value, r.lo, r.hi)  # noqa: E731
         rows.append({"bytes": n, **{k: n / v.median / 1e9 for k, v in t.timings.items()},
-                     "separated": t.rankable()})
-        del pageable, pinned, dst
+                     "separated": t.rankable(), "pinned_speedup": bounds(t.ratio("pageable", "pinned")),
+                     "otf_slowdown": bounds(t.ratio("pin on the fly", "pageable"))})
     return rows
 
 
@@ -337,8 +340,8 @@ def resolve_parameters(S: params.Setup, *, MODEL, ROW_LEN, N_DOCS, MEDIAN_LEN, L
            "LATENCY_MS": R("LATENCY_MS", LATENCY_MS, smoke=10.0, full=0.5, check=check_nonnegative),
            "BATCH": R("BATCH", BATCH, smoke=8, full=64, check=params.positive),
            "WORKERS": R("WORKERS", WORKERS, smoke=[0, 2], full=[0, 2, 4, 8], check=check_worker_counts),
-           "PREFETCH": R("PREFETCH", PREFETCH, smoke=[2, 4], full=[1, 2, 8], check=params.positives),
-           "BATCHES": R("BATCHES", BATCHES, smoke=[4, 16], full=[64, 256], check=params.positives),
+           "PREFETCH": R("PREFETCH", PREFETCH, smoke=[2], full=[1, 2, 8], check=params.positives),
+           "BATCHES": R("BATCHES", BATCHES, smoke=[8], full=[64, 256], check=params.positives),
            "STEPS": R("STEPS", STEPS, smoke=8, full=20, check=params.positive),
            "REPS": R("REPS", REPS, smoke=8, full=20, check=params.positive)}
     row_len, n_docs, median = out["ROW_LEN"], out["N_DOCS"], out["MEDIAN_LEN"]

@@ -3,22 +3,27 @@
 * `sweep_protocol` (with `Source`, `loader_source`, `cycle`, `timed_block` over `loading.timed_step`,
   `LoaderTiming`, `LoaderSweep`): the course's protocol (`helpers.measure.protocol`) applied to training steps fed by
   loaders: per source a fresh loader warmed up until its steps are steady, blocks of timed steps
-  interleaved in rotated rounds until every source is separated from the fastest; medians and IQRs of
-  wait, copy and compute per step, and of each block's time per real token. `panel_row` is one block, for
-  the instructor panel.
+  interleaved in rotated rounds until every source is separated from the fastest, or the seconds budget of
+  the whole sweep would be passed; medians and IQRs of wait and copy (wall clock: waiting is the lesson),
+  of compute on the thread's CPU clock, and of each block's wall time per real token. The contention is
+  measured in the same run (`LoaderSweep.contention`: the share of its compute's wall time the main thread ran,
+  in the rows without worker processes), and `LoaderSweep.rank_sentence` withholds a ranking that the
+  contention, or too few rounds, could make. `panel_row` is one block, for the instructor panel.
+* `contention_probe` / `probe_sentence`: the machine's load around a wall-clock measurement, from a fixed loop
+  timed on both clocks.
 * `against_target` / `packing_sentence` / `idle_sentence`: verdicts generated from a measured ratio or
   share and its IQR bounds against the course's targets, ranking only separated timings.
 """
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Iterable, Iterator, Sequence
 
 import torch
 
 from helpers.dataload import loading, packing
-from helpers.measure import bench, protocol
+from helpers.measure import bench, clock as clocks, protocol
 from helpers.measure.bench import Timing
 from helpers.measure.params import positive
 
@@ -50,6 +55,7 @@ class Source:
     non_blocking: bool = False  # pinned batches: copy with non_blocking=True
     close: Callable[[Iterable[packing.Batch]], None] = lambda it: None
     ahead: int = 0  # batches the workers have ready before the first step asks (num_workers x prefetch_factor)
+    workers: int = 0  # worker processes it runs beside the main one (they compete with it for the cores)
 
 
 def loader_source(dataset, **loader_kw) -> Source:
@@ -58,7 +64,8 @@ def loader_source(dataset, **loader_kw) -> Source:
     workers = loader_kw.get("num_workers", 0)
     ahead = workers * (loader_kw.get("prefetch_factor") or 2) if workers else 0
     return Source(lambda: loading.make_loader(dataset, **loader_kw), mask=loader_kw.get("kind", "pad") == "pack",
-                  non_blocking=loader_kw.get("pin_memory", False), close=loading.shutdown, ahead=ahead)
+                  non_blocking=loader_kw.get("pin_memory", False), close=loading.shutdown, ahead=ahead,
+                  workers=workers)
 
 
 def timed_block(model, optimizer, source: Source, *, steps: int, device: str = "cpu", window: int = 2,
@@ -70,8 +77,8 @@ def timed_block(model, optimizer, source: Source, *, steps: int, device: str = "
     (wait + copy + compute): steps are taken and discarded until the last `window` lie within `tol` of their
     median, or `max_warmup` more steps, so a loader's worker start-up and the process's first-call costs stay
     out of the timed steps. The loader is restarted
-    for a new epoch when it runs out (`cycle`), and closed after. Returns ([(wait, copy, compute, tokens)]
-    per timed step, the warm-up steps taken). Raises ValueError for steps that is not a positive int.
+    for a new epoch when it runs out (`cycle`), and closed after. Returns ([`loading.StepTime`] per timed
+    step, the warm-up steps taken). Raises ValueError for steps that is not a positive int.
     """
     positive("steps", steps)
     made = []
@@ -98,7 +105,9 @@ def timed_block(model, optimizer, source: Source, *, steps: int, device: str = "
 class LoaderTiming:
     """One source measured by `sweep_protocol`: every timed step of every round (seconds; tokens per step).
 
-    wait, copy, compute and step are `bench.Timing`s over the timed steps; per_token is seconds per real
+    wait, copy, compute and step are `bench.Timing`s over the timed steps: wait, copy and step on the wall
+    clock; compute on the thread's CPU clock on a CPU (`compute.ran_share`: the share of its wall time the
+    main thread ran; compute_wall: the same steps' wall seconds, part of the step); per_token is seconds per real
     token of each timed block, its steps' total time over their total tokens (one sample a round), so
     tokens/s = 1 / per_token.median. A loader with workers delivers in bursts: single steps alternate
     between a batch at hand and a wait for one, so a median over steps can time the bursts rather than the
@@ -113,6 +122,12 @@ class LoaderTiming:
     per_token: Timing
     idle: tuple[float, float, float]
     warmup_steps: list[int]
+    compute_wall: Timing | None = None
+
+    @property
+    def ran(self) -> float | None:
+        """The share of its compute's wall time the main thread ran (None off the thread's clock)."""
+        return self.compute.ran_share
 
     @property
     def tokens_per_s(self) -> float:
@@ -130,7 +145,8 @@ class LoaderTiming:
         return {"wait_ms": ms(self.wait), "copy_ms": ms(self.copy), "compute_ms": ms(self.compute),
                 "step_ms": ms(self.step), "idle": self.idle, "tokens_per_s": self.tokens_per_s,
                 "tokens_per_s_iqr": (1 / self.per_token.q75, 1 / self.per_token.q25), "steps": len(self.step.samples),
-                "warmup_steps": self.warmup_steps}
+                "warmup_steps": self.warmup_steps, "compute_clock": self.compute.clock, "ran": self.ran,
+                "compute_wall_ms": ms(self.compute_wall or self.compute)}
 
 
 def _timing(xs: list[float], device: str) -> Timing:
@@ -139,29 +155,41 @@ def _timing(xs: list[float], device: str) -> Timing:
 
 def loader_timing(steps: list[tuple], warmup_steps: list[int], device: str = "cpu",
                   block: int | None = None) -> LoaderTiming:
-    """A `LoaderTiming` from timed steps [(wait, copy, compute, tokens)] (pooled over rounds): the blocks are
-    the runs of `block` steps in order (None: all the steps are one block). Raises ValueError for a block
-    that is not a positive int or does not divide the steps."""
+    """A `LoaderTiming` from timed steps (pooled over rounds): `loading.StepTime`s, or plain (wait, copy, compute,
+    tokens[, compute_cpu]) tuples. The blocks are the runs of `block` steps in order (None: all the steps are one
+    block). On a CPU with compute_cpu given, `compute` is on the thread's clock; else on the wall clock. Raises
+    ValueError for a block that is not a positive int or does not divide the steps."""
     block = len(steps) if block is None else block
     positive("block", block)
     if len(steps) % block:
         raise ValueError(f"block={block} does not divide the {len(steps)} timed steps into whole blocks")
-    wait, copy, compute, tokens = (list(c) for c in zip(*steps))
+    cols = [list(c) for c in zip(*steps)]
+    wait, copy, compute, tokens = cols[:4]
     step = [w + c + m for w, c, m in zip(wait, copy, compute)]
     idle = [(w + c) / s if s > 0 else 0.0 for w, c, s in zip(wait, copy, step)]
     per_token = [sum(step[i:i + block]) / sum(tokens[i:i + block]) for i in range(0, len(step), block)]
-    return LoaderTiming(_timing(wait, device), _timing(copy, device), _timing(compute, device), _timing(step, device),
-                        _timing(per_token, device), bench.quartiles(idle), warmup_steps)
+    wall = _timing(compute, device)
+    cpu = (Timing(*bench.quartiles(cols[4]), cols[4], 0, device, clock=clocks.THREAD, wall=compute)
+           if len(cols) > 4 and not device.startswith("cuda") else wall)
+    return LoaderTiming(_timing(wait, device), _timing(copy, device), cpu, _timing(step, device),
+                        _timing(per_token, device), bench.quartiles(idle), warmup_steps, wall)
 
 
 @dataclass
 class LoaderSweep:
-    """What `sweep_protocol` measured: a `LoaderTiming` per source, the rounds run and why it stopped."""
+    """What `sweep_protocol` measured: a `LoaderTiming` per source, the rounds run and why it stopped.
+
+    workers: each source's worker processes; min_rounds: the rounds a spread needs (fewer, and nothing is
+    ranked); budget_s: the whole sweep's seconds budget; round_s: each round's wall seconds."""
 
     timings: dict[str, LoaderTiming]
     rounds: int
     stopped: str  # "separated" (every source from the fastest), "max_rounds" or "budget"
     steps: int
+    workers: dict[str, int] = field(default_factory=dict)
+    min_rounds: int = 3
+    budget_s: float | None = None
+    round_s: list[float] = field(default_factory=list)
 
     def __getitem__(self, name: str) -> LoaderTiming:
         return self.timings[name]
@@ -170,12 +198,62 @@ class LoaderSweep:
         """The source with the most tokens/s (median), among `names` (default: all)."""
         return min(names or self.timings, key=lambda n: self.timings[n].per_token.median)
 
+    def contention(self, names: Sequence[str] | None = None) -> float | None:
+        """The share of its compute's wall time the main thread ran, over the timed steps of `names` (default: the
+        sources without worker processes, so that only other work on the machine takes the core from it; all of
+        them when every source has workers). None when compute was not on the thread's clock (a GPU)."""
+        names = list(names or [n for n in self.timings if not self.workers.get(n)] or self.timings)
+        cpu = sum(sum(self.timings[n].compute.samples) for n in names)
+        wall = sum(sum(self.timings[n].compute.wall) for n in names)
+        if any(self.timings[n].compute.clock != clocks.THREAD for n in names) or wall <= 0:
+            return None
+        return min(1.0, cpu / wall)
+
+    def withheld(self) -> str | None:
+        """Why this sweep may not rank its sources (None: it may, where their spreads separate): fewer rounds
+        than `min_rounds` (the budget ran out), or a main thread that ran less than `clocks.SHARED_BELOW` of its
+        compute's wall time in the rows without workers: then other work held the cores the loader's workers
+        need as well, and a ranking of wall-clock rates could be the scheduler's."""
+        if self.rounds < self.min_rounds:
+            return (f"the {self.budget_s:g} s budget allowed {self.rounds} round(s), fewer than the {self.min_rounds} "
+                    "a spread needs")
+        share = self.contention()
+        if share is not None and share < clocks.SHARED_BELOW:
+            return (f"the main thread ran only {share:.0%} of its compute's wall time in the rows without workers, so "
+                    "the machine was shared and the scheduler, which slows the workers too, could make the ranking")
+        return None
+
+    def rank_sentence(self, name_a: str, name_b: str, what: str = "time per real token", part: str = "per_token",
+                      better: str = "faster") -> str:
+        """`protocol.rank_sentence` on two sources' `part` ("per_token", "wait", ...), or, when `withheld()`, their
+        numbers and why this run does not rank them."""
+        a, b = getattr(self[name_a], part), getattr(self[name_b], part)
+        why = self.withheld()
+        if why is None:
+            return protocol.rank_sentence(name_a, a, name_b, b, what=what, better=better)
+        return f"{name_a} and {name_b} ({what}: {a} vs {b}) are not ranked by this run: {why}"
+
+    def contention_sentence(self) -> str:
+        """The contention measured in this sweep, in words: the main thread's share of its compute's wall time in
+        the rows without workers (other load on the machine) and in each row with workers (its own workers too)."""
+        share = self.contention()
+        if share is None:
+            return "compute was timed on the wall clock (a GPU), so this sweep measured no CPU contention"
+        with_w = [f"{n} {self[n].ran:.0%}" for n in self.timings if self.workers.get(n) and self[n].ran is not None]
+        return (f"contention measured in this sweep: the main thread ran {share:.0%} of its compute's wall time in the "
+                "rows without workers (the rest went to other work on the machine)"
+                + (f", and {', '.join(with_w)} in the rows with workers (their own workers share the cores)"
+                   if with_w else ""))
+
     def note(self) -> str:
         """How the numbers were made, for a caption or a summary's noise field."""
         warm = ", ".join(f"{k} {sum(v.warmup_steps)}" for k, v in self.timings.items())
+        budget = "" if self.budget_s is None else f" of at most {self.budget_s:g} s"
         return (f"medians and IQRs of {self.steps} timed steps x {self.rounds} interleaved rounds per loader "
                 f"(tokens/s: of each round's {self.steps} steps together), each round a fresh loader warmed up until "
-                f"its steps were steady (warm-up steps discarded: {warm}); stopped: {self.stopped}")
+                f"its steps were steady (warm-up steps discarded: {warm}); compute on the "
+                f"{next(iter(self.timings.values())).compute.clock} clock, wait and tokens/s on the wall clock; "
+                f"stopped: {self.stopped} after {sum(self.round_s):.1f} s{budget}")
 
 
 def sweep_protocol(model, sources: dict[str, Source], *, steps: int, device: str = "cpu", min_rounds: int = 3,
@@ -188,9 +266,12 @@ def sweep_protocol(model, sources: dict[str, Source], *, steps: int, device: str
     first (`timed_block`). Blocks, not single steps, are interleaved: a loader with workers left idle
     between single steps would prefetch in the background and hide its real wait. After `min_rounds`,
     stop once every source's time per token is separated from the fastest one's (IQRs disjoint), or at
-    `max_rounds`, or after `budget_s` seconds (clock: the wall clock, a fake in tests). All sources train
-    the one `model` (same shapes, same work per step); pass a model already on `device`. Raises
-    ValueError for no sources, a bad round count or a budget that is not positive.
+    `max_rounds`. `budget_s` bounds the whole sweep, the first rounds included: a round starts only when the
+    slowest round so far would still end within it (the first round always runs), so a busy machine gets fewer
+    rounds, and `LoaderSweep.withheld` says when they are fewer than `min_rounds`. clock: the wall clock the
+    budget is counted on (a fake in tests). All sources train the one `model` (same shapes, same work per step);
+    pass a model already on `device`. Raises ValueError for no sources, a bad round count or a budget that is
+    not positive.
     """
     if not sources:
         raise ValueError("sources is empty: give at least one {name: Source}")
@@ -199,13 +280,18 @@ def sweep_protocol(model, sources: dict[str, Source], *, steps: int, device: str
     names = list(sources)
     steps_of: dict[str, list[tuple]] = {n: [] for n in names}
     warm: dict[str, list[int]] = {n: [] for n in names}
-    start, rounds, stopped = clock(), 0, "max_rounds"
+    start, rounds, stopped, round_s = clock(), 0, "max_rounds", []
     while rounds < max_rounds:
+        if round_s and clock() - start + max(round_s) > budget_s:
+            stopped = "budget"
+            break
+        began = clock()
         for n in names[rounds % len(names):] + names[:rounds % len(names)]:
             got, w = timed_block(model, opt, sources[n], steps=steps, device=device)
             steps_of[n] += got
             warm[n].append(w)
         rounds += 1
+        round_s.append(clock() - began)
         if rounds < min_rounds:
             continue
         t = {n: loader_timing(steps_of[n], warm[n], device, block=steps) for n in names}
@@ -213,11 +299,8 @@ def sweep_protocol(model, sources: dict[str, Source], *, steps: int, device: str
         if all(protocol.separated(t[n].per_token, t[best].per_token) for n in names if n != best):
             stopped = "separated"
             break
-        if clock() - start > budget_s:
-            stopped = "budget"
-            break
     return LoaderSweep({n: loader_timing(steps_of[n], warm[n], device, block=steps) for n in names}, rounds, stopped,
-                       steps)
+                       steps, {n: sources[n].workers for n in names}, min_rounds, budget_s, round_s)
 
 
 def panel_row(model, dataset, cfg: dict, *, steps: int, device: str = "cpu", **common) -> dict:
@@ -226,6 +309,30 @@ def panel_row(model, dataset, cfg: dict, *, steps: int, device: str = "cpu", **c
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     got, warm = timed_block(model, opt, loader_source(dataset, **{**common, **cfg}), steps=steps, device=device)
     return loader_timing(got, [warm], device).row()
+
+
+# ---------------------------------------------------------------- the machine's load, measured by a probe
+
+PROBE_LOOPS = 1_000_000  # iterations of the probe's fixed pure-Python loop (about 25 ms of CPU time)
+
+
+def contention_probe(loops: int = PROBE_LOOPS) -> clocks.Reading:
+    """A fixed CPU-bound loop on the calling thread, timed on both clocks (`clock.Stopwatch`, kept out of the
+    notebook's tally): its `share` is the fraction of the wall time the thread ran, what other work left of a core.
+    Taken right before and after a wall-clock measurement, it states the load that measurement met."""
+    positive("loops", loops)
+    with clocks.Stopwatch(tally=False) as sw:
+        total = 0
+        for i in range(loops):
+            total += i & 7
+    return sw.reading
+
+
+def probe_sentence(before: clocks.Reading, after: clocks.Reading) -> tuple[float, str]:
+    """(share, sentence) for two probes around a measurement: the share of their wall time they ran together."""
+    share = clocks.Reading(before.cpu + after.cpu, before.wall + after.wall).share
+    return share, (f"a fixed loop timed right before and after it ran {before.share:.0%} and {after.share:.0%} of "
+                   f"its wall time ({share:.0%} together)")
 
 
 # ---------------------------------------------------------------- sentences generated from the measured spread
@@ -263,10 +370,14 @@ def packing_sentence(r: protocol.Ratio, *, cuda: bool, target: float = PACK_TARG
 
 
 def idle_sentence(name: str, idle: tuple[float, float, float], *, cuda: bool, target: float = IDLE_TARGET,
-                  say_device: bool = True) -> str:
+                  say_device: bool = True, withheld: str | None = None) -> str:
     """The data-wait verdict of one loader from its per-step idle share (median, q25, q75) against the target;
-    say_device=False leaves out the remark that a CPU run judged a GPU target (for a second sentence)."""
+    say_device=False leaves out the remark that a CPU run judged a GPU target (for a second sentence);
+    withheld: why this run may not judge it (`LoaderSweep.withheld`), then the share is stated, not judged."""
     med, lo, hi = idle
+    if withheld:
+        return f"{name} was idle {med:.1%} of each step (IQR {lo:.1%}-{hi:.1%}), not judged against the course's " \
+               f"{target:.0%} target: {withheld}"
     verdict = against_target(lo, hi, target, higher_is_better=False)
     where = "" if cuda or not say_device else ("; the target is set for a GPU, whose fast compute leaves a loader "
                                                "less time, and this run is a CPU's")

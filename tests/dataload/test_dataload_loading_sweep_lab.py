@@ -38,7 +38,7 @@ def test_timed_block_discards_a_planted_cold_step():
     got, warm = loading_sweep_lab.timed_block(model, opt, src, steps=3)
     assert len(got) == 3 and 2 <= warm <= loading_sweep_lab.MAX_WARMUP_STEPS
     assert max(w for w, *_ in got) < 0.25  # the 0.5 s first batch was a warm-up step, not a timed one
-    assert all(n == 32 for *_, n in got) and len(closed) == 1  # the loader was closed after the block
+    assert all(st.tokens == 32 for st in got) and len(closed) == 1  # the loader was closed after the block
     with pytest.raises(ValueError, match="steps"):
         loading_sweep_lab.timed_block(model, opt, src, steps=0)
 
@@ -112,6 +112,7 @@ def test_sweep_protocol_rotates_whole_blocks_and_stops_when_separated(monkeypatc
     assert sw.rounds == 3 and sw.stopped == "separated" and sw.fastest() == "fast"
     assert len(sw["fast"].step.samples) == 9 and sw["fast"].warmup_steps == [2, 2, 2]
     assert "3 timed steps x 3 interleaved rounds" in sw.note() and "stopped: separated" in sw.note()
+    assert sw.withheld() is None and "was" in sw.rank_sentence("fast", "slow")  # 4-tuples: wall compute, no contention
     with pytest.raises(ValueError):
         loading_sweep_lab.sweep_protocol(model, {}, steps=1)
     with pytest.raises(ValueError, match="max_rounds"):
@@ -150,3 +151,49 @@ def test_idle_sentence_and_the_target_rule():
     assert "within the course's target of at most 2%" in loading_sweep_lab.idle_sentence("w=2", (0.01, 0.005, 0.015), cuda=True)
     text = loading_sweep_lab.idle_sentence("w=0", (0.4, 0.3, 0.5), cuda=False)
     assert "40.0%" in text and "above the course's target" in text and "CPU" in text
+
+
+def _planted_sweep(monkeypatch, ran_no_workers, ran_workers=1.0, *, budget_s=30.0, round_cost=0.0, min_rounds=3):
+    """A sweep over a source without workers ("fast") and one with two ("slow") whose compute the main thread ran
+    the planted share of; each block advances a fake wall clock by `round_cost` / 2."""
+    now = [0.0]
+    per_step = {"fast": (0.01, ran_no_workers), "slow": (0.05, ran_workers)}
+
+    def fake_block(model, opt, source, *, steps, device):
+        now[0] += round_cost / 2
+        t, ran = per_step[source.mask]
+        return [(0.0, 0.0, t * (1 + 0.01 * i), 10, ran * t * (1 + 0.01 * i)) for i in range(steps)], 1
+
+    monkeypatch.setattr(loading_sweep_lab, "timed_block", fake_block)
+    return loading_sweep_lab.sweep_protocol(
+        torch.nn.Linear(2, 2), {"fast": loading_sweep_lab.Source(None, mask="fast"),
+                                "slow": loading_sweep_lab.Source(None, mask="slow", workers=2)},
+        steps=3, min_rounds=min_rounds, max_rounds=8, budget_s=budget_s, clock=lambda: now[0])
+
+
+def test_a_ranking_the_contention_could_make_is_withheld(monkeypatch):
+    quiet = _planted_sweep(monkeypatch, ran_no_workers=0.98, ran_workers=0.6)
+    assert quiet.contention() == pytest.approx(0.98) and quiet.withheld() is None  # its own workers do not count
+    assert "fast was" in quiet.rank_sentence("fast", "slow") and "faster" in quiet.rank_sentence("fast", "slow")
+    assert "60%" in quiet.contention_sentence() and "98%" in quiet.contention_sentence()
+    busy = _planted_sweep(monkeypatch, ran_no_workers=0.45)  # the same separated timings on a shared machine
+    assert busy["fast"].compute.clock == "thread" and busy["fast"].ran == pytest.approx(0.45)
+    assert busy["fast"].compute.median == pytest.approx(0.45 * busy["fast"].compute_wall.median)
+    why = busy.withheld()
+    assert why is not None and "45%" in why
+    text = busy.rank_sentence("fast", "slow")
+    assert "not ranked" in text and "faster" not in text and why in text
+    idle = loading_sweep_lab.idle_sentence("w=0", (0.4, 0.3, 0.5), cuda=False, withheld=why)
+    assert "not judged" in idle and "above the course" not in idle
+
+
+def test_the_sweep_stops_at_its_seconds_budget_first_rounds_included(monkeypatch):
+    sw = _planted_sweep(monkeypatch, 1.0, budget_s=25.0, round_cost=10.0)  # a round costs 10 s of the fake clock
+    assert sw.rounds == 2 and sw.stopped == "budget" and sw.round_s == [10.0, 10.0]  # a third would end at 30 s
+    why = sw.withheld()
+    assert why is not None and "2 round(s)" in why and "fewer than the 3" in why
+    assert "not ranked" in sw.rank_sentence("fast", "slow")
+    one = _planted_sweep(monkeypatch, 1.0, budget_s=5.0, round_cost=10.0)
+    assert one.rounds == 1 and one.stopped == "budget"  # the first round always runs, then nothing more
+    enough = _planted_sweep(monkeypatch, 1.0, budget_s=100.0, round_cost=10.0)
+    assert enough.rounds == 3 and enough.stopped == "separated" and enough.withheld() is None

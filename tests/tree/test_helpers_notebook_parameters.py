@@ -169,8 +169,9 @@ CASES = [  # (notebook, overrides, None: passes | the parameter the ValueError m
     ("11", dict(THRESHOLD=1.0), "THRESHOLD"), ("11", dict(THRESHOLD=0.999), None),
     ("11", dict(TEMPERATURES=[0]), None), ("11", dict(TEMPERATURES=[math.inf]), "TEMPERATURES"),
     ("12", dict(N_DOCS=10), "N_DOCS"),  # reported: an IndexError in the packing check
-    ("12", dict(N_DOCS=144), None), ("12", dict(N_DOCS=143), "N_DOCS"),  # 1 + 8 batches of 16 (BATCHES' largest)
-    ("12", dict(N_DOCS=72, WORKERS=[0]), None), ("12", dict(N_DOCS=71, WORKERS=[0]), "N_DOCS"),  # BATCH=8 only
+    ("12", dict(N_DOCS=72), None), ("12", dict(N_DOCS=71), "N_DOCS"),  # 1 + 8 batches of BATCH=8 (smoke's BATCHES)
+    ("12", dict(N_DOCS=144, BATCHES=[4, 16]), None),  # 1 + 8 batches of 16 (BATCHES' largest)
+    ("12", dict(N_DOCS=143, BATCHES=[4, 16]), "N_DOCS"), ("12", dict(N_DOCS=143, BATCHES=[4, 16], WORKERS=[0]), None),
     ("12", dict(ROW_LEN=8, MEDIAN_LEN=7), None), ("12", dict(ROW_LEN=7, MEDIAN_LEN=6), "ROW_LEN"),
     ("12", dict(MEDIAN_LEN=63), None), ("12", dict(MEDIAN_LEN=64), "MEDIAN_LEN"),
     ("12", dict(LATENCY_MS=0), None), ("12", dict(LATENCY_MS=math.inf), "LATENCY_MS"),
@@ -204,7 +205,7 @@ def test_the_reported_cases_say_what_would_work(tmp_path):
     assert "divisors of 128" in refused("08", S, "GROUPS", GROUPS=[48])
     assert "32, 64, 128" in refused("08", S, "BLOCKSIZE", BLOCKSIZE=256)
     assert f"at least {kv_cache_lab.min_budget_gb():.10g} GB" in refused("10", S, "BUDGET_GB", BUDGET_GB=2)
-    assert "at least 144" in refused("12", S, "N_DOCS", N_DOCS=10)
+    assert "at least 72" in refused("12", S, "N_DOCS", N_DOCS=10)
     assert "two distinct message sizes" in refused("13", S, "MSG_SIZES", MSG_SIZES=[1024])
 
 
