@@ -62,6 +62,9 @@ def unavailable(technique: str, device: str) -> str | None:
         raise ValueError(f"technique={technique!r}; choose one of {', '.join(TECHNIQUES)}")
     if technique == "bf16" and device == "cuda" and not hardware.capabilities()["bf16"]:
         return "this GPU has no bf16 units (a T4 or older), so bf16 decoding would be emulated"
+    if technique == "bf16" and device != "cuda" and (why := hardware.emulated("bf16", device)):
+        return (f"{why}; the rungs that stand on bf16 stand on the fp32 KV-cache rung instead, so that no rung "
+                "times the emulation")
     return None
 
 

@@ -9,6 +9,8 @@ K and V of the tokens cached so far, at the mean position of the reply (prompt +
 """
 from __future__ import annotations
 
+import time
+
 import torch
 
 from helpers.capstone import serve_stack
@@ -59,7 +61,8 @@ def rungs_for(device: str, compile: bool) -> tuple[list[ServeRung], dict[str, st
     rungs, left = serve_stack.ladder(device, techniques)
     if not compile:
         left["compile"] = ("left out by COMPILE=False (the smoke profile on a CPU: a cold compile of the decode step "
-                           "costs more than this notebook's budget there), so int8 and int4 stand on bf16")
+                           "costs more than this notebook's budget there), so int8 and int4 stand on "
+                           + ("bf16" if any(r.name == "bf16" for r in rungs) else "the fp32 KV-cache rung"))
     return rungs, left
 
 
@@ -190,16 +193,18 @@ def batching(model, *, n_requests: int, repeats: int = 3, seed: int = 0, max_bat
     """Continuous against static batching of one seeded request mix (`serving.model_requests`, arriving at
     `arrival_rate` per iteration) on the same paged KV memory: room for max_batch // 2 requests at their longest,
     which static batching preallocates and continuous batching fills by actual lengths, up to `max_batch`. Both
-    policies serve the mix `repeats` times, interleaved (`serving.serve_policies`); prints a table of each policy's
-    median run and one sentence. Returns `serving.policy_speedup`'s dict (runs, speedup, speedup_range, separated,
+    policies serve the mix `repeats` times, interleaved (`serving.serve_policies`), on a CPU timed on the thread's
+    own CPU clock (the server's iterations are work on the calling thread; run it with torch on one thread); prints
+    a table of each policy's median run and one sentence. Returns `serving.policy_speedup`'s dict (runs, speedup, speedup_range, separated,
     spread) with "num_blocks", "same_tokens" (requests whose tokens both policies' median runs agree on) and
     "sentence"."""
     params.positive("n_requests", n_requests)
     reqs, cap = serving.model_requests(model, n_requests, seed=seed, arrival_rate=arrival_rate)
     longest = max(len(r.prompt) for r in reqs) + cap
     num_blocks = max(1, max_batch // 2) * blocks_for(longest, block_size)
+    on_cpu = next(model.parameters()).device.type == "cpu"
     tries = serving.serve_policies(model, reqs, repeats=repeats, num_blocks=num_blocks, block_size=block_size,
-                                   max_batch=max_batch, max_new_tokens=cap)
+                                   max_batch=max_batch, max_new_tokens=cap, clock=time.thread_time if on_cpu else None)
     said = serving.policy_speedup(tries)
     st, co = said["runs"]["static"], said["runs"]["continuous"]
     rows = [said["runs"][p].row() for p in serving.POLICIES]

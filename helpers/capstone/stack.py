@@ -22,7 +22,9 @@ Every rung sees the same batches in the same order and the same tokens per optim
 `micro_batches` = k the step's (B, T) batch is cut into k micro-batches whose mean losses are weighted
 1/k (`training.accumulation`), which gives the gradient of the whole batch's mean loss; the checkpoint
 rung spends the memory checkpointing frees on micro-batches k times larger (k = 1). `unavailable` says in
-one sentence why a device cannot run a technique; the ladder then goes on without it.
+one sentence why a device cannot run a technique; the ladder then goes on without it. A format the device
+only emulates counts as one it cannot run (bf16 on a CPU without bf16 units, `hardware.emulated`): its rung
+would time the emulation, and every later rung, holding it too, could not be ranked.
 """
 from __future__ import annotations
 
@@ -70,6 +72,9 @@ def unavailable(technique: str, device: str) -> str | None:
         return "FP8 matmuls need FP8 tensor cores (an NVIDIA GPU of compute capability 8.9 or newer)"
     if technique == "bf16" and device == "cuda" and not caps["bf16"]:
         return "this GPU has no bf16 units (a T4 or older), so bf16 autocast would be emulated"
+    if technique == "bf16" and device != "cuda" and (why := hardware.emulated("bf16", device)):
+        return (f"{why}; a rung's step would time the emulation, and every rung above it would hold bf16 too, so "
+                "the ladder goes on in fp32 without it")
     return None
 
 

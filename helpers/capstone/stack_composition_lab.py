@@ -1,13 +1,17 @@
 """Notebook 14's "where each rung's step goes": each rung's training step split by the profiler into the parts a
 technique acts on (matmuls, attention, the optimizer, casts, the rest), its figure, and the sentence that says
-why a technique bought more or less in the stack than alone from the share of the step it acts on."""
+why a technique bought more or less in the stack than alone from the share of the step it acts on; and "do the
+gains multiply?": each gain alone beside its gain in the stack (`multiply_rows`), their product against the
+stack's measured gain (`multiply_sentence`)."""
 from __future__ import annotations
+
+import math
 
 import torch
 
 from helpers.capstone import stack
 from helpers.gpt.model import GPTConfig
-from helpers.measure import bench, profiling
+from helpers.measure import bench, profiling, protocol
 from helpers.show import plots
 
 PARTS = ("matmul", "attention", "optimizer", "casts", "rest")
@@ -89,3 +93,39 @@ def why_sentence(technique: str, before: str, comp: dict[str, profiling.Shares],
                "a share no larger, so the rungs before it changed how that part runs, in its favour")
         return f"{where}; it bought more in the stack ({in_stack.value:.2f}x against {alone.value:.2f}x alone), {why}."
     return f"{where}; its gains alone and in the stack lie within each other's spread, so this run shows no interaction."
+
+
+def multiply_rows(rungs: list[stack.Rung], table: list[dict], alone: dict[str, dict],
+                  comp: dict[str, profiling.Shares]) -> list[dict]:
+    """Per technique: its gain alone on the baseline (from `run_ladder` over the baseline and the rungs
+    "<technique> alone") beside its gain where it sits in the stack (`table`'s rung-over-rung gain), and the
+    sentence (`why_sentence`, from `comp`, the `composition` of the ladder's rungs) that says why they differ,
+    ranked only beyond both spreads."""
+    base = alone[rungs[0].name]["timing"]
+    out = []
+    for i, (rung, row) in enumerate(zip(rungs[1:], table[1:])):
+        if row["gain"] is None:  # an emulated format's rung: its time measures the emulation
+            continue
+        a, b = protocol.ratio(base, alone[f"{rung.name} alone"]["timing"]), row["gain"]
+        out.append({"technique": rung.name, "alone": a, "in_stack": b,
+                    "sentence": why_sentence(rung.name, rungs[i].name, comp, a, b)})
+    return out
+
+
+def multiply_sentence(mult: list[dict], table: list[dict]) -> str:
+    """The product of the gains alone (with the product of their IQR bounds) against the stack's measured
+    gain over the baseline; the two are told apart only when those ranges do not overlap."""
+    prod = math.prod(m["alone"].value for m in mult)
+    lo, hi = math.prod(m["alone"].lo for m in mult), math.prod(m["alone"].hi for m in mult)
+    cum = table[-1]["cumulative"]
+    if hi > 10 * lo:
+        return (f"The gains alone multiply to {prod:.2f}x, but their spreads multiply to {lo:.2f}-{hi:.2f}x: too wide on "
+                f"this run to set beside the whole stack's {cum} over the baseline.")
+    if hi < cum.lo:
+        how = "the stack gave more than the product: together the techniques did better than alone"
+    elif lo > cum.hi:
+        how = "the stack gave less than the product: the gains did not multiply"
+    else:
+        how = "the two ranges overlap, so this run cannot tell whether the gains multiplied"
+    return (f"The gains alone multiply to {prod:.2f}x (IQR-bounded {lo:.2f}-{hi:.2f}x); the whole stack measured "
+            f"{cum} over the baseline: {how}.")

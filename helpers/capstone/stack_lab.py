@@ -2,7 +2,9 @@
 and waterfall. The stack itself (rungs, what each builds) is `helpers.capstone.stack`.
 
 Timing: every rung trains the same STEPS batches from the same weights, on one thread on a CPU (a small model's
-ops are too small to share between two cores, and on a busy machine a descheduled thread stalls every op). With `interleave` the rungs step
+ops are too small to share between two cores, and on a busy machine a descheduled thread stalls every op), each
+step read from the thread's own CPU clock (`clock.Stopwatch`, the wall time kept beside it), which other work on
+the machine does not stretch; on a GPU from the wall clock after a sync. With `interleave` the rungs step
 round-robin (step i of every rung, then step i + 1), so a burst of other work on the machine slows
 every rung alike; otherwise one rung after the other (a large model cannot hold every rung in memory).
 The first `warmup` steps of each rung pay its one-time costs (allocation, compilation) and are left out
@@ -11,18 +13,16 @@ is said, not assumed.
 """
 from __future__ import annotations
 
-import math
 import time
 from typing import Callable
 
 import torch
 
 from helpers.capstone import serve_stack_lab, stack
-from helpers.capstone.stack_composition_lab import why_sentence
 from helpers.capstone.waterfall import waterfall  # noqa: F401 - the notebook draws it from here
 from helpers.cost import flops
 from helpers.gpt.model import PRESETS, GPTConfig
-from helpers.measure import bench, claims, params, profiling, protocol
+from helpers.measure import bench, clock as clocks, hardware, params, protocol
 from helpers.measure.bench import Timing
 
 # a rung's final loss must lie this close (relative) to the baseline's: fp32 rungs reorder sums only;
@@ -88,17 +88,25 @@ def run_ladder(cfg: GPTConfig, rungs: list[stack.Rung], data: list, device: str,
 
     Returns {rung name: {"times": [seconds per step], "losses": [...], "peak_bytes": int or None,
     "timing": Timing of the steps after `warmup`, "steady": bool}}. A step's time ends after its loss
-    reached the host (one sync per step). `clock` is for tests."""
+    reached the host (one sync per step). On a CPU it is the thread's CPU time (`clock.Stopwatch`; the Timing keeps
+    each step's wall seconds beside it); on CUDA `clock` (the wall clock; tests pass a fake) after a sync."""
     built = {r.name: stack.build(cfg, r, device, micro_batches=micro_batches, lr=lr, seed=seed) for r in rungs}
-    out = {name: {"times": [], "losses": [], "peak_bytes": None} for name in built}
+    out = {name: {"times": [], "walls": [], "losses": [], "peak_bytes": None} for name in built}
     streams = {name: stack.batches(b, data, device) for name, b in built.items()}
 
     def one(name: str) -> None:
         x, y = next(streams[name])
         bench.sync(device)
-        t0 = clock()
-        loss = built[name].step(x, y)  # float(): the host waits for the step
-        out[name]["times"].append(clock() - t0)
+        if device == "cuda":
+            t0 = clock()
+            loss = built[name].step(x, y)  # float(): the host waits for the step
+            seconds = wall = clock() - t0
+        else:
+            with clocks.Stopwatch() as sw:
+                loss = built[name].step(x, y)
+            seconds, wall = sw.cpu, sw.wall
+        out[name]["times"].append(seconds)
+        out[name]["walls"].append(wall)
         out[name]["losses"].append(loss)
 
     order = ([(i, n) for i in range(len(data)) for n in built] if interleave else
@@ -115,7 +123,9 @@ def run_ladder(cfg: GPTConfig, rungs: list[stack.Rung], data: list, device: str,
                 out[name]["peak_bytes"] = torch.cuda.max_memory_allocated()
     for name, r in out.items():
         timed = r["times"][warmup:]
-        r["timing"] = Timing(*bench.quartiles(timed), timed, warmup, device)
+        r["timing"] = Timing(*bench.quartiles(timed), timed, warmup, device,
+                             clock=clocks.WALL if device == "cuda" else clocks.THREAD,
+                             wall=[] if device == "cuda" else r["walls"][warmup:])
         r["steady"] = (protocol.steady(timed, 3, 0.25) if len(timed) >= 3 else False) and \
             r["timing"].spread <= MAX_SPREAD
     return out
@@ -127,7 +137,11 @@ def rows(cfg: GPTConfig, rungs: list[stack.Rung], res: dict, batch: int, seq_len
     against `peak_flops[format]` in FLOP/s, format "fp32" or "bf16" (an fp8 rung's against bf16's); None
     without one, and None with "mfu_above_ceiling" when it passes 100%: a ceiling measured low by a disturbance), final loss (mean of the last `last`) and its gap to the
     baseline's, whether it is within the rung's TOLERANCE, and the gain over the rung before and over the
-    baseline (`protocol.Ratio`s of step times)."""
+    baseline (`protocol.Ratio`s of step times).
+
+    A rung whose format the device emulates ("emulated": `hardware.emulated`'s sentence, else None) gets no MFU
+    and no gain (its time measures the emulation), and the rung after it is ranked against the last rung
+    before it that ran natively."""
     step_flops = flops.transformer_flops(cfg, batch, seq_len, backward=True)["total"]["total"]
     base = res[rungs[0].name]
     tail = lambda r: sum(r["losses"][-last:]) / len(r["losses"][-last:])  # noqa: E731
@@ -136,25 +150,30 @@ def rows(cfg: GPTConfig, rungs: list[stack.Rung], res: dict, batch: int, seq_len
         r = res[rung.name]
         t = r["timing"]
         gap = (tail(r) - tail(base)) / tail(base)
-        mfu = flops.mfu(step_flops / t.median, (peak_flops or {}).get("fp32" if precision_of(rung) == "fp32" else "bf16"))
+        fmt = precision_of(rung)
+        emulated = hardware.emulated("bf16", t.device) if fmt in ("bf16", "fp8") else None
+        mfu = None if emulated else flops.mfu(step_flops / t.median, (peak_flops or {}).get("fp32" if fmt == "fp32" else "bf16"))
         out.append({"rung": rung.name, "title": stack.TITLES.get(rung.name, "baseline"), "timing": t,
                     "tokens_per_s": batch * seq_len / t.median,
                     "mfu": None if mfu is not None and mfu > 1 else mfu, "mfu_above_ceiling": mfu is not None and mfu > 1,
-                    "loss": tail(r), "loss_gap": gap, "precision": precision_of(rung),
-                    "within": abs(gap) <= TOLERANCE[precision_of(rung)], "steady": r["steady"],
-                    "gain": None if prev is None else protocol.ratio(prev, t),
+                    "loss": tail(r), "loss_gap": gap, "precision": fmt, "emulated": emulated,
+                    "within": abs(gap) <= TOLERANCE[fmt], "steady": r["steady"],
+                    "gain": None if prev is None or emulated else protocol.ratio(prev, t),
                     "cumulative": protocol.ratio(base["timing"], t), "peak_bytes": r["peak_bytes"]})
-        prev = t
+        prev = prev if emulated else t
     return out
 
 
 def rung_sentence(row: dict) -> str:
     """What one rung's technique bought on this run, ranked only when the step times' IQRs do not overlap."""
     g = row["gain"]
+    what = f"{row['rung']} ({row['title']})"
+    if row.get("emulated"):
+        return (f"{what}: {row['timing']} per step, not ranked and no MFU: {row['emulated']}; the next rung is ranked "
+                "against the rung before this one.")
     if g is None:
         return (f"baseline: {row['timing']} per step, {row['tokens_per_s']:.0f} tokens/s"
                 + ("" if row["steady"] else "; " + unsteady(row)) + ".")
-    what = f"{row['rung']} ({row['title']})"
     if not g.separated:
         verdict = f"{what}: within the noise of the rung before ({g}); this run cannot say it helped"
     elif g.value > 1:
@@ -172,40 +191,6 @@ def unsteady(row: dict) -> str:
     """The warning a rung's sentence carries when its step times were widely spread or still drifting."""
     return (f"its step times were widely spread or still drifting at the end (IQR ±{50 * row['timing'].spread:.0f}%), "
             "so read its median with care")
-
-
-def multiply_rows(rungs: list[stack.Rung], table: list[dict], alone: dict[str, dict],
-                  comp: dict[str, profiling.Shares]) -> list[dict]:
-    """Per technique: its gain alone on the baseline (from `run_ladder` over the baseline and the rungs
-    "<technique> alone") beside its gain where it sits in the stack (`table`'s rung-over-rung gain), and the
-    sentence (`stack_composition_lab.why_sentence`, from `comp`, the `stack_composition_lab.composition` of the ladder's rungs) that says why they differ,
-    ranked only beyond both spreads."""
-    base = alone[rungs[0].name]["timing"]
-    out = []
-    for i, (rung, row) in enumerate(zip(rungs[1:], table[1:])):
-        a, b = protocol.ratio(base, alone[f"{rung.name} alone"]["timing"]), row["gain"]
-        out.append({"technique": rung.name, "alone": a, "in_stack": b,
-                    "sentence": why_sentence(rung.name, rungs[i].name, comp, a, b)})
-    return out
-
-
-def multiply_sentence(mult: list[dict], table: list[dict]) -> str:
-    """The product of the gains alone (with the product of their IQR bounds) against the stack's measured
-    gain over the baseline; the two are told apart only when those ranges do not overlap."""
-    prod = math.prod(m["alone"].value for m in mult)
-    lo, hi = math.prod(m["alone"].lo for m in mult), math.prod(m["alone"].hi for m in mult)
-    cum = table[-1]["cumulative"]
-    if hi > 10 * lo:
-        return (f"The gains alone multiply to {prod:.2f}x, but their spreads multiply to {lo:.2f}-{hi:.2f}x: too wide on "
-                f"this run to set beside the whole stack's {cum} over the baseline.")
-    if hi < cum.lo:
-        how = "the stack gave more than the product: together the techniques did better than alone"
-    elif lo > cum.hi:
-        how = "the stack gave less than the product: the gains did not multiply"
-    else:
-        how = "the two ranges overlap, so this run cannot tell whether the gains multiplied"
-    return (f"The gains alone multiply to {prod:.2f}x (IQR-bounded {lo:.2f}-{hi:.2f}x); the whole stack measured "
-            f"{cum} over the baseline: {how}.")
 
 
 def stack_panel(cfg: GPTConfig, batches: list, device: str, *, micro_batches: int, lr: float, warmup: int,
@@ -278,10 +263,12 @@ STACK_CLAIMS = (
 
 def stack_claims(ladders: dict[str, list[dict]], isolated: dict[str, dict], device: str,
                  left_out: dict[str, dict[str, str]]) -> list[dict]:
-    """`claims.verdict`'s keyword arguments (notebook "14") for each of STACK_CLAIMS: the claim judged on its rung's
-    gain over the rung before in the stack (IQR-bounded; "not testable" while the range spans a bound of the
-    claim, on a CPU for the GPU claims (every one but speculative decoding's), or when the rung is not on this
-    device's ladder), with the isolated notebook's verdict from `isolated` ({claim id: its ledger row}) beside it.
+    """`claims.verdict`'s keyword arguments (notebook "14") for each of STACK_CLAIMS: the claim judged by the one
+    rule (`claims.judge_interval`, applied by `claims.verdict`) on its rung's gain over the rung before in the
+    stack, with the gain's IQR bounds as its spread; "not testable" (with the claimed range still recorded) on a
+    CPU for the GPU claims (every one but speculative decoding's), when the rung is not on this device's ladder,
+    or when it ran in a format the device emulates. The isolated notebook's verdict from `isolated` ({claim id:
+    its ledger row}) is set beside it.
 
     ladders: {"training": training rows, "serving": serving rows}, each row with "rung" and "gain" (a Ratio);
     left_out: {ladder: {technique: why it is not on that ladder}}."""
@@ -291,23 +278,23 @@ def stack_claims(ladders: dict[str, list[dict]], isolated: dict[str, dict], devi
         iso = isolated.get(iso_id)
         alone = (f"alone (notebook {nb}): {iso['verdict']}, measured {iso['measured']}" if iso else
                  f"alone: notebook {nb} has not written its verdict into this results folder")
-        if row is None:
-            why = left_out.get(ladder, {}).get(rung, "its rung is not on this ladder")
-            out.append(dict(claim_id=cid, notebook="14", claim=claim, source=source, verdict="not testable",
-                            measured=f"in the stack: not run; {alone}", reason=f"{rung}: {why}"))
+        kw = dict(claim_id=cid, notebook="14", claim=claim, source=source, claimed=(lo, hi), unit="x")
+        if row is None or row.get("gain") is None:
+            why = (row or {}).get("emulated") or left_out.get(ladder, {}).get(rung, "its rung is not on this ladder")
+            out.append(dict(kw, verdict="not testable", measured=f"in the stack: not ranked; {alone}",
+                            reason=f"{rung}: {why}"))
             continue
         g = row["gain"]
-        measured = f"in the stack, {rung} over the rung before: {g}; {alone}"
+        kw.update(measured=f"in the stack, {rung} over the rung before: {g}; {alone}", value=g.value,
+                  spread=(min(g.lo, g.value), max(g.hi, g.value)))
         if device == "cpu" and ladder == "training":
-            verdict, reason = "not testable", "the claim is about GPU kernels (tensor cores, HBM traffic); this run has a CPU"
+            kw.update(verdict="not testable",
+                      reason="the claim is about GPU kernels (tensor cores, HBM traffic); this run has a CPU")
         else:
-            verdict, reason = claims.judge_range(g.value, min(g.lo, g.value), max(g.hi, g.value), lo, hi)
-            if verdict != "not testable":
-                reason = (f"measured over the rung {rung} joins in the stack, as a gain of the whole "
-                          f"{'training step' if ladder == 'training' else 'reply'}, not of its kernel alone"
-                          + (f"; on {device}, with the course's small models" if device == "cpu" else ""))
-        out.append(dict(claim_id=cid, notebook="14", claim=claim, source=source, measured=measured, value=g.value,
-                        unit="x", verdict=verdict, reason=reason))
+            kw["reason"] = (f"measured over the rung {rung} joins in the stack, as a gain of the whole "
+                            f"{'training step' if ladder == 'training' else 'reply'}, not of its kernel alone"
+                            + (f"; on {device}, with the course's small models" if device == "cpu" else ""))
+        out.append(kw)
     return out
 
 
@@ -333,7 +320,7 @@ def target_rows(train: list[dict], serve: list[dict], batching: dict | None, jud
     are the H200's)."""
     rows = {r["rung"]: r for r in train}
     srows = {r["rung"]: r for r in serve}
-    bf16 = [r for r in train if r["precision"] == "bf16"]
+    bf16 = [r for r in train if r["precision"] == "bf16" and not r.get("emulated")]
     best = max(bf16, key=lambda r: r["tokens_per_s"]) if bf16 else None
     rr = lambda x: (x.value, (x.lo, x.hi))  # noqa: E731 - a Ratio as (value, range)
     got: list[tuple[tuple | None, str]] = [

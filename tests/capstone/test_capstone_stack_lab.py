@@ -3,9 +3,9 @@ import matplotlib
 import pytest
 import torch
 
-from helpers.capstone import stack_lab, stack
+from helpers.capstone import stack_composition_lab, stack_lab, stack
 from helpers.gpt.model import GPTConfig
-from helpers.measure import protocol
+from helpers.measure import claims, protocol
 from helpers.measure.bench import Timing
 
 matplotlib.use("Agg")
@@ -40,11 +40,11 @@ def test_the_multiply_sentence_tells_apart_only_ranges_that_do_not_overlap():
     table = [_row("baseline", base, base=base), _row("sdpa", _t(0.5), base, base), _row("checkpoint", _t(0.25), _t(0.5), base)]
     mult = [{"technique": "sdpa", "alone": protocol.ratio(base, _t(0.5))},
             {"technique": "checkpoint", "alone": protocol.ratio(base, _t(0.5))}]
-    assert "cannot tell" in stack_lab.multiply_sentence(mult, table)  # 2 x 2 = 4 = the stack's 4
+    assert "cannot tell" in stack_composition_lab.multiply_sentence(mult, table)  # 2 x 2 = 4 = the stack's 4
     mult[1]["alone"] = protocol.ratio(base, _t(0.9))  # 2 x 1.1 = 2.2 < 4
-    assert "the stack gave more than the product" in stack_lab.multiply_sentence(mult, table)
+    assert "the stack gave more than the product" in stack_composition_lab.multiply_sentence(mult, table)
     mult[1]["alone"] = protocol.ratio(base, _t(0.1))  # 2 x 10 = 20 > 4
-    assert "the gains did not multiply" in stack_lab.multiply_sentence(mult, table)
+    assert "the gains did not multiply" in stack_composition_lab.multiply_sentence(mult, table)
 
 
 def test_the_ladder_runs_every_rung_on_the_same_batches_and_times_after_the_warm_up():
@@ -53,6 +53,7 @@ def test_the_ladder_runs_every_rung_on_the_same_batches_and_times_after_the_warm
     rungs = [stack.Rung("baseline", frozenset()), stack.Rung("sdpa", frozenset({"sdpa"}))]
     res = stack_lab.run_ladder(CFG, rungs, data, "cpu", micro_batches=2, lr=1e-3, warmup=2)
     assert all(len(r["times"]) == 5 and len(r["timing"].samples) == 3 for r in res.values())
+    assert all(r["timing"].clock == "thread" and len(r["timing"].wall) == 3 for r in res.values())  # the CPU's one clock
     assert res["sdpa"]["losses"] == pytest.approx(res["baseline"]["losses"], rel=1e-5)
     rows = stack_lab.rows(CFG, rungs, res, 4, 16, {"fp32": 1e12, "bf16": None})
     assert rows[0]["gain"] is None and rows[1]["within"] and 0 < rows[0]["mfu"] < 1
@@ -89,6 +90,13 @@ def test_leave_one_out_takes_each_technique_out_of_the_whole_stack_once():
     assert "costs more than it saves" in rows["data_path"]["sentence"]
 
 
+def _judged(row):
+    """The verdict `claims.verdict` would record for one of stack_claims' rows (the one rule, or "not testable")."""
+    if "verdict" in row:
+        return row["verdict"]
+    return claims.judge_interval(row["value"], *row["spread"], *row["claimed"])[0]
+
+
 def test_stack_claims_judge_the_rung_in_the_stack_beside_the_isolated_verdict():
     base = _t(1.0)
     training = [_row("baseline", base, base=base), _row("bf16", _t(0.55), base, base), _row("sdpa", _t(0.5), _t(0.55), base)]
@@ -99,19 +107,54 @@ def test_stack_claims_judge_the_rung_in_the_stack_beside_the_isolated_verdict():
     on_gpu = {r["claim_id"]: r for r in stack_lab.stack_claims({"training": training, "serving": serving}, iso,
                                                                    "cuda", left)}
     assert set(on_gpu) == {c[0] for c in stack_lab.STACK_CLAIMS}
-    assert on_gpu["stack-mixed-precision-1-5-2x"]["verdict"] == "supported"  # 1.82x, IQR-bounded 1.75-1.89x
+    assert all(r["claimed"] for r in on_gpu.values())  # recorded even where not testable: the report re-judges GPUs
+    assert _judged(on_gpu["stack-mixed-precision-1-5-2x"]) == "supported"  # 1.82x, IQR-bounded 1.75-1.89x
     assert "alone (notebook 03): supported, measured bf16: step x1.8" in on_gpu["stack-mixed-precision-1-5-2x"]["measured"]
-    assert on_gpu["stack-flash-2-4x"]["verdict"] == "contradicted" and "notebook 06 has not" in on_gpu["stack-flash-2-4x"]["measured"]
-    assert on_gpu["stack-speculative-2-3x"]["verdict"] == "supported"
+    assert _judged(on_gpu["stack-flash-2-4x"]) == "contradicted" and "notebook 06 has not" in on_gpu["stack-flash-2-4x"]["measured"]
+    assert _judged(on_gpu["stack-speculative-2-3x"]) == "supported"
     assert on_gpu["stack-fp8-2x"]["verdict"] == "not testable" and "FP8 needs FP8 tensor cores" in on_gpu["stack-fp8-2x"]["reason"]
     assert "COMPILE=False" in on_gpu["stack-compile-1-5-2x"]["reason"]  # the training ladder's reason, not the serving one
     on_cpu = {r["claim_id"]: r for r in stack_lab.stack_claims({"training": training, "serving": serving}, iso,
                                                                    "cpu", left)}
     assert on_cpu["stack-mixed-precision-1-5-2x"]["verdict"] == "not testable"
-    assert on_cpu["stack-speculative-2-3x"]["verdict"] == "supported"  # not a GPU-kernel claim: judged on a CPU too
-    noisy = [_row("baseline", base, base=base), _row("bf16", _t(0.6, 0.2), base, base)]
-    spans = stack_lab.stack_claims({"training": noisy, "serving": []}, {}, "cuda", left)[0]
-    assert spans["verdict"] == "not testable" and "spans the claim's bound" in spans["reason"]
+    assert _judged(on_cpu["stack-speculative-2-3x"]) == "supported"  # not a GPU-kernel claim: judged on a CPU too
+    noisy = [_row("baseline", base, base=base), _row("bf16", _t(0.6, 0.3), base, base)]
+    wide = stack_lab.stack_claims({"training": noisy, "serving": []}, {}, "cuda", left)[0]
+    assert "verdict" not in wide and _judged(wide) == "not testable"  # the rule decides: a spread too wide to judge
+    emulated = [_row("baseline", base, base=base), {**_row("bf16", _t(5.0), base, base), "gain": None,
+                                                    "emulated": "bf16 is emulated on this CPU"}]
+    row = stack_lab.stack_claims({"training": emulated, "serving": []}, {}, "cuda", left)[0]
+    assert row["verdict"] == "not testable" and "bf16 is emulated" in row["reason"]
+
+
+def test_a_planted_emulated_bf16_leaves_the_ladder_and_keeps_later_rungs_ranked(monkeypatch):
+    from helpers.capstone import serve_stack
+    from helpers.measure import hardware
+
+    planted = "bf16 is emulated on this CPU (planted)"
+    monkeypatch.setattr(hardware, "emulated", lambda dtype, device="cpu": planted if dtype == "bf16" else None)
+    rungs, left = stack_lab.rungs_for("cpu", False)
+    assert "bf16" not in [r.name for r in rungs] and planted in left["bf16"]
+    assert not any(r.has("bf16") for r in rungs)  # every later rung trains in fp32: rankable
+    serve, serve_left = serve_stack.ladder("cpu")
+    by = {r.name: r for r in serve}
+    assert "bf16" not in by and planted in serve_left["bf16"]
+    assert by["compile"].base == "kv_cache" and by["speculative"].base == "kv_cache"
+    assert not any(r.has("bf16") for r in serve)
+    # a bf16 rung that does run (a hand-made ladder) gets no MFU and no gain; the next is ranked against the one before it
+    base, emul, after = _t(1.0), _t(7.0), _t(0.5)
+    res = {n: {"timing": t, "losses": [4.0] * 3, "steady": True, "peak_bytes": None}
+           for n, t in (("baseline", base), ("bf16", emul), ("sdpa", after))}
+    ladder = [stack.Rung("baseline", frozenset()), stack.Rung("bf16", frozenset({"bf16"})),
+              stack.Rung("sdpa", frozenset({"sdpa"}))]
+    rows = stack_lab.rows(CFG, ladder, res, 4, 16, {"fp32": 1e12, "bf16": 1e12})
+    assert rows[1]["emulated"] == planted and rows[1]["mfu"] is None and rows[1]["gain"] is None
+    assert rows[2]["mfu"] is not None and not rows[2]["emulated"]
+    assert rows[2]["gain"].value == pytest.approx(2.0)  # against the baseline, not against the emulated rung's 7x
+    held = stack_lab.rows(CFG, [*ladder[:2], stack.Rung("sdpa", frozenset({"bf16", "sdpa"}))], res, 4, 16, None)
+    assert held[2]["emulated"] and held[2]["gain"] is None  # a rung that holds the emulated format is not ranked either
+    assert "not ranked and no MFU" in stack_lab.rung_sentence(rows[1])
+    assert stack_lab.target_rows(rows, [], None)[0]["why"] == "no bf16 rung"
 
 
 def test_target_rows_measure_each_ratio_from_its_rungs_and_judge_only_beyond_its_range():
@@ -158,7 +201,7 @@ def test_multiply_rows_set_each_gain_alone_beside_its_gain_on_the_rung_it_joined
     table = [_row("baseline", base, base=base), _row("sdpa", _t(0.9), base, base), _row("fused_adamw", _t(0.8), _t(0.9), base)]
     alone = {"baseline": {"timing": base}, "sdpa alone": {"timing": _t(0.5)}, "fused_adamw alone": {"timing": _t(0.9)}}
     comp = {n: Shares({"attention": 0.4, "optimizer": 0.1, "rest": 0.5}, 10.0, "cpu") for n in ("baseline", "sdpa")}
-    rows = stack_lab.multiply_rows(rungs, table, alone, comp)
+    rows = stack_composition_lab.multiply_rows(rungs, table, alone, comp)
     assert [r["technique"] for r in rows] == ["sdpa", "fused_adamw"]
     assert rows[0]["alone"].value == pytest.approx(2.0) and rows[0]["in_stack"].value == pytest.approx(1 / 0.9)
     assert "bought less in the stack" in rows[0]["sentence"] and "the rung it joined (baseline)" in rows[0]["sentence"]
