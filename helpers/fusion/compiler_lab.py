@@ -149,6 +149,23 @@ def timing_threads(device: str):
     return bench.cpu_threads(device, TIMING_THREADS)
 
 
+def compile_on_one_thread(device: str) -> str:
+    """On a CPU, make Inductor compile on this process's thread for the rest of the process
+    (`torch._inductor.config.compile_threads = 1`) and return the sentence that says so; "" on CUDA (left as is).
+
+    With more compile threads Inductor starts a pool of worker processes on its first compile (seconds of start-up
+    on a small machine) that outlive every compile, so no clock of this process sees their work. On one thread the
+    C++ compiler still runs as a child process, but one this process waits for, so `clock.Stopwatch(children=True)`
+    counts its CPU time: a compile is then timed on the CPU clock like everything else, whatever else the machine runs."""
+    if device == "cuda":
+        return ""
+    import torch._inductor.config as inductor_config  # heavy: only where the notebook compiles
+
+    inductor_config.compile_threads = 1
+    return ("Inductor compiles on this process's thread (compile_threads = 1): each compile is timed as this thread's "
+            "CPU time plus that of the C++ compiler it runs and waits for, with the wall time beside it.")
+
+
 def timed(fns: dict[str, Callable[[], Any]], *, device: str, reps: int, budget_s: float | None = None
           ) -> protocol.Comparison:
     """The notebook's one way to time variants: `protocol.compare` (warm-up until steady, then interleaved
@@ -179,7 +196,8 @@ def cache_note(nbytes: int, llc: int | None, llc_name: str = "last-level") -> st
 def workload_sentence(r: dict, llc: int | None, llc_name: str = "last-level") -> str:
     """One sentence per workload, built from its measurement `r` (`measure_workload`'s dict): the bytes'
     prediction, where the data lives (`cache_note`), compiled against eager and, where there is one,
-    the library kernel against compiled, each ranked only when their IQRs are apart."""
+    the library kernel against compiled, each ranked only when the quartiles of their per-round ratios exclude 1
+    (`r["speedup"]` and the library's ratio are paired: `protocol.paired_ratio`)."""
     t = r["timings"]
     pred = r["bytes_eager"] / r["bytes_fused"]
     sp = r["speedup"]
@@ -188,16 +206,16 @@ def workload_sentence(r: dict, llc: int | None, llc_name: str = "last-level") ->
     elif sp.value > 1:
         vs_eager = f"compiled was {sp} faster than eager"
     else:
-        slow = protocol.ratio(t["compiled"], t["eager"])
+        slow = protocol.paired_ratio(t["compiled"], t["eager"])
         vs_eager = f"compiled was {slow} slower than eager"
     text = f"{r['name']}: the bytes predict up to {pred:.1f}x if memory-bound; {cache_note(r['bytes_fused'], llc, llc_name)}; {vs_eager}"
     if "library" in t:
-        lib = protocol.ratio(t["compiled"], t["library"])
+        lib = protocol.paired_ratio(t["compiled"], t["library"])
         if lib.separated and lib.value > 1:
             text += (f"; the library kernel moved the same bytes {lib} faster than the compiled one, so the compiled "
                      "kernel is not at a limit of this device: a faster kernel for the same work exists")
         elif lib.separated:
-            text += f"; the compiled kernel beat the library one ({protocol.ratio(t['library'], t['compiled'])})"
+            text += f"; the compiled kernel beat the library one ({protocol.paired_ratio(t['library'], t['compiled'])})"
         else:
             text += f"; the library kernel and the compiled one are within the noise ({t['library']} vs {t['compiled']})"
     return text + "."
@@ -256,7 +274,8 @@ def measure_workload(name: str, rows: int, cols: int, *, dtype: torch.dtype = to
                      budget_s: float | None = None) -> dict[str, Any]:
     """Workload `name` on a (rows, cols) input: compiled checked against eager (`verify_output`), then eager,
     compiled and library (and the Triton softmax on CUDA) timed by the protocol (`timed`: at most `reps`
-    rounds). `comp`: the compiled function to use (default `compiled(name)`).
+    rounds). `comp`: the compiled function to use (default `compiled(name)`). The ratios are paired: the median
+    of the per-round ratios, their quartiles as bounds (`protocol.paired_ratio`), since the rounds are interleaved.
 
     Returns {"name", "shape", "bytes_eager", "bytes_fused", "timings" {impl: Timing}, "gbps" {impl: GB/s
     of the fused bytes, i.e. the useful traffic}, "speedup" (the protocol Ratio eager/compiled), "ratio"
@@ -283,8 +302,9 @@ def measure_workload(name: str, rows: int, cols: int, *, dtype: torch.dtype = to
     return {"name": name, "shape": (rows, cols), "dtype": str(dtype).replace("torch.", ""),
             "bytes_eager": compiler.eager_bytes(fn, *args)["total"], "bytes_fused": fused, "timings": timings,
             "gbps": {k: fused / t.median / 1e9 for k, t in timings.items()},
-            "speedup": comparison.ratio("eager", "compiled"),
-            "ratio": ratio_triple(comparison.ratio("eager", "compiled")), "note": comparison.note(), "kernels": counts,
+            "speedup": protocol.paired_ratio(timings["eager"], timings["compiled"]),
+            "ratio": ratio_triple(protocol.paired_ratio(timings["eager"], timings["compiled"])), "note": comparison.note(),
+            "kernels": counts,
             "max_error": error}
 
 

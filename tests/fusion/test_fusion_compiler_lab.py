@@ -205,3 +205,23 @@ def test_smoke_on_cuda_runs_bf16_and_a_softmax_row_past_one_block(tmp_path):
     assert (P["DTYPE"], P["SOFTMAX_COLS"], P["MODES"]) == ("bf16", [1024, 8192], list(compiler_lab.ALL_MODES))
     P = compiler_lab.resolve_parameters(smoke("cpu"), **base)
     assert (P["DTYPE"], P["SOFTMAX_COLS"], P["MODES"]) == ("fp32", [1024], [])
+
+
+def test_compile_on_one_thread_sets_inductor_to_compile_here_only_on_a_cpu(monkeypatch):
+    import torch._inductor.config as inductor_config
+
+    monkeypatch.setattr(inductor_config, "compile_threads", 2)
+    assert compiler_lab.compile_on_one_thread("cuda") == "" and inductor_config.compile_threads == 2
+    assert "compile_threads = 1" in compiler_lab.compile_on_one_thread("cpu")
+    assert inductor_config.compile_threads == 1
+
+
+def test_workload_ratios_are_paired_round_by_round():
+    # eager and compiled timed in the same rounds; rounds 2 to 4 were slowed by other work, both sides alike:
+    # their IQRs overlap (2-4 ms against 1-2 ms), yet every round ran compiled twice as fast
+    eager = bench.Timing(*bench.quartiles([2.0, 4.0, 8.0, 4.0, 2.0]), [2.0, 4.0, 8.0, 4.0, 2.0])
+    compiled = bench.Timing(*bench.quartiles([1.0, 2.0, 4.0, 2.0, 1.0]), [1.0, 2.0, 4.0, 2.0, 1.0])
+    assert not protocol.ratio(eager, compiled).separated
+    r = _planted("pointwise", eager, compiled) | {"speedup": protocol.paired_ratio(eager, compiled)}
+    text = compiler_lab.workload_sentence(r, llc=None)
+    assert "compiled was 2.00x (IQR-bounded 2.00-2.00x) faster than eager" in text

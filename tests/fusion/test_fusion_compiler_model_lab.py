@@ -16,7 +16,8 @@ def test_gpt_training_step_compiled_equals_eager(results_tmp):
     cfg = GPTConfig.preset("tiny", n_layer=1, seq_len=32)  # notebook 09's smoke model, so its graphs are cached for it
     r = compiler_model_lab.train_step_compare(cfg, 4, reps=1, check_steps=2)  # asserts rtol 1e-4, atol 1e-5 itself
     assert len(r["losses"]) == 2 and all(abs(a - b) <= 1e-4 * abs(a) + 1e-5 for a, b in r["losses"])
-    assert r["tokens"] == 4 * 32 and r["flops"] > 0 and r["first_step_s"] > 0
+    assert r["tokens"] == 4 * 32 and r["flops"] > 0 and r["first_step_s"] > 0 and r["first_step"].wall > 0
+    assert r["ratio"][0] == r["speedup"].value  # the paired ratio: median of the per-round ratios
     assert 0 < compiler_model_lab.matmul_share(r["eager_step"], name="test_gpt_step") < 1  # the step is not only matmuls
 
 
@@ -68,20 +69,61 @@ def test_break_even_is_printed_only_when_the_ratio_is_separated_from_1():
     assert "never pays back" in compiler_model_lab.break_even_sentence(5.0, eager, slower, "steps")
 
 
-def test_training_claim_is_judged_from_the_measured_step_and_not_testable_on_a_cpu():
+def test_training_claim_is_judged_by_the_ledger_from_the_measured_step_and_not_testable_on_a_cpu(results_tmp):
     from helpers.measure import claims
 
     within = protocol.ratio(T(0.15, 0.2), T(0.10, 0.2))  # 1.5x, bounds about 1.23-1.83
-    assert compiler_model_lab.training_claim(within, "cpu", 30.0)["verdict"] == "not testable"
-    assert "CPU" in compiler_model_lab.training_claim(within, "cpu", 30.0)["reason"]
-    assert compiler_model_lab.training_claim(within, "cuda", 30.0)["verdict"] == "supported"
-    above = protocol.ratio(T(0.30), T(0.10))
-    below = protocol.ratio(T(0.10), T(0.10))
-    assert compiler_model_lab.training_claim(above, "cuda", 30.0)["verdict"] == "exceeded"
-    assert compiler_model_lab.training_claim(below, "cuda", 30.0)["verdict"] == "contradicted"
-    for r in (within, above, below):  # every verdict is one the ledger accepts
+    on_cpu = compiler_model_lab.training_claim(within, "cpu", 30.0)
+    assert on_cpu["verdict"] == "not testable" and "CPU" in on_cpu["reason"]
+    assert on_cpu["claimed"] == (1.41, 1.41) and on_cpu["value"] == pytest.approx(1.5)  # recorded for the report
+    above = protocol.ratio(T(0.30), T(0.10))  # 3x
+    below = protocol.ratio(T(0.10), T(0.10))  # 1x
+    wide = protocol.ratio(T(0.15, 0.9), T(0.10, 0.9))  # bounds wider than half the value
+    want = {"supported": within, "exceeded": above, "contradicted": below, "not testable": wide}
+    for verdict, r in want.items():  # the ledger's one rule decides; the lab never writes a verdict on a GPU
         kw = compiler_model_lab.training_claim(r, "cuda", 1.0)
-        claims.verdict("pytorch2-training-1-41x", notebook="09", claim="c", source="s", quiet=True, **kw)
+        assert "verdict" not in kw and kw["claimed"] == (1.41, 1.41)
+        row = claims.verdict("pytorch2-training-1-41x", notebook="09", claim="c", source="s", quiet=True, unit="x", **kw)
+        assert row["verdict"] == verdict, (verdict, row)
+    claims.verdict("pytorch2-training-1-41x", notebook="09", claim="c", source="s", quiet=True, **on_cpu)
+
+
+def test_cold_and_warm_times_each_pair_in_a_fresh_folder_with_new_arguments(monkeypatch):
+    from helpers.measure import clock
+
+    seen, readings = [], iter(clock.Reading(c, w) for c, w in ((3.0, 5.0), (0.2, 0.3), (4.0, 9.0), (0.1, 0.2), (3.5, 4.0),
+                                                                 (0.3, 0.3)))
+
+    def fake(fn, *args, cache_dir=None):
+        seen.append((args, cache_dir))
+        return next(readings), fn
+    monkeypatch.setattr(compiler_model_lab, "compile_seconds", fake)
+    out = compiler_model_lab.cold_and_warm(lambda x: x, lambda i: (i,), repeats=3)
+    assert [a for a, _ in seen] == [(0,), (0,), (1,), (1,), (2,), (2,)]
+    folders = [d for _, d in seen]
+    assert folders[0] == folders[1] and folders[2] == folders[3] and len(set(folders)) == 3  # warm: the cold one's
+    assert out["cold_samples"] == [3.0, 4.0, 3.5] and out["cold_wall"] == [5.0, 9.0, 4.0]
+    assert out["cold_s"] == 3.5 and out["cold"] == (3.5, 3.25, 3.75) and out["warm_s"] == 0.2
+    assert "C++ compiler" in out["clock"]
+    with pytest.raises(ValueError, match="repeats"):
+        compiler_model_lab.cold_and_warm(lambda x: x, lambda i: (i,), repeats=0)
+
+
+def test_regional_sentence_ranks_only_from_three_repeats_whose_quartiles_exclude_1():
+    def reg(whole, block):
+        per = [w / b for w, b in zip(whole, block)]
+        med, q25, q75 = bench.quartiles(per)
+        side = lambda xs: {"graphs": 1, "nodes": [40], "first_step_s": bench.quartiles(xs)[0], "first_steps": xs}  # noqa: E731
+        return {"whole model": side(whole), "each block": side(block), "repeats": len(whole),
+                "ratio": protocol.Ratio(med, q25, q75, not q25 <= 1 <= q75)}
+    one = compiler_model_lab.regional_sentence(reg([2.4], [0.4]), 4, "aot_eager")
+    assert "an observation, not a ranking" in one and "faster" not in one
+    apart = compiler_model_lab.regional_sentence(reg([2.4, 2.2, 2.6], [0.4, 0.5, 0.45]), 4, "aot_eager")
+    assert "compiling by block made the first step" in apart and "median of 3" in apart
+    mixed = compiler_model_lab.regional_sentence(reg([1.0, 1.3, 0.8], [1.0, 1.0, 1.0]), 4, "aot_eager")
+    assert "cannot rank" in mixed and "made the first step" not in mixed
+    slower = compiler_model_lab.regional_sentence(reg([1.0, 1.0, 1.0], [2.0, 2.2, 1.9]), 4, "aot_eager")
+    assert "compiling the whole model made the first step faster" in slower
 
 
 @pytest.mark.slow
@@ -89,10 +131,15 @@ def test_regional_compilation_traces_one_block_for_all(results_tmp):
     from helpers.gpt.model import GPTConfig
 
     cfg = GPTConfig.preset("tiny", n_layer=3, seq_len=16)
-    reg = compiler_model_lab.regional_compare(cfg, 2, backend="aot_eager")  # asserts each loss equals eager's
+    reg = compiler_model_lab.regional_compare(cfg, 2, backend="aot_eager", repeats=2)  # asserts each loss equals eager's
     assert reg["each block"]["graphs"] == 1 and reg["whole model"]["graphs"] == 1
+    # a fresh compile each repeat (Dynamo's caches emptied): the second repeat traced again, it did not reuse
+    assert len(reg["whole model"]["first_steps"]) == 2 and reg["repeats"] == 2
+    assert reg["ratio"].lo <= reg["ratio"].value <= reg["ratio"].hi
     assert sum(reg["whole model"]["nodes"]) > 2 * reg["each block"]["nodes"][0]  # the whole model holds 3 blocks
     text = compiler_model_lab.regional_sentence(reg, 3, "aot_eager", 12.0)
-    assert "one graph of" in text and "all 3 blocks" in text and "12.0 s" in text
+    assert "one graph of" in text and "all 3 blocks" in text and "12.0 s" in text and "not a ranking" in text
     with pytest.raises(ValueError, match="backend"):
         compiler_model_lab.regional_compare(cfg, 2, backend="tvm")
+    with pytest.raises(ValueError, match="repeats"):
+        compiler_model_lab.regional_compare(cfg, 2, backend="aot_eager", repeats=0)
