@@ -179,14 +179,22 @@ def prefill_decode(model: GPT, prompt_len: int, reps: int, budget_s: float = SMO
     return rows
 
 
+RIDGE_MARGIN = 2.0  # a point within this factor of the ridge is placed on neither side (see roofline_sentence)
+
+
 def roofline_sentence(points: list[dict], peak_tflops: float, bw_gbps: float, far: float = 0.1) -> str:
     """Where each measured point sits under the roofline, in words generated from the numbers.
 
-    points: [{"phase", "intensity" (FLOP/byte), "tflops" (achieved)}]; the roof at intensity I is
-    min(peak, bw * I / 1000) TFLOP/s and the ridge is at peak * 1000 / bw FLOP/byte. A point is
-    "memory-bound" or "compute-bound" (the side of the ridge it lies on) only when it reaches at least
-    `far` of its roof; below that neither roof sets its speed (a per-step overhead does), and the sentence
-    says so rather than name a bound. Raises ValueError for a non-positive peak or bandwidth."""
+    points: [{"phase", "intensity" (FLOP/byte), "tflops" (achieved at the median time)}], with "flops", "q25" and
+    "q75" (seconds) where the time has an IQR; the roof at intensity I is min(peak, bw * I / 1000) TFLOP/s and
+    the ridge is at peak * 1000 / bw FLOP/byte. A point is on the memory or the compute side only when its
+    intensity lies more than RIDGE_MARGIN times below or above the ridge: the two ceilings are single measured
+    numbers with no spread of their own, so a point nearer the ridge than that is said to be near it, side
+    untold. A point is "memory-bound" or "compute-bound" only when even its IQR-bounded slowest rate reaches
+    `far` of its roof; when even its fastest stays below half of `far`, neither roof sets its speed (a per-step
+    overhead does) and the sentence says so; in between (a band, so that load moving a point a little cannot
+    turn "bound" into "unbound" from one run to the next) this run cannot tell. Raises ValueError for a non-positive peak or
+    bandwidth."""
     if not (peak_tflops > 0 and bw_gbps > 0):
         raise ValueError(f"peak_tflops={peak_tflops!r} and bw_gbps={bw_gbps!r} must be positive")
     ridge = peak_tflops * 1e3 / bw_gbps
@@ -194,14 +202,25 @@ def roofline_sentence(points: list[dict], peak_tflops: float, bw_gbps: float, fa
     for p in points:
         roof = min(peak_tflops, bw_gbps * p["intensity"] / 1e3)
         frac = p["tflops"] / roof
-        side = "memory" if p["intensity"] < ridge else "compute"
-        if frac >= far:
-            parts.append(f"{p['phase']} ({p['intensity']:.2f} FLOP/byte) reached {frac:.0%} of its roof and is "
-                         f"{side}-bound")
-        else:
+        lo, hi = ((p["flops"] / p["q75"] / 1e12 / roof, p["flops"] / p["q25"] / 1e12 / roof)
+                  if all(k in p for k in ("flops", "q25", "q75")) else (frac, frac))
+        side = ("memory" if p["intensity"] * RIDGE_MARGIN < ridge else
+                "compute" if p["intensity"] > RIDGE_MARGIN * ridge else None)
+        reached = f"reached {frac:.0%} of its roof" + (f" (IQR-bounded {lo:.0%}-{hi:.0%})" if hi > lo else "")
+        if side is None:
+            parts.append(f"{p['phase']} ({p['intensity']:.2f} FLOP/byte) lies within {RIDGE_MARGIN:g}x of the ridge, "
+                         f"so this run cannot tell which roof bounds it (measured ceilings carry no spread); it "
+                         f"{reached}")
+        elif lo >= far:
+            parts.append(f"{p['phase']} ({p['intensity']:.2f} FLOP/byte) {reached} and is {side}-bound")
+        elif hi < far / 2:  # a band below `far`: a point just under it is not declared unbound
             far_below.append(p["phase"])
             parts.append(f"{p['phase']} ({p['intensity']:.2f} FLOP/byte, on the {side} side of the ridge) reached "
                          f"only {frac:.1%} of its roof, {-math.log10(frac):.1f} decades under it")
+        else:
+            parts.append(f"{p['phase']} ({p['intensity']:.2f} FLOP/byte, on the {side} side of the ridge) {reached}, "
+                         f"between {far / 2:.0%} and {far:.0%} of it or across a mark: this run cannot tell whether it "
+                         f"is {side}-bound or set by a per-step cost")
     text = f"The ridge is at {ridge:.1f} FLOP/byte: " + "; ".join(parts) + "."
     if far_below:
         text += (f" {' and '.join(far_below).capitalize()} {'is' if len(far_below) == 1 else 'are'} neither memory- "
@@ -209,6 +228,25 @@ def roofline_sentence(points: list[dict], peak_tflops: float, bw_gbps: float, fa
                  f"launches, small matmuls that do not fill the cores) sets the speed, which is what batching and "
                  f"compiled decode attack.")
     return text
+
+
+def batch_scaling(rows: list[dict], half: float = 0.5) -> dict:
+    """How tokens/s grew over a batch sweep (`timed` rows with "batch", first the smallest batch): per row the
+    share of linear scaling from the first batch, t(first) * b / (t(b) * first), as a `protocol.Ratio` with IQR
+    bounds; "knee": the first batch whose whole range is below `half` of linear, "unclear": the batches before
+    it whose range holds `half` (the run cannot tell), "gain": the last batch's tokens/s over the first's
+    (value, lo, hi)."""
+    first, out = rows[0], {"knee": None, "unclear": [], "shares": []}
+    for r in rows:
+        share = protocol.ratio(timing(first), timing(r))  # t(first) / t(b): the share of linear scaling at b
+        out["shares"].append((r["batch"], share))
+        if out["knee"] is None and share.hi < half:
+            out["knee"] = r["batch"]
+        elif out["knee"] is None and share.lo < half <= share.hi:
+            out["unclear"].append(r["batch"])
+    k = rows[-1]["batch"] / first["batch"]
+    out["gain"] = (share.value * k, share.lo * k, share.hi * k)
+    return out
 
 
 # ---------------------------------------------------------------- the parameters
@@ -290,7 +328,7 @@ def resolve_parameters(S: params.Setup, *, MODEL, TRAIN_STEPS, PROMPT_LEN, NEW_T
                                full=COMPILE_LAYERS_DEFAULT, check=params.positive),
            "RANKS": R("RANKS", RANKS, smoke=[2, 8, 32], full=[16, 64, 128, 256], check=params.positives),
            "BUDGET_GB": R("BUDGET_GB", BUDGET_GB, smoke=80.0, full=80.0, check=_budget),
-           "REPS": R("REPS", REPS, smoke=5, full=20, check=params.positive)}
+           "REPS": R("REPS", REPS, smoke=15, full=20, check=params.positive)}
     cfg = GPTConfig.preset(model)
     prompt_len, new = out["PROMPT_LEN"], out["NEW_TOKENS"]
     for name, value in (("PROMPT_LEN + NEW_TOKENS", prompt_len + new), ("max(POSITIONS)", max(out["POSITIONS"]))):

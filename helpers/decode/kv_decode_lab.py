@@ -138,7 +138,7 @@ def variant_speeds(models: dict[str, GPT], latent: tuple[str, GPT] | None, conte
 def compiled_decode(model: GPT, context: int, reps: int, mode: str = "reduce-overhead") -> dict:
     """CUDA only: batch-1 decode at `context` tokens, eager KVCache vs torch.compile(static_step) with a
     StaticKVCache (`mode` "reduce-overhead" adds CUDA graphs; `decode_compile_options` says what else is
-    set). Returns seconds and bytes read per token."""
+    set). Returns seconds (the compiled step's median, q25 and q75) and bytes read per token."""
     options = decode_compile_options(mode)
     p = first_parameter(model)
     cfg = model.config
@@ -158,4 +158,5 @@ def compiled_decode(model: GPT, context: int, reps: int, mode: str = "reduce-ove
     nbytes = decode_step_bytes(model) + (context + 1) * kv_bytes_per_token(cfg.n_layer, cfg.n_kv_head, cfg.head_dim,
                                                                        p.element_size())
     return {"eager_s": eager["seconds"], "compiled_s": t.median, "compiled_spread": t.spread, "bytes": nbytes,
+            "compiled_q25": t.q25, "compiled_q75": t.q75,
             "compiled_gbps": nbytes / t.median / 1e9, "eager_gbps": eager["gbps"], "mode": mode}

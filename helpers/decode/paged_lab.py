@@ -34,7 +34,7 @@ from helpers.decode import paged, paged_attention
 from helpers.decode.kv_cache import kv_bytes_per_token
 from helpers.decode.paged import PagedKVCache, blocks_for
 from helpers.decode.serving import model_requests
-from helpers.measure import protocol
+from helpers.measure import claims, protocol
 from helpers.measure.params import positive, positives
 from helpers.show import plots, tables
 
@@ -332,21 +332,31 @@ def serving_panel(kv_heads: int = 8, block: int = 16, mix: str = "heavy-tailed",
 # ---------------------------------------------------------------- the paged-waste claim at this run's scale
 
 
+WASTE_CLAIM_PCT = 4.0  # the vLLM paper: "under 4%" of KV memory wasted
+
+
 def paged_waste_verdict(fraction: float, block_size: int, mean_tokens: float, min_ratio: float = 25.0) -> dict:
     """Judge the vLLM paper's "under 4% of KV memory wasted" on a measured paged-cache waste `fraction` (0-1).
 
     A paged cache wastes about half a block per request (the last block's empty tail), so the expected waste
     is (block_size / 2) / mean_tokens: on requests only a few blocks long it exceeds 4% whatever the allocator
     does. The claim is therefore judged only when `mean_tokens` >= `min_ratio` x `block_size`; otherwise the
-    verdict is "not testable" with that reason. Returns {"verdict", "expected" (0-1), "reason" (str or None)}.
-    Raises ValueError for a block_size, mean_tokens or min_ratio that is not positive."""
+    verdict is "not testable" with that reason. Judged, it is a ceiling claim (at most WASTE_CLAIM_PCT, over it
+    "contradicted") decided by `claims.judge_interval` on the count (a count has no spread). Returns {"verdict",
+    "expected" (0-1), "reason" (str or None), "kwargs": value, unit, claimed, above (and verdict, reason when not
+    testable) for `claims.verdict`}. Raises ValueError for a block_size, mean_tokens or min_ratio that is not
+    positive."""
     positive("block_size", block_size)
     for name, value in (("mean_tokens", mean_tokens), ("min_ratio", min_ratio)):
         positive(name, float(value) if type(value) is int else value, float)
     expected = (block_size / 2) / mean_tokens
+    pct = 100 * fraction
+    kwargs = {"value": pct, "unit": "%", "claimed": (None, WASTE_CLAIM_PCT), "above": "contradicted"}
     if mean_tokens < min_ratio * block_size:
-        return {"verdict": "not testable", "expected": expected,
-                "reason": f"requests average {mean_tokens:.0f} tokens, under {min_ratio:g} blocks of {block_size}: "
-                          f"half a block per request alone is {100 * expected:.1f}% expected waste, a scale effect "
-                          f"of this small run, not the allocator"}
-    return {"verdict": "supported" if fraction < 0.04 else "contradicted", "expected": expected, "reason": None}
+        why = (f"requests average {mean_tokens:.0f} tokens, under {min_ratio:g} blocks of {block_size}: "
+               f"half a block per request alone is {100 * expected:.1f}% expected waste, a scale effect "
+               f"of this small run, not the allocator")
+        return {"verdict": "not testable", "expected": expected, "reason": why,
+                "kwargs": {**kwargs, "verdict": "not testable", "reason": why}}
+    verdict, why = claims.judge_interval(pct, pct, pct, None, WASTE_CLAIM_PCT, above="contradicted", unit="%")
+    return {"verdict": verdict, "expected": expected, "reason": why or None, "kwargs": kwargs}

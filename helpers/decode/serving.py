@@ -22,7 +22,7 @@
 
 The schedule is deterministic: arrivals are counted in iterations (request i joins the queue at
 the start of iteration `arrival`), so the same seed gives the same batches on every machine; the
-times are the measured wall-clock durations of those iterations (an idle wait for the next arrival
+times are the measured durations of those iterations on `server_clock` (an idle wait for the next arrival
 costs no time). A request's first token comes from its prefill, in the iteration that admitted it.
 
 Prefix sharing and chunked prefill are `helpers.decode.prefill`; notebook 10's measured sections on top of
@@ -40,7 +40,8 @@ from typing import Callable, Sequence
 import torch
 
 from helpers.decode.paged import PagedKVCache, blocks_for
-from helpers.measure.bench import sync
+from helpers.measure.bench import resolve_clock, sync
+from helpers.measure.clock import THREAD
 from helpers.measure.params import positive
 
 
@@ -94,7 +95,6 @@ def make_requests(n: int, *, seed: int = 0, vocab_size: int = 256, max_len: int 
     return out
 
 
-
 def model_requests(model, n: int, *, seed: int = 0, arrival_rate: float | None = 1.0,
                    corpus: torch.Tensor | None = None, max_new_tokens: int | None = None) -> tuple[list[Request], int]:
     """(`make_requests` sized for the course GPT `model`, the server's max_new_tokens cap): its vocabulary, its
@@ -124,7 +124,7 @@ class _Live:
 
 @dataclass
 class ServeRun:
-    """What a scheduler measured. Times in seconds of run time (sum of iteration durations)."""
+    """What a scheduler measured. Times in seconds of run time (iteration durations on the server's clock)."""
 
     policy: str
     tokens: dict[int, list[int]]  # request id -> generated tokens
@@ -145,9 +145,7 @@ class ServeRun:
     def percentile(self, metric: str, q: float) -> float:
         """The q-th percentile (0-100, nearest rank) of 'ttft' or 'tpot' over requests, in seconds."""
         values = sorted(getattr(self, metric).values())
-        if not values:
-            return float("nan")
-        return values[min(len(values) - 1, max(0, math.ceil(q / 100 * len(values)) - 1))]
+        return values[min(len(values) - 1, max(0, math.ceil(q / 100 * len(values)) - 1))] if values else float("nan")
 
     def row(self) -> dict:
         """The headline numbers: tokens/s, TTFT and TPOT p50/p99 (ms), waste (%), preemptions."""
@@ -161,9 +159,8 @@ class ServeRun:
 @torch.no_grad()
 def _step(model, cache: PagedKVCache, lives: Sequence[_Live], inputs: Sequence[Sequence[int]]) -> list[int]:
     """One forward over the given sequences (same number of new tokens each); their greedy next tokens."""
-    device = cache.k_pool.device
     cache.set_batch([lv.req.rid for lv in lives])
-    idx = torch.tensor([list(x) for x in inputs], dtype=torch.long, device=device)  # (B, T)
+    idx = torch.tensor([list(x) for x in inputs], dtype=torch.long, device=cache.k_pool.device)  # (B, T)
     logits, _ = model(idx, cache=cache)
     return logits[:, -1].argmax(-1).tolist()
 
@@ -188,6 +185,11 @@ def _cap(model, requests: Sequence[Request], num_blocks: int, block_size: int, m
     return cap
 
 
+def server_clock(device: str) -> Callable[[], float]:
+    """A server's clock: the thread's CPU seconds with torch on one CPU thread (`bench.resolve_clock`), else wall."""
+    return time.thread_time if resolve_clock(device) == THREAD else time.perf_counter
+
+
 class _Server:
     """What both schedulers share: the paged cache, the queues, the clock and the counters. An iteration is
     `begin`, admissions (`admit`), one decode step (`decode`), `end` (tokens delivered) and `release`."""
@@ -197,7 +199,8 @@ class _Server:
         self.cap = _cap(model, requests, num_blocks, block_size, max_batch, max_new_tokens)
         self.model, self.block_size, self.max_batch = model, block_size, max_batch
         self.cache = PagedKVCache.for_model(model, num_blocks=num_blocks, block_size=block_size, impl=impl)
-        self.device, self.clock = self.cache.k_pool.device, clock or time.perf_counter
+        self.device = self.cache.k_pool.device
+        self.clock = clock or server_clock(self.device.type)
         self.pending = deque(sorted(requests, key=lambda r: (r.arrival, r.rid)))
         self.waiting: deque[_Live] = deque()  # arrived (or preempted), not holding blocks
         self.running: list[_Live] = []  # holding blocks, in order of admission
@@ -304,7 +307,7 @@ def serve_static(model, requests: Sequence[Request], *, num_blocks: int = 64, bl
     each taking the slots of its prompt plus the server's cap `max_new_tokens` (default: the longest output_len
     of the mix) at once; the batch decodes until its last member is done, and only then do its blocks go back.
 
-    impl: the decode attention ("torch" or "triton"). clock: seconds, default time.perf_counter (CUDA is
+    impl: the decode attention ("torch" or "triton"). clock: seconds, default `server_clock` (CUDA is
     synchronised before each reading). Raises ValueError when a request could never fit the pool or the
     model's seq_len."""
     s = _Server(model, requests, num_blocks=num_blocks, block_size=block_size, max_batch=max_batch,

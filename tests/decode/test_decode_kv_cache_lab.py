@@ -60,3 +60,36 @@ def test_roofline_sentence_follows_where_the_points_sit():
     assert "Decode is neither memory- nor compute-bound" in text and "compute-bound" in text
     with pytest.raises(ValueError):
         kv_cache_lab.roofline_sentence(near, 0.0, bw)
+
+
+def test_roofline_sentence_names_a_side_or_a_bound_only_when_the_numbers_allow():
+    peak, bw = 1.0, 10.0  # ridge at 100 FLOP/byte
+    near = [{"phase": "prefill", "intensity": 150.0, "tflops": 0.6}]  # within 2x of the ridge: no side
+    text = kv_cache_lab.roofline_sentence(near, peak, bw)
+    assert "within 2x of the ridge" in text and "cannot tell which roof" in text and "-bound" not in text
+    # an IQR across the 10% mark: neither bound nor far below can be said
+    t = 1e-3
+    across = [{"phase": "decode", "intensity": 1.0, "flops": 0.01e12 * 0.1 * t, "seconds": t, "q25": 0.8 * t,
+               "q75": 1.2 * t, "tflops": 0.01 * 0.1}]
+    text = kv_cache_lab.roofline_sentence(across, peak, bw)
+    assert "between 5% and 10% of it" in text and "and is memory-bound" not in text and "decades under" not in text
+    below = [{**across[0], "q25": 0.99 * t, "q75": 1.01 * t, "flops": 0.01e12 * 0.07 * t, "tflops": 0.0007}]
+    assert "cannot tell" in kv_cache_lab.roofline_sentence(below, peak, bw)  # 7%: under 10%, not far under it
+    tight = [{**across[0], "q25": 0.99 * t, "q75": 1.01 * t, "flops": 0.01e12 * 0.5 * t, "tflops": 0.005}]
+    assert "reached 50% of its roof (IQR-bounded 50%-51%) and is memory-bound" in kv_cache_lab.roofline_sentence(
+        tight, peak, bw)
+
+
+def test_batch_scaling_finds_the_knee_only_beyond_the_noise():
+    def row(batch, median, spread=0.02):
+        return {"batch": batch, **{k: v for k, v in zip(("seconds", "q25", "q75"),
+                                                           (median, median * (1 - spread), median * (1 + spread)))},
+                "samples": [median]}
+
+    clear = kv_cache_lab.batch_scaling([row(1, 1.0), row(4, 1.5), row(16, 4.0)])  # shares 67%, 25%
+    assert clear["knee"] == 16 and clear["unclear"] == []
+    assert clear["gain"][0] == pytest.approx(4.0) and clear["gain"][1] < 4.0 < clear["gain"][2]
+    noisy = kv_cache_lab.batch_scaling([row(1, 1.0, 0.3), row(4, 2.2, 0.3), row(16, 8.0, 0.02)])  # 45% at 4, noisy
+    assert noisy["unclear"] == [4] and noisy["knee"] == 16
+    flat = kv_cache_lab.batch_scaling([row(1, 1.0), row(4, 1.1)])
+    assert flat["knee"] is None and flat["unclear"] == []

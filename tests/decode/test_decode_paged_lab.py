@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from helpers.decode import paged_lab
+from helpers.measure import claims
 from kv_support import tiny_gpt
 
 
@@ -21,7 +22,7 @@ def test_workload_lengths_and_the_waste_verdict():
     out = paged_lab.realistic_waste(block_sizes=[16], n=500, show=False)
     r = out["row16"]
     assert r["block size"] == 16 and r["workload"] == "ShareGPT-like"
-    assert out["verdict"]["verdict"] == ("supported" if r["fraction"] < 0.04 else "contradicted")
+    assert out["verdict"]["verdict"] == ("supported" if r["fraction"] < 0.044 else "contradicted")  # 4%, +10% close
     assert out["verdict"]["expected"] == pytest.approx(8 / r["mean tokens"])
     with pytest.raises(ValueError, match="workload"):
         paged_lab.workload_lengths("chat", 3)
@@ -62,11 +63,17 @@ def test_serving_panel_callback(capsys):
     assert more_heads["paged"]["batch"] <= est["paged"]["batch"]  # bigger KV per token: fewer requests fit
 
 
-def test_paged_waste_verdict_is_not_testable_on_short_requests():
+def test_paged_waste_verdict_is_not_testable_on_short_requests(results_tmp):
     short = paged_lab.paged_waste_verdict(0.179, 16, 43)
     assert short["verdict"] == "not testable" and "16" in short["reason"]
     assert abs(short["expected"] - 8 / 43) < 1e-12
+    assert short["kwargs"]["verdict"] == "not testable" and short["kwargs"]["claimed"] == (None, 4.0)
     assert paged_lab.paged_waste_verdict(0.02, 16, 1000)["verdict"] == "supported"
-    assert paged_lab.paged_waste_verdict(0.10, 16, 1000)["verdict"] == "contradicted"
+    assert paged_lab.paged_waste_verdict(0.042, 16, 1000)["verdict"] == "supported"  # within 10% of 4%: not against it
+    over = paged_lab.paged_waste_verdict(0.10, 16, 1000)
+    assert over["verdict"] == "contradicted" and "above the claimed at most 4%" in over["reason"]
+    row = claims.verdict("paged-waste-under-4pct", notebook="10", claim="c", source="s", measured="m", quiet=True,
+                         **over["kwargs"])
+    assert row["verdict"] == "contradicted" and row["claimed"] == {"lo": None, "hi": 4.0, "above": "contradicted"}
     with pytest.raises(ValueError):
         paged_lab.paged_waste_verdict(0.1, 0, 100)

@@ -121,3 +121,13 @@ def test_policy_speedup_takes_the_median_runs_and_ranks_only_disjoint_ranges():
     close = {"static": [_run("static", 1.0), _run("static", 0.5)], "continuous": [_run("continuous", 0.6)] * 2}
     assert not serving.policy_speedup(close)["separated"]  # 16.7 tokens/s lies inside static's 10-20
     assert not serving.policy_speedup({p: t[:1] for p, t in tries.items()})["separated"]  # one run each
+
+
+def test_the_server_reads_the_threads_clock_on_one_cpu_thread():
+    import time
+
+    from helpers.measure import bench
+    with bench.cpu_threads("cpu", 1):
+        assert serving.server_clock("cpu") is time.thread_time
+    with bench.cpu_threads("cpu", 2):
+        assert serving.server_clock("cpu") is time.perf_counter  # two threads: one thread's clock would miss work
