@@ -18,14 +18,13 @@ from __future__ import annotations
 
 import math
 import statistics
-import time
 
 import torch
 
 from helpers.decode import speculative
 from helpers.gpt.generation import KVCache, Sampler, generate, prefill, rewound_step
 from helpers.gpt.model import GPT, PRESETS, GPTConfig
-from helpers.measure import bench, params, protocol
+from helpers.measure import bench, clock as clocks, params, protocol
 from helpers.measure.bench import sync
 
 
@@ -160,17 +159,19 @@ def _ngram_cost(prompt: torch.Tensor, n: int, gamma: int, target_ms: float, reps
     relative to the target's decode step."""
     seq = prompt.tolist() * (1 + n // max(len(prompt), 1))
     d = speculative.NGramDraft()
-    t0 = time.perf_counter()
-    for _ in range(reps):
-        d.propose(seq, gamma)
-    return (time.perf_counter() - t0) / reps / gamma * 1e3 / target_ms
+    with clocks.Stopwatch() as sw:  # Python on this thread: its CPU seconds, what target_ms is read on as well
+        for _ in range(reps):
+            d.propose(seq, gamma)
+    return sw.cpu / reps / gamma * 1e3 / target_ms
 
 
 def speed_grid(target: GPT, drafts: dict, prompt_list: list[torch.Tensor], n: int, gammas: list[int],
                temperatures: list[float], costs: dict, *, device: str = "cpu", seed: int = 0,
                progress=None) -> list[dict]:
     """Every (draft, γ, temperature) generating n tokens, timed beside plain decoding of the target and of each GPT
-    draft alone (helpers.gpt.generation.generate with the same sampler), round-robin: round r uses prompt r.
+    draft alone (helpers.gpt.generation.generate with the same sampler), round-robin: round r uses prompt r. Each
+    generation is timed on the thread's CPU clock on a CPU with torch on one thread (`bench.resolve_clock`), so
+    other work on the machine is left out; else on the wall clock, CUDA synchronised.
 
     One dict per configuration: draft, gamma, temperature, alpha (mean Σ min(p, q)), acceptance, proposal_rate
     (draft tokens proposed / γ per target pass: 1 for a model, less for prompt lookup), tokens_per_pass, expected
@@ -197,12 +198,14 @@ def speed_grid(target: GPT, drafts: dict, prompt_list: list[torch.Tensor], n: in
     spec_s = {c: [] for c in configs}
     runs = {c: [] for c in configs}
 
+    thread = bench.resolve_clock(device) == clocks.THREAD  # a CPU with torch on one thread: the thread's own clock
+
     def timed(fn):
         sync(device)
-        t0 = time.perf_counter()
-        out = fn()
-        sync(device)
-        return time.perf_counter() - t0, out
+        with clocks.Stopwatch() as sw:
+            out = fn()
+            sync(device)
+        return (sw.cpu if thread else sw.wall), out
 
     rounds = range(len(prompt_list)) if progress is None else progress(range(len(prompt_list)))
     for r in rounds:

@@ -4,10 +4,10 @@ verdicts and the figures, from what `helpers.decode.speculative_lab` measured.
 * Reading the speed grid: `position_rows` (acceptance by window index and by position), `cost_warnings`,
   `trend`, `gap_sentence` (measured tokens per pass against the formula), `outside`, `lookup_sentence`.
 * A bandwidth-bound target: `alpha_estimate` (α with its standard error), `formula_rows` (the formula's
-  speedup per γ from measured α, c and v, with a range), `bound_sentence`, `prediction_sentence`.
+  speedup per γ from measured α, c and v, with a range), `bound_state`, `bound_sentence`, `prediction_sentence`.
 * Sentences that rank only what the spread separates: `best_sentence`, `alpha_sentence`, `against_plain`.
-* The ledger: `CLAIMS` (Leviathan et al., 2023; Chen et al., 2023), `claim_rows` (judged by
-  `helpers.measure.claims.judge_range`).
+* The ledger: `CLAIMS` (Leviathan et al., 2023; Chen et al., 2023), `claim_rows`, and `formula_claim`
+  (`FORMULA_CLAIM`): claims.verdict's keyword arguments, judged by `helpers.measure.claims.judge_interval`.
 * Figures: `exactness_figure`, `speedup_figure`, `prediction_figure`, `panel_figure`.
 """
 from __future__ import annotations
@@ -19,7 +19,6 @@ import torch
 
 from helpers.decode import speculative
 from helpers.measure import protocol
-from helpers.measure.claims import judge_range
 from helpers.show import plots
 
 
@@ -155,15 +154,29 @@ def alpha_sentence(estimates: dict, low: float, high: float) -> str:
     return both + ": within twice the standard error of each other, so this run cannot say which way temperature moves it"
 
 
-def bound_sentence(gbps: float, ceiling: float, preset: str, share: float = 0.3) -> str:
-    """Whether a decode step that reads its weights at `gbps` is bound by reading them: at least `share` of the copy
-    ceiling (GB/s) says so; below it, per-call overhead sets the step, and the c measured on it is not a large
-    target's."""
-    if gbps >= share * ceiling:
+def bound_state(lo: float, hi: float, ceiling: float, share: float = 0.3) -> str:
+    """Whether a decode step that streams its weights at lo-hi GB/s (the IQR-bounded range) is bound by reading
+    them: "bound" when even `lo` reaches `share` of the copy `ceiling`, "overhead" when even `hi` stays below it
+    (per-call overhead sets the step), "unclear" when the range holds the mark."""
+    return "bound" if lo >= share * ceiling else "overhead" if hi < share * ceiling else "unclear"
+
+
+def bound_sentence(gbps: float, ceiling: float, preset: str, share: float = 0.3,
+                   spread: tuple[float, float] | None = None) -> str:
+    """Whether a decode step that reads its weights at `gbps` (IQR-bounded `spread`, GB/s; none: a point) is bound
+    by reading them (`bound_state`): at least `share` of the copy ceiling (GB/s) says so; below it, per-call
+    overhead sets the step, and the c measured on it is not a large target's; a range across the mark cannot tell."""
+    lo, hi = spread or (gbps, gbps)
+    state = bound_state(lo, hi, ceiling, share)
+    if state == "bound":
         return (f"the {preset} step streams its weights at {gbps / ceiling:.0%} of the copy ceiling: reading weights, "
                 "not per-call overhead, sets its cost")
-    return (f"the {preset} step streams its weights at only {gbps / ceiling:.0%} of the copy ceiling: here per-call "
-            "overhead, not reading weights, sets its cost, so this c is not what a large target would see")
+    if state == "overhead":
+        return (f"the {preset} step streams its weights at only {gbps / ceiling:.0%} of the copy ceiling: here per-call "
+                "overhead, not reading weights, sets its cost, so this c is not what a large target would see")
+    return (f"the {preset} step streams its weights at {gbps / ceiling:.0%} of the copy ceiling ({lo / ceiling:.0%}-"
+            f"{hi / ceiling:.0%}, across the {share:.0%} mark): this run cannot tell whether reading weights or "
+            "per-call overhead sets its cost")
 
 
 def formula_rows(alpha: float, alpha_se: float, gammas: list[int], c: protocol.Ratio,
@@ -248,17 +261,22 @@ CLAIMS = (
 )
 
 
-def claim_rows(evidence: dict, *, basis: str, identical: str) -> list[dict]:
+def claim_rows(evidence: dict, *, basis: str, identical: str, untestable: str | None = None) -> list[dict]:
     """The keyword arguments of `claims.verdict` (notebook "11") for the two speedup claims in CLAIMS.
 
     evidence: {"greedy": e, "sampled": e}, e None (not testable: no such temperature in this run) or a dict
     with value (the speedup), lo, hi (its range), gamma, temperature, and, for basis "formula", alpha, c, v,
-    target. basis: "measured" (e from the timed grid) or "formula" (e from `formula_rows`). identical: the greedy
-    identity check's result in words. The verdict is `judge_range` of e's range against the claimed one."""
+    target. basis: "measured" (e from the timed grid: lo, hi its IQR) or "formula" (e from `formula_rows`: lo, hi
+    the range its measured inputs give, α ± its standard error and the IQR bounds of c and v). identical: the
+    greedy identity check's result in words. Each row carries value, spread (lo, hi) and the claimed range, and
+    `claims.judge_interval` decides: a formula fed with noisy inputs has a wide range, which is "not testable"
+    every time, never a verdict. untestable: a reason this run's inputs cannot speak for the claim at all (a
+    target whose step per-call overhead, not its weights, sets: its c and v are not a large model's), then every
+    row is "not testable" with it, its numbers still recorded."""
     out = []
     for cid, lo, hi, kind, claim, source in CLAIMS:
         e = evidence.get(kind)
-        row = {"notebook": "11", "claim": claim, "source": source, "unit": "x", "basis": basis}
+        row = {"notebook": "11", "claim": claim, "source": source, "unit": "x", "basis": basis, "claimed": (lo, hi)}
         if e is None:
             out.append({**row, "claim_id": cid, "measured": f"no {kind} run in this configuration",
                         "verdict": "not testable", "reason": f"TEMPERATURES holds no {kind} temperature "
@@ -276,10 +294,34 @@ def claim_rows(evidence: dict, *, basis: str, identical: str) -> list[dict]:
             reason = ""
         if kind == "greedy":
             text += f"; greedy output {identical}"
-        verdict, why = judge_range(e["value"], e["lo"], e["hi"], lo, hi)
-        out.append({**row, "claim_id": cid, "measured": text, "verdict": verdict,
-                    "reason": "; ".join(x for x in (why, reason) if x), "value": e["value"]})
+        judged = {"verdict": "not testable", "reason": untestable} if untestable else {"reason": reason}
+        out.append({**row, "claim_id": cid, "measured": text, "value": e["value"],
+                    "spread": (min(e["lo"], e["value"]), max(e["hi"], e["value"])), **judged})
     return out
+
+
+FORMULA_CLAIM = dict(notebook="11", claim="measured speedup within 15% of (1 − α^(γ+1))/((1 − α)(γc + 1)) for γ = 1..8 "
+                     "at temperature 0", source="Leviathan et al., 2023, Theorem 3.8 (the formula); the course's GPU target",
+                     unit="x", claimed=(0.85, 1.15), above="contradicted")
+
+
+def formula_claim(rows: list[dict], best: dict, on_gpu: bool) -> dict:
+    """The keyword arguments of `claims.verdict` for FORMULA_CLAIM from the grid rows of the draft GPT at one
+    temperature: the row furthest from the formula (the claim holds for every γ), its measured / formula speedup
+    as the value and its IQR over the formula as the spread, judged by `claims.judge_interval` (above the
+    widened range is against "within 15%" too). `best`: the highest-median row (`best_sentence`), quoted with c.
+    On a CPU the claim is the GPU target's: "not testable", its numbers still recorded."""
+    worst = max(rows, key=lambda r: abs(r["speedup"] / r["predicted"] - 1))
+    p = worst["predicted"]
+    measured = (f"at T={worst['temperature']:g}, γ={rows[0]['gamma']}..{rows[-1]['gamma']}: measured/formula speedup "
+                f"furthest at γ={worst['gamma']}, {worst['speedup'] / p:.2f} (IQR {worst['speedup_q25'] / p:.2f}-"
+                f"{worst['speedup_q75'] / p:.2f}); highest median {best['speedup']:.2f}x (IQR {best['speedup_q25']:.2f}-"
+                f"{best['speedup_q75']:.2f}) at γ={best['gamma']}; c = {best['c']:.2f} ({1 / best['c']:.1f}x cheaper draft)")
+    kw = dict(FORMULA_CLAIM, measured=measured, value=worst["speedup"] / p,
+              spread=(min(worst["speedup_q25"], worst["speedup"]) / p, max(worst["speedup_q75"], worst["speedup"]) / p))
+    if not on_gpu:
+        kw |= {"verdict": "not testable", "reason": "the claim is the course's target for a GPU, and this run has none"}
+    return kw
 
 
 # ---------------------------------------------------------------- figures

@@ -54,32 +54,39 @@ def _evidence(value, lo, hi, basis="formula"):
     return e
 
 
-def _verdicts(value, lo=None, hi=None, basis="formula", sampled=True):
+def _verdicts(value, lo=None, hi=None, basis="formula", sampled=True, untestable=None):
     e = _evidence(value, value if lo is None else lo, value if hi is None else hi, basis)
     rows = speculative_report_lab.claim_rows({"greedy": e, "sampled": {**e, "temperature": 1.0} if sampled else None}, basis=basis,
-                        identical="identical in 6 of 6 runs")
+                                             identical="identical in 6 of 6 runs", untestable=untestable)
     params = inspect.signature(claims.verdict).parameters
-    for row in rows:  # the rows are exactly claims.verdict's keyword arguments
+    out = {}
+    for row in rows:  # the rows are exactly claims.verdict's keyword arguments, and the ledger judges them
         inspect.signature(claims.verdict).bind(**row)
         assert set(row) <= set(params) and row["notebook"] == "11" and row["basis"] == basis
-    return {r["claim_id"]: r for r in rows}
+        kw = {k: v for k, v in row.items() if k != "claim_id"}
+        out[row["claim_id"]] = {**claims.verdict(row["claim_id"], quiet=True, **kw), "row": row}
+    return out
 
 
-def test_the_verdicts_flip_on_planted_speedups():
+def test_the_verdicts_flip_on_planted_speedups(results_tmp):
     t5, chin = "speculative-decoding-t5-xxl", "speculative-sampling-chinchilla"
     for value, want_t5, want_chin in [(1.5, "contradicted", "contradicted"), (2.2, "supported", "supported"),
-                                      (2.8, "supported", "exceeded"), (3.5, "exceeded", "exceeded")]:
+                                      (3.0, "supported", "exceeded"), (3.8, "exceeded", "exceeded")]:
         got = _verdicts(value)
         assert (got[t5]["verdict"], got[chin]["verdict"]) == (want_t5, want_chin), value
         assert got[t5]["value"] == value and f"{value:.2f}x" in got[t5]["measured"]
+        assert got[t5]["claimed"] == {"lo": 2.0, "hi": 3.0, "above": "exceeded"}
     assert "identical in 6 of 6" in _verdicts(2.2)[t5]["measured"]  # the claim's "identical outputs"
     assert "identical" not in _verdicts(2.2)[chin]["measured"]
-    # a range that spans a bound cannot be judged; one wholly on a side can
-    spans = _verdicts(2.1, 1.7, 2.3)
-    assert spans[t5]["verdict"] == "not testable" and "spans the claim's bound of 2x" in spans[t5]["reason"]
-    assert _verdicts(1.8, 1.6, 1.9)[t5]["verdict"] == "contradicted"
-    above = _verdicts(2.4, 2.3, 2.7)[chin]
-    assert above["verdict"] == "not testable" and "bound of 2.5x" in above["reason"]
+    # the formula's range is its spread: a range wider than half its value is not testable, whatever its median
+    wide = _verdicts(2.1, 1.2, 2.6)
+    assert wide[t5]["verdict"] == "not testable" and "too wide" in wide[t5]["reason"]
+    assert wide[t5]["spread"] == [1.2, 2.6]
+    assert _verdicts(1.6, 1.5, 1.7)[t5]["verdict"] == "contradicted"  # precise, wholly below 2x even widened
+    assert _verdicts(1.9, 1.7, 2.0)[t5]["verdict"] == "supported"  # close to the bound is never against it
+    # inputs that cannot speak for the claim: not testable with the reason, the numbers still recorded
+    cpu = _verdicts(2.2, 2.1, 2.3, untestable="c and v are this CPU's per-call costs")
+    assert cpu[t5]["verdict"] == "not testable" and "per-call costs" in cpu[t5]["reason"] and cpu[t5]["value"] == 2.2
     # measured (a GPU run's grid) against formula: the text says which
     measured = _verdicts(2.6, 2.4, 2.9, basis="measured")
     assert measured[t5]["verdict"] == "supported" and "IQR 2.40-2.90" in measured[t5]["measured"]
@@ -87,6 +94,23 @@ def test_the_verdicts_flip_on_planted_speedups():
     # no sampled temperature: not testable, with the reason
     alone = _verdicts(2.2, sampled=False)[chin]
     assert alone["verdict"] == "not testable" and "T > 0" in alone["reason"] and alone["value"] is None
+
+
+def test_formula_claim_judges_the_row_furthest_from_the_formula(results_tmp):
+    rows = [{**_grid_row(1, 1.50, 1.45, 1.55), "temperature": 0.0, "predicted": 1.5, "c": 0.08},
+            {**_grid_row(2, 1.20, 1.15, 1.25), "temperature": 0.0, "predicted": 2.0, "c": 0.08}]
+    kw = speculative_report_lab.formula_claim(rows, rows[0], on_gpu=True)
+    assert kw["value"] == pytest.approx(0.6) and kw["spread"] == pytest.approx((1.15 / 2, 1.25 / 2))
+    assert claims.verdict("speculative-formula", quiet=True, **kw)["verdict"] == "contradicted"
+    rows[1] |= {"speedup": 1.9, "speedup_q25": 1.85, "speedup_q75": 1.95}
+    kw = speculative_report_lab.formula_claim(rows, rows[1], on_gpu=True)
+    assert claims.verdict("speculative-formula", quiet=True, **kw)["verdict"] == "supported"
+    rows[0] |= {"speedup": 2.4, "speedup_q25": 2.35, "speedup_q75": 2.45}  # 1.6x the formula: above is against too
+    kw = speculative_report_lab.formula_claim(rows, rows[0], on_gpu=True)
+    assert claims.verdict("speculative-formula", quiet=True, **kw)["verdict"] == "contradicted"
+    cpu = speculative_report_lab.formula_claim(rows, rows[0], on_gpu=False)
+    assert cpu["verdict"] == "not testable" and cpu["claimed"] == (0.85, 1.15)
+    assert claims.verdict("speculative-formula", quiet=True, **cpu)["verdict"] == "not testable"
 
 
 def _grid_row(gamma, speedup, q25, q75, noise=False):
@@ -134,6 +158,10 @@ def test_alpha_and_bound_sentences_follow_the_numbers():
     assert "reading weights, not per-call" in speculative_report_lab.bound_sentence(5.0, 10.0, "small10m")
     low = speculative_report_lab.bound_sentence(1.0, 10.0, "small10m")
     assert "only 10%" in low and "not what a large target" in low
+    across = speculative_report_lab.bound_sentence(3.0, 10.0, "small10m", spread=(2.7, 3.2))
+    assert "cannot tell" in across and "27%-32%" in across
+    assert [speculative_report_lab.bound_state(lo, hi, 10.0) for lo, hi in ((3, 4), (2, 2.9), (2.9, 3.1))] == [
+        "bound", "overhead", "unclear"]
 
 
 def test_prediction_figure_draws_every_temperature():
