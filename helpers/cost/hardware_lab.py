@@ -1,16 +1,20 @@
-"""Notebook 00's lab: its parameters, the matmul panel and the sentences generated from its ceiling sweeps.
+"""Notebook 00's lab: its parameters, the matmul panel, the copy sweep's table and figure, and the sentences
+generated from its ceiling sweeps.
 
-The measuring primitives (the timer, the matmul per format, the ceilings) are in `helpers.measure`;
-this module turns their numbers into the notebook's panel and findings. A panel callback is a plain
-function: the notebook binds the run's context (device, ceilings) with `functools.partial` and hands
-it to `helpers.show.widgets.panel`; tests call it directly and inspect the figure.
+The measuring primitives (the timer, the matmul per format, the copy fit, the ceilings) are in
+`helpers.measure` (`ceilings`); this module turns their numbers into the notebook's panel and findings. A
+panel callback is a plain function: the notebook binds the run's context (device, ceilings) with
+`functools.partial` and hands it to `helpers.show.widgets.panel`; tests call it directly and inspect the figure.
 """
 from __future__ import annotations
 
 from helpers.cost.roofline import OPS, count
 from helpers.measure import ceilings, hardware, params
+from helpers.measure.bench import Timing
 from helpers.show import plots
 from helpers.show.units import percent
+
+MIB = 2 ** 20
 
 HALF_PRECISION_CPU_FLAGS = ("avx512_bf16", "amx_bf16", "avx512_fp16", "amx_fp16")
 FP32_MIB = 4 / 2**20  # one fp32 element, in MiB: the smallest copy `ceilings.measure_copy_bandwidth` moves
@@ -45,7 +49,8 @@ def resolve_parameters(S: params.Setup, *, DTYPES, MATMUL_SIZES, COPY_SIZES_MB, 
         raise ValueError(f"MATMUL_SIZES={sizes!r}: the fp8 matmul (torch._scaled_mm) needs sizes that are multiples "
                          f"of {SCALED_MM_MULTIPLE}, and {odd[0]} is not; round it to a multiple of "
                          f"{SCALED_MM_MULTIPLE} or leave 'fp8' out of DTYPES")
-    copy_mb = S.resolve("COPY_SIZES_MB", COPY_SIZES_MB, smoke=[0.25, 1, 4, 16, 64], full=[1, 16, 64, 256, 1024, 4096],
+    copy_mb = S.resolve("COPY_SIZES_MB", COPY_SIZES_MB, smoke=default_copy_sizes_mb(S.device),
+                        full=[1, 16, 64, 256, 1024, 4096],
                         check=lambda n, v: params.positives(n, _floats(params.listed(n, v)), float))
     tiny = [mb for mb in copy_mb if mb < FP32_MIB]
     if tiny:
@@ -54,6 +59,165 @@ def resolve_parameters(S: params.Setup, *, DTYPES, MATMUL_SIZES, COPY_SIZES_MB, 
                          f"{FP32_MIB:.3g} MiB")
     reps = S.resolve("REPS", REPS, smoke=5, full=20, check=params.positive)
     return {"DTYPES": dtypes, "MATMUL_SIZES": sizes, "COPY_SIZES_MB": copy_mb, "REPS": reps}
+
+
+def default_copy_sizes_mb(device: str = "cpu") -> list[float]:
+    """The smoke profile's copy sizes (MiB): four inside any cache (0.25 to 16 MiB) and one to three past it,
+    `ceilings.copy_size(device)` times 1, 2 and 4 while the source buffer stays at most 1 GiB, so that the copy
+    ceiling is fitted over copies that stream from memory on this machine, whatever its cache."""
+    past = ceilings.copy_size(device)
+    return [0.25, 1.0, 4.0, 16.0] + [past * k / MIB for k in (1, 2, 4) if k == 1 or past * k <= 2 ** 30]
+
+
+def emulated_formats(dtypes, device: str) -> dict[str, str]:
+    """{dtype: the one sentence} for the formats of `dtypes` emulated on `device` (`hardware.emulated`)."""
+    return {d: why for d in dtypes if d in ("bf16", "fp16") and (why := hardware.emulated(d, device))}
+
+
+def best_sizes(sizes: list[int], ranges: dict[str, list[tuple[float, float, float] | None]],
+               emulated: dict[str, str] | None = None) -> dict[str, tuple[float, float, float, int]]:
+    """{dtype: (median TFLOP/s, low, high, n)} at the size whose median was highest, for each format of a matmul
+    sweep that is not in `emulated` (`emulated_formats`: its time measures the emulation, so it gets no
+    ceiling). `ranges[dtype][i]` is (median, low, high) TFLOP/s at `sizes[i]` (`ceilings.tflops_range`; None: not
+    run). The low and high bound are that size's IQR: the ceiling is one size's median with its spread."""
+    out = {}
+    for d, rows in ranges.items():
+        if d in (emulated or {}):
+            continue
+        pts = [(r, n) for r, n in zip(rows, sizes) if r is not None and r[0] > 0]
+        if pts:
+            (value, lo, hi), n = max(pts, key=lambda p: p[0][0])
+            out[d] = (value, lo, hi, n)
+    return out
+
+
+def copy_sweep(sizes_mb, device: str, reps: int, per_call: Timing, progress=lambda xs, desc: xs):
+    """Time a copy of each size in `sizes_mb` (MiB; `ceilings.copy_timing`) and fit the copy ceiling over them
+    (`ceilings.fitted_copy_ceiling`, with `per_call`, a one-element copy's timing, as the per-call cost). When no size
+    streams from memory with its bytes dominating, one copy of `ceilings.copy_size(device)` is added (said in a
+    printed sentence) and the fit made again. Returns (source bytes per size, their timings, the CopyCeiling or
+    None). `progress(sizes, desc)` wraps the loop (a progress bar)."""
+    sizes = [max(4, int(mb * MIB)) for mb in sizes_mb]
+    timings = [ceilings.copy_timing(n, device, reps=reps, warmup=2) for n in progress(sizes, desc="copy sizes")]
+    fit = ceilings.fitted_copy_ceiling(sizes, timings, per_call, device)
+    if fit is None:
+        big = ceilings.copy_size(device)
+        print(f"no copy of COPY_SIZES_MB streams from memory with its bytes dominating, so one copy of {big / MIB:g} "
+              "MiB (past the last-level cache) is added to the sweep for the ceiling.")
+        sizes, timings = sizes + [big], timings + [ceilings.copy_timing(big, device, reps=reps, warmup=2)]
+        fit = ceilings.fitted_copy_ceiling(sizes, timings, per_call, device)
+    return sizes, timings, fit
+
+
+def copy_bandwidths(sizes: list[int], timings: list[Timing], fixed_s: float) -> list[tuple | None]:
+    """Per size, (median, low, high) GB/s of its bytes with the per-call cost `fixed_s` taken out of the median,
+    75th and 25th percentile times; None where the per-call cost is all of the median time (no bytes to see)."""
+    out = []
+    for n, t in zip(sizes, timings):
+        moved = ceilings.copy_moved(n)
+        rate = lambda secs: moved / (secs - fixed_s) / 1e9 if secs > fixed_s else None  # noqa: E731
+        mid = rate(t.median)
+        out.append(None if mid is None else (mid, rate(t.q75) or 0.0, rate(t.q25) or float("inf")))
+    return out
+
+
+def copy_rows(sizes: list[int], timings: list[Timing], fixed_s: float, device: str = "cpu") -> list[list]:
+    """The copy sweep's table: MiB, median µs (IQR), GB/s of the whole call, GB/s with the per-call cost taken
+    out (IQR), the per-call cost's share of the time, and whether the copy streams from memory."""
+    rows = []
+    for n, t, bw in zip(sizes, timings, copy_bandwidths(sizes, timings, fixed_s)):
+        rows.append([n / MIB, f"{t.median * 1e6:.4g} ({t.q25 * 1e6:.4g}-{t.q75 * 1e6:.4g})",
+                     ceilings.copy_moved(n) / t.median / 1e9,
+                     "per-call cost only" if bw is None else f"{bw[0]:.3g} ({bw[1]:.3g}-{bw[2]:.3g})",
+                     percent(min(1.0, fixed_s / t.median)), "memory" if ceilings.past_cache(n, device) else "cache"])
+    return rows
+
+
+COPY_COLUMNS = ["MiB", "µs per copy (IQR)", "GB/s, whole call", "GB/s, per-call cost out (IQR)", "per-call share",
+                "served from"]
+
+
+def copy_figure(sizes: list[int], timings: list[Timing], per_call: Timing, ceiling: "ceilings.CopyCeiling | None",
+                title: str = "copy: per-call cost + bytes / bandwidth"):
+    """Two panels: the time per copy against the bytes it moves (medians with IQR bars, the per-call cost and
+    the fitted line per-call + bytes / bandwidth), and each size's GB/s with the per-call cost taken out beside
+    the copy ceiling and its IQR band."""
+    fig, (ax1, ax2) = plots.figure(2)
+    moved = [ceilings.copy_moved(n) for n in sizes]
+    us = [t.median * 1e6 for t in timings]
+    ax1.errorbar(moved, us, yerr=[[(t.median - t.q25) * 1e6 for t in timings],
+                                  [(t.q75 - t.median) * 1e6 for t in timings]], marker="o", ls="", label="measured")
+    fixed = ceiling.fixed_s if ceiling else per_call.median
+    ax1.axhline(per_call.median * 1e6, ls=":", color="grey", label=f"one-element copy {per_call.median * 1e6:.3g} µs")
+    if ceiling:
+        xs = [moved[0] / 2] + moved + [moved[-1] * 2]
+        ax1.plot(xs, [(fixed + x / ceiling.gbps / 1e9) * 1e6 for x in xs], ls="--",
+                 label=f"{fixed * 1e6:.3g} µs + bytes / {ceiling.gbps:.3g} GB/s")
+    ax1.set_xscale("log", base=2)
+    ax1.set_yscale("log")
+    ax1.set_xlabel("bytes moved (read + write)")
+    ax1.set_ylabel("µs per copy")
+    ax1.set_title(title)
+    ax1.legend(fontsize=8)
+    mb = [n / MIB for n in sizes]
+    bws = copy_bandwidths(sizes, timings, fixed)
+    pts = [(m, b) for m, b in zip(mb, bws) if b is not None]
+    if pts:
+        ax2.errorbar([m for m, _ in pts], [b[0] for _, b in pts],
+                     yerr=[[b[0] - b[1] for _, b in pts], [min(b[2], 10 * b[0]) - b[0] for _, b in pts]],
+                     marker="o", label="per-call cost taken out")
+    if ceiling:
+        ax2.axhline(ceiling.gbps, ls="--", color="grey", label=f"copy ceiling {ceiling.gbps:.3g} GB/s")
+        ax2.axhspan(ceiling.lo, ceiling.hi, color="grey", alpha=0.2)
+    ax2.set_xscale("log", base=2)
+    ax2.set_xlabel("buffer size (MiB)")
+    ax2.set_ylabel("GB/s")
+    ax2.set_title("bandwidth of the bytes")
+    ax2.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def copy_findings(sizes: list[int], timings: list[Timing], per_call: Timing,
+                  ceiling: "ceilings.CopyCeiling | None", device: str = "cpu") -> list[str]:
+    """Sentences from a copy sweep: the per-call cost, the ceiling and where it came from, and, for each copy
+    inside the cache, whether its bytes moved faster than memory's (only when the IQRs are apart) or the
+    per-call cost hid them."""
+    fixed = ceiling.fixed_s if ceiling else per_call.median
+    llc, name = hardware.last_level_cache(device)
+    cache = f"the {llc / MIB:g} MiB {name} cache" if llc else "the cache"
+    out = [f"per-call cost: a one-element copy took {per_call.median * 1e6:.3g} µs (IQR {per_call.q25 * 1e6:.3g}-"
+           f"{per_call.q75 * 1e6:.3g})" + (f"; the fit over the copies past {cache} puts it at {fixed * 1e6:.3g} µs."
+                                          if ceiling else ".")]
+    if ceiling:
+        span = ", ".join(f"{n / MIB:g}" for n in ceiling.sizes)
+        out.append(f"memory's copy bandwidth: {ceiling.gbps:.3g} GB/s (the fit on the quartile times: "
+                   f"{ceiling.lo:.3g}-{ceiling.hi:.3g}), from the copies of {span} MiB, past {cache}, where the "
+                   f"per-call cost was at most {percent(ceiling.fixed_share)} of the time: the bytes dominate, so "
+                   "this is the bandwidth, and the ceiling the later notebooks use.")
+    else:
+        out.append(f"no copy of this sweep streams from memory with its bytes dominating (at least "
+                   f"{ceilings.copy_size(device) / MIB:g} MiB, the per-call cost under "
+                   f"{percent(ceilings.FIXED_SHARE_MAX)} of its time), so it gives no copy ceiling.")
+    inside = [(n, t, b) for n, t, b in zip(sizes, timings, copy_bandwidths(sizes, timings, fixed))
+              if not ceilings.past_cache(n, device)]
+    hidden = [n for n, t, b in inside if fixed >= ceilings.FIXED_SHARE_MAX * t.median]
+    if hidden:
+        out.append(f"at {', '.join(f'{n / MIB:g}' for n in hidden)} MiB the per-call cost was "
+                   f"{percent(ceilings.FIXED_SHARE_MAX)} or more of the time: those copies time the call as much as "
+                   "the bytes, and their whole-call GB/s understates the bandwidth.")
+    if ceiling:
+        faster = [(n, b) for n, t, b in inside if b is not None and b[1] > ceiling.hi]
+        close = [n for n, t, b in inside if b is not None and b[1] <= ceiling.hi and b[2] >= ceiling.lo]
+        if faster:
+            out.append("inside " + cache + ", with the per-call cost out: " + "; ".join(
+                f"{n / MIB:g} MiB at {b[0]:.3g} GB/s ({b[0] / ceiling.gbps:.2g}x memory's)" for n, b in faster)
+                + ". Their IQRs lie above the ceiling's: that is cache bandwidth, not memory's.")
+        if close:
+            out.append(f"at {', '.join(f'{n / MIB:g}' for n in close)} MiB, inside {cache}, the bandwidth's IQR "
+                       "overlaps memory's: this run cannot tell cache from memory there (other work on the machine "
+                       "shares the cache, and a buffer near its size partly misses it).")
+    return out
 
 
 def matmul_panel(dtype: str, n: int, *, device: str = "cpu", ceiling_tflops: dict | None = None,
@@ -68,8 +232,11 @@ def matmul_panel(dtype: str, n: int, *, device: str = "cpu", ceiling_tflops: dic
     if why:
         print(f"{dtype}: {why}.")
         return None
-    achieved = ceilings.measure_matmul_tflops(n, dtype, device, reps=reps)
-    print(f"{dtype}, n={n}: {achieved:.3g} TFLOP/s")
+    timing, flops = ceilings.matmul_timing(n, dtype, device, reps=reps)
+    achieved, lo, hi = ceilings.tflops_range(timing, flops)
+    print(f"{dtype}, n={n}: {achieved:.3g} TFLOP/s (IQR {lo:.3g}-{hi:.3g})")
+    if emulated_formats([dtype], device):
+        print(emulated_formats([dtype], device)[dtype] + "; it has no measured ceiling here.")
     bars = {f"{dtype} n={n}": achieved, "measured ceiling": (ceiling_tflops or {}).get(dtype),
             "datasheet": peak.tflops(dtype) if peak else None}
     return plots.bars(bars, ylabel="TFLOP/s", title=f"{dtype} matmul, n={n}")
@@ -90,9 +257,12 @@ def cpu_half_precision_flags(cpuinfo: str | None = None) -> list[str] | None:
     return [f for f in HALF_PRECISION_CPU_FLAGS if f in flags]
 
 
-def peak_findings(sizes: list[int], sweep: dict[str, list[float | None]]) -> list[str]:
+def peak_findings(sizes: list[int], sweep: dict[str, list[float | None]],
+                  ranges: dict[str, list[tuple[float, float, float] | None]] | None = None) -> list[str]:
     """One sentence per format of a matmul sweep: the size where it peaked, and how far below the peak the
-    smallest and the largest sizes stayed. `sweep[dtype][i]` is TFLOP/s at `sizes[i]` (None: not run)."""
+    smallest and the largest sizes stayed. `sweep[dtype][i]` is TFLOP/s at `sizes[i]` (None: not run).
+    With `ranges` ((median, low, high) per size, as `best_sizes` takes), a size whose IQR overlaps the best
+    size's is not ranked below it: the sentence names every such size as reaching the best alike."""
     out = []
     for dtype, values in sweep.items():
         pts = [(n, v) for n, v in zip(sizes, values) if v is not None and v > 0]
@@ -100,30 +270,52 @@ def peak_findings(sizes: list[int], sweep: dict[str, list[float | None]]) -> lis
             continue
         n_best, best = max(pts, key=lambda p: p[1])
         (n_small, small), (n_large, large) = pts[0], pts[-1]
-        smallest = (f"the smallest, n={n_small}, reached {percent(small / best)} of its best" if n_best != n_small
-                    else "the smallest size was the fastest")
-        if n_best == n_large:
+        rows = dict(zip(sizes, (ranges or {}).get(dtype) or [None] * len(sizes)))
+        tied = [n for n, _ in pts if rows.get(n) and rows.get(n_best) and rows[n][2] >= rows[n_best][1]] or [n_best]
+        smallest = (f"the smallest, n={n_small}, reached {percent(small / best)} of its best" if n_small not in tied
+                    else "the smallest size was the fastest" if len(tied) == 1
+                    else "the smallest size was among the fastest")
+        if len(tied) > 1:
+            where = (f"reached its best at n={', '.join(map(str, tied))} alike (their IQRs overlap)"
+                     + (f"; n={n_large}, the largest, reached {percent(large / best)} of that" if n_large not in tied
+                        else ""))
+        elif n_best == n_large:
             where = f"peaked at the largest size, n={n_best}"
         else:
-            where = f"peaked at n={n_best}, not at the largest size (n={n_large} reached {percent(large / best)} of that)"
+            where = (f"peaked at n={n_best}, not at the largest size (n={n_large} reached {percent(large / best)} "
+                     "of that)")
         out.append(f"{dtype} {where}; {smallest}.")
     return out
 
 
 def half_precision_findings(best: dict[str, float], ridge: dict[str, float], device: str,
-                            flags: list[str] | None, n: int = 1024) -> list[str]:
+                            flags: list[str] | None, n: int = 1024, *,
+                            spread: dict[str, tuple[float, float]] | None = None,
+                            emulated: dict[str, str] | None = None) -> list[str]:
     """On a CPU: how much slower (or faster) fp16/bf16 matmuls ran than fp32, why, and what that did to
     their ridge points (FLOP/B), counted against notebook 01's ops at size `n`. Empty on CUDA.
 
-    `best`: {dtype: best TFLOP/s}; `ridge`: {dtype: FLOP/B}; `flags`: `cpu_half_precision_flags()`.
+    `best`: {dtype: best TFLOP/s}; `ridge`: {dtype: FLOP/B}; `flags`: `cpu_half_precision_flags()`;
+    `spread`: {dtype: (low, high) TFLOP/s} of each best (with it, two formats whose ranges overlap are not
+    ranked); `emulated`: {dtype: sentence} (`emulated_formats`): such a format gets its sentence and no ratio
+    or ridge point, since its time measures the emulation.
     """
     if device != "cpu" or not best.get("fp32"):
         return []
-    out, slow = [], []
+    out, slow, emulated, spread = [], [], emulated or {}, spread or {}
     for dtype in ("fp16", "bf16"):
+        if dtype in emulated:
+            out.append(emulated[dtype] + "; it is kept out of the ceilings and the ridge points.")
+            slow.append(dtype)
+            continue
         if not best.get(dtype):
             continue
         ratio = best["fp32"] / best[dtype]
+        (lo32, hi32), (lo, hi) = spread.get("fp32", (best["fp32"],) * 2), spread.get(dtype, (best[dtype],) * 2)
+        if dtype in spread and "fp32" in spread and not (hi < lo32 or hi32 < lo):
+            out.append(f"{dtype} and fp32 matmuls cannot be ranked in this run: at their best sizes their IQRs "
+                       f"overlap ({dtype} {lo:.3g}-{hi:.3g}, fp32 {lo32:.3g}-{hi32:.3g} TFLOP/s).")
+            continue
         if ratio < 1.5:
             out.append(f"{dtype} matmuls reached {1 / ratio:.2g}x fp32's best throughput.")
             continue
@@ -142,8 +334,14 @@ def half_precision_findings(best: dict[str, float], ridge: dict[str, float], dev
                    + ", ".join(HALF_PRECISION_CPU_FLAGS) + "), so there is no native fp16/bf16 matmul path here; "
                    "the products run in kernels that convert to fp32 as they go.")
     elif slow:
-        out.append(f"This CPU lists {', '.join(flags)}, yet {' and '.join(slow)} ran slower: this PyTorch build "
-                   f"did not use those units for these sizes.")
+        has = [d for d in slow if any(d in f for f in flags)]
+        lacks = [d for d in slow if d not in has]
+        if lacks:
+            out.append(f"This CPU lists {', '.join(flags)}, none of them for {' or '.join(lacks)}: those products run "
+                       "in kernels that convert to fp32 as they go.")
+        if has:
+            out.append(f"This CPU lists {', '.join(flags)}, yet {' and '.join(has)} ran slower: this PyTorch build "
+                       f"did not use those units for these sizes.")
     else:
         out.append(f"This CPU lists half-precision matrix instructions ({', '.join(flags)}).")
     return out

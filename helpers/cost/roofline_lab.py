@@ -28,19 +28,52 @@ def resolve_parameters(S: params.Setup, *, DTYPE, N, REPS) -> dict:
     if dtype == "bf16" and S.device == "cuda" and not hardware.capabilities()["bf16"]:
         print("this GPU has no bf16 units (a T4?), so this notebook runs in fp16 instead of the requested bf16")
         dtype = "fp16"
+    elif dtype != "fp32" and hardware.emulated(dtype, S.device):
+        print(hardware.emulated(dtype, S.device) + "; this notebook's roof and points are then those of the emulation.")
     return {"DTYPE": dtype, "TORCH_DTYPE": hardware.torch_dtype(dtype),
             "N": S.resolve("N", N, smoke=512, full=8192, check=params.positive),
             "REPS": S.resolve("REPS", REPS, smoke=5, full=20, check=params.positive)}
 
 
 def measure(op: roofline.Op, *, reps: int = 10, warmup: int = 3, device: str = "cpu") -> dict:
-    """Time an op with the shared timer (cache flushed before every call).
+    """Time an op with the shared timer (cache flushed before every call; on a CPU with torch on one thread, the
+    thread's own CPU clock).
 
-    Returns {"op", "shape", "flops", "bytes", "intensity" (FLOP/B), "seconds" (median), "tflops", "gbps"}.
+    Returns {"op", "shape", "flops", "bytes", "intensity" (FLOP/B), "seconds" (median), "q25", "q75" (seconds),
+    "tflops", "gbps" (at the median), "tflops_lo", "tflops_hi", "gbps_lo", "gbps_hi" (at the 75th and 25th
+    percentile times: the IQR of the rate), "clock"}.
     """
     t = benchmark(op.run, warmup=warmup, reps=reps, flush_l2=True, device=device)
     return {"op": op.name, "shape": op.shape, "flops": op.flops, "bytes": op.bytes, "intensity": op.intensity,
-            "seconds": t.median, "tflops": tflops(op.flops, t.median), "gbps": gbps(op.bytes, t.median)}
+            "seconds": t.median, "q25": t.q25, "q75": t.q75, "clock": t.clock,
+            "tflops": tflops(op.flops, t.median), "gbps": gbps(op.bytes, t.median),
+            "tflops_lo": tflops(op.flops, t.q75), "tflops_hi": tflops(op.flops, t.q25),
+            "gbps_lo": gbps(op.bytes, t.q75), "gbps_hi": gbps(op.bytes, t.q25)}
+
+
+def place(m: dict, peak_tflops: float, bandwidth_gbs: float) -> dict:
+    """`measure`'s dict with its place on the roofline added: "bound" ('memory' or 'compute'), "attainable_tflops",
+    and "fraction_of_ceiling" (achieved over attainable) with "fraction_lo" and "fraction_hi" from the rate's IQR."""
+    attainable = roofline.attainable_tflops(m["intensity"], peak_tflops, bandwidth_gbs)
+    return {**m, "bound": roofline.bound(m["intensity"], peak_tflops, bandwidth_gbs), "attainable_tflops": attainable,
+            "fraction_of_ceiling": m["tflops"] / attainable, "fraction_lo": m["tflops_lo"] / attainable,
+            "fraction_hi": m["tflops_hi"] / attainable}
+
+
+def headline(measured: list[dict]) -> dict:
+    """Notebook 01's summary headline from `place`d ops: the matmul's TFLOP/s, the GEMV's and softmax's GB/s, and
+    the median op's fraction of its roofline, each a median with its IQR (value, unit, (low, high)). The median
+    op's bounds are the medians of the ops' low and high fractions."""
+    op = {m["op"]: m for m in measured}
+    mid = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
+    return {"matmul achieved": (op["matmul"]["tflops"], "TFLOP/s",
+                                (op["matmul"]["tflops_lo"], op["matmul"]["tflops_hi"])),
+            "gemv achieved bandwidth": (op["gemv"]["gbps"], "GB/s", (op["gemv"]["gbps_lo"], op["gemv"]["gbps_hi"])),
+            "softmax achieved bandwidth": (op["softmax"]["gbps"], "GB/s",
+                                           (op["softmax"]["gbps_lo"], op["softmax"]["gbps_hi"])),
+            "median op, fraction of its roofline": (
+                100 * mid([m["fraction_of_ceiling"] for m in measured]), "%",
+                (100 * mid([m["fraction_lo"] for m in measured]), 100 * mid([m["fraction_hi"] for m in measured])))}
 
 
 def roofline_panel(op: str, n: int, dtype: str, *, device: str = "cpu", ceiling_tflops: float,
@@ -51,6 +84,8 @@ def roofline_panel(op: str, n: int, dtype: str, *, device: str = "cpu", ceiling_
     Prints the op's intensity, rates and bound; returns the figure.
     """
     params.choose("dtype", dtype, PANEL_DTYPES)
+    if dtype != "fp32" and hardware.emulated(dtype, device):
+        print(hardware.emulated(dtype, device) + "; this point measures the emulation.")
     m = measure(roofline.build(op, n, hardware.torch_dtype(dtype), device), reps=reps, device=device)
     where = roofline.bound(m["intensity"], ceiling_tflops, bandwidth_gbs)
     print(f"{op} n={n} {dtype}: {m['intensity']:.3g} FLOP/B, {m['tflops']:.3g} TFLOP/s, "
@@ -69,8 +104,10 @@ def findings(measured: list[dict], peak_tflops: float, bandwidth_gbs: float, low
     """Sentences about a measured set of ops, generated from the numbers (notebook 01's verdict).
 
     Each entry of `measured` is `measure`'s dict plus "bound" and "fraction_of_ceiling" (achieved over
-    attainable). Says which ops were memory- and compute-bound at this ridge point, which ran above their
-    roof (and what that means for each kind of bound), and which reached less than `low` of it.
+    attainable), and "fraction_lo"/"fraction_hi" (`place`) when known: then a point counts as above its roof only
+    when its whole IQR is. Says which ops were memory- and compute-bound at this ridge point, which ran above
+    their roof (and what that means for each kind of bound), which sat at it within the noise, and which reached
+    less than `low` of it.
     """
     if not measured:
         return []
@@ -80,8 +117,14 @@ def findings(measured: list[dict], peak_tflops: float, bandwidth_gbs: float, low
     comp = [m for m in measured if m["bound"] == "compute"]
     out = [f"at this ridge point ({ridge:.3g} FLOP/B) the count puts {len(mem)} ops left of it (memory-bound: "
            f"{names(mem)}) and {len(comp)} right of it (compute-bound: {names(comp)})."]
-    over = lambda ms: [m for m in ms if m["fraction_of_ceiling"] > 1]  # noqa: E731
-    pct = lambda ms: ", ".join(f"{m['op']} {percent(m['fraction_of_ceiling'])}" for m in ms)  # noqa: E731
+    lo = lambda m: m.get("fraction_lo", m["fraction_of_ceiling"])  # noqa: E731
+    hi = lambda m: m.get("fraction_hi", m["fraction_of_ceiling"])  # noqa: E731
+
+    def pct(ms):
+        return ", ".join(f"{m['op']} {percent(m['fraction_of_ceiling'])}" + (
+            f" (IQR {percent(lo(m))}-{percent(hi(m))})" if "fraction_lo" in m else "") for m in ms)
+
+    over = lambda ms: [m for m in ms if lo(m) > 1]  # noqa: E731
     if over(mem):
         out.append(f"above the memory roof: {pct(over(mem))}. A flushed op cannot beat memory bandwidth from "
                    "memory, so part of its operands stayed in cache (small sizes), or the measured bandwidth "
@@ -90,11 +133,15 @@ def findings(measured: list[dict], peak_tflops: float, bandwidth_gbs: float, low
         out.append(f"above the compute roof: {pct(over(comp))}. This is a ceiling problem: the measured compute "
                    "ceiling is not this device's best (measured at other sizes, or under other load), so every "
                    "fraction of it printed here is too high by the same factor.")
+    at_roof = [m for m in measured if lo(m) <= 1 < m["fraction_of_ceiling"]]
+    if at_roof:
+        out.append(f"at their roof within the noise: {pct(at_roof)}; the IQR reaches below 100%, so this run "
+                   "cannot say they beat it.")
     slow = [m for m in measured if m["fraction_of_ceiling"] < low]
     if slow:
         out.append(f"below {low:.0%} of their roof: {pct(slow)}. Their cost is not what the count says: "
                    "instructions the count ignores (transcendentals, reductions across a row), a fixed cost "
-                   "per call that dominates at this size, or other work on the machine while they ran.")
+                   "per call that dominates at this size, or other work on the machine sharing its caches.")
     fits = [m for m in measured if low <= m["fraction_of_ceiling"] <= 1]
     if fits:
         out.append(f"between {low:.0%} and 100% of their roof: {pct(fits)}.")

@@ -86,3 +86,94 @@ def test_none_means_the_profile_default_and_given_values_are_kept(tmp_path):
     assert s["COPY_SIZES_MB"] == [1.0, 0.5] and s["MATMUL_SIZES"] == [64]
     s = _run_setup_cells("01_roofline", tmp_path, REPS=2)
     assert s["REPS"] == 2 and s["N"] == 512 and s["DTYPE"] == "fp32"
+
+
+# ---------------------------------------------------------------- emulated formats and the copy sweep
+
+from helpers.measure import ceilings  # noqa: E402
+from helpers.measure.bench import Timing  # noqa: E402
+
+MIB = 2 ** 20
+
+
+def _timing(seconds, spread=0.02):
+    lo, hi = seconds * (1 - spread), seconds * (1 + spread)
+    return Timing(seconds, lo, hi, [lo, seconds, hi], 0, "cpu", 0.0, "thread", [])
+
+
+def test_an_emulated_format_gets_no_ceiling_and_no_ratio_but_its_sentence(monkeypatch, capsys):
+    ranges = {"fp32": [(0.05, 0.049, 0.051), (0.08, 0.079, 0.081)],
+              "fp16": [(0.004, 0.0039, 0.0041), (0.002, 0.0019, 0.0021)],
+              "bf16": [(0.1, 0.09, 0.11), (0.3, 0.29, 0.31)]}
+    why = "fp16 is emulated on this CPU (a fp16 matmul ran 40x slower than fp32's, so it has no fp16 units)"
+    monkeypatch.setattr(hardware, "emulated", lambda d, device="cpu": why if d == "fp16" else None)
+    emulated = hardware_lab.emulated_formats(["fp32", "fp16", "bf16"], "cpu")
+    assert emulated == {"fp16": why}
+    best = hardware_lab.best_sizes([256, 512], ranges, emulated)
+    assert set(best) == {"fp32", "bf16"} and best["bf16"] == (0.3, 0.29, 0.31, 512)
+    assert set(hardware_lab.best_sizes([256, 512], ranges)) == {"fp32", "fp16", "bf16"}  # without it, fp16 gets one
+    ridge = {d: b[0] * 1e3 / 30.0 for d, b in best.items()}
+    lines = hardware_lab.half_precision_findings({d: b[0] for d, b in best.items()}, ridge, "cpu", ["avx512_bf16"],
+                                                 spread={d: b[1:3] for d, b in best.items()}, emulated=emulated)
+    assert lines[0].startswith(why) and "kept out of the ceilings" in lines[0] and "ridge point to" not in lines[0]
+    assert lines[1] == "bf16 matmuls reached 3.8x fp32's best throughput."
+    assert "none of them for fp16" in lines[2]
+    hardware_lab.matmul_panel("fp16", 16, device="cpu", reps=3)
+    out = capsys.readouterr().out
+    assert why in out and "no measured ceiling" in out
+    plt.close("all")
+
+
+def test_formats_whose_iqrs_overlap_are_not_ranked():
+    best, ridge = {"fp32": 0.08, "bf16": 0.085}, {"fp32": 3.0, "bf16": 3.2}
+    lines = hardware_lab.half_precision_findings(best, ridge, "cpu", ["avx512_bf16"],
+                                                 spread={"fp32": (0.07, 0.09), "bf16": (0.08, 0.09)})
+    assert lines[0].startswith("bf16 and fp32 matmuls cannot be ranked in this run")
+
+
+def test_peak_findings_do_not_rank_sizes_whose_iqrs_overlap():
+    sweep = {"fp32": [0.04, 0.087, 0.086]}
+    ranges = {"fp32": [(0.04, 0.039, 0.041), (0.087, 0.085, 0.089), (0.086, 0.084, 0.088)]}
+    line = hardware_lab.peak_findings([64, 256, 512], sweep, ranges)[0]
+    assert line.startswith("fp32 reached its best at n=256, 512 alike (their IQRs overlap)")
+    assert "n=64, reached 46% of its best" in line
+    apart = {"fp32": [(0.04, 0.039, 0.041), (0.087, 0.086, 0.088), (0.06, 0.059, 0.061)]}
+    assert "peaked at n=256, not at the largest size" in hardware_lab.peak_findings([64, 256, 512], sweep, apart)[0]
+
+
+def test_copy_sweep_sentences_separate_the_per_call_cost_from_the_bytes(monkeypatch):
+    monkeypatch.setattr(hardware, "last_level_cache", lambda device: (32 * MIB, "L3"))
+    monkeypatch.setattr(ceilings, "last_level_cache", lambda device: (32 * MIB, "L3"))
+    sizes = [MIB // 64, MIB, 8 * MIB, 64 * MIB, 128 * MIB]
+    gbps = {MIB // 64: 100.0, MIB: 100.0, 8 * MIB: 21.0, 64 * MIB: 20.0, 128 * MIB: 20.0}
+    per_call = _timing(5e-6)
+    times = [_timing(5e-6 + ceilings.copy_moved(n) / (gbps[n] * 1e9), 0.03) for n in sizes]
+    fit = ceilings.fitted_copy_ceiling(sizes, times, per_call, "cpu")
+    rows = hardware_lab.copy_rows(sizes, times, fit.fixed_s, "cpu")
+    assert float(rows[1][3].split()[0]) == pytest.approx(100, rel=0.02)  # per-call cost out: the cache's 100 GB/s
+    assert rows[0][2] < 50 and rows[-1][-1] == "memory" and rows[0][-1] == "cache"  # the whole call reads less
+    lines = hardware_lab.copy_findings(sizes, times, per_call, fit, "cpu")
+    assert lines[0].startswith("per-call cost: a one-element copy took 5 µs") and "puts it at 5 µs" in lines[0]
+    assert lines[1].startswith("memory's copy bandwidth: 20 GB/s") and "64, 128 MiB" in lines[1]
+    assert any(s.startswith("at 0.015625, 1 MiB the per-call cost was 10% or more") for s in lines)
+    assert any("1 MiB at 100 GB/s (5x memory's)" in s and "cache bandwidth" in s for s in lines)
+    assert any(s.startswith("at 8 MiB, inside the 32 MiB L3 cache, the bandwidth's IQR overlaps") for s in lines)
+    fig = hardware_lab.copy_figure(sizes, times, per_call, fit)
+    assert len(fig.axes) == 2
+    plt.close(fig)
+
+
+def test_the_default_copy_sizes_reach_past_the_last_level_cache(monkeypatch):
+    monkeypatch.setattr(ceilings, "last_level_cache", lambda device: (32 * MIB, "L3"))
+    assert hardware_lab.default_copy_sizes_mb("cpu") == [0.25, 1.0, 4.0, 16.0, 64.0, 128.0, 256.0]
+    monkeypatch.setattr(ceilings, "last_level_cache", lambda device: (700 * MIB, "L3"))
+    assert hardware_lab.default_copy_sizes_mb("cpu") == [0.25, 1.0, 4.0, 16.0, 1024.0]
+
+
+def test_copy_sweep_adds_a_copy_past_the_cache_when_none_was_asked_for(monkeypatch, capsys):
+    monkeypatch.setattr(ceilings, "copy_size", lambda device=None: 2 * MIB)
+    with ceilings.cpu_threads("cpu", 1):
+        per_call = ceilings.copy_timing(4, "cpu", reps=5)
+        sizes, timings, fit = hardware_lab.copy_sweep([0.25], "cpu", 3, per_call)
+    assert sizes == [MIB // 4, 2 * MIB] and fit is not None and fit.sizes == (2 * MIB,) and fit.clock == "thread"
+    assert "is added to the sweep" in capsys.readouterr().out

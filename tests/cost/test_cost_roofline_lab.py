@@ -46,3 +46,61 @@ def test_findings_call_out_points_above_either_roof():
     assert any(s.startswith("below 20% of their roof: add 3%") for s in lines)
     assert lines[-1] == "between 20% and 100% of their roof: matmul 95%."
     assert not any("above" in s for s in roofline_lab.findings([_m("add", "memory", 0.5)], 1.0, 1.0))
+
+
+# ---------------------------------------------------------------- medians with their IQR, verdicts the noise cannot make
+
+def test_measure_gives_each_rate_with_its_iqr_on_the_threads_clock():
+    from helpers.measure import bench
+
+    with bench.cpu_threads("cpu", 1):
+        m = roofline_lab.measure(roofline.build("softmax", 64), reps=5, warmup=1)
+    assert m["clock"] == "thread" and m["q25"] <= m["seconds"] <= m["q75"]
+    assert m["tflops_lo"] <= m["tflops"] <= m["tflops_hi"] and m["gbps_lo"] <= m["gbps"] <= m["gbps_hi"]
+    placed = roofline_lab.place(m, peak_tflops=1.0, bandwidth_gbs=10.0)
+    assert placed["bound"] == "memory" and placed["attainable_tflops"] == pytest.approx(10.0 * m["intensity"] / 1e3)
+    assert placed["fraction_lo"] <= placed["fraction_of_ceiling"] <= placed["fraction_hi"]
+
+
+def _p(op, bound, fraction, lo, hi):
+    return {"op": op, "bound": bound, "fraction_of_ceiling": fraction, "fraction_lo": lo, "fraction_hi": hi}
+
+
+def test_a_point_above_its_roof_only_within_the_noise_is_not_called_above_it():
+    measured = [_p("matmul", "compute", 1.05, 0.98, 1.10), _p("attn_scores", "compute", 1.2, 1.15, 1.25),
+                _p("add", "memory", 0.5, 0.4, 0.6)]
+    lines = roofline_lab.findings(measured, peak_tflops=0.08, bandwidth_gbs=30.0)
+    assert any(s.startswith("above the compute roof: attn_scores 120% (IQR 115%-125%)") for s in lines)
+    assert not any(s.startswith("above") and "matmul" in s for s in lines)
+    assert any(s.startswith("at their roof within the noise: matmul 105% (IQR 98%-110%)") for s in lines)
+
+
+def test_headline_is_medians_with_spreads_that_hold_them():
+    ops = ["add", "gelu", "layernorm", "softmax", "matmul", "gemv", "skinny_matmul", "attn_scores"]
+    measured = [{**_p(op, "memory", 0.1 * (i + 1), 0.1 * i + 0.05, 0.1 * (i + 1) + 0.05), "tflops": 1.0 + i,
+                 "tflops_lo": 0.9 + i, "tflops_hi": 1.1 + i, "gbps": 10.0 + i, "gbps_lo": 9.0 + i, "gbps_hi": 11.0 + i}
+                for i, op in enumerate(ops)]
+    head = roofline_lab.headline(measured)
+    assert head["matmul achieved"] == (5.0, "TFLOP/s", (4.9, 5.1))
+    assert head["gemv achieved bandwidth"] == (15.0, "GB/s", (14.0, 16.0))
+    value, unit, (lo, hi) = head["median op, fraction of its roofline"]
+    assert unit == "%" and lo <= value <= hi and value == pytest.approx(50.0)
+
+
+def test_an_emulated_format_asked_for_is_said_in_one_sentence(monkeypatch, capsys, results_tmp):
+    import torch
+
+    from helpers.measure import hardware, params
+
+    why = "fp16 is emulated on this CPU (a fp16 matmul ran 40x slower than fp32's, so it has no fp16 units)"
+    monkeypatch.setattr(hardware, "emulated", lambda d, device="cpu": why if d == "fp16" else None)
+    threads = torch.get_num_threads()
+    try:
+        S = params.setup("smoke", 0, False, str(results_tmp))
+    finally:
+        torch.set_num_threads(threads)
+    capsys.readouterr()
+    assert roofline_lab.resolve_parameters(S, DTYPE="fp16", N=None, REPS=None)["DTYPE"] == "fp16"
+    assert capsys.readouterr().out.startswith(why + "; this notebook's roof and points are then those of the emulation")
+    roofline_lab.resolve_parameters(S, DTYPE="bf16", N=None, REPS=None)
+    assert why not in capsys.readouterr().out
