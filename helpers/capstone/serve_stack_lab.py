@@ -301,6 +301,6 @@ def alone_sentence(row: dict, stack_row: dict) -> str:
                   "bytes save)" if max(a.value / row["bound_alone"], b.value / row["bound_stack"]) < 0.5 else ""))
     else:
         why = (f"each target pass committed {row['passes_alone']:.2f} tokens alone (fp32 target and draft) and "
-               f"{row['passes_stack']:.2f} in the stack (bf16): the gain is at most that many tokens per pass, less "
-               f"what the draft's {row['gamma']} steps of each round cost")
+               f"{row['passes_stack']:.2f} in the stack (on {stack_row['base']}): the gain is at most that many tokens "
+               f"per pass, less what the draft's {row['gamma']} steps of each round cost")
     return f"{t}: {rank}; {why}."
