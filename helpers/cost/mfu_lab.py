@@ -334,7 +334,7 @@ def formats_sentence(dtype: str, device: str) -> str:
     native = [d for d in ("bf16", "fp16") if d not in emulated]
     here = (f"this run's {dtype} is emulated here, so its MFU is withheld" if dtype in emulated else
             f"this run times {dtype}, which runs natively here")
-    return (f"MFU is never computed for a format this {device.upper() if device == 'cpu' else device} emulates (its time "
+    return (f"MFU is never computed for a format this {'CPU' if str(device) == 'cpu' else 'GPU'} emulates (its time "
             f"measures the emulation): here {' and '.join(native) or 'no 16-bit format'} "
             f"{'is' if len(native) == 1 else 'are'} native and {' and '.join(emulated) or 'none'} emulated; {here}.")
 

@@ -184,6 +184,7 @@ def test_mfu_comes_with_its_range_and_is_withheld_for_an_emulated_format(monkeyp
     text = mfu_lab.formats_sentence("bf16", "cpu")
     assert "fp16 is native and bf16 emulated" in text and "bf16 is emulated here, so its MFU is withheld" in text
     assert "runs natively here" in mfu_lab.formats_sentence("fp32", "cpu")
+    assert "this GPU emulates" in mfu_lab.formats_sentence("bf16", "cuda") and "this CPU emulates" in text
     steps = [dict(row, **mfu.step_fractions(row, 1.0, None, why))]
     point, head = mfu.step_headline(steps)
     assert point == "tiny B=4 T=64" and list(head) == ["training step throughput, largest model and batch"]
