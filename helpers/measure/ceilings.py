@@ -201,8 +201,8 @@ def _recorded_copy_source(recorded: dict) -> str:
 
 
 def _recorded_copy_mb() -> float | None:
-    """The largest copy (MiB) of notebook 00's copy sweep in this results folder (its `copy_gbps` is that copy's
-    bandwidth), or None without that record."""
+    """The largest copy (MiB) of notebook 00's copy sweep in this results folder (a record made before the copy
+    ceiling was fitted took its `copy_gbps` from that copy alone), or None without that record."""
     sweep = load_results(results_dir()).get("hardware_copy_sweep")
     sizes = (sweep or {}).get("metrics", {}).get("sizes_mb") if isinstance(sweep, dict) else None
     return float(sizes[-1]) if sizes else None
