@@ -54,7 +54,7 @@ def resolve_parameters(S: params.Setup, *, MODEL, BATCH, SEQ_LEN, STEPS, LR, INI
     out["GROWTH_INTERVAL"] = R("GROWTH_INTERVAL", GROWTH_INTERVAL, smoke=out["STEPS"], full=50, check=params.positive)
     out["LOG2_SCALES"] = R("LOG2_SCALES", LOG2_SCALES, smoke=list(range(0, 25, 4)), full=list(range(0, 33, 4)),
                            check=check_log2_scales)
-    out["REPS"] = R("REPS", REPS, smoke=3, full=10, check=params.positive)
+    out["REPS"] = R("REPS", REPS, smoke=5, full=10, check=params.positive)
     out["CPU_THREADS"] = R("CPU_THREADS", CPU_THREADS, smoke=1, full=1, check=params.positive)
     return out
 
