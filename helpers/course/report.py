@@ -124,7 +124,8 @@ def _reference_text(ref: dict, here: dict | None) -> str:
         text += f"; re-judged by today's rule (recorded as {judged['rejudged']})"
     changed, recorded = notebook_changed(str(ref.get("notebook"))), ref.get("date")
     if changed and isinstance(recorded, str) and _when(recorded) < _when(changed):
-        text += f"; recorded {recorded[:10]}, before notebook {ref.get('notebook')} last changed ({changed[:10]})"
+        text += (f"; recorded {recorded[:10]}, before notebook {ref.get('notebook')} last changed ({changed[:10]}): "
+                 "today's notebook may measure it differently, until a run on that GPU replaces it")
     return text
 
 
