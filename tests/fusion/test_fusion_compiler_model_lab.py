@@ -143,3 +143,15 @@ def test_regional_compilation_traces_one_block_for_all(results_tmp):
         compiler_model_lab.regional_compare(cfg, 2, backend="tvm")
     with pytest.raises(ValueError, match="repeats"):
         compiler_model_lab.regional_compare(cfg, 2, backend="aot_eager", repeats=0)
+
+
+def test_a_compile_is_quoted_on_the_cpu_clock_only_when_its_compiler_processes_were_waited_for():
+    import torch._inductor.config as inductor_config
+
+    from helpers.measure import clock
+
+    reading = clock.Reading(cpu=2.0, wall=5.0)
+    with inductor_config.patch(compile_threads=1):
+        assert compiler_model_lab.counted_seconds(reading) == 2.0
+    with inductor_config.patch(compile_threads=4):  # a pool of workers: only the wall clock saw their work
+        assert compiler_model_lab.counted_seconds(reading) == 5.0
