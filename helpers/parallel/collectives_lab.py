@@ -9,6 +9,9 @@ plain numbers (rank 0's; None or {} elsewhere):
   `ddp_lab` too; `ping_pong`, `comm_sweep` (ping-pong, our ring and `dist.all_reduce`
   per message size); `section_collectives` (the check and the sweep on one process group);
 * `collectives_notes`: the sentences on the sweep;
+* the machine's load around a section on ranks: `on_ranks` (`launch.run_on_ranks` between two `probe`s, a
+  fixed loop timed on both clocks in this process) and its `Load`, which withholds a ranking the contention
+  could make;
 * the notebook's parameters: `resolve_parameters` (all at once), with the checks `at_least_2` and
   `message_sizes` (lists given as text are read by `helpers.measure.params.positives`).
 """
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import dataclass
 from statistics import median
 from typing import Any, Callable, Sequence
 
@@ -23,9 +27,9 @@ import torch
 import torch.distributed as dist
 
 from helpers.gpt.model import PRESETS
-from helpers.measure import bench, params, protocol
+from helpers.measure import bench, clock as clocks, params, protocol
 from helpers.measure.params import positive, positive_number, positives
-from helpers.parallel import collectives
+from helpers.parallel import collectives, launch
 
 
 # ---------------------------------------------------------------- timing on ranks
@@ -44,16 +48,16 @@ def ping_pong(nbytes: int, reps: int) -> float | None:
     for i in range(reps + 2):
         bench.sync(dev)
         dist.barrier()
-        t0 = time.perf_counter()
-        if rank == 0:
-            dist.send(buf, 1)
-            dist.recv(buf, 1)
-        elif rank == 1:
-            dist.recv(buf, 0)
-            dist.send(buf, 0)
-        bench.sync(dev)
+        with clocks.Stopwatch(tally=False) as sw:  # wall time: a round trip is waiting for the other rank
+            if rank == 0:
+                dist.send(buf, 1)
+                dist.recv(buf, 1)
+            elif rank == 1:
+                dist.recv(buf, 0)
+                dist.send(buf, 0)
+            bench.sync(dev)
         if i >= 2:
-            xs.append((time.perf_counter() - t0) / 2)
+            xs.append(sw.wall / 2)
     return median(xs) if rank == 0 else None
 
 
@@ -94,14 +98,19 @@ def check_collectives(rank: int, world: int, seed: int = 0) -> dict:
     return out if rank == 0 else {}
 
 
+ROUNDS_BUDGET_S = 3.0  # seconds of timed rounds one comparison on ranks may take beyond its first `reps` rounds
+
+
 def rounds(fns: dict[str, Callable[[], Any]], reps: int, pairs: list[tuple[str, str]], warmup: int = 3,
-           max_reps: int | None = None, target_spread: float = 0.05) -> dict[str, bench.Timing]:
+           max_reps: int | None = None, target_spread: float = 0.05, budget_s: float = ROUNDS_BUDGET_S,
+           clock: Callable[[], float] = time.monotonic) -> dict[str, bench.Timing]:
     """The course's protocol on ranks (`helpers.measure.protocol`, with the stopping decision shared):
     `warmup` untimed calls of each variant, then rounds of one timed call each in rotated order, each
     call between barriers; after `reps` rounds, rank 0 stops them (and tells every rank) once every pair
-    in `pairs` is separated (IQRs disjoint) or every spread is within `target_spread`, else at
-    `max_reps` (3 * reps). Every rank makes the same calls in the same order, so collectives pair up.
-    Returns {name: bench.Timing} of this rank's seconds per call."""
+    in `pairs` is separated (IQRs disjoint) or every spread is within `target_spread`, or once the timed rounds,
+    the first `reps` included, have taken more than `budget_s` seconds (rank 0's `clock`, the wall clock: a busy
+    machine, whose spreads seldom separate, gets fewer rounds), else at `max_reps` (3 * reps). Every rank makes the same
+    calls in the same order, so collectives pair up. Returns {name: bench.Timing} of this rank's seconds per call."""
     names = list(fns)
     for n in names:
         for _ in range(warmup):
@@ -114,20 +123,21 @@ def rounds(fns: dict[str, Callable[[], Any]], reps: int, pairs: list[tuple[str, 
     def timings():
         return {n: bench.Timing(*bench.quartiles(x), list(x), warmup) for n, x in samples.items()}
 
+    start = clock()
     for k in range(max_reps):
         for n in names[k % len(names):] + names[:k % len(names)]:
             bench.sync(dev)
             dist.barrier()
-            t0 = time.perf_counter()
-            fns[n]()
-            bench.sync(dev)
-            samples[n].append(time.perf_counter() - t0)
+            with clocks.Stopwatch(tally=False) as sw:  # wall time: the ranks wait for each other
+                fns[n]()
+                bench.sync(dev)
+            samples[n].append(sw.wall)
         if k + 1 < reps:
             continue
         if dist.get_rank() == 0:
             t = timings()
             done = all(protocol.separated(t[a], t[b]) for a, b in pairs) or all(
-                x.spread <= target_spread for x in t.values())
+                x.spread <= target_spread for x in t.values()) or clock() - start > budget_s
             flag.fill_(float(done))
         dist.broadcast(flag, 0)
         if flag.item():
@@ -175,6 +185,60 @@ def collectives_notes(sweep: dict, world: int, alpha: float, beta: float) -> lis
         notes.append(f"our ring's smallest message took {floor:.1f}x the α-β model's time, within 2x of its floor "
                      f"of 2(n-1) = {2 * (n - 1)} latencies")
     return notes
+
+
+# ---------------------------------------------------------------- the machine's load around a section on ranks
+
+PROBE_LOOPS = 1_000_000  # iterations of the probe's fixed pure-Python loop (about 25 ms of CPU time)
+
+
+def probe(loops: int = PROBE_LOOPS) -> clocks.Reading:
+    """A fixed CPU-bound loop on the calling thread, timed on both clocks (`clock.Stopwatch`, untallied): its
+    `share` is the fraction of the wall time the thread ran, what other work on the machine left of a core."""
+    positive("loops", loops)
+    with clocks.Stopwatch(tally=False) as sw:
+        total = 0
+        for i in range(loops):
+            total += i & 7
+    return sw.reading
+
+
+@dataclass(frozen=True)
+class Load:
+    """The machine's load around a section on ranks: the probe right before it and right after it."""
+
+    before: clocks.Reading
+    after: clocks.Reading
+
+    @property
+    def share(self) -> float:
+        """The share of their wall time the two probes ran, together."""
+        return clocks.Reading(self.before.cpu + self.after.cpu, self.before.wall + self.after.wall).share
+
+    def sentence(self) -> str:
+        return (f"a fixed loop timed in the notebook's process right before and after the ranks ran "
+                f"{self.before.share:.0%} and {self.after.share:.0%} of its wall time")
+
+    def withheld(self, what: str = "ranking") -> str | None:
+        """Why this section's wall-clock timings may not make a `what` ("ranking", "verdict"; None: the machine was
+        close to idle): probes that ran less than `clock.SHARED_BELOW` of their wall time together mean other work
+        held the cores, and ranks that wait for each other then wait for the scheduler too."""
+        if self.share >= clocks.SHARED_BELOW:
+            return None
+        return (f"{self.sentence()}: the machine was shared, and ranks that wait for each other on a shared machine "
+                f"wait for the scheduler as well, so the contention could make this {what}")
+
+
+def on_ranks(fn: Callable[..., Any], world: int, *args, **kwargs) -> tuple[list, Load]:
+    """`launch.run_on_ranks(fn, world, *args, **kwargs)` between two `probe`s: (its results, the `Load`)."""
+    before = probe()
+    out = launch.run_on_ranks(fn, world, *args, **kwargs)
+    return out, Load(before, probe())
+
+
+def ranked(sentence: str, numbers: str, withheld: str | None) -> str:
+    """`sentence` (a ranking) when nothing withholds it, else the `numbers` and why this run does not rank them."""
+    return sentence if withheld is None else f"{numbers}: not ranked by this run: {withheld}"
 
 
 # ---------------------------------------------------------------- the notebook's parameters

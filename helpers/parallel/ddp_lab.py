@@ -24,7 +24,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from helpers.gpt.model import GPT, GPTConfig
-from helpers.measure import bench, protocol
+from helpers.measure import bench, clock as clocks, protocol
 from helpers.parallel import ddp, fsdp, zero
 from helpers.parallel.collectives_lab import rounds
 
@@ -169,13 +169,16 @@ def _tower(width: int, depth: int, seed: int) -> nn.Module:
     return nn.Sequential(*[nn.Sequential(nn.Linear(width, width), nn.GELU()) for _ in range(depth)])
 
 
-def rank_paired(name_a: str, a: bench.Timing, name_b: str, b: bench.Timing, what: str = "step time") -> str:
+def rank_paired(name_a: str, a: bench.Timing, name_b: str, b: bench.Timing, what: str = "step time",
+                withheld: str | None = None) -> str:
     """`protocol.rank_sentence` when the two Timings are separated and their round-by-round ratio's IQR
     (`protocol.paired_ratio`) lies on one side of 1 as well; otherwise that this run cannot rank them. Both ratios
-    are quoted."""
+    are quoted. withheld: why this run may not rank them at all (`collectives_lab.Load.withheld`)."""
     r = protocol.paired_ratio(b, a)  # > 1: a is faster
     med, q25, q75 = r.value, r.lo, r.hi
     paired = f"round by round {name_b} / {name_a} {med:.2f}x (IQR {q25:.2f}-{q75:.2f}x)"
+    if withheld:
+        return f"{name_a} and {name_b} ({what}: {a} vs {b}; {paired}) are not ranked by this run: {withheld}"
     if protocol.separated(a, b) and (q25 > 1 or q75 < 1):
         return protocol.rank_sentence(name_a, a, name_b, b, what=what) + f"; {paired}"
     how = ("apart by their spreads but not round by round" if protocol.separated(a, b) else
@@ -284,9 +287,9 @@ def measure_overlap(rank: int, world: int, layers: int, compute_ms: float, comm_
             parts = {"compute": [], "comm": []}
 
             def timed(kind, fn):
-                t0 = time.perf_counter()
-                fn()
-                parts[kind].append(time.perf_counter() - t0)
+                with clocks.Stopwatch(tally=False) as sw:  # wall time: the parts are timed waits
+                    fn()
+                parts[kind].append(sw.wall)
 
             def sequential():
                 for _ in range(layers):
@@ -312,10 +315,10 @@ def measure_overlap(rank: int, world: int, layers: int, compute_ms: float, comm_
     return out if rank == 0 else None
 
 
-def overlap_sentences(rows: list[dict]) -> list[str]:
+def overlap_sentences(rows: list[dict], withheld: str | None = None) -> list[str]:
     """Per `measure_overlap` row: measured sequential and overlapped step times (medians with IQR), against
     the prediction from the measured per-layer times (within 10%, or by how much not), and whether the
-    overlap is a measured speedup (IQRs separated) or within the noise."""
+    overlap is a measured speedup (IQRs separated) or within the noise; withheld: why this run ranks neither."""
     out = []
     for r in rows:
         t, p = r["timings"], r["predicted"]
@@ -326,7 +329,8 @@ def overlap_sentences(rows: list[dict]) -> list[str]:
                    f"{1e3 * r['measured comm s']:.1f} ms each: sequential {t['sequential']}, overlapped {t['overlapped']}; "
                    f"predicted {1e3 * p['sequential']:.1f} and {1e3 * p['overlapped']:.1f} ms "
                    + ("(both within 10%)" if ok else f"(off by {dev['sequential']:+.0%} and {dev['overlapped']:+.0%})")
-                   + ("; overlap ran " + str(sp) + " faster, the prediction says "
+                   + (f"; not ranked by this run: {withheld}" if withheld else
+                      "; overlap ran " + str(sp) + " faster, the prediction says "
                       f"{p['sequential'] / p['overlapped']:.2f}x" if sp.separated and sp.value > 1 else
                       "; this run cannot rank the two (their IQRs overlap)" if not sp.separated else
                       f"; overlap was slower ({sp})"))
@@ -341,13 +345,13 @@ def section_ddp(rank: int, world: int, width: int, depth: int, rows: list[int], 
     return {"ddp": timed, "overlap": ov} if rank == 0 else None
 
 
-def bucketing_sentence(ddpm: dict, row: int, alpha_s: float) -> str:
+def bucketing_sentence(ddpm: dict, row: int, alpha_s: float, withheld: str | None = None) -> str:
     """Whether bucketing sped up `row`'s step, from measure_ddp's result and the ping-pong α (s): ranked
     only when the IQRs of the bucketed and per-parameter overlapped steps do not overlap and their
     round-by-round ratio (`protocol.paired_ratio`) stays on one side of 1; a measured gap
     is set against what was measured of its parts (the copies, timed alone; the saved messages at α
     each), and what they do not cover is said to be unexplained. Accepts medians (floats) in place of
-    Timings for the modes (then nothing is ranked)."""
+    Timings for the modes (then nothing is ranked); withheld: why this run may not rank them at all."""
     t, m = ddpm[row], ddpm["messages"]
     tim = t.get("timings") or {k: bench.Timing(t[k], t[k], t[k], [t[k]]) for k in ("overlapped", "bucketed")}
     ov, bu = tim["overlapped"], tim["bucketed"]
@@ -362,6 +366,8 @@ def bucketing_sentence(ddpm: dict, row: int, alpha_s: float) -> str:
     copies = ddpm.get("copies")
     paired = protocol.paired_ratio(ov, bu) if t.get("timings") else None
     pq25, pq75 = (paired.lo, paired.hi) if paired else (1.0, 1.0)
+    if withheld:
+        return f"{head} ({r}): not ranked by this run: {withheld}. {why[0].upper()}{why[1:]}"
     if not (t.get("timings") and r.separated and (pq25 > 1 or pq75 < 1)):
         if t.get("timings") and r.separated:  # the medians' spreads apart, the round-by-round ratios on both sides of 1
             spread = (f"apart by their medians' spreads ({r.value:.2f}x, IQR-bounded {r.lo:.2f}-{r.hi:.2f}x) but not "

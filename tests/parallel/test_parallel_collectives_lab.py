@@ -48,3 +48,18 @@ def test_collectives_notes_follow_the_numbers():
     assert "likely pays Python overhead" in notes[2]
     calm = L.collectives_notes({**sw, "torch_iqr": [0.1, 0.2], "ring": [4.1e-4, 8e-3]}, 2, 2e-4, 6e-10)
     assert "steady enough" in calm[0] and "within 2x of its floor" in calm[2]
+
+
+def _budgeted_rounds(rank, world, budget_s):
+    """`rounds` over one variant paired with itself (never separated) and no steady target, on a fake clock that
+    runs 10 s a reading: how many rounds it timed."""
+    import itertools
+    t = L.rounds({"a": lambda: None}, 2, [("a", "a")], warmup=0, max_reps=6, target_spread=-1.0,
+                 budget_s=budget_s, clock=itertools.count(0, 10).__next__)
+    return len(t["a"].samples)
+
+
+@pytest.mark.ranks
+def test_rounds_on_ranks_stop_at_their_seconds_budget():
+    assert launch.run_on_ranks(_budgeted_rounds, 2, 5.0) == [2, 2]  # past the budget once its 2 rounds are in
+    assert launch.run_on_ranks(_budgeted_rounds, 2, 1e9) == [6, 6]  # no budget: on to max_reps

@@ -3,8 +3,9 @@ step times and overlap by the protocol), and the sentences generated from those 
 import pytest
 
 from helpers.gpt.model import GPT
-from helpers.measure import bench, protocol
+from helpers.measure import bench, clock as clocks, protocol
 from helpers.parallel import ddp
+from helpers.parallel import collectives_lab as CL
 from helpers.parallel import ddp_lab as L
 from helpers.parallel import launch
 
@@ -121,3 +122,30 @@ def test_rank_paired_needs_the_round_by_round_ratio_on_one_side_of_1():
     assert protocol.separated(a, b)
     d = L.rank_paired("A", a, "B", b)
     assert "cannot rank them" in d and "round by round" in d
+
+
+def test_a_shared_machine_withholds_every_ddp_ranking(monkeypatch):
+    fast, slow = _timing(0.10), _timing(0.15)
+    busy = CL.Load(clocks.Reading(0.02, 0.05), clocks.Reading(0.03, 0.05))  # the probes ran 40% and 60% of the wall time
+    why = busy.withheld()
+    assert busy.share == pytest.approx(0.5) and "40% and 60%" in why and "shared" in why
+    assert CL.Load(clocks.Reading(0.049, 0.05), clocks.Reading(0.05, 0.05)).withheld() is None  # 99%: close to idle
+    said = L.rank_paired("A", fast, "B", slow, withheld=why)
+    assert "not ranked by this run" in said and "faster" not in said and why in said
+    assert L.rank_paired("A", fast, "B", slow).startswith("A was")  # the same timings, ranked on a quiet machine
+    pred = ddp.overlap_prediction([0.01] * 4, [0.01] * 4)
+    row = {"layers": 4, "measured compute s": 0.01, "measured comm s": 0.01, "predicted": pred,
+           "timings": {"sequential": _timing(0.080), "overlapped": _timing(0.052)}}
+    ov = L.overlap_sentences([row], withheld=why)[0]
+    assert "not ranked by this run" in ov and "faster" not in ov
+    base = {"messages": {"after backward": 8, "overlapped": 8, "bucketed": 4}, "bucket_mb": 1.0,
+            "largest tensor bytes": 1000, "copies": _timing(0.040), 4: {"timings": {"overlapped": slow, "bucketed": fast}}}
+    bu = L.bucketing_sentence(base, 4, 2e-4, withheld=why)
+    assert "not ranked by this run" in bu and "faster" not in bu
+    assert CL.ranked("A was faster", "A 1 ms, B 2 ms", why).startswith("A 1 ms, B 2 ms: not ranked")
+    assert CL.ranked("A was faster", "A 1 ms, B 2 ms", None) == "A was faster"
+    readings = iter([clocks.Reading(0.02, 0.05), clocks.Reading(0.03, 0.05)])
+    monkeypatch.setattr(CL, "probe", lambda: next(readings))
+    monkeypatch.setattr(CL.launch, "run_on_ranks", lambda fn, world, *a, **k: [fn(0, world, *a, **k)])
+    out, load = CL.on_ranks(lambda rank, world, x: x + world, 2, 1)
+    assert out == [3] and load.withheld() == why  # the probes around the section, in order

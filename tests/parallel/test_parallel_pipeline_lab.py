@@ -2,6 +2,7 @@
 executed by both schedules), where a pipeline's idle time went, and the sentences and verdict on the bubble."""
 import pytest
 
+from helpers.measure import claims
 from helpers.parallel import launch
 from helpers.parallel import pipeline_lab as L
 
@@ -67,9 +68,18 @@ def test_bubble_sentences_flip_with_the_numbers():
     assert "does not explain the difference" in L.bubble_sentences([sched, _row("1f1b", 0.15)])[2]
 
 
-def test_bubble_verdict_judges_the_schedules_part_within_the_tolerance():
-    ok = L.bubble_verdict([_row("gpipe", 0.2, schedule=0.105), _row("1f1b", 0.15)])
-    assert ok["verdict"] == "supported" and ok["ratio"] == pytest.approx(1.05) and ok["raw_ratio"] == pytest.approx(2.0)
-    assert "judged within 15%" in ok["measured"]
-    bad = L.bubble_verdict([_row("gpipe", 0.2, schedule=0.2)])
-    assert bad["verdict"] == "contradicted"
+def test_bubble_claim_is_judged_by_the_one_rule_on_the_schedules_part():
+    ok = L.bubble_claim([_row("gpipe", 0.2, schedule=0.105), _row("1f1b", 0.15)])
+    assert ok["ratio"] == pytest.approx(1.05) and ok["raw_ratio"] == pytest.approx(2.0)
+    assert ok["spread"] == pytest.approx((1.04, 1.06)) and "1.05x (IQR 1.04-1.06x)" in ok["measured"]
+    judge = lambda c: claims.judge_interval(c["ratio"], *c["spread"], *c["claimed"], above="contradicted")[0]  # noqa: E731
+    assert judge(ok) == "supported"
+    assert judge(L.bubble_claim([_row("gpipe", 0.2, schedule=0.2)])) == "contradicted"  # twice the formula
+    assert judge(L.bubble_claim([_row("gpipe", 0.2, schedule=0.05)])) == "contradicted"  # half of it
+
+
+def test_a_shared_machine_withholds_the_schedules_ranking():
+    rows = [_row("gpipe", 0.2, delivery=30.0), _row("1f1b", 0.15)]
+    assert "differ beyond their spread" in L.bubble_sentences(rows)[2]
+    held = L.bubble_sentences(rows, withheld="the probes ran 40%")[2]
+    assert "not ranked by this run: the probes ran 40%" in held and "differ" not in held and "0.200 vs 0.150" in held
