@@ -171,15 +171,15 @@ def test_profile_splits_counts_k_times_the_matmul_calls(results_tmp):
     assert small["matmul_calls"] == 4 * big["matmul_calls"] > 0  # the same FLOPs in k times the calls
     assert 0 < small["matmul_share"] <= 1 and small["matmul_ms"] <= small["total_ms"]
     assert len(small["profile"].rows) == 8 and small["profile"].trace_path.exists()
-    assert small["profile"].trace_path.parent == results_tmp / "traces"
+    assert small["profile"].trace_path.parent == results_tmp / "traces" and 0 < small["ran_share"] <= 1
     with pytest.raises(ValueError, match="splits"):
         accumulation_lab.profile_splits(m, opt, [], 16)
 
 
 def test_split_profile_lines_follow_the_numbers():
-    def row(b, k, calls, mm, total):
+    def row(b, k, calls, mm, total, ran=1.0):
         return {"micro_batch": b, "accum_steps": k, "matmul_calls": calls, "matmul_ms": mm, "total_ms": total,
-                "matmul_share": mm / total}
+                "matmul_share": mm / total, "ran_share": ran}
     lines = accumulation_lab.split_profile_lines([row(1, 16, 320, 30.0, 60.0), row(16, 1, 20, 10.0, 30.0)])
     assert lines[0] == "b=1 (k=16): 320 matmul calls per step, 30.0 ms in them = 50% of the 60.0 ms of op self time"
     assert "x16.0 as many matmul calls: matmul time x3.00, the other ops' time x1.50" in lines[2]
@@ -189,6 +189,8 @@ def test_split_profile_lines_follow_the_numbers():
     lines = accumulation_lab.split_profile_lines([row(1, 16, 320, 10.5, 31.0), row(16, 1, 20, 10.0, 30.0)])
     assert "paid no visible price" in lines[3]
     assert len(accumulation_lab.split_profile_lines([row(4, 4, 80, 10.0, 30.0)])) == 1  # one split: described, not compared
+    lines = accumulation_lab.split_profile_lines([row(1, 16, 320, 30.0, 60.0, ran=0.4), row(16, 1, 20, 10.0, 30.0)])
+    assert "ran only 40%" in lines[3] and "not said" in lines[3] and "the matmuls themselves" not in "".join(lines)
 
 
 # ---------------------------------------------------------------- notebook 05's parameters fail fast
