@@ -8,7 +8,9 @@
                positions restarting per document, the GPT forward on packed rows, per-document losses,
                FlexAttention's block mask and cu_seqlens for attention without a T^2 mask
 `loading_sweep_lab`    notebook 12's measurement protocol over loaders (fresh loaders warmed up until steady, blocks
-               of steps interleaved in rotated rounds, medians and IQRs) and the verdicts generated from it
+               of steps interleaved in rotated rounds within a seconds budget, medians and IQRs), the contention
+               it met (the main thread's share of its compute's wall time, a probe loop), and the sentences
+               generated from it, rankings withheld on a shared machine
 `packing_lab`  notebook 12's variable-length attention: dense mask and FlexAttention checked against each
                document alone, the bytes of the dense mask, the BlockMask and cu_seqlens counted
 `loading_lab`  notebook 12's measurements: the wait / copy / compute breakdown of a step, loader sweeps,

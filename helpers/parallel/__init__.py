@@ -24,10 +24,11 @@ Launching ranks:
 Notebook 13's labs, one per section, each named after the technique it measures:
 
 `collectives_lab`  the ring checked against `dist.all_reduce`, ping-pong and all-reduce timings, the
-                   course's timing protocol on ranks (`rounds`), the notebook's parameters
+                   course's timing protocol on ranks (`rounds`), the machine's load around a section on
+                   ranks (`on_ranks`, `Load`: rankings withheld on a shared machine), the notebook's parameters
 `ddp_lab`          DDP, ZeRO and FSDP checked against single-process training, DDP step times by the
                    protocol, DDP's overlap with timed waits, the bucketing and overlap sentences
 `zero_lab`         memory per ZeRO stage measured on ranks, the formulas' plan and figure
 `pipeline_lab`     tensor parallelism checked against dense layers, the pipeline executed with a fixed
-                   compute time, its bubble, where its idle time went, and the ledger's verdict
+                   compute time, its bubble, where its idle time went, and what the ledger judges of GPipe's formula
 """
