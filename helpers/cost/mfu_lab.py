@@ -340,9 +340,9 @@ def formats_sentence(dtype: str, device: str) -> str:
 
 
 def extremes_sentence(steps: Sequence[dict]) -> str:
-    """Which timed step reached the highest and the lowest MFU, said only as far as the IQRs allow: the highest
-    is named when its MFU range (`mfu.step_fractions`' lo-hi) clears every other step's, else the steps whose
-    ranges reach it are named as tied."""
+    """Which timed step reached the highest and the lowest MFU, said only as far as the IQRs allow: each is named
+    when its MFU range (`mfu.step_fractions`' lo-hi) clears every other step's, else the steps whose ranges reach it
+    are named as tied."""
     rows = [r for r in steps if r.get("mfu_ceiling") is not None]
     if not rows:
         return "no MFU was computed for these steps"
@@ -354,7 +354,10 @@ def extremes_sentence(steps: Sequence[dict]) -> str:
     head = (f"highest MFU: {name(best)} at {span(best)} of the measured ceiling, clear of every other step's IQR"
             if not tied else f"this run cannot tell which step reached the highest MFU: {name(best)} at {span(best)} "
             f"and {', '.join(name(r) for r in tied)}, whose IQRs reach it")
-    return head + f"; lowest median: {name(worst)} at {span(worst)}"
+    low_tied = [r for r in rows if r is not worst and r["mfu_ceiling_lo"] <= worst["mfu_ceiling_hi"]]
+    return head + (f"; lowest: {name(worst)} at {span(worst)}" if not low_tied else
+                   f"; the lowest cannot be told apart: {name(worst)} at {span(worst)} and "
+                   f"{', '.join(name(r) for r in low_tied)}")
 
 
 # ---------------------------------------------------------------- figures and profiles

@@ -198,10 +198,12 @@ def test_the_highest_mfu_is_named_only_when_its_iqr_clears_the_others():
         return dict(r, **mfu.step_fractions(r, ceiling=1.0))
     apart = [fr(_step("tiny", 1, 4.0, 3.9, 4.1)), fr(_step("tiny", 2, 2.0, 1.95, 2.05)), fr(_step("small", 1, 1.0, 0.98, 1.02))]
     text = mfu_lab.extremes_sentence(apart)
-    assert text.startswith("highest MFU: small B=1 at 100% (IQR 98%–102%) of the measured ceiling, clear of") and "lowest median: tiny B=1" in text
+    assert text.startswith("highest MFU: small B=1 at 100% (IQR 98%–102%) of the measured ceiling, clear of") and "lowest: tiny B=1" in text
     tied = apart[:2] + [fr(_step("small", 1, 1.9, 1.5, 2.2))]  # small B=1's IQR reaches tiny B=2's
     text = mfu_lab.extremes_sentence(tied)
     assert text.startswith("this run cannot tell which step reached the highest MFU") and "tiny B=2" in text
+    low = [fr(_step("tiny", 1, 4.0, 3.0, 5.0)), fr(_step("tiny", 2, 3.5, 3.2, 4.4)), apart[2]]  # 0.25 (0.2-0.33) vs 0.29 (0.23-0.31)
+    assert "the lowest cannot be told apart: tiny B=1" in mfu_lab.extremes_sentence(low)
     value, unit, (lo, hi) = mfu.step_headline(apart)[1]["MFU vs measured ceiling, largest model and batch"]
     assert unit == "%" and (value, lo, hi) == pytest.approx((100.0, 100 / 1.02, 100 / 0.98))
 
