@@ -9,8 +9,8 @@
   measured in the same run (`LoaderSweep.contention`: the share of its compute's wall time the main thread ran,
   in the rows without worker processes), and `LoaderSweep.rank_sentence` withholds a ranking that the
   contention, or too few rounds, could make. `panel_row` is one block, for the instructor panel.
-* `contention_probe` / `probe_sentence`: the machine's load around a wall-clock measurement, from a fixed loop
-  timed on both clocks.
+* `probe_sentence`: the machine's load around a wall-clock measurement, from two `clock.probe`s (a fixed loop
+  timed on both clocks).
 * `against_target` / `packing_sentence` / `idle_sentence`: verdicts generated from a measured ratio or
   share and its IQR bounds against the course's targets, ranking only separated timings.
 """
@@ -312,21 +312,6 @@ def panel_row(model, dataset, cfg: dict, *, steps: int, device: str = "cpu", **c
 
 
 # ---------------------------------------------------------------- the machine's load, measured by a probe
-
-PROBE_LOOPS = 1_000_000  # iterations of the probe's fixed pure-Python loop (about 25 ms of CPU time)
-
-
-def contention_probe(loops: int = PROBE_LOOPS) -> clocks.Reading:
-    """A fixed CPU-bound loop on the calling thread, timed on both clocks (`clock.Stopwatch`, kept out of the
-    notebook's tally): its `share` is the fraction of the wall time the thread ran, what other work left of a core.
-    Taken right before and after a wall-clock measurement, it states the load that measurement met."""
-    positive("loops", loops)
-    with clocks.Stopwatch(tally=False) as sw:
-        total = 0
-        for i in range(loops):
-            total += i & 7
-    return sw.reading
-
 
 def probe_sentence(before: clocks.Reading, after: clocks.Reading) -> tuple[float, str]:
     """(share, sentence) for two probes around a measurement: the share of their wall time they ran together."""

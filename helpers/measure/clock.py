@@ -76,9 +76,10 @@ class Stopwatch:
         return Reading(self.cpu, self.wall)
 
 
-def probe(loops: int = 200_000) -> Reading:
+def probe(loops: int = 1_000_000) -> Reading:
     """The machine's contention right now, where waiting is the lesson and the wall clock stays: a fixed
-    CPU-bound loop of `loops` additions in Python, timed on both clocks and left out of the tally. Its
+    CPU-bound loop of `loops` additions in Python (about 25 ms of CPU time by default), timed on both clocks and
+    left out of the tally. Its
     `share` is the fraction of the wall time this thread got; near 1.0 the core was free, 0.5 means another
     process held it half the time. Raises ValueError for loops < 1."""
     if isinstance(loops, bool) or not isinstance(loops, int) or loops < 1:

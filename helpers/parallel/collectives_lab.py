@@ -9,7 +9,7 @@ plain numbers (rank 0's; None or {} elsewhere):
   `ddp_lab` too; `ping_pong`, `comm_sweep` (ping-pong, our ring and `dist.all_reduce`
   per message size); `section_collectives` (the check and the sweep on one process group);
 * `collectives_notes`: the sentences on the sweep;
-* the machine's load around a section on ranks: `on_ranks` (`launch.run_on_ranks` between two `probe`s, a
+* the machine's load around a section on ranks: `on_ranks` (`launch.run_on_ranks` between two `clock.probe`s, a
   fixed loop timed on both clocks in this process) and its `Load`, which withholds a ranking the contention
   could make;
 * the notebook's parameters: `resolve_parameters` (all at once), with the checks `at_least_2` and
@@ -189,20 +189,6 @@ def collectives_notes(sweep: dict, world: int, alpha: float, beta: float) -> lis
 
 # ---------------------------------------------------------------- the machine's load around a section on ranks
 
-PROBE_LOOPS = 1_000_000  # iterations of the probe's fixed pure-Python loop (about 25 ms of CPU time)
-
-
-def probe(loops: int = PROBE_LOOPS) -> clocks.Reading:
-    """A fixed CPU-bound loop on the calling thread, timed on both clocks (`clock.Stopwatch`, untallied): its
-    `share` is the fraction of the wall time the thread ran, what other work on the machine left of a core."""
-    positive("loops", loops)
-    with clocks.Stopwatch(tally=False) as sw:
-        total = 0
-        for i in range(loops):
-            total += i & 7
-    return sw.reading
-
-
 @dataclass(frozen=True)
 class Load:
     """The machine's load around a section on ranks: the probe right before it and right after it."""
@@ -230,10 +216,10 @@ class Load:
 
 
 def on_ranks(fn: Callable[..., Any], world: int, *args, **kwargs) -> tuple[list, Load]:
-    """`launch.run_on_ranks(fn, world, *args, **kwargs)` between two `probe`s: (its results, the `Load`)."""
-    before = probe()
+    """`launch.run_on_ranks(fn, world, *args, **kwargs)` between two `clock.probe`s: (its results, the `Load`)."""
+    before = clocks.probe()
     out = launch.run_on_ranks(fn, world, *args, **kwargs)
-    return out, Load(before, probe())
+    return out, Load(before, clocks.probe())
 
 
 def ranked(sentence: str, numbers: str, withheld: str | None) -> str:
