@@ -68,7 +68,11 @@ def test_batching_checks_one_request_in_solo_every_against_its_solo_tokens():
 
 
 def test_continuous_batching_verdict_is_judged_by_the_one_rule_where_batching_pays(results_tmp):
-    v = serving_lab.continuous_batching_verdict
+    def v(*args, **kw):
+        return serving_lab.continuous_batching_verdict(*args, **kw, device="cuda")
+
+    cpu = serving_lab.continuous_batching_verdict(1.8, (1.7, 1.9), 6.6, 8, device="cpu", top_batch=16)
+    assert cpu["verdict"] == "not testable" and "batch 16 gave 6.60x" in cpu["reason"] and "1.80x" in cpu["reason"]
     assert v(3.0, (2.5, 3.5), 8.0, 32)["verdict"] == "supported"
     assert v(5.0, (4.5, 5.5), 8.0, 32)["verdict"] == "exceeded"
     assert v(1.2, (1.1, 1.3), 8.0, 32)["verdict"] == "contradicted"  # precise and well below 2x
