@@ -111,7 +111,15 @@ def held_out(decoders: dict[str, Decoder], tokens: torch.Tensor, *, batches: int
     return out
 
 
-def time_ladder(decoders: dict[str, Decoder], prompt: torch.Tensor, n: int, device: str, *, min_reps: int = 5,
+def call_ratio(num: Timing, den: Timing) -> protocol.Ratio:
+    """num's call time over den's: from the paired rounds (`protocol.paired_ratio`; `protocol.compare` times one call
+    of every rung per round) when both have the same rounds, else quartiles against quartiles."""
+    if num.samples and len(num.samples) == len(den.samples):
+        return protocol.paired_ratio(num, den)
+    return protocol.ratio(num, den)
+
+
+def time_ladder(decoders: dict[str, Decoder], prompt: torch.Tensor, n: int, device: str, *, min_reps: int = 8,
                 max_reps: int = 30, budget_s: float = 6.0) -> protocol.Comparison:
     """Every rung's call (n greedy tokens after `prompt`, its prefill included) timed by the course protocol."""
     fns = {name: (lambda d=d: d.generate(prompt, n)) for name, d in decoders.items()}
@@ -122,7 +130,7 @@ def rows(decoders: dict[str, Decoder], cmp: protocol.Comparison, checks: dict, l
          n: int, copy_gbps: float | None) -> list[dict]:
     """One row per rung: the call's Timing, ms/token, tokens/s, achieved GB/s of one decode step (weights + K and
     V at the mean position) and its share of `copy_gbps`, the gain over the rung it stands on and over the
-    baseline (`protocol.Ratio`s of call times), identical prompts, agreement and held-out loss gap."""
+    baseline (`call_ratio`s: paired rounds), identical prompts, agreement and held-out loss gap."""
     base = next(iter(decoders))
     out = []
     for name, d in decoders.items():
@@ -135,8 +143,8 @@ def rows(decoders: dict[str, Decoder], cmp: protocol.Comparison, checks: dict, l
         out.append({"rung": name, "title": serve_stack.TITLES[name], "base": d.rung.base, "timing": t,
                     "ms_per_token": 1e3 * s_per_token, "tokens_per_s": n / t.median, "gbps": gbps,
                     "copy_share": None if gbps is None or not copy_gbps else gbps / copy_gbps,
-                    "gain": None if d.rung.base is None else protocol.ratio(cmp[d.rung.base], t),
-                    "cumulative": protocol.ratio(cmp[base], t), "identical": c["identical"],
+                    "gain": None if d.rung.base is None else call_ratio(cmp[d.rung.base], t),
+                    "cumulative": call_ratio(cmp[base], t), "identical": c["identical"],
                     "prompts": len(c["tokens"]), "exact_ok": c["exact_ok"], "agreement": c["agreement"],
                     "differences": c["differences"], "loss": losses[name]["loss"], "loss_gap": losses[name]["gap"],
                     "loss_se": losses[name]["se"], "loss_separated": losses[name]["separated"]})
@@ -261,7 +269,7 @@ def alone_comparison(decoders: dict[str, Decoder], alone: dict[str, Decoder], pr
     out = []
     for name, d in alone.items():
         t = name.removesuffix(" alone")
-        row = {"technique": t, "alone": cmp.ratio("kv_cache", name)}
+        row = {"technique": t, "alone": call_ratio(cmp["kv_cache"], cmp[name])}
         if t in ("int8", "int4"):
             base = decoders[t].rung.base
             row["bound_alone"] = decoders["kv_cache"].weight_bytes / d.weight_bytes

@@ -10,8 +10,9 @@ import math
 import torch
 
 from helpers.capstone import stack
+from helpers.capstone.stack_lab import step_ratio
 from helpers.gpt.model import GPTConfig
-from helpers.measure import bench, profiling, protocol
+from helpers.measure import bench, profiling
 from helpers.show import plots
 
 PARTS = ("matmul", "attention", "optimizer", "casts", "rest")
@@ -101,12 +102,12 @@ def multiply_rows(rungs: list[stack.Rung], table: list[dict], alone: dict[str, d
     "<technique> alone") beside its gain where it sits in the stack (`table`'s rung-over-rung gain), and the
     sentence (`why_sentence`, from `comp`, the `composition` of the ladder's rungs) that says why they differ,
     ranked only beyond both spreads."""
-    base = alone[rungs[0].name]["timing"]
+    base = alone[rungs[0].name]
     out = []
     for i, (rung, row) in enumerate(zip(rungs[1:], table[1:])):
         if row["gain"] is None:  # an emulated format's rung: its time measures the emulation
             continue
-        a, b = protocol.ratio(base, alone[f"{rung.name} alone"]["timing"]), row["gain"]
+        a, b = step_ratio(base, alone[f"{rung.name} alone"]), row["gain"]
         out.append({"technique": rung.name, "alone": a, "in_stack": b,
                     "sentence": why_sentence(rung.name, rungs[i].name, comp, a, b)})
     return out

@@ -122,6 +122,7 @@ def run_ladder(cfg: GPTConfig, rungs: list[stack.Rung], data: list, device: str,
             if per_rung_peak and i == len(data) - 1:
                 out[name]["peak_bytes"] = torch.cuda.max_memory_allocated()
     for name, r in out.items():
+        r["interleaved"] = interleave
         timed = r["times"][warmup:]
         r["timing"] = Timing(*bench.quartiles(timed), timed, warmup, device,
                              clock=clocks.WALL if device == "cuda" else clocks.THREAD,
@@ -131,13 +132,23 @@ def run_ladder(cfg: GPTConfig, rungs: list[stack.Rung], data: list, device: str,
     return out
 
 
+def step_ratio(num: dict, den: dict) -> protocol.Ratio:
+    """num's step time over den's (two `run_ladder` entries): the median and quartiles of the per-step ratios
+    (`protocol.paired_ratio`) when both rungs stepped interleaved, so that what a moment's load does to step i of
+    both cancels; else quartiles against quartiles (`protocol.ratio`)."""
+    a, b = num["timing"], den["timing"]
+    if num.get("interleaved") and den.get("interleaved") and len(a.samples) == len(b.samples):
+        return protocol.paired_ratio(a, b)
+    return protocol.ratio(a, b)
+
+
 def rows(cfg: GPTConfig, rungs: list[stack.Rung], res: dict, batch: int, seq_len: int,
          peak_flops: dict[str, float | None] | None, last: int = 3) -> list[dict]:
     """One row per rung: step Timing, tokens/s, MFU (exact FLOPs of the course count over the step time,
     against `peak_flops[format]` in FLOP/s, format "fp32" or "bf16" (an fp8 rung's against bf16's); None
     without one, and None with "mfu_above_ceiling" when it passes 100%: a ceiling measured low by a disturbance), final loss (mean of the last `last`) and its gap to the
     baseline's, whether it is within the rung's TOLERANCE, and the gain over the rung before and over the
-    baseline (`protocol.Ratio`s of step times).
+    baseline (`step_ratio`s: paired steps when the rungs stepped interleaved).
 
     A rung whose format the device emulates ("emulated": `hardware.emulated`'s sentence, else None) gets no MFU
     and no gain (its time measures the emulation), and the rung after it is ranked against the last rung
@@ -158,9 +169,9 @@ def rows(cfg: GPTConfig, rungs: list[stack.Rung], res: dict, batch: int, seq_len
                     "mfu": None if mfu is not None and mfu > 1 else mfu, "mfu_above_ceiling": mfu is not None and mfu > 1,
                     "loss": tail(r), "loss_gap": gap, "precision": fmt, "emulated": emulated,
                     "within": abs(gap) <= TOLERANCE[fmt], "steady": r["steady"],
-                    "gain": None if prev is None or emulated else protocol.ratio(prev, t),
-                    "cumulative": protocol.ratio(base["timing"], t), "peak_bytes": r["peak_bytes"]})
-        prev = prev if emulated else t
+                    "gain": None if prev is None or emulated else step_ratio(prev, r),
+                    "cumulative": step_ratio(base, r), "peak_bytes": r["peak_bytes"]})
+        prev = prev if emulated else r
     return out
 
 
@@ -226,13 +237,13 @@ def leave_one_out_rows(res: dict[str, dict]) -> list[dict]:
     """Per technique of the whole stack: what the stack loses without it, its step time without the technique over
     the whole stack's (`protocol.Ratio`: above 1, the stack is slower without it), and one sentence ranked only
     beyond both spreads."""
-    whole = res["whole stack"]["timing"]
+    whole = res["whole stack"]
     out = []
     for name, r in res.items():
         if name == "whole stack":
             continue
         t = name.removeprefix("without ")
-        cost = protocol.ratio(r["timing"], whole)
+        cost = step_ratio(r, whole)
         if not cost.separated:
             s = f"without {t} the stack's step time is within the noise of the whole stack's ({cost})"
         elif cost.value > 1:

@@ -5,7 +5,7 @@ import torch
 
 from helpers.capstone import stack_composition_lab, stack_lab, stack
 from helpers.gpt.model import GPTConfig
-from helpers.measure import claims, protocol
+from helpers.measure import bench, claims, protocol
 from helpers.measure.bench import Timing
 
 matplotlib.use("Agg")
@@ -206,3 +206,13 @@ def test_multiply_rows_set_each_gain_alone_beside_its_gain_on_the_rung_it_joined
     assert rows[0]["alone"].value == pytest.approx(2.0) and rows[0]["in_stack"].value == pytest.approx(1 / 0.9)
     assert "bought less in the stack" in rows[0]["sentence"] and "the rung it joined (baseline)" in rows[0]["sentence"]
     assert "the rung it joined (sdpa)" in rows[1]["sentence"]
+
+
+def test_interleaved_rungs_are_compared_step_by_step():
+    slow = [1.0, 2.0, 1.0, 2.0, 1.0]  # a load that comes and goes slows step i of both rungs alike
+    base = {"timing": Timing(*bench.quartiles(slow), slow), "interleaved": True}
+    fast = {"timing": Timing(*bench.quartiles([x / 2 for x in slow]), [x / 2 for x in slow]), "interleaved": True}
+    paired = stack_lab.step_ratio(base, fast)
+    assert (paired.lo, paired.value, paired.hi) == pytest.approx((2.0, 2.0, 2.0)) and paired.separated
+    apart = stack_lab.step_ratio({**base, "interleaved": False}, fast)  # rung after rung: quartiles against quartiles
+    assert apart.lo < 1.5 and apart.hi > 3
