@@ -30,7 +30,6 @@ from helpers.lowbit import quant, quant_linear
 from helpers.lowbit.gptq import block_linears
 from helpers.measure import params
 from helpers.measure.params import positive
-from helpers.show import tables
 
 
 # ---------------------------------------------------------------- the parameters
