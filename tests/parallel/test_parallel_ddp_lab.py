@@ -145,7 +145,7 @@ def test_a_shared_machine_withholds_every_ddp_ranking(monkeypatch):
     assert CL.ranked("A was faster", "A 1 ms, B 2 ms", why).startswith("A 1 ms, B 2 ms: not ranked")
     assert CL.ranked("A was faster", "A 1 ms, B 2 ms", None) == "A was faster"
     readings = iter([clocks.Reading(0.02, 0.05), clocks.Reading(0.03, 0.05)])
-    monkeypatch.setattr(CL, "probe", lambda: next(readings))
+    monkeypatch.setattr(clocks, "probe", lambda: next(readings))
     monkeypatch.setattr(CL.launch, "run_on_ranks", lambda fn, world, *a, **k: [fn(0, world, *a, **k)])
     out, load = CL.on_ranks(lambda rank, world, x: x + world, 2, 1)
     assert out == [3] and load.withheld() == why  # the probes around the section, in order
