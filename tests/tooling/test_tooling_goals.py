@@ -267,10 +267,11 @@ def test_goals_that_time_what_a_notebook_times_take_its_full_profile_sizes(monke
                    "block_size": 16}}))
     r = goals_decode.continuous_batching_speedup(full)
     assert {k: given["batching"][k] for k in ("n_requests", "max_batch", "repeats")} == {
-        "n_requests": 48, "max_batch": 32, "repeats": 3}
+        "n_requests": 48, "max_batch": 32, "repeats": 5}
     nb10 = _cell_with(ROOT / "notebooks" / "10_kv_cache_inference.ipynb", "serving_lab.batching_section(")
     assert all(text in nb10 for text in ("n_requests=S.pick(smoke=12, full=48)", "max_batch=S.pick(smoke=8, full=32)",
-                                         "repeats=3"))  # the notebook's full profile, as the goal takes it
+                                         "repeats=BATCH_REPEATS"))  # the notebook's full profile, as the goal takes it
+    assert "BATCH_REPEATS = 5 " in _cell_with(ROOT / "notebooks" / "10_kv_cache_inference.ipynb", "BATCH_REPEATS = ")
     assert r["measured"]["speedup_range"] == [2.2, 2.8] and r["measured"]["separated"] is True
 
     monkeypatch.setattr(launch, "run_on_ranks", lambda fn, world, width, depth, rows, reps, bucket_mb: keep(

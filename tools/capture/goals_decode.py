@@ -89,7 +89,7 @@ def continuous_batching_speedup(ctx: Ctx) -> dict:
     soon as one finishes (notebook 10) should serve the same mix >= 2x faster."""
     tm = trained(ctx, ctx.pick(smoke="tiny", full="small10m"))
     model = tm.model.float().eval()
-    n_req, max_batch, repeats = ctx.pick(smoke=6, full=48), ctx.pick(smoke=4, full=32), ctx.pick(smoke=1, full=3)
+    n_req, max_batch, repeats = ctx.pick(smoke=6, full=48), ctx.pick(smoke=4, full=32), ctx.pick(smoke=1, full=5)
     b = serving_lab.batching_section(model, n_requests=n_req, max_batch=max_batch,
                                      max_new_tokens=ctx.pick(smoke=8, full=None), repeats=repeats,
                                      corpus=data.load_corpus("val"), seed=0, tight_pool=False, check_solo=False,
