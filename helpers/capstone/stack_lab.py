@@ -4,7 +4,7 @@ and waterfall. The stack itself (rungs, what each builds) is `helpers.capstone.s
 Timing: every rung trains the same STEPS batches from the same weights, on one thread on a CPU (a small model's
 ops are too small to share between two cores, and on a busy machine a descheduled thread stalls every op), each
 step read from the thread's own CPU clock (`clock.Stopwatch`, the wall time kept beside it), which other work on
-the machine does not stretch; on a GPU from the wall clock after a sync. With `interleave` the rungs step
+leaves out the time other work holds the core; on a GPU from the wall clock after a sync. With `interleave` the rungs step
 round-robin (step i of every rung, then step i + 1), so a burst of other work on the machine slows
 every rung alike; otherwise one rung after the other (a large model cannot hold every rung in memory).
 The first `warmup` steps of each rung pay its one-time costs (allocation, compilation) and are left out
@@ -277,7 +277,8 @@ def stack_claims(ladders: dict[str, list[dict]], isolated: dict[str, dict], devi
     """`claims.verdict`'s keyword arguments (notebook "14") for each of STACK_CLAIMS: the claim judged by the one
     rule (`claims.judge_interval`, applied by `claims.verdict`) on its rung's gain over the rung before in the
     stack, with the gain's IQR bounds as its spread; "not testable" (with the claimed range still recorded) on a
-    CPU for the GPU claims (every one but speculative decoding's), when the rung is not on this device's ladder,
+    CPU (the GPU claims; speculative decoding's, whose small models' steps are per-call overhead there, as
+    notebook 11 rules), when the rung is not on this device's ladder,
     or when it ran in a format the device emulates. The isolated notebook's verdict from `isolated` ({claim id:
     its ledger row}) is set beside it.
 
@@ -301,6 +302,10 @@ def stack_claims(ladders: dict[str, list[dict]], isolated: dict[str, dict], devi
         if device == "cpu" and ladder == "training":
             kw.update(verdict="not testable",
                       reason="the claim is about GPU kernels (tensor cores, HBM traffic); this run has a CPU")
+        elif device == "cpu":  # as notebook 11 rules: on a CPU the draft's and target's costs are per-call overhead
+            kw.update(verdict="not testable",
+                      reason="the claim is about a large target whose decode step is memory-bound on a GPU; on this "
+                             "CPU the course's small models' step costs are per-call overhead, as notebook 11 finds")
         else:
             kw["reason"] = (f"measured over the rung {rung} joins in the stack, as a gain of the whole "
                             f"{'training step' if ladder == 'training' else 'reply'}, not of its kernel alone"

@@ -1,5 +1,4 @@
-"""Notebook 02's lab: its parameters, timed training steps and sub-blocks, the FLOPs panel, figures and
-verdict sentences.
+"""Notebook 02's lab: its parameters, timed training steps and sub-blocks, the FLOPs panel, figures, verdicts.
 
 The FLOP counts and the MFU arithmetic are in `helpers.cost.flops` and `helpers.cost.mfu`; this
 module puts time next to them. The timed path may use a faster kernel (SDPA, flash on a GPU) than
@@ -17,7 +16,7 @@ from helpers.cost.flops import matmul_params, six_nd, transformer_flops
 from helpers.cost.mfu import (GAP_BAND, GAP_CLAIM, SUBLAYERS, gap_claimed, intensity_bounds, judged_point,
                               per_token_breakdown, sublayer_flops, withheld as mfu_withheld)
 from helpers.gpt.model import GPT, PRESETS, Block, GPTConfig, resolve_attention
-from helpers.measure import params
+from helpers.measure import claims, params
 from helpers.measure.bench import benchmark, benchmark_interleaved, quartiles
 from helpers.measure.memory import release_memory
 from helpers.show import plots
@@ -304,14 +303,15 @@ def attention_vs_mlp_verdict(points: Sequence[dict], batch_sizes: Sequence[int],
         lines.append(f"B={B}: from T={rs[0]['T']} to T={rs[-1]['T']} the ratio {trends[B]} ({rs[0]['ratio']:.2f} -> "
                      f"{rs[-1]['ratio']:.2f}); the attention core's TFLOP/s changes {core:.2f}x")
     mid = statistics.median(ratios)
-    how = "more efficiently than" if mid > band else "less efficiently than" if mid < 1 / band else "about as efficiently as"
+    how = ("more efficiently than" if mid > band else "less efficiently than" if mid < 1 / band
+           else f"within ±{band - 1:.0%} of")
     lines.append(f"median ratio {mid:.2f}: per counted FLOP, the MLP half ran {how} the attention half on this device.")
     counts = ", ".join(f"{n} {v}" for v, n in by_shape.items())
-    lines.append(f"each shape's ratio and its IQR against the claimed {claimed[0]:.2f}–{claimed[1]:.2f}x, by the course's "
-                 f"verdict rule: {counts} (of {len(points)}); the claim of one universal gap is judged at "
-                 f"B={judged['B']}, T={judged['T']} ({judged['ratio']:.2f}x, IQR {judged['ratio_q25']:.2f}–"
-                 f"{judged['ratio_q75']:.2f}), the shape farthest from it" + (" among those the rule finds against it"
-                                                                          if by_shape.get("contradicted") else "") + ".")
+    lines.append(f"each shape's ratio and its IQR against the claimed {claimed[0]:.2f}–{claimed[1]:.2f}x (widened by "
+                 f"{claims.CLOSE:.0%} at each end), by the course's verdict rule: {counts} (of {len(points)}); the claim "
+                 f"of one universal gap is judged at B={judged['B']}, T={judged['T']} ({judged['ratio']:.2f}x, IQR "
+                 f"{judged['ratio_q25']:.2f}–{judged['ratio_q75']:.2f}), the shape farthest from it"
+                 + (" among those the rule finds against it" if by_shape.get("contradicted") else "") + ".")
     if spread > band - 1:
         lines.append(f"caution: timings were noisy on this machine (median IQR {spread:.0%}), so ratio differences "
                      "smaller than that are not evidence of anything")

@@ -17,7 +17,7 @@ kernels a call runs; `generated_code`, `fused_kernels` and `kernel_excerpt` read
 `compile_blocks` is regional compilation (each transformer block compiled, one compiled code shared by all
 of them); `fx_cache_counts` reads Inductor's FX-graph cache hits and misses.
 
-On a CPU Inductor writes C++ with OpenMP; on a GPU, Triton. Inductor imports triton, so this module
+On a CPU Inductor writes C++ (with OpenMP loops when torch has more than one thread); on a GPU, Triton. Inductor imports triton, so this module
 switches Triton's interpreter on where there is no GPU (`helpers.measure.triton_mode`) before anything it
 runs imports triton: a Triton kernel of the course imported later still runs. It changes no global
 Inductor setting: `compile_counted` compiles one function with Inductor's `cpp.enable_kernel_profile`

@@ -242,15 +242,15 @@ def profile_sentence(share: float, compiled_ms: float, eager_ms: float) -> str:
 
 
 def busy_warning(cores: int | None = None, load: float | None = None) -> bool:
-    """Print one warning line and return True when the 1-minute load average >= the core count (other
-    processes then hold the cores, so absolute timings are unreliable). cores/load default to os.cpu_count() and os.getloadavg()[0] (0 where absent)."""
+    """Print one line and return True when the 1-minute load average >= the core count (other processes then
+    share the cores: the thread's clock leaves out their turns, not their cache and memory traffic). cores/load default to os.cpu_count() and os.getloadavg()[0] (0 where absent)."""
     cores = cores or os.cpu_count() or 1
     if load is None:
         load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
     if load >= cores:
-        print(f"Warning: the load average ({load:.1f}) is at least the number of cores ({cores}): other work "
-              "shares this CPU, so absolute times below are unreliable; they run on one thread (`timing_threads`), so a "
-              "descheduled thread of a parallel loop does not stall every call, and the spreads show what noise is left.")
+        print(f"Note: the load average ({load:.1f}) is at least the number of cores ({cores}): other work shares this "
+              "CPU. The timings below run on one thread and read its own CPU clock, which leaves out the time it waited "
+              "for a core; other work's cache and memory traffic can still slow them, and the spreads show how much.")
         return True
     return False
 

@@ -121,7 +121,7 @@ def describe_share(value: float | None) -> str:
     if value is None:
         return "no CPU timing was taken on the thread's clock in this run"
     verdict = ("the machine was shared, and the thread's clock left the waiting out" if value < SHARED_BELOW
-               else "the machine was close to idle for it")
+               else "other work seldom interrupted the timed calls")
     return f"timed on the thread's CPU clock with torch on one thread; it ran {100 * value:.0f}% of the wall time: {verdict}"
 
 

@@ -283,14 +283,15 @@ def every_claim(low: float, mid: float, high: float, flop_overhead: float, devic
     overhead as a fraction (`overhead_range`'s low, median and high; a fraction, as the reference GPUs recorded
     it, so that the report judges their rows on the same scale) against EVERY_CLAIM, judged by
     the course's one rule (a spread wider than half the overhead is "not testable", a measurement close to the
-    claim is never against it). With `emulated` (the sentence `hardware.emulated` gives for the 16-bit format
+    claim is never against it; an overhead well above the claimed one is "contradicted": the claim is a cost). With `emulated` (the sentence `hardware.emulated` gives for the 16-bit format
     the steps ran in) the claim is "not testable": the times measure the emulation."""
     out = dict(claim_id="checkpoint-every-33", notebook="04",
                claim='recomputing every layer adds one forward pass: about "+33%" per training step',
                source="the 6N-to-8N FLOP argument; NeMo's documentation says about 30%",
                measured=f"step time {mid:+.0%} (paired rounds' quartiles {low:+.0%} to {high:+.0%}) on {device}, "
                         f"counted FLOPs {flop_overhead:+.1%}",
-               value=round(mid, 4), spread=(round(low, 4), round(high, 4)), claimed=EVERY_CLAIM)
+               value=round(mid, 4), spread=(round(low, 4), round(high, 4)), claimed=EVERY_CLAIM,
+               above="contradicted")  # a claimed cost: more overhead than claimed is against it, not beyond it
     if emulated:
         out.update(verdict="not testable", reason=emulated)
     return out

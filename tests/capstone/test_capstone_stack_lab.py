@@ -117,7 +117,9 @@ def test_stack_claims_judge_the_rung_in_the_stack_beside_the_isolated_verdict():
     on_cpu = {r["claim_id"]: r for r in stack_lab.stack_claims({"training": training, "serving": serving}, iso,
                                                                    "cpu", left)}
     assert on_cpu["stack-mixed-precision-1-5-2x"]["verdict"] == "not testable"
-    assert _judged(on_cpu["stack-speculative-2-3x"]) == "supported"  # not a GPU-kernel claim: judged on a CPU too
+    # as notebook 11 rules: on a CPU the small models' steps are per-call overhead, so the claim is not judged
+    assert _judged(on_cpu["stack-speculative-2-3x"]) == "not testable"
+    assert "notebook 11" in on_cpu["stack-speculative-2-3x"]["reason"]
     noisy = [_row("baseline", base, base=base), _row("bf16", _t(0.6, 0.3), base, base)]
     wide = stack_lab.stack_claims({"training": noisy, "serving": []}, {}, "cuda", left)[0]
     assert "verdict" not in wide and _judged(wide) == "not testable"  # the rule decides: a spread too wide to judge

@@ -80,7 +80,7 @@ def test_the_summary_records_the_share_and_prints_the_clock_sentence(one_thread,
     assert rec["clock"]["share"] == pytest.approx(0.46) and rec["clock"]["timings"] == 1
     out = capsys.readouterr().out
     assert "it ran 46% of the wall time: the machine was shared" in out
-    assert "close to idle" in clock.describe_share(0.95)
+    assert "seldom interrupted" in clock.describe_share(0.95)
     assert clock.describe_share(None).startswith("no CPU timing")
 
 
