@@ -75,18 +75,24 @@ def compile_seconds(fn: Callable, *args, cache_dir: str | None = None) -> tuple[
     return reading, compiled
 
 
-def cold_and_warm(fn: Callable, args_for: Callable[[int], tuple], *, repeats: int = 3) -> dict[str, Any]:
+def cold_and_warm(fn: Callable, args_for: Callable[[int], tuple], *, repeats: int = 3, warmup: int = 1) -> dict[str, Any]:
     """Compile seconds of `fn`, cold (an empty Inductor cache folder) then warm (that folder again), `repeats` times,
     each time with `args_for(i)`: arguments this process has not compiled `fn` for (e.g. a new Python constant,
     which Inductor bakes into the kernel): kernels built earlier in this process stay in memory, and a cold compile
     would find them there. Dynamo traces afresh every time (a fresh copy of the function); only Inductor's caches
-    differ.
+    differ. First `warmup` untimed cold compiles (with `args_for(-1)`, `args_for(-2)`...): the first compile of a
+    process also pays for loading Inductor's code and the C++ toolchain's headers, once, which no later compile does.
 
     Returns {"cold_s", "warm_s": medians; "cold", "warm": (median, q25, q75); "cold_samples", "warm_samples":
     seconds on COMPILE_CLOCK; "cold_wall", "warm_wall": the same compiles' wall seconds; "clock": COMPILE_CLOCK}.
-    Raises ValueError for repeats < 1.
+    Raises ValueError for repeats < 1 or warmup < 0.
     """
     positive("repeats", repeats)
+    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
+        raise ValueError(f"warmup={warmup!r} must be a non-negative int")
+    for j in range(warmup):
+        with tempfile.TemporaryDirectory(prefix="inductor-cold-") as folder:
+            compile_seconds(fn, *args_for(-1 - j), cache_dir=folder)
     samples: dict[str, list[clock.Reading]] = {"cold": [], "warm": []}
     for i in range(repeats):
         args = args_for(i)

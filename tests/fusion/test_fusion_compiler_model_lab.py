@@ -98,7 +98,7 @@ def test_cold_and_warm_times_each_pair_in_a_fresh_folder_with_new_arguments(monk
         seen.append((args, cache_dir))
         return next(readings), fn
     monkeypatch.setattr(compiler_model_lab, "compile_seconds", fake)
-    out = compiler_model_lab.cold_and_warm(lambda x: x, lambda i: (i,), repeats=3)
+    out = compiler_model_lab.cold_and_warm(lambda x: x, lambda i: (i,), repeats=3, warmup=0)
     assert [a for a, _ in seen] == [(0,), (0,), (1,), (1,), (2,), (2,)]
     folders = [d for _, d in seen]
     assert folders[0] == folders[1] and folders[2] == folders[3] and len(set(folders)) == 3  # warm: the cold one's
@@ -107,6 +107,14 @@ def test_cold_and_warm_times_each_pair_in_a_fresh_folder_with_new_arguments(monk
     assert "C++ compiler" in out["clock"]
     with pytest.raises(ValueError, match="repeats"):
         compiler_model_lab.cold_and_warm(lambda x: x, lambda i: (i,), repeats=0)
+    with pytest.raises(ValueError, match="warmup"):
+        compiler_model_lab.cold_and_warm(lambda x: x, lambda i: (i,), warmup=-1)
+    # the default first compiles once, untimed, in a folder of its own, with arguments of its own
+    seen.clear()
+    readings = iter([clock.Reading(9.0, 9.0)] + [clock.Reading(1.0, 1.0)] * 2)
+    out = compiler_model_lab.cold_and_warm(lambda x: x, lambda i: (i,), repeats=1)
+    assert [a for a, _ in seen] == [(-1,), (0,), (0,)] and seen[0][1] != seen[1][1]
+    assert out["cold_samples"] == [1.0]
 
 
 def test_regional_sentence_ranks_only_from_three_repeats_whose_quartiles_exclude_1():
