@@ -214,7 +214,9 @@ def delayed_update(history: list, amax: float, scale: float, history_len: int, m
     for the next step, fp8_max / reference amax / 2**margin, or `scale` unchanged when the reference, the
     history's max ("max") or last entry ("most_recent"), is 0 or not finite). Plain Python floats."""
     history = (list(history) + [float(amax)])[-history_len:]
-    ref = max(history) if algo == "max" else history[-1]
+    # Python's max() keeps a NaN only when it comes first; a NaN anywhere in the window makes the reference NaN,
+    # as a tensor amax over the history does in Transformer Engine, so the scale is left as it was
+    ref = (math.nan if any(h != h for h in history) else max(history)) if algo == "max" else history[-1]
     if ref > 0 and math.isfinite(ref):
         scale = fp8_max / ref / 2.0 ** margin
     return history, scale

@@ -99,9 +99,17 @@ class LoRALinear(nn.Module):
 
     @torch.no_grad()
     def merge(self) -> None:
-        """W ← W + (alpha/r) B A; the forward then skips the adapter. Raises TypeError on a 4-bit base."""
-        if not isinstance(self.base, nn.Linear):
-            raise TypeError("merge() needs an nn.Linear base; for a 4-bit base use merged_variants()")
+        """W ← W + (alpha/r) B A; the forward then skips the adapter. Raises TypeError on a quantized base (a
+        bitsandbytes Linear8bitLt or Linear4bit is an nn.Linear too): adding ΔW to int8 or NF4 codes would round
+        it away or fail; `merged_variants()` dequantizes, adds and requantizes, and measures what that costs."""
+        weight = getattr(self.base, "weight", None)
+        quantized = (not isinstance(self.base, nn.Linear) or not isinstance(weight, torch.Tensor)
+                     or not weight.is_floating_point() or type(weight) not in (nn.Parameter, torch.Tensor)
+                     or type(self.base).__module__.split(".")[0] == "bitsandbytes")
+        if quantized:
+            raise TypeError(f"merge() needs a floating-point nn.Linear base, not {type(self.base).__name__} with "
+                            f"{type(weight).__name__} weights: merging into a quantized base must dequantize, add "
+                            "and requantize (merged_variants() does, and measures what requantizing costs)")
         if not self.merged:
             self.base.weight += self.delta().to(self.base.weight.dtype)
             self.merged = True

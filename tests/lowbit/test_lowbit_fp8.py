@@ -133,3 +133,14 @@ def test_quantise_orders_recipes_on_an_outlier():
     assert fp8.error_stats(x, x)["snr_db"] == math.inf
     with pytest.raises(ValueError, match="recipe"):
         fp8.quantise(x, "channelwise")
+
+
+def test_a_nan_anywhere_in_the_history_leaves_the_scale_as_it_was():
+    """Python's max() drops a NaN unless it comes first; the reference amax of a window holding a NaN is NaN (as a
+    tensor amax over the history is in Transformer Engine), so the scale does not change while the NaN is in it."""
+    for history in ([2.0, float("nan")], [float("nan"), 2.0], [1.0, float("nan"), 0.5]):
+        hist, scale = fp8.delayed_update(history[:-1], history[-1], 7.0, 16, 0, "max", 448.0)
+        assert scale == 7.0 and len(hist) == len(history), history
+    # once the NaN has left the window, the scale follows the amaxes again
+    hist, scale = fp8.delayed_update([float("nan"), 4.0], 2.0, 7.0, 2, 0, "max", 448.0)
+    assert hist == [4.0, 2.0] and scale == 448.0 / 4.0

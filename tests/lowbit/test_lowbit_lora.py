@@ -120,3 +120,24 @@ def test_finetune_gb_base_bits_default_is_the_nf4_formula():
     assert measured == pytest.approx(default)
     with pytest.raises(ValueError, match="nf4_bits"):
         lora.finetune_gb(65, lora.FINETUNE[2], base_bits=0)
+
+
+@pytest.mark.parametrize("kind", ["int8", "nf4"])
+def test_merge_refuses_a_quantized_base_instead_of_rounding_the_adapter_away(kind):
+    """bitsandbytes' Linear8bitLt and Linear4bit subclass nn.Linear: merge() must not add ΔW to their codes (on
+    LLM.int8 it rounded to 0 and marked the layer merged; on NF4 bitsandbytes raised a shape error)."""
+    bnb = pytest.importorskip("bitsandbytes")
+    torch.manual_seed(0)
+    dense = torch.nn.Linear(64, 64)
+    if kind == "int8":
+        base = bnb.nn.Linear8bitLt(64, 64, has_fp16_weights=False)
+        base.weight = bnb.nn.Int8Params(dense.weight.data.clone(), requires_grad=False, has_fp16_weights=False)
+    else:
+        base = lora.nf4_linear(dense)
+    assert isinstance(base, torch.nn.Linear)
+    layer = lora.LoRALinear(base, r=4, alpha=8)
+    with torch.no_grad():
+        layer.lora_B.normal_()
+    with pytest.raises(TypeError, match="quantized base"):
+        layer.merge()
+    assert not layer.merged
