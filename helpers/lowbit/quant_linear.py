@@ -259,10 +259,15 @@ def int4_matmul(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, zero
     """x (M, K) @ W^T with W (N, K) stored as `WeightOnlyLinear`'s int4: packed uint8 (N, K/2), scale and
     zero float32 (N, K/group_size). Returns (M, N) in x's dtype, accumulated in fp32 (fp32 inputs are
     multiplied in IEEE fp32, not TF32). Raises RuntimeError when Triton cannot run here, ValueError for
-    mismatched shapes, a group size that is not a multiple of 2, or a CPU tensor where a GPU is present.
+    mismatched shapes, a group size that is not a multiple of 2, a CPU tensor where a GPU is present, or bf16
+    activations in Triton's interpreter (which returns values around 1e10 for them: its bf16 support is
+    incomplete, as for the course's softmax and FlashAttention kernels).
     """
     if BROKEN:
         raise RuntimeError(BROKEN)
+    if INTERPRETED and x.dtype == torch.bfloat16:
+        raise ValueError("bf16 activations run on a GPU only: Triton's interpreter computes them wrong; use fp32 "
+                         "or fp16 here")
     if x.dim() != 2 or packed.dim() != 2 or packed.shape[1] * 2 != x.shape[1]:
         raise ValueError(f"need x (M, K) and packed (N, K/2); got {tuple(x.shape)} and {tuple(packed.shape)}")
     if group_size % 2 or x.shape[1] % group_size or scale.shape != (packed.shape[0], x.shape[1] // group_size):
