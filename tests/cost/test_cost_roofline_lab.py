@@ -82,7 +82,7 @@ def test_headline_is_medians_with_spreads_that_hold_them():
                 for i, op in enumerate(ops)]
     head = roofline_lab.headline(measured)
     assert head["matmul achieved"] == (5.0, "TFLOP/s", (4.9, 5.1))
-    assert head["gemv achieved bandwidth"] == (15.0, "GB/s", (14.0, 16.0))
+    assert set(head) == {"matmul achieved", "median op, fraction of its roofline"}  # no cache-resident GB/s
     value, unit, (lo, hi) = head["median op, fraction of its roofline"]
     assert unit == "%" and lo <= value <= hi and value == pytest.approx(50.0)
 
