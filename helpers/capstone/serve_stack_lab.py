@@ -9,8 +9,6 @@ K and V of the tokens cached so far, at the mean position of the reply (prompt +
 """
 from __future__ import annotations
 
-import time
-
 import torch
 
 from helpers.capstone import serve_stack
@@ -210,9 +208,8 @@ def batching(model, *, n_requests: int, repeats: int = 3, seed: int = 0, max_bat
     reqs, cap = serving.model_requests(model, n_requests, seed=seed, arrival_rate=arrival_rate)
     longest = max(len(r.prompt) for r in reqs) + cap
     num_blocks = max(1, max_batch // 2) * blocks_for(longest, block_size)
-    on_cpu = next(model.parameters()).device.type == "cpu"
     tries = serving.serve_policies(model, reqs, repeats=repeats, num_blocks=num_blocks, block_size=block_size,
-                                   max_batch=max_batch, max_new_tokens=cap, clock=time.thread_time if on_cpu else None)
+                                   max_batch=max_batch, max_new_tokens=cap)  # on serving.server_clock
     said = serving.policy_speedup(tries)
     st, co = said["runs"]["static"], said["runs"]["continuous"]
     rows = [said["runs"][p].row() for p in serving.POLICIES]

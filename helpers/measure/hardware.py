@@ -148,9 +148,9 @@ def emulated(dtype: str, device: str = "cpu") -> str | None:
     the best of three calls each on the thread's own clock; more than EMULATED_SLOWER times fp32's time means the
     CPU converts and computes in fp32 (an AVX2 CPU without AVX512-BF16 or AMX), and the sentence gives the ratio.
     An emulated format is left out of rankings, MFU and products: its time measures the emulation."""
-    import time
-
     import torch
+
+    from helpers.measure import clock  # the course's CPU clock (it imports nothing heavy)
 
     if dtype not in ("bf16", "fp16"):
         raise ValueError(f"dtype={dtype!r}; emulation is measured for 'bf16' and 'fp16'")
@@ -168,10 +168,10 @@ def emulated(dtype: str, device: str = "cpu") -> str | None:
                 a @ b
                 times = []
                 for _ in range(3):
-                    t0 = time.thread_time_ns()
-                    a @ b
-                    times.append(time.thread_time_ns() - t0)
-                best[name] = max(min(times), 1)
+                    with clock.Stopwatch(tally=False) as sw:
+                        a @ b
+                    times.append(sw.cpu)
+                best[name] = max(min(times), 1e-9)
         finally:
             torch.set_num_threads(before)
         ratio = best[dtype] / best["fp32"]
