@@ -164,3 +164,29 @@ def setup(profile: str = "auto", seed: int = 0, interactive: bool = True,
     folder = results.configure(results_dir=results_dir, profile=resolved)
     widgets.set_interactive(interactive)
     return Setup(profile=resolved, device=device, seed=seed, interactive=interactive, results_dir=folder)
+
+
+def fill(namespace: dict, resolver: Callable[..., dict], setup: Setup) -> dict:
+    """The one way a notebook resolves its own parameters: `resolver(setup, NAME=namespace["NAME"], ...)` for
+    every keyword-only parameter the resolver takes (a lab's `resolve_parameters`), with the values read from
+    `namespace` (the notebook's `globals()`); the resolved values are written back into `namespace`, one line
+    says what the profile filled in, and the values are returned as a dict.
+
+    E.g. `params.fill(globals(), kv_cache_lab.resolve_parameters, S)` after the parameters cell. Raises a
+    NameError naming a parameter the resolver wants and the namespace lacks; the resolver raises a ValueError
+    naming the first bad value.
+    """
+    import inspect
+
+    wanted = [p.name for p in inspect.signature(resolver).parameters.values() if p.kind is p.KEYWORD_ONLY]
+    missing = [n for n in wanted if n not in namespace]
+    if missing:
+        raise NameError(f"the parameters cell defines no {', '.join(missing)}, which "
+                        f"{resolver.__module__}.{resolver.__name__} needs")
+    given = {n: namespace[n] for n in wanted}
+    resolved = resolver(setup, **given)
+    namespace.update(resolved)
+    chosen = [f"{n}={resolved[n]!r}" for n in wanted if given[n] is None and n in resolved]
+    if chosen:
+        print(f"the {setup.profile} profile fills in: " + ", ".join(chosen))
+    return resolved

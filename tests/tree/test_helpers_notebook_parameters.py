@@ -81,7 +81,7 @@ def test_every_notebook_has_a_lab_that_resolves_exactly_its_parameters():
                  if p.kind is inspect.Parameter.KEYWORD_ONLY]
         assert sorted(names) == sorted(defaults(nb)), nb
         setup_cell = notebook_cells(nb)[1]
-        assert f"{lab.__name__.split('.')[-1]}.resolve_parameters(S, " in setup_cell, nb
+        assert f"params.fill(globals(), {lab.__name__.split('.')[-1]}.resolve_parameters, S)" in setup_cell, nb
         assert "S.resolve(" not in setup_cell and "raise ValueError" not in setup_cell, nb  # nothing left inline
 
 

@@ -1,0 +1,27 @@
+"""params.fill: the one way a notebook resolves its parameters."""
+import pytest
+
+from helpers.measure import params
+
+
+def _resolver(S, *, N, REPS):
+    return {"N": S.resolve("N", N, smoke=8, full=64, check=params.positive),
+            "REPS": S.resolve("REPS", REPS, smoke=3, full=20, check=params.positive), "EXTRA": "x"}
+
+
+def test_fill_reads_the_namespace_writes_back_and_says_what_the_profile_chose(tmp_path, capsys):
+    S = params.Setup(profile="smoke", device="cpu", seed=0, interactive=False, results_dir=tmp_path)
+    ns = {"N": None, "REPS": 5, "OTHER": 1}
+    got = params.fill(ns, _resolver, S)
+    assert got == {"N": 8, "REPS": 5, "EXTRA": "x"} and ns == {"N": 8, "REPS": 5, "OTHER": 1, "EXTRA": "x"}
+    assert capsys.readouterr().out == "the smoke profile fills in: N=8\n"
+    params.fill({"N": 2, "REPS": 2}, _resolver, S)
+    assert capsys.readouterr().out == ""  # nothing filled in, nothing said
+
+
+def test_fill_names_a_missing_parameter_and_passes_a_bad_value_on(tmp_path):
+    S = params.Setup(profile="smoke", device="cpu", seed=0, interactive=False, results_dir=tmp_path)
+    with pytest.raises(NameError, match="defines no REPS"):
+        params.fill({"N": None}, _resolver, S)
+    with pytest.raises(ValueError, match="REPS=0"):
+        params.fill({"N": None, "REPS": 0}, _resolver, S)
