@@ -23,8 +23,14 @@ _state: dict[str, Any] = {"dir": None, "profile": None}
 
 
 def slug(name: str) -> str:
-    """A folder-safe form of a device name: lower case, each run of other characters one '-' ('NVIDIA H200' -> 'nvidia-h200')."""
-    return "-".join(filter(None, "".join(c if c.isalnum() else "-" for c in name.lower()).split("-")))
+    """A folder-safe form of a device name: lower case, each run of other characters one '-' ('NVIDIA H200' -> 'nvidia-h200').
+
+    Raises ValueError for a name with no letter or digit ('!!!'), whose folder would be the parent folder itself.
+    """
+    out = "-".join(filter(None, "".join(c if c.isascii() and c.isalnum() else "-" for c in str(name).lower()).split("-")))
+    if not out:
+        raise ValueError(f"the device name {name!r} has no letter or digit to name a folder with")
+    return out
 
 
 def device_slug() -> str:

@@ -356,3 +356,68 @@ def test_a_signal_stops_the_runner_its_worker_and_kernel_and_packs_what_finished
     assert {nb: v["status"] for nb, v in manifest["notebooks"].items()} == {"00": "ok", "01": "interrupted",
                                                                            "02": "not run"}
     assert "00/results/quick.json" in names and any(n.startswith("01/") and n.endswith("01_slow.ipynb") for n in names)
+
+
+def _edited(good, tmp_path, edit_manifest=None, edit_record=None, rename=None):
+    """A copy of pack `good` whose manifest, record or member names went through the given edits."""
+    import io
+
+    buf = io.BytesIO()
+    with tarfile.open(good) as src, tarfile.open(fileobj=buf, mode="w:gz") as dst:
+        for m in src.getmembers():
+            body = src.extractfile(m).read()
+            if m.name == "manifest.json" and edit_manifest:
+                doc = json.loads(body)
+                edit_manifest(doc)
+                body = json.dumps(doc).encode()
+            elif "/results/" in m.name and edit_record:
+                doc = json.loads(body)
+                edit_record(doc)
+                body = json.dumps(doc).encode()
+            if rename and m.name in rename:
+                m.name = rename[m.name]
+            m.size = len(body)
+            dst.addfile(m, io.BytesIO(body))
+    bad = tmp_path / "edited.tgz"
+    bad.write_bytes(buf.getvalue())
+    return bad
+
+
+def _set_records(names):
+    return lambda doc: doc["notebooks"]["00"].update(records=names)
+
+
+@pytest.mark.parametrize("case", ["record up two folders", "absolute record", "no seconds", "no started",
+                                  "a device with no letter", "a record named like the index", "a notebook name"])
+def test_an_import_writes_and_deletes_only_inside_its_folder_and_checks_everything_first(tmp_path, capsys, case):
+    victim = tmp_path / "victim.json"
+    victim.write_text("{}")
+    edits = {"record up two folders": dict(edit_manifest=_set_records(["../../victim"])),
+             "absolute record": dict(edit_manifest=_set_records([str(tmp_path / "victim")])),
+             "no seconds": dict(edit_manifest=lambda d: d["notebooks"]["00"].pop("seconds")),
+             "no started": dict(edit_manifest=lambda d: d.pop("started")),
+             "a device with no letter": dict(edit_record=lambda d: d.update(device="!!!")),
+             "a record named like the index": dict(rename={"00/results/rec00.json": "00/results/capture.json"}),
+             "a notebook name": dict(edit_manifest=lambda d: d["notebooks"].update({"../x": {"status": "ok"}}))}
+    bad = _edited(_pack(tmp_path), tmp_path, **edits[case])
+    into = tmp_path / "results"
+    assert C.main(["import", str(bad), "--into", str(into)]) == 1
+    out = capsys.readouterr().out
+    assert out.count("\n") == 1 and "Traceback" not in out, out
+    assert victim.read_text() == "{}" and (not into.exists() or not any(into.rglob("*"))), sorted(into.rglob("*"))
+
+
+def test_an_edited_index_cannot_make_an_import_delete_outside_its_folder(tmp_path, capsys):
+    victim = tmp_path / "victim.json"
+    victim.write_text("{}")
+    target = tmp_path / "results" / "nvidia-h200"
+    target.mkdir(parents=True)
+    (target / "capture.json").write_text(json.dumps({"notebooks": {"00": {"records": ["../../victim"]}}}))
+    assert C.main(["import", str(_pack(tmp_path)), "--into", str(tmp_path / "results")]) == 1
+    assert "not a record name" in capsys.readouterr().out and victim.exists()
+    assert sorted(p.name for p in target.iterdir()) == ["capture.json"]
+
+
+def test_a_missing_pack_is_called_missing(tmp_path):
+    with pytest.raises(C.BadPack, match="no such file"):
+        C.read_pack(tmp_path / "nowhere.tgz")

@@ -40,6 +40,8 @@ import datetime as _dt
 import functools
 import io
 import json
+import math
+import re
 import signal
 import subprocess
 import sys
@@ -516,11 +518,46 @@ class BadPack(ValueError):
     """A pack that cannot be read: not a gzip'd tar, cut short, or holding torn JSON (the message names it)."""
 
 
+RECORD_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,200}")
+
+
+def record_name(name, where: str) -> str:
+    """`name` when it is a plain record name (letters, digits, '.', '_', '-'; no folder, no '..'), which a
+    reference folder may join to its own path; else BadPack naming `where`."""
+    if not isinstance(name, str) or not RECORD_NAME.fullmatch(name) or ".." in name:
+        raise BadPack(f"{where}: {name!r} is not a record name (a plain file name); nothing imported")
+    return name
+
+
+def checked_manifest(manifest: dict, where: str) -> dict:
+    """The manifest when everything the import uses is there and well-formed: `started` (text), and per notebook
+    (two digits) a `status`, and for an ok one `seconds` (a number), `estimate_s` (a number or null) and
+    `records` (plain names). Else BadPack naming the first fault, before anything is written."""
+    if not isinstance(manifest.get("started"), str):
+        raise BadPack(f"{where}: manifest.json has no 'started' time; nothing imported")
+    for nb, info in manifest["notebooks"].items():
+        if not (isinstance(nb, str) and len(nb) == 2 and nb.isdigit()) or not isinstance(info, dict):
+            raise BadPack(f"{where}: manifest.json names {nb!r}, not a notebook's two digits; nothing imported")
+        if info.get("status") != "ok":
+            continue
+        number = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)  # noqa: E731
+        if not number(info.get("seconds")) or not (info.get("estimate_s") is None or number(info["estimate_s"])):
+            raise BadPack(f"{where}: manifest.json gives notebook {nb} no 'seconds' (or a bad 'estimate_s'); "
+                          "nothing imported")
+        if not isinstance(info.get("records"), list):
+            raise BadPack(f"{where}: manifest.json lists no records for notebook {nb}; nothing imported")
+        for name in info["records"]:
+            record_name(name, f"{where}: manifest.json, notebook {nb}")
+    return manifest
+
+
 def read_pack(pack: Path) -> dict[str, bytes]:
     """The regular files of one capture pack, {name inside the archive: bytes}, without absolute or '..' names.
 
     Raises BadPack naming the file and what is wrong (not gzip'd, cut short, not a tar archive)."""
     members = {}
+    if not Path(pack).is_file():
+        raise BadPack(f"{pack}: no such file")
     try:
         with tarfile.open(pack, "r:gz") as tar:
             for m in tar.getmembers():
@@ -564,9 +601,19 @@ def import_packs(packs: list[Path], into: Path = REPO_ROOT / "results") -> Path:
     if len(devices) != 1:
         raise ValueError(f"records from {len(devices)} devices ({devices}); import one device at a time")
     device = devices.pop()
-    target = Path(into) / slug_of_gpu(device)
-    target.mkdir(parents=True, exist_ok=True)
+    checked_manifest(manifest, ", ".join(map(str, packs)))
+    for name in records:  # a record lands as its own file name: a record's, never the folder's own files
+        base = record_name(Path(name).name, f"{name} in the packs")
+        if not base.endswith(".json") or base in ("capture.json", "goals.json", "gpu-smoke.json"):
+            raise BadPack(f"{name} in the packs: not a record's file name; nothing imported")
+    if not isinstance(device, str):
+        raise BadPack(f"the records name no device ({device!r}); nothing imported")
+    target = Path(into) / slug_of_gpu(device)  # ValueError for a name that gives no folder
     index = load_index(target)
+    for nb, info in index.items():  # names the import may delete: an edited capture.json reaches no further
+        for old in info.get("records", []):
+            record_name(old, f"{target / 'capture.json'}, notebook {nb}")
+    target.mkdir(parents=True, exist_ok=True)
     for nb, info in manifest["notebooks"].items():
         if info.get("status") != "ok":
             continue
