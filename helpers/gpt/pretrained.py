@@ -12,8 +12,9 @@ and saves {config, state_dict, key, val_loss} atomically (a temporary file renam
 `<course cache>/pretrained/`, the same folder family as the corpus (`data.resolve_cache_dir`). The file
 name is a hash of everything the weights depend on: the config, the corpus split's own cache key, the
 training schedule (steps, batch, sequence length, learning rate), the seed and `FORMAT`. Later calls load
-it with `torch.load(weights_only=True)`; a file that cannot be read or whose stored key differs (a torn
-write, an older format) is trained again, after one sentence saying why; one whose weights load but whose
+it with `torch.load(weights_only=True)`; a file that cannot be read, whose stored key differs (a torn
+write, an older format) or whose weights do not match the SHA-256 digest stored beside them (damage inside
+a tensor, which loads without an error) is trained again, after one sentence saying why; one whose weights load but whose
 validation loss is missing (a partial write) has the loss measured again and is rewritten. Finding,
 training and saving a checkpoint happen under an exclusive `fcntl.flock` on `<checkpoint>.lock` beside it
 (the file stays; it holds the owner's PID), so that two processes asking for the same model train it once:
@@ -39,23 +40,16 @@ import hashlib
 import io
 import json
 import math
-import os
 import platform
 import sys
 import time
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Iterator
-
-try:  # POSIX only: without it (Windows) checkpoints are found and written without a lock
-    import fcntl
-except ImportError:  # pragma: no cover - not on the course's Linux machines
-    fcntl = None
 
 import torch
 
 from helpers.gpt import data
+from helpers.gpt.checkpoint_file import checkpoint_lock, listed_sums, read_error, weights_digest
 from helpers.gpt.model import GPT, GPTConfig
 from helpers.measure.params import positive
 from helpers.measure.results import write_atomic
@@ -188,25 +182,16 @@ def _number(value) -> float | None:
     return float(value)
 
 
-def _read_error(path: Path, err: Exception) -> str:
-    """Why torch.load could not read `path`, in words."""
-    try:
-        with open(path, "rb") as fh:
-            head = fh.read(64)
-    except OSError:
-        head = b""
-    if head.startswith(b"version https://git-lfs"):
-        return "could not be read: it is a Git LFS pointer, not the weights (fetch them with `git lfs pull`)"
-    first = (str(err).strip().splitlines() or [""])[0][:160]
-    return f"could not be read ({type(err).__name__}{': ' + first if first else ''}; a torn or truncated file?)"
-
-
 def _load(path: Path, key: dict, device: str) -> tuple[GPT | None, dict | None, str]:
-    """(model, payload, "") from `path`, or (None, the payload if it could be read, the reason it cannot be used)."""
+    """(model, payload, "") from `path`, or (None, the payload if it could be read, the reason it cannot be used).
+
+    The weights must match the digest stored beside them (`weights_digest`), or, for shipped weights written
+    before checkpoints carried one, the file's SHA-256 listed in SHIPPED_DIR/SHA256SUMS (`sha256sum *.pt`): a file damaged inside a tensor
+    loads without an error and would give a model whose loss is NaN, or quietly worse."""
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # a torn or corrupt file: pickle, zip or EOF errors alike
-        return None, None, _read_error(path, err)
+        return None, None, read_error(path, err)
     if not isinstance(payload, dict):
         return None, None, f"holds a {type(payload).__name__}, not a checkpoint"
     if payload.get("key") != json.loads(json.dumps(key)):
@@ -216,47 +201,15 @@ def _load(path: Path, key: dict, device: str) -> tuple[GPT | None, dict | None, 
         model.load_state_dict(payload["state_dict"])
     except Exception as err:
         return None, payload, f"does not fit the model ({type(err).__name__})"
+    if payload.get("digest") is None:
+        listed = listed_sums(SHIPPED_DIR / "SHA256SUMS").get(path.name) if path.parent == SHIPPED_DIR else None
+        if listed is None:
+            return None, payload, "carries no digest of its weights (written before checkpoints did)"
+        if hashlib.sha256(path.read_bytes()).hexdigest() != listed:
+            return None, payload, "is damaged: its SHA-256 differs from the one SHA256SUMS lists beside it"
+    elif weights_digest(payload["state_dict"]) != payload["digest"]:
+        return None, payload, "is damaged: its weights do not match the digest stored beside them"
     return model.to(device).eval(), payload, ""
-
-
-def lock_path(path: Path) -> Path:
-    """The lock file beside the checkpoint `path` (`<name>.lock`)."""
-    return path.with_name(path.name + ".lock")
-
-
-@contextmanager
-def checkpoint_lock(path: Path, preset: str = "", quiet: bool = True) -> Iterator[bool]:
-    """Hold an exclusive `fcntl.flock` on `lock_path(path)` for the block; yields whether a lock is held.
-
-    When another process holds it, says so (unless quiet), naming its PID, and waits for it. No lock (False)
-    without fcntl or where the lock file cannot be created (a read-only cache). The lock ends with the block,
-    or with the process; the lock file stays (removing it would let a third process lock another file).
-    """
-    if fcntl is None:
-        yield False
-        return
-    lock = lock_path(path)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)
-    except OSError:
-        yield False
-        return
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            if not quiet:
-                owner = os.pread(fd, 32, 0).decode(errors="replace").strip()
-                print(f"pretrained {preset}: another process{f' (PID {owner})' if owner.isdigit() else ''} is "
-                      f"training or loading {path.name} (it holds {lock.name}); waiting for it, then loading what "
-                      f"it wrote.", flush=True)
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, str(os.getpid()).encode(), 0)
-        yield True
-    finally:
-        os.close(fd)  # releases the lock
 
 
 def pretrained(preset: str = "tiny", steps: int | None = None, *, seed: int = 0, device: str | None = None,
@@ -344,7 +297,7 @@ def _save(path: Path, key: dict, model: GPT, val: float, seconds: float, preset:
     buf = io.BytesIO()
     state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
     torch.save({"key": key, "config": asdict(model.config), "state_dict": state, "val_loss": val,
-                "seconds": seconds, **extra}, buf)
+                "seconds": seconds, "digest": weights_digest(state), **extra}, buf)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         write_atomic(path, buf.getvalue(), fsync=True)

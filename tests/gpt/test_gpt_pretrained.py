@@ -16,7 +16,7 @@ import psutil
 import pytest
 import torch
 
-from helpers.gpt import pretrained
+from helpers.gpt import checkpoint_file, pretrained
 
 
 @pytest.mark.slow
@@ -146,7 +146,7 @@ RACER = r"""
 import json, os, sys, time
 from pathlib import Path
 
-from helpers.gpt import pretrained
+from helpers.gpt import checkpoint_file, pretrained
 
 cache, flags = Path(sys.argv[1]), Path(sys.argv[2])
 real = pretrained.train
@@ -212,6 +212,56 @@ def test_two_processes_asking_for_one_model_train_it_once(tmp_path):
     assert results[0]["path"] == results[1]["path"]
     assert f"another process (PID {first.pid}) is training or loading" in "".join(out_second)
     assert not (flags / f"training-{second.pid}").exists()  # the second never started a training
-    assert pretrained.lock_path(Path(results[0]["path"])).is_file()
+    assert checkpoint_file.lock_path(Path(results[0]["path"])).is_file()
     mine = {p.pid for p in procs}
     assert not [c for c in psutil.Process().children(recursive=True) if c.pid in mine]
+
+
+def _overwrite_largest_tensor(path, fill: bytes) -> None:
+    """Overwrite 64 KiB (or the whole tensor, if smaller) inside the largest tensor of a torch.save zip, leaving
+    the zip's structure as it was: damage torch.load does not notice."""
+    import zipfile
+
+    with zipfile.ZipFile(path) as z:
+        info = max((i for i in z.infolist() if "/data/" in i.filename), key=lambda i: i.file_size)
+    raw = bytearray(path.read_bytes())
+    name_len = int.from_bytes(raw[info.header_offset + 26:info.header_offset + 28], "little")
+    extra_len = int.from_bytes(raw[info.header_offset + 28:info.header_offset + 30], "little")
+    start = info.header_offset + 30 + name_len + extra_len
+    n = min(64 * 1024, info.file_size)
+    raw[start:start + n] = (fill * n)[:n]
+    path.write_bytes(bytes(raw))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fill", [b"\xff", b"\x00"], ids=["NaN bytes", "zeroed"])
+def test_a_cached_checkpoint_damaged_inside_a_tensor_is_found_and_trained_again(tmp_path, capsys, fill):
+    first = pretrained.pretrained("tiny", 3, cache_dir=tmp_path, **KW)
+    _overwrite_largest_tensor(first.path, fill)
+    torch.load(first.path, weights_only=True)  # the damage loads without an error
+    capsys.readouterr()
+    again = pretrained.pretrained("tiny", 3, cache_dir=tmp_path, **KW)
+    out = capsys.readouterr().out
+    assert again.trained_now and "is damaged: its weights do not match the digest stored beside them" in out
+    assert again.val_loss == pytest.approx(first.val_loss)  # the same recipe, trained again
+
+
+def test_the_shipped_weights_match_their_listed_sums_and_damage_is_named(tmp_path, monkeypatch):
+    import hashlib
+    import shutil
+
+    sums = checkpoint_file.listed_sums(pretrained.SHIPPED_DIR / "SHA256SUMS")
+    files = sorted(p.name for p in pretrained.SHIPPED_DIR.glob("*.pt"))
+    assert sorted(sums) == files
+    for name in files:
+        assert hashlib.sha256((pretrained.SHIPPED_DIR / name).read_bytes()).hexdigest() == sums[name], name
+    copy = tmp_path / "shipped"
+    shutil.copytree(pretrained.SHIPPED_DIR, copy)
+    monkeypatch.setattr(pretrained, "SHIPPED_DIR", copy)
+    config = pretrained.GPTConfig.preset("tiny", **pretrained.SHIP[1][1])
+    key = pretrained.checkpoint_key(config, pretrained.schedule_for("tiny", None, config), 0)
+    path = pretrained.shipped_path(key)
+    bare = {k: v for k, v in key.items() if k != "corpus"}
+    assert pretrained._load(path, bare, "cpu")[2] == ""
+    _overwrite_largest_tensor(path, b"\x00")
+    assert "is damaged: its SHA-256 differs" in pretrained._load(path, bare, "cpu")[2]
