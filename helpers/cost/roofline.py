@@ -38,23 +38,23 @@ class Op:
 
 def count(name: str, n: int, itemsize: int) -> tuple[str, int, int]:
     """(shape description, FLOPs, bytes) of op `name` at size n with `itemsize`-byte elements."""
-    e = n * n  # elementwise ops act on an n×n tensor
-    if name == "add":            # z = x + y: read x, y; write z
+    e = n * n  # elements of one n×n tensor, the size every elementwise op reads and writes
+    if name == "add":            # 1 FLOP per element; read x and y, write z: three n×n tensors
         return f"{n}x{n} + {n}x{n}", e, 3 * e * itemsize
-    if name == "gelu":           # read x, write y
+    if name == "gelu":           # 8 FLOPs per element (tanh counted as one); read x, write y
         return f"gelu({n}x{n})", 8 * e, 2 * e * itemsize
-    if name == "layernorm":      # read x, γ, β; write y
+    if name == "layernorm":      # 7 FLOPs per element; read x and the two length-n vectors γ and β, write y
         return f"layernorm({n}x{n})", 7 * e, (2 * e + 2 * n) * itemsize
-    if name == "softmax":        # read scores, write probabilities
+    if name == "softmax":        # 5 FLOPs per element; read the scores, write the probabilities
         return f"softmax({n}x{n}, dim=-1)", 5 * e, 2 * e * itemsize
-    if name == "matmul":         # (n×n)@(n×n): 2n³ FLOPs, read A and B, write C
+    if name == "matmul":         # (n×n)@(n×n): n² outputs of n multiply-adds, 2n³ FLOPs; read A and B, write C
         return f"({n}x{n})@({n}x{n})", 2 * n**3, 3 * e * itemsize
-    if name == "gemv":           # (1×n)@(n×n): the weight matrix dominates the bytes
+    if name == "gemv":           # (1×n)@(n×n): 2n² FLOPs; the n×n weights dominate the bytes, each used once
         return f"(1x{n})@({n}x{n})", 2 * e, (e + 2 * n) * itemsize
-    if name == "skinny_matmul":  # (m×n)@(n×n) with m = SKINNY_ROWS
+    if name == "skinny_matmul":  # (m×n)@(n×n) with m = SKINNY_ROWS: each weight read once, used m times
         m = SKINNY_ROWS
         return f"({m}x{n})@({n}x{n})", 2 * m * e, (e + 2 * m * n) * itemsize
-    if name == "attn_scores":    # Q (h,n,d) @ Kᵀ (h,d,n) -> S (h,n,n)
+    if name == "attn_scores":    # Q (h,n,d) @ Kᵀ (h,d,n) -> S (h,n,n): read Q and K, write the h n×n score matrices
         h, d = ATTN_HEADS, ATTN_HEAD_DIM
         return f"QKᵀ: ({h},{n},{d})@({h},{d},{n})", 2 * h * n * n * d, (2 * h * n * d + h * e) * itemsize
     raise ValueError(f"op={name!r} is not allowed; choose one of {OPS}")
@@ -91,9 +91,12 @@ def attainable_tflops(intensity: float, peak_tflops: float, bandwidth_gbs: float
 
     `intensity` I in FLOP/B, `peak_tflops` P in TFLOP/s, `bandwidth_gbs` W in GB/s (W·I / 1e3 is TFLOP/s).
     """
+    # memory's roof: W bytes per second, each carrying I FLOPs (GB/s times FLOP/B is GFLOP/s, /1e3 TFLOP/s);
+    # compute's roof: P. The op reaches at most the lower of the two.
     return min(peak_tflops, bandwidth_gbs * intensity / 1e3)
 
 
 def bound(intensity: float, peak_tflops: float, bandwidth_gbs: float) -> str:
     """'memory' left of the ridge point P/W (in FLOP/B: peak_tflops·1e3 / bandwidth_gbs), 'compute' at or right of it."""
+    # the ridge point is the intensity where the two roofs meet, W·I = P; below it the bytes limit the op
     return "memory" if intensity < peak_tflops * 1e3 / bandwidth_gbs else "compute"
