@@ -70,13 +70,16 @@ class _CacheFlusher:
 
     def __init__(self, device: str):
         if device == "cuda":
+            # twice the GPU's L2 (64 MiB when the driver does not say): writing it evicts every line of L2
             l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 64 * 2**20) or 64 * 2**20
             nbytes = 2 * l2
         else:
             nbytes = 64 * 2**20  # larger than any desktop or server CPU's L3 share of one process
-        self.buf = torch.empty(nbytes // 4, dtype=torch.float32, device=device)
+        self.buf = torch.empty(nbytes // 4, dtype=torch.float32, device=device)  # allocated once, reused
 
     def __call__(self) -> None:
+        # writes every byte of the buffer (no reads): the cache now holds the buffer's lines, not the timed
+        # function's data, so its next call reads its operands from memory
         self.buf.fill_(1.0)
 
 

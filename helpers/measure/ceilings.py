@@ -76,17 +76,20 @@ def fit_copy(moved, seconds) -> tuple[float, float]:
     pts = [(float(x), float(t)) for x, t in zip(moved, seconds)]
     if len({x for x, _ in pts}) < 2 or any(t <= 0 for _, t in pts):
         raise ValueError(f"fit_copy needs at least two sizes with positive times, got {pts!r:.120}")
-    u = [1 / t for _, t in pts]  # minimise sum((1 - a*u - b*v)^2): (t - a - b*x) / t with u = 1/t, v = x/t
+    # the model t = a + b*x (a: seconds per call, b: seconds per byte); its relative residual (t - a - b*x) / t
+    # is 1 - a*u - b*v with u = 1/t and v = x/t, a plain linear least-squares problem in (a, b)
+    u = [1 / t for _, t in pts]  # minimise sum((1 - a*u - b*v)^2) over the points
     v = [x / t for x, t in pts]
+    # the normal equations [suu suv; suv svv] (a, b) = (su, sv), solved by Cramer's rule
     suu, svv, suv = sum(a * a for a in u), sum(b * b for b in v), sum(a * b for a, b in zip(u, v))
     su, sv = sum(u), sum(v)
     det = suu * svv - suv * suv
     fixed, per_byte = ((su * svv - sv * suv) / det, (suu * sv - suv * su) / det) if det > 0 else (-1.0, 0.0)
-    if fixed < 0:
+    if fixed < 0:  # a per-call cost below zero is noise: fit the line through the origin, b = sv / svv
         fixed, per_byte = 0.0, sv / svv
     if per_byte <= 0:
         raise ValueError("the copy times do not grow with the bytes moved: there is no bandwidth to fit")
-    return fixed, 1e-9 / per_byte
+    return fixed, 1e-9 / per_byte  # seconds per byte -> GB/s (1e9 bytes per second)
 
 
 def past_cache(nbytes: int, device: str | None = None) -> bool:
