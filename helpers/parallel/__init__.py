@@ -20,6 +20,8 @@ Launching ranks:
 `launch`           ranks on one machine (`run_on_ranks`, a fork-server launcher that leaves nothing behind)
 `payload`          what travels between the launcher and its ranks (the function out, the results back)
 `torchrun`         torchrun launchers at a local rendezvous, one per stand-in machine (`torchrun_two_nodes`)
+`in_process`       the notebook's own cells run where no rank can run them: ranks as threads of this process
+                   (`on_threads`), or a process group of one rank (`one_rank`)
 
 Notebook 13's labs, one per section, each named after the technique it measures:
 

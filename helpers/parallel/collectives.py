@@ -67,34 +67,40 @@ def simulate_ring(inputs: Sequence[torch.Tensor], schedule: Callable = ring_sche
     return [torch.cat(b) for b in bufs]
 
 
-def ring_all_reduce(tensor: torch.Tensor, group=None) -> torch.Tensor:
+def ring_all_reduce(tensor: torch.Tensor, group=None, schedule: Callable = ring_schedule) -> torch.Tensor:
     """Sum `tensor` over all ranks in place with a ring: reduce-scatter, then all-gather.
 
     Each rank sends and receives 2(n-1) chunks of numel/n elements, the bandwidth-optimal volume
     2(n-1)/n x the tensor's bytes. Works on any shape and dtype (exact for integers; for floats the
-    order of additions differs from `dist.all_reduce`'s, so results agree to rounding). Returns `tensor`.
+    order of additions differs from `dist.all_reduce`'s, so results agree to rounding). `schedule` says
+    which chunk goes right and which arrives from the left at each step (`ring_schedule`). Returns `tensor`.
     """
     n, rank = dist.get_world_size(group), dist.get_rank(group)
     if n == 1:
-        return tensor
+        return tensor  # alone, the sum is already here
+    # the buffer as n chunks: views, so adding into a chunk writes into `tensor` itself
     flat = tensor.view(-1) if tensor.is_contiguous() else tensor.reshape(-1)
     chunks = list(torch.tensor_split(flat, n))
+    # every rank talks to two neighbours only: it sends right and receives from the left
     right, left = (rank + 1) % n, (rank - 1) % n
-    if group is not None:
+    if group is not None:  # send and recv want ranks in the whole world, not in the group
         right, left = dist.get_global_rank(group, right), dist.get_global_rank(group, left)
     for phase in ("reduce-scatter", "all-gather"):
         for step in range(n - 1):
-            send_i, recv_i = ring_schedule(rank, n, step, phase)
+            # one chunk out, one chunk in: every link of the ring carries numel/n elements at once
+            send_i, recv_i = schedule(rank, n, step, phase)
             incoming = torch.empty_like(chunks[recv_i])
+            # both at once, asynchronous: a blocking send would wait for the right neighbour's receive,
+            # which waits for its own send, all the way round the ring
             reqs = [dist.isend(chunks[send_i].contiguous(), right, group=group),
                     dist.irecv(incoming, left, group=group)]
             for r in reqs:
                 r.wait()
             if phase == "reduce-scatter":
-                chunks[recv_i].add_(incoming)
+                chunks[recv_i].add_(incoming)  # one more rank's share added into this partial sum
             else:
-                chunks[recv_i].copy_(incoming)
-    if flat.data_ptr() != tensor.data_ptr():
+                chunks[recv_i].copy_(incoming)  # a finished sum, passed on unchanged
+    if flat.data_ptr() != tensor.data_ptr():  # a non-contiguous tensor was reduced in a copy
         tensor.copy_(flat.view_as(tensor))
     return tensor
 

@@ -270,27 +270,37 @@ class DDP(nn.Module):
         self._waiting[self._bucket_of[id(p)]] -= 1
 
     def _launch_ready(self) -> None:
+        """Start every bucket that is complete, in bucket order, stopping at the first one still waiting."""
+        # in order, even when a later bucket fills first: every rank then issues the same all-reduces in the
+        # same sequence, so the k-th all-reduce of one rank meets the k-th of every other
         while self._next < len(self.buckets) and self._waiting[self._next] == 0:
             self._launch(self._next)
             self._next += 1
 
     def _launch(self, i: int) -> None:
+        """Flatten bucket i's gradients into one buffer and start its all-reduce without waiting for it."""
+        # a parameter that got no gradient (find_unused_parameters) takes part with zeros
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.buckets[i]]
+        # one message for the whole bucket: one latency instead of one per tensor, paid with a copy in
         flat = grads[0] if len(grads) == 1 else torch.cat([g.reshape(-1) for g in grads])
-        flat.div_(self.world)
+        flat.div_(self.world)  # the all-reduce sums, so divide first: the ranks' sum of grad/n is the mean
         self.bytes_reduced += flat.numel() * flat.element_size()
+        # async_op=True returns at once: backward goes on computing earlier layers while this bucket travels;
+        # finish_gradient_synchronization() waits on the handle and copies the sums back into each .grad
+        # (a one-tensor bucket is reduced in its .grad itself)
         self._handles[i] = (dist.all_reduce(flat, async_op=True), flat)
 
     def _grad_ready(self, p: nn.Parameter) -> None:
-        if not self._sync:
+        """The hook: autograd calls it once p.grad holds this backward's whole gradient for p."""
+        if not self._sync:  # inside no_sync(): the gradient only accumulates locally
             return
         if self._unused:  # the first gradient of this backward: the unused parameters are ready too
             unused, self._unused = self._unused, set()
             for q in self.params:
                 if id(q) in unused:
                     self._mark(q)
-        self._mark(p)
-        if self.overlap:
+        self._mark(p)  # one gradient fewer for its bucket to wait for
+        if self.overlap:  # start what is complete now, while backward continues
             self._launch_ready()
 
     def finish_gradient_synchronization(self) -> None:

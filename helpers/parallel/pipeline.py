@@ -2,9 +2,10 @@
 
 `pipeline_schedule("gpipe"|"1f1b", p, m)` lists each stage's forward and backward micro-batch steps;
 `pipeline_step(stage, kind, micro, ...)` runs one training step of a real module split into stages by
-that schedule, activations and their gradients sent between ranks; `bubble_formula` is GPipe's idle
-share of a step, (p - 1)/(m + p - 1) (Huang et al., 2019); `replay_schedule` replays a schedule as
-events with given step, message-delay and overhead times.
+that schedule, activations and their gradients sent between ranks (`send_activation` and
+`recv_activation` carry a tensor of any shape, `split_micro_batches` checks and cuts the step's inputs);
+`bubble_formula` is GPipe's idle share of a step, (p - 1)/(m + p - 1) (Huang et al., 2019);
+`replay_schedule` replays a schedule as events with given step, message-delay and overhead times.
 """
 from __future__ import annotations
 
@@ -51,7 +52,7 @@ _WIRE_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 _MAX_DIMS = 8
 
 
-def _send_activation(y: torch.Tensor, dst: int, sends: list) -> None:
+def send_activation(y: torch.Tensor, dst: int, sends: list) -> None:
     """Send `y` to rank `dst`: a header (dims, shape, dtype) then the tensor, both asynchronous."""
     if not (torch.is_tensor(y) and y.dtype in _WIRE_DTYPES and y.dim() <= _MAX_DIMS):
         what = f"a {y.dtype} tensor of {y.dim()} dims" if torch.is_tensor(y) else f"a {type(y).__name__}"
@@ -64,13 +65,31 @@ def _send_activation(y: torch.Tensor, dst: int, sends: list) -> None:
     sends += [(dist.isend(header, dst), header), (dist.isend(y, dst), y)]
 
 
-def _recv_activation(src: int) -> torch.Tensor:
+def recv_activation(src: int) -> torch.Tensor:
+    """Receive the next activation `send_activation` sent from rank `src`: its header, then the tensor."""
     header = torch.zeros(_MAX_DIMS + 2, dtype=torch.int64)
     dist.recv(header, src)
     dims = int(header[0])
     x = torch.empty([int(d) for d in header[1: 1 + dims]], dtype=_WIRE_DTYPES[int(header[-1])])
     dist.recv(x, src)
     return x
+
+
+def split_micro_batches(rank: int, world: int, micro: int, inputs: torch.Tensor | None,
+                        targets: torch.Tensor | None, loss_fn: Callable | None) -> tuple[tuple | None, tuple | None]:
+    """(inputs cut into `micro` micro-batches along dim 0 on rank 0, else None; the same of targets on the last
+    rank, else None). Raises ValueError for a missing or unevenly split inputs/targets or, on the last rank, a
+    loss_fn that is not callable."""
+    first, last = rank == 0, rank == world - 1
+    for name, t, needed in (("inputs", inputs, first), ("targets", targets, last)):
+        if needed and not (torch.is_tensor(t) and t.dim() > 0 and t.shape[0] % micro == 0):
+            got = (f"{t.shape[0]} rows" if torch.is_tensor(t) and t.dim() > 0
+                   else "None" if t is None else f"a {type(t).__name__}")
+            raise ValueError(f"pipeline_step: rank {rank} needs {name}, a tensor whose dim 0 splits into micro={micro} "
+                             f"equal micro-batches; got {got}")
+    if last and not callable(loss_fn):
+        raise ValueError(f"pipeline_step: the last rank ({rank}) needs loss_fn(output, target), got {loss_fn!r}")
+    return (inputs.chunk(micro) if first else None), (targets.chunk(micro) if last else None)
 
 
 def pipeline_step(stage: nn.Module, kind: str, micro: int, inputs: torch.Tensor | None = None,
@@ -90,44 +109,37 @@ def pipeline_step(stage: nn.Module, kind: str, micro: int, inputs: torch.Tensor 
     missing loss_fn, or a stage output that is not one floating tensor.
     """
     rank, world = dist.get_rank(), dist.get_world_size()
-    steps = pipeline_schedule(kind, world, micro)[rank]
+    steps = pipeline_schedule(kind, world, micro)[rank]  # this stage's ("F", i) and ("B", i), in order
     first, last = rank == 0, rank == world - 1
-    for name, t, needed in (("inputs", inputs, first), ("targets", targets, last)):
-        if needed and not (torch.is_tensor(t) and t.dim() > 0 and t.shape[0] % micro == 0):
-            got = (f"{t.shape[0]} rows" if torch.is_tensor(t) and t.dim() > 0
-                   else "None" if t is None else f"a {type(t).__name__}")
-            raise ValueError(f"pipeline_step: rank {rank} needs {name}, a tensor whose dim 0 splits into micro={micro} "
-                             f"equal micro-batches; got {got}")
-    if last and not callable(loss_fn):
-        raise ValueError(f"pipeline_step: the last rank ({rank}) needs loss_fn(output, target), got {loss_fn!r}")
-    xs = inputs.chunk(micro) if first else None
-    ts = targets.chunk(micro) if last else None
-    saved: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+    xs, ts = split_micro_batches(rank, world, micro, inputs, targets, loss_fn)
+    saved: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # micro-batch -> (its input, its output)
     losses: list[float] = [0.0] * micro
     sends: list = []  # (work, tensor): a tensor must live until its send completes
     for op, i in steps:
         if op == "F":
-            x = xs[i] if first else _recv_activation(rank - 1).requires_grad_()
+            # the input: rank 0 reads its micro-batch, every other stage receives the previous stage's
+            # activation and asks for its gradient, which the backward will send back
+            x = xs[i] if first else recv_activation(rank - 1).requires_grad_()
             y = stage(x)
             if last:
                 loss = loss_fn(y, ts[i])
                 losses[i] = float(loss.detach())
-                saved[i] = (x, loss / micro)
+                saved[i] = (x, loss / micro)  # each micro-batch's share of the batch's mean loss
             else:
-                _send_activation(y, rank + 1, sends)
-                saved[i] = (x, y)
+                send_activation(y, rank + 1, sends)  # on to the next stage, without waiting for it
+                saved[i] = (x, y)  # kept until this micro-batch's backward: the activations a stage holds
             continue
         x, y = saved.pop(i)
         grad = None
-        if not last:
+        if not last:  # d(loss)/d(output) comes back from the next stage
             grad = torch.empty_like(y)
             dist.recv(grad, rank + 1)
-        if y.requires_grad:
+        if y.requires_grad:  # backward through this stage: .grad of its parameters accumulates, x.grad is set
             torch.autograd.backward(y, grad)
-        if not first:
+        if not first:  # d(loss)/d(input) is the previous stage's output gradient: send it back
             g = x.grad if x.grad is not None else torch.zeros_like(x)
             sends.append((dist.isend(g, rank - 1), g))
-    for work, _ in sends:
+    for work, _ in sends:  # every message delivered before the step ends
         work.wait()
     return losses if last else None
 

@@ -113,9 +113,9 @@ def test_a_stage_output_that_cannot_travel_is_refused():
     y = torch.ones(2, 3)
     with pytest.raises(ValueError, match="a stage must return one floating tensor of at most 8 dims for the next "
                                          "stage, got a tuple"):
-        PP._send_activation((y, y), 1, [])
+        PP.send_activation((y, y), 1, [])
     with pytest.raises(ValueError, match="got a torch.int64 tensor of 2 dims"):
-        PP._send_activation(y.long(), 1, [])
+        PP.send_activation(y.long(), 1, [])
 
 
 def test_pipeline_schedules_and_bubble_formula():
