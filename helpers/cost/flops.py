@@ -109,7 +109,7 @@ def matmul_params(config: GPTConfig) -> int:
 MATMUL_LIKE = ("mm", "mv", "dot", "matmul", "linear", "conv", "attention", "einsum")
 
 
-class _SeenOps(TorchDispatchMode):
+class SeenOps(TorchDispatchMode):
     """A dispatch mode that records in `ops` every aten op run under it (the ops FlopCounterMode also sees)."""
 
     def __init__(self):
@@ -137,15 +137,16 @@ def measure_flops(model: GPT, idx: torch.Tensor, targets: torch.Tensor | None = 
     The blind spot is detected from the ops that actually ran, whatever the attention was called.
     """
     from torch.utils.flop_counter import FlopCounterMode  # heavy: it imports triton (see measure.triton_mode)
-    seen = _SeenOps()
+    seen = SeenOps()  # every aten op that runs, so that an op the counter cannot count is caught below
     with FlopCounterMode(display=False) as counter, seen:
-        logits, loss = model(idx, targets)
+        logits, loss = model(idx, targets)  # the forward: every matmul it dispatches, 2 FLOPs per multiply-add
     fwd, bwd = counter.get_total_flops(), 0
     if backward:
-        scalar = loss if loss is not None else logits.float().sum()
-        with FlopCounterMode(display=False) as counter, seen:
+        scalar = loss if loss is not None else logits.float().sum()  # without targets, any scalar of the logits
+        with FlopCounterMode(display=False) as counter, seen:  # a fresh counter: the backward's matmuls alone
             scalar.backward()
         bwd = counter.get_total_flops()
+    # a matmul-like op the counter has no formula for ran but counted 0: say so rather than report a low total
     registry = getattr(counter, "flop_registry", None)  # absent in old torch: no check rather than false alarms
     blind = uncounted_ops(seen.ops, registry) if registry is not None else []
     if blind:
@@ -157,6 +158,7 @@ def measure_flops(model: GPT, idx: torch.Tensor, targets: torch.Tensor | None = 
 
 def six_nd(n_params: float, n_tokens: float) -> float:
     """Training FLOPs ≈ 6·N·D: 2 per parameter per token forward, 4 backward (Kaplan et al., 2020)."""
+    # forward 2 (a multiply and an add per weight); backward 4 (the input's gradient and the weight's, 2 each)
     return 6 * n_params * n_tokens
 
 
@@ -166,6 +168,8 @@ def palm_flops_per_token(n_params: float, n_layer: int, n_head: int, head_dim: i
     Equals `transformer_flops(...)["total"]["total"] / tokens` exactly when N is `matmul_params`
     (the 12·L·H·Q·T term is the full, non-causal T x T scores and values, forward and backward).
     """
+    # per layer and token, the scores q·k and the weighted values p·v are 2·H·Q·T FLOPs each forward (4·H·Q·T),
+    # times 3 for forward + backward: 12·H·Q·T. No weight is involved, so 6N leaves them out.
     return 6 * n_params + 12 * n_layer * n_head * head_dim * seq_len
 
 
