@@ -17,7 +17,6 @@ the maintainers' `python -m tools.capture.gpu_check` runs `compare`, `speed` and
 from __future__ import annotations
 
 import numbers
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -29,28 +28,6 @@ from helpers.show import plots
 from helpers.show.tables import table
 
 DTYPE_NAMES = ("fp32", "fp16", "bf16")
-
-
-@dataclass(frozen=True)
-class Parameters:
-    """The notebook's parameters after validation, with the profile's defaults filled in."""
-
-    dtype: str
-    torch_dtype: torch.dtype
-    bf16_ok: bool
-    seq_lens: list
-    head_dims: list
-    tokens: int
-    d_model: int
-    memory_seq_lens: list
-    memory_budget_gb: float | None
-    block_sizes: list
-    pytorch_max_n: int
-    gpt_preset: str
-    gpt_batch: int
-    reps: int
-    warmup: int
-    autotune: str
 
 
 def _head_dims(name: str, values: Any) -> list:
@@ -96,8 +73,10 @@ def _block_sizes(device: str):
 
 def resolve_parameters(S: params.Setup, *, DTYPE, SEQ_LENS, HEAD_DIMS, TOKENS, D_MODEL, MEMORY_SEQ_LENS,
                        MEMORY_BUDGET_GB, BLOCK_SIZES, PYTORCH_MAX_N, GPT_PRESET, GPT_BATCH, REPS,
-                       AUTOTUNE) -> Parameters:
-    """Validate every parameter of notebook 06 (ValueError naming the first bad one) and fill in defaults.
+                       AUTOTUNE) -> dict:
+    """Validate every parameter of notebook 06 (ValueError naming the first bad one) and fill in defaults:
+    {NAME: value} for every parameter, plus TORCH_DTYPE (DTYPE's torch dtype), BF16_OK (whether this device has
+    bf16 units) and WARMUP (untimed calls per point, by profile).
 
     DTYPE "auto" is bf16 on CUDA (fp16 on a GPU without bf16 units), fp32 on a CPU; bf16 asked for on a
     GPU without bf16 units becomes fp16, with a printed sentence. Where the compiled Triton kernel tiles
@@ -113,30 +92,30 @@ def resolve_parameters(S: params.Setup, *, DTYPE, SEQ_LENS, HEAD_DIMS, TOKENS, D
         dtype = "fp16"
     gib = torch.cuda.get_device_properties(0).total_memory / 2**30 if cuda else None
     R = S.resolve
-    return Parameters(
-        dtype=dtype, torch_dtype=hardware.torch_dtype(dtype), bf16_ok=bf16_ok,
+    return dict(
+        DTYPE=dtype, TORCH_DTYPE=hardware.torch_dtype(dtype), BF16_OK=bf16_ok,
         # full: N four-fold apart, from short sequences (naive's N x N matrices small) to the FlashAttention-2
         # paper's longest, so the sweep shows where the fused kernels pull ahead; the goal's N >= 2048: 4096, 16384
-        seq_lens=R("SEQ_LENS", SEQ_LENS, smoke=[64, 128, 256], full=[256, 1024, 4096, 16384], check=params.positives),
+        SEQ_LENS=R("SEQ_LENS", SEQ_LENS, smoke=[64, 128, 256], full=[256, 1024, 4096, 16384], check=params.positives),
         # full: d=128 only (the head dim of the kernel's goal), so the whole course fits one lent-GPU
         # window; HEAD_DIMS=[64, 128] adds the paper's other head dim at about twice the compile time
         # smoke on a GPU at 128 too: the 128 class has kernels of its own (8-warp tiles); 64 is checked elsewhere
-        head_dims=R("HEAD_DIMS", HEAD_DIMS, smoke=[128] if cuda else [64], full=[128], check=_head_dims),
-        tokens=R("TOKENS", TOKENS, smoke=512, full=16384, check=params.positive),
-        d_model=R("D_MODEL", D_MODEL, smoke=256, full=2048, check=params.positive),
-        memory_seq_lens=R("MEMORY_SEQ_LENS", MEMORY_SEQ_LENS, smoke=[256, 512, 1024, 2048], full=wall_sizes(gib),
+        HEAD_DIMS=R("HEAD_DIMS", HEAD_DIMS, smoke=[128] if cuda else [64], full=[128], check=_head_dims),
+        TOKENS=R("TOKENS", TOKENS, smoke=512, full=16384, check=params.positive),
+        D_MODEL=R("D_MODEL", D_MODEL, smoke=256, full=2048, check=params.positive),
+        MEMORY_SEQ_LENS=R("MEMORY_SEQ_LENS", MEMORY_SEQ_LENS, smoke=[256, 512, 1024, 2048], full=wall_sizes(gib),
                           check=params.positives),
-        memory_budget_gb=_budget(MEMORY_BUDGET_GB, S.device),
-        block_sizes=R("BLOCK_SIZES", BLOCK_SIZES, smoke=[16, 32, 64, 128, 256], full=[16, 32, 64, 128],
+        MEMORY_BUDGET_GB=_budget(MEMORY_BUDGET_GB, S.device),
+        BLOCK_SIZES=R("BLOCK_SIZES", BLOCK_SIZES, smoke=[16, 32, 64, 128, 256], full=[16, 32, 64, 128],
                       check=_block_sizes(S.device)),
-        pytorch_max_n=R("PYTORCH_MAX_N", PYTORCH_MAX_N, smoke=256, full=1024, check=params.positive),
-        gpt_preset=R("GPT_PRESET", GPT_PRESET, smoke="tiny", full="gpt2",
+        PYTORCH_MAX_N=R("PYTORCH_MAX_N", PYTORCH_MAX_N, smoke=256, full=1024, check=params.positive),
+        GPT_PRESET=R("GPT_PRESET", GPT_PRESET, smoke="tiny", full="gpt2",
                      check=lambda name, v: params.choose(name, v, PRESETS)),
-        gpt_batch=R("GPT_BATCH", GPT_BATCH, smoke=2, full=8 if gib is None or gib >= 24 else 2,  # 2 on a T4
+        GPT_BATCH=R("GPT_BATCH", GPT_BATCH, smoke=2, full=8 if gib is None or gib >= 24 else 2,  # 2 on a T4
                     check=params.positive),
-        reps=R("REPS", REPS, smoke=5, full=10, check=params.positive),  # >= 3 rounds: a median and quartiles
-        warmup=S.pick(smoke=1, full=3),
-        autotune=R("AUTOTUNE", AUTOTUNE, smoke="shortlist", full="shortlist",
+        REPS=R("REPS", REPS, smoke=5, full=10, check=params.positive),  # >= 3 rounds: a median and quartiles
+        WARMUP=S.pick(smoke=1, full=3),
+        AUTOTUNE=R("AUTOTUNE", AUTOTUNE, smoke="shortlist", full="shortlist",
                    check=lambda name, v: params.choose(name, v, AUTOTUNE_CHOICES)),
     )
 

@@ -46,8 +46,9 @@ def softmax_merge(m_a: torch.Tensor, l_a: torch.Tensor, m_b: torch.Tensor, l_b: 
 
     A part whose entries are all -inf (fully masked) has m = -inf and l = 0 and adds nothing.
     """
-    m = torch.maximum(m_a, m_b)
+    m = torch.maximum(m_a, m_b)  # the union's max is the larger of the two parts' maxima
     shift = torch.where(m == float("-inf"), 0.0, m)  # avoids -inf - (-inf) = nan when both parts are empty
+    # each part's sum was taken under its own max: exp(m_part - m) rescales it to the union's max
     return m, l_a * torch.exp(m_a - shift) + l_b * torch.exp(m_b - shift)
 
 
@@ -59,7 +60,8 @@ def online_softmax(x: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Ten
         xb = x[..., j:j + block]  # (..., block)
         mb = xb.amax(dim=-1)  # this block's max and sum; a fully masked block gives (-inf, 0)
         lb = torch.exp(xb - torch.where(mb == float("-inf"), 0.0, mb)[..., None]).sum(dim=-1)
-        m, l = softmax_merge(m, l, mb, lb)
+        m, l = softmax_merge(m, l, mb, lb)  # the statistics of every block read so far
+    # one more pass over x, now that the row's max and sum are final: each entry is read once and written once
     return torch.exp(x - m[..., None]) / l[..., None], m, l
 
 
@@ -106,7 +108,7 @@ class FlashAttentionPyTorch(torch.autograd.Function):
                     l = l * alpha + p.sum(dim=-1)
                     acc = acc * alpha[..., None] + p @ v[..., j0:j1, :].float()
                     m = m_new
-                o[..., i0:i1, :] = acc / l[..., None]
+                o[..., i0:i1, :] = acc / l[..., None]  # written once per query tile: O and L, nothing N x N
                 lse[..., i0:i1] = m + torch.log(l)
         ctx.save_for_backward(q, k, v, o, lse)
         ctx.is_causal, ctx.blocks = is_causal, (block_q, block_k)

@@ -23,8 +23,8 @@ def setup(tmp_path):
 
 def test_defaults_follow_the_profile(setup):
     p = flash_lab.resolve_parameters(setup, **RAW)
-    assert p.dtype == "fp32" and p.torch_dtype == torch.float32 and len(p.seq_lens) >= 3
-    assert p.memory_budget_gb == 0.05 and p.reps == 5 and p.gpt_preset == "tiny"
+    assert p["DTYPE"] == "fp32" and p["TORCH_DTYPE"] == torch.float32 and len(p["SEQ_LENS"]) >= 3
+    assert p["MEMORY_BUDGET_GB"] == 0.05 and p["REPS"] == 5 and p["GPT_PRESET"] == "tiny"
 
 
 @pytest.mark.parametrize("name, value", [("REPS", 0), ("REPS", -2), ("TOKENS", 0), ("SEQ_LENS", []),
@@ -39,10 +39,10 @@ def test_a_bad_parameter_fails_at_once_naming_itself(setup, name, value):
 def test_full_profile_sizes_keep_the_crossing_the_goal_and_the_wall(tmp_path):
     full = params.Setup(profile="full", device="cpu", seed=0, interactive=False, results_dir=tmp_path)
     p = flash_lab.resolve_parameters(full, **RAW)
-    assert p.seq_lens == [256, 1024, 4096, 16384] and p.head_dims == [128] and p.pytorch_max_n == 1024
-    assert sum(n >= flash_speed_lab.GOAL_MIN_N for n in p.seq_lens) == 2  # the goal is measured at two N
-    assert p.memory_seq_lens == [4096, 8192, 16384, 32768] and p.autotune == "shortlist"
-    naive_gib = [3 * 16 * n * n * 2 / 2**30 for n in p.memory_seq_lens]  # 16 heads of bf16 N x N buffers
+    assert p["SEQ_LENS"] == [256, 1024, 4096, 16384] and p["HEAD_DIMS"] == [128] and p["PYTORCH_MAX_N"] == 1024
+    assert sum(n >= flash_speed_lab.GOAL_MIN_N for n in p["SEQ_LENS"]) == 2  # the goal is measured at two N
+    assert p["MEMORY_SEQ_LENS"] == [4096, 8192, 16384, 32768] and p["AUTOTUNE"] == "shortlist"
+    naive_gib = [3 * 16 * n * n * 2 / 2**30 for n in p["MEMORY_SEQ_LENS"]]  # 16 heads of bf16 N x N buffers
     assert naive_gib[-1] > 80 and naive_gib[0] < 2  # fits at first, past an 80 GB GPU at last
 
 
@@ -65,8 +65,8 @@ def test_use_autotune_says_what_the_autotuner_tries(monkeypatch):
 
 
 def test_memory_budget_semantics(setup):
-    assert flash_lab.resolve_parameters(setup, **(RAW | {"MEMORY_BUDGET_GB": None})).memory_budget_gb is None
-    assert flash_lab.resolve_parameters(setup, **(RAW | {"MEMORY_BUDGET_GB": 2})).memory_budget_gb == 2.0
+    assert flash_lab.resolve_parameters(setup, **(RAW | {"MEMORY_BUDGET_GB": None}))["MEMORY_BUDGET_GB"] is None
+    assert flash_lab.resolve_parameters(setup, **(RAW | {"MEMORY_BUDGET_GB": 2}))["MEMORY_BUDGET_GB"] == 2.0
 
 
 def test_traffic_verdict_names_the_tiles_that_move_more_than_naive():
@@ -177,5 +177,5 @@ def test_smoke_on_a_gpu_sweeps_the_head_dim_128_kernels(tmp_path, monkeypatch):
     monkeypatch.setattr(flash_lab.hardware, "capabilities", lambda: {"bf16": True})
     gpu = params.Setup(profile="smoke", device="cuda", seed=0, interactive=False, results_dir=tmp_path)
     cpu = params.Setup(profile="smoke", device="cpu", seed=0, interactive=False, results_dir=tmp_path)
-    assert flash_lab.resolve_parameters(gpu, **RAW).head_dims == [128]
-    assert flash_lab.resolve_parameters(cpu, **RAW).head_dims == [64]
+    assert flash_lab.resolve_parameters(gpu, **RAW)["HEAD_DIMS"] == [128]
+    assert flash_lab.resolve_parameters(cpu, **RAW)["HEAD_DIMS"] == [64]

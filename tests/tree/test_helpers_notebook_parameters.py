@@ -89,8 +89,6 @@ def test_every_notebook_has_a_lab_that_resolves_exactly_its_parameters():
 @pytest.mark.parametrize("nb", sorted(LABS))
 def test_the_committed_defaults_pass(nb, profile, tmp_path):
     got = LABS[nb].resolve_parameters(setup(tmp_path, profile), **defaults(nb))
-    if nb == "06":  # notebook 06's lab returns a dataclass (lower-case fields)
-        got = {k.upper(): v for k, v in vars(got).items()}
     assert set(defaults(nb)) <= set(got)
     assert all(got[k] is not None for k in defaults(nb) if k not in ("TRAIN_STEPS", "MEMORY_BUDGET_GB"))
 
@@ -192,9 +190,8 @@ def test_each_bound(nb, overrides, name, tmp_path):
     S = setup(tmp_path)
     if name is None:
         got = resolve(nb, S, **overrides)
-        if nb != "06":
-            assert all(got[k] == pytest.approx(v) or got[k] == v for k, v in overrides.items()
-                       if not isinstance(v, (list, str))), (got, overrides)
+        assert all(got[k] == pytest.approx(v) or got[k] == v for k, v in overrides.items()
+                   if not isinstance(v, (list, str))), (got, overrides)
     else:
         refused(nb, S, name, **overrides)
 
@@ -221,7 +218,7 @@ def test_compiled_triton_tiles_are_powers_of_two_from_16(tmp_path, monkeypatch):
     assert not flash_lab.triton_compiled("cpu")  # a CPU tiles with the PyTorch version (see CASES)
     monkeypatch.setattr(flash_lab, "triton_compiled", lambda device: True)
     S = setup(tmp_path)
-    assert resolve("06", S, BLOCK_SIZES=[16, 256]).block_sizes == [16, 256]
+    assert resolve("06", S, BLOCK_SIZES=[16, 256])["BLOCK_SIZES"] == [16, 256]
     for bad in ([8], [48], [16, 96]):
         refused("06", S, "BLOCK_SIZES", BLOCK_SIZES=bad)
 
