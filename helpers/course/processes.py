@@ -6,13 +6,15 @@ maintainers' `tools.capture` commands.
 * `Descendants`, `end_group`: every process seen below one, and a process group ended (SIGTERM, then SIGKILL
   after a grace period), so that none outlives the command;
 * `OneLineParser`, `positive_argument`: a bad command-line value is one line and exit status 2;
-* `folder_problem`: an output folder that cannot be written, in words.
+* `folder_problem`, `write_problem`: an output folder that cannot be written (or has no room), and an output
+  that could not be written after the work, in words.
 """
 from __future__ import annotations
 
 import argparse
 import math
 import os
+import shutil
 import signal
 import tempfile
 import time
@@ -132,17 +134,32 @@ def positive_argument(kind: type = float):
     return parse
 
 
-def folder_problem(path: Path) -> str:
-    """'' if `path` is (or can be made) a folder this process can write a file into, else why not, in words.
+NEED_FREE = 64 * 1024 * 1024  # what a command's output folder must have free before the work starts
 
-    It creates the folder and a file in it, then removes the file: permission bits alone do not answer
-    for root, a read-only mount or a path under a regular file."""
+
+def folder_problem(path: Path, need_bytes: int = NEED_FREE) -> str:
+    """'' if `path` is (or can be made) a folder this process can write `need_bytes` into, else why not, in words.
+
+    It creates the folder, writes and syncs a small file in it and removes it (permission bits alone do not
+    answer for root, a read-only mount or a path under a regular file), then asks the file system how much is
+    free: a full disk lets an empty file be made and fails the first real write, after the work."""
     try:
         Path(path).mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=path):
-            pass
+        with tempfile.TemporaryFile(dir=path) as probe:
+            probe.write(b"\0" * 4096)
+            probe.flush()
+            os.fsync(probe.fileno())
+        free = shutil.disk_usage(path).free
     except OSError as err:
         return f"{err.filename or path}: {err.strerror or err}"
+    if free < need_bytes:
+        return f"{path}: only {free / 2**20:.1f} MiB free, and the output needs about {need_bytes / 2**20:.0f} MiB"
     return ""
+
+
+def write_problem(err: OSError, what: Path, kept: Path | None = None) -> str:
+    """One line for an output that could not be written after the work: what, why, and where the work is kept."""
+    why = err.strerror or str(err)
+    return f"could not write {what}: {why}" + (f"; the work is kept in {kept}" if kept is not None else "")
 
 

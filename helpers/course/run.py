@@ -55,7 +55,7 @@ def find_notebooks(selection: list[str], folder: Path) -> list[Path]:
                 or p.stem.startswith(item)]
         if not hits:
             names = ", ".join(p.stem for p in available) or "none"
-            raise SystemExit(f"no notebook matches {item!r} in {folder} (available: {names})")
+            raise UsageError(f"no notebook matches {item!r} in {folder} (available: {names})")
         chosen += [h for h in hits if h not in chosen]
     return chosen
 
@@ -230,8 +230,7 @@ def _main(args, stop: Stop) -> int:
         print("\n".join(str(p) for p in notebooks))
         return 0
     if not notebooks:
-        print(f"no notebooks found in {args.notebooks_dir}")
-        return 1
+        raise UsageError(f"no notebooks (*.ipynb) in {args.notebooks_dir}")
     given = dict(args.parameter)
     asked = _profile(args, given)
     routed = route_parameters(notebooks, given)
@@ -244,6 +243,10 @@ def _main(args, stop: Stop) -> int:
         run_dir = make_run_dir(args.out)
     except OSError as err:
         print(f"helpers.course.run: cannot create a run folder under {args.out}: {err.strerror or err}", file=sys.stderr)
+        return 2
+    problem = folder_problem(run_dir)  # a full disk makes the folder and fails the first real write
+    if problem:
+        print(f"helpers.course.run: the run folder cannot be written: {problem}", file=sys.stderr)
         return 2
     why = conditions(jobs, threads, cuda, args.jobs is not None)
     env = {**os.environ, "COURSE_HEADLESS": "1", "MPLBACKEND": "module://matplotlib_inline.backend_inline",

@@ -219,7 +219,7 @@ def test_environment_block_states_the_run_conditions(monkeypatch, capsys):
 
 
 def test_selection_errors_and_listing(fixture_dir, capsys):
-    with pytest.raises(SystemExit, match="no notebook matches '99'"):
+    with pytest.raises(run.UsageError, match="no notebook matches '99'"):
         run.find_notebooks(["99"], fixture_dir)
     assert run.main(["--list", "--notebooks-dir", str(fixture_dir)]) == 0
     assert "10_ok.ipynb" in capsys.readouterr().out

@@ -53,7 +53,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable
 
-from helpers.course.processes import Descendants, OneLineParser, Stop, end_group, folder_problem, positive_argument
+from helpers.course.processes import (Descendants, OneLineParser, Stop, end_group, folder_problem, positive_argument,
+                                      write_problem)
 from helpers.measure.results import REPO_ROOT, device_slug, slug, write_atomic
 from helpers.show.tables import table
 
@@ -433,11 +434,12 @@ def capture(notebooks: list[str], out: Path, budget_s: float, *, profile: str = 
     packed = 0  # how many notebooks the manifest in the packs names
     manifest = {"started": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
                 "profile": profile, "budget_s": budget_s, "gpu": gpu_facts(), "notebooks": {}}
+    cannot_pack = ""  # why a pack could not be written (a full --out): the notebooks after it are not run
     for nb in notebooks:
         estimate = estimates.get(nb, (None, ""))[0]
         left = budget_s - margin_s - (clock() - start)
-        if stop is not None and stop.why:
-            o = Outcome(nb, "not run", 0.0, estimate, note=f"not run ({stop.why})")
+        if cannot_pack or (stop is not None and stop.why):
+            o = Outcome(nb, "not run", 0.0, estimate, note=f"not run ({stop.why if stop and stop.why else 'no pack could be written'})")
             outcomes.append(o)
             manifest["notebooks"][nb] = asdict(o)
             continue
@@ -461,14 +463,25 @@ def capture(notebooks: list[str], out: Path, budget_s: float, *, profile: str = 
         files = [(p, f"{nb}/results/{p.name}") for p in records]
         files += [(p, f"{nb}/{p.relative_to(nb_work)}") for p in sorted(nb_work.rglob("*"))
                   if p.is_file() and p.suffix in (".ipynb", ".log", ".md") and ".ipynb_checkpoints" not in p.parts]
-        pack = packer.add(files, manifest)
+        try:
+            pack = packer.add(files, manifest)
+        except OSError as err:  # the run is kept in `work` and named; nothing more is started
+            cannot_pack = write_problem(err, out / f"capture-{len(packer.packs)}.tgz", work)
+            log(f"{nb}: {status} in {seconds:.1f} s; {cannot_pack}")
+            continue
         packed = len(manifest["notebooks"])
         est = f"{estimate:.0f} s estimated" if estimate is not None else "no estimate"
         log(f"{nb}: {status} in {seconds:.1f} s ({est}); {len(records)} record(s) -> {pack.name}"
             + (f"; {note}" if note else ""))
-    if packer.packs[-1] and packed < len(manifest["notebooks"]):
+    if packer.packs[-1] and packed < len(manifest["notebooks"]) and not cannot_pack:
         packer.add([], manifest)  # the last pack's manifest names the notebooks skipped or not run after it too
     log(summary(outcomes))
+    if cannot_pack:
+        log(cannot_pack)
+        for o in outcomes:
+            if o.status == "ok":
+                o.note = (o.note + "; " if o.note else "") + "not packed"
+                o.status = "not packed"
     return outcomes
 
 
@@ -704,6 +717,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "import":
         return _import(args)
     known = available_notebooks(args.notebooks_dir)
+    if not known:
+        print(f"{prog} {args.command}: no notebooks (NN_*.ipynb) in {args.notebooks_dir}", file=sys.stderr)
+        return 2
     bad = [nb for nb in args.notebooks if nb not in known]
     if bad:
         print(f"unknown notebook(s) {bad}; these exist: {' '.join(known)}")

@@ -68,7 +68,8 @@ from tools.capture.goals_train import (bucketed_ddp_speedup, compiled_train_step
                                         float8_linear_speedup, fused_bandwidth, packing_speedup,
                                         pinned_copy_speedup, reduce_overhead_speedup, ring_all_reduce_ratio,
                                         scaled_mm_speedup, triton_softmax_speedup, zero_memory_deviation)
-from helpers.course.processes import Descendants, OneLineParser, Stop, end_group, folder_problem, positive_argument
+from helpers.course.processes import (Descendants, OneLineParser, Stop, end_group, folder_problem, positive_argument,
+                                      write_problem)
 from helpers.measure.results import write_atomic
 from helpers.show.tables import table as text_table
 
@@ -315,7 +316,7 @@ def run(goals: list[Goal], out: Path, *, profile: str, budget_s: float = DEFAULT
     cache.mkdir(parents=True, exist_ok=True)
     doc = {"started": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), "profile": profile,
            "budget_s": budget_s, "machine": _facts(), "planned": [g.key for g in goals], "goals": [], "finished": False}
-    write_atomic(out / "goals.json", json.dumps(doc, indent=1, default=_jsonable) + "\n")  # there even if cut at once
+    _save(doc, out, log)  # there even if cut at once
     try:
         _run_goals(goals, doc, out, work, cache, profile, budget_s, limit, log, clock, start, stop)
     finally:
@@ -325,8 +326,19 @@ def run(goals: list[Goal], out: Path, *, profile: str, budget_s: float = DEFAULT
     else:
         doc["finished"] = True
     doc["seconds"] = round(clock() - start, 1)
-    write_atomic(out / "goals.json", json.dumps(doc, indent=1, default=_jsonable) + "\n")
+    _save(doc, out, log)
     return doc
+
+
+def _save(doc: dict, out: Path, log: Callable[[str], None]) -> None:
+    """Rewrite `out/goals.json`; when it cannot be written (a full disk), say so once, in one line, and note it in
+    the document, whose table `main` still prints."""
+    try:
+        write_atomic(Path(out) / "goals.json", json.dumps(doc, indent=1, default=_jsonable) + "\n")
+    except OSError as err:
+        if not doc.get("write_error"):
+            doc["write_error"] = write_problem(err, Path(out) / "goals.json") + "; the table printed at the end is all that is kept"
+            log(doc["write_error"])
 
 
 def _run_goals(goals, doc, out, work, cache, profile, budget_s, limit, log, clock, start, stop) -> None:
@@ -347,7 +359,7 @@ def _run_goals(goals, doc, out, work, cache, profile, budget_s, limit, log, cloc
             rec["seconds"] = round(clock() - t0, 1)
         rec.setdefault("met", None)
         doc["goals"].append(rec)
-        write_atomic(out / "goals.json", json.dumps(doc, indent=1, default=_jsonable) + "\n")
+        _save(doc, out, log)
         log(f"{goal.key}: {rec['status']} in {rec['seconds']:.1f} s" + _short(rec))
 
 
@@ -445,7 +457,7 @@ def main(argv: list[str] | None = None) -> int:
     with Stop("the running goal and the processes it started") as stop:
         doc = run(goals, args.out, profile=profile, budget_s=args.budget_s, cache_dir=args.cache_dir, stop=stop)
         print(table(doc))
-    return stop.code(0)
+    return stop.code(1 if doc.get("write_error") else 0)
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from helpers.course.smoke_record import SMOKE_FILE
-from helpers.course.processes import OneLineParser, Stop, folder_problem, positive_argument
+from helpers.course.processes import OneLineParser, Stop, folder_problem, positive_argument, write_problem
 from helpers.measure.results import REPO_ROOT, write_atomic
 from helpers.show.tables import table
 from tools.capture.capture import (SMOKE_MARK, BadPack, available_notebooks, gpu_facts, read_pack, run_notebook,
@@ -132,11 +132,17 @@ def smoke_pass(notebooks: list[str], out: Path, budget_s: float = BUDGET_S, *, j
     doc = {"started": started, "budget_s": budget_s, "jobs": jobs, "gpu": gpu_facts(), "seconds": seconds,
            "runner": {"status": status, "note": note}, "notebooks": per_nb}
     failed = [nb for nb, o in per_nb.items() if o["status"] != "ok"]
-    pack = _pack(out, doc, work, [nb for nb in failed if per_nb[nb]["status"] != "not run"])
+    try:
+        pack_name = _pack(out, doc, work, [nb for nb in failed if per_nb[nb]["status"] != "not run"]).name
+    except OSError as err:  # a full or vanished --out: say so in one line and keep the work
+        doc["pack_error"] = write_problem(err, out / PACK_NAME, work)
+        pack_name = "no pack"
     for nb, o in per_nb.items():
         log(f"{nb}: {o['status']}" + (f" in {o['seconds']:.1f} s" if o["seconds"] else "")
             + (f" at cell {o['cell']}" if o.get("cell") else "") + (f": {o['error'].splitlines()[0]}" if o["error"] else ""))
-    log(f"smoke pass: {len(per_nb) - len(failed)} of {len(per_nb)} ok in {seconds:.0f} s -> {pack.name}")
+    log(f"smoke pass: {len(per_nb) - len(failed)} of {len(per_nb)} ok in {seconds:.0f} s -> {pack_name}")
+    if doc.get("pack_error"):
+        log(doc["pack_error"])
     return doc
 
 
@@ -215,6 +221,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"import failed: {err.filename or args.pack}: {err.strerror or err}")
             return 1
     known = available_notebooks(args.notebooks_dir)
+    if not known:
+        print(f"{prog} run: no notebooks (NN_*.ipynb) in {args.notebooks_dir}", file=sys.stderr)
+        return 2
     bad = [nb for nb in args.notebooks if nb not in known]
     if bad:
         print(f"unknown notebook(s) {bad}; these exist: {' '.join(known)}", file=sys.stderr)
@@ -230,8 +239,9 @@ def main(argv: list[str] | None = None) -> int:
     with Stop("the runner, its workers and kernels") as stop:
         runner = functools.partial(run_notebook, stop=stop)
         doc = smoke_pass(args.notebooks or known, args.out, args.budget_s, jobs=args.jobs, runner=runner,
-                         notebooks_dir=args.notebooks_dir)
-    return stop.code(0 if all(o["status"] == "ok" for o in doc["notebooks"].values()) else 1)
+                         notebooks_dir=args.notebooks_dir, stop=stop)
+    ok = all(o["status"] == "ok" for o in doc["notebooks"].values()) and not doc.get("pack_error")
+    return stop.code(0 if ok else 1)
 
 
 if __name__ == "__main__":
