@@ -6,7 +6,8 @@
   from the paired rounds, whether its format is emulated here, and bytes in one row;
 * the sentences on training, memory and speed (`training_sentences`, `bytes_per_parameter`,
   `memory_sentences`, `speed_sentence`), each built from the summary's numbers;
-* the two claims (`speed_variant`, `claim_rows`): memory and speed, as `claims.verdict` judges them.
+* the two claims (`speed_variant`, `claim_rows`): memory and speed, as `claims.verdict` judges them;
+* `takeaway_sentences`: the notebook's closing bullets, from the numbers above.
 
 A format this device emulates (`hardware.emulated`: fp16 on a CPU without fp16 units, bf16 on one without
 bf16 units or on a GPU older than Ampere) still trains, since its losses and lost gradients are the lesson, but
@@ -18,11 +19,14 @@ from __future__ import annotations
 
 from typing import Any
 
+import math
+
 import torch
 
 from helpers.measure import claims, hardware, protocol
 from helpers.measure.memory import peak_cuda_memory, saved_breakdown
 from helpers.training.mixed_precision import Run, variant_format
+from helpers.training.precision import classify
 
 
 MEMORY_PARTS = ("weights", "master", "grads", "optimizer", "weight_copies", "activations")
@@ -204,3 +208,40 @@ def claim_rows(summary: dict[str, dict[str, Any]], mem_variant: str, device: str
         speed["reason"] = ("fp32 matmuls here run without tensor cores (TF32 off, torch's default), 16-bit ones on "
                            "them")
     return [memory, speed]
+
+
+def takeaway_sentences(*, last: dict[str, torch.Tensor], underflow: dict[str, float],
+                       scaled_underflow: dict[str, dict[str, float]], init_scale: float,
+                       summary: dict[str, dict[str, Any]], steps: int, check_steps: int, injected: int,
+                       vanished: float | None, fast: str, verdicts: dict[str, dict[str, Any]], device_name: str,
+                       emulated: dict[str, str | None]) -> list[str]:
+    """Notebook 03's closing bullets, generated from its numbers: fp16's range against the last step's gradients
+    (`last`, with their fp16 `underflow` and `scaled_underflow` at `init_scale`), training, the scaler check
+    (`check_steps` steps, `injected` infs and NaNs), the bf16 update that `vanished`, memory and speed of `fast`
+    with the claims' `verdicts`, and one bullet per emulated format."""
+    act = underflow["activation gradients"]
+    total = {n: sum(s["memory"][c] for c in MEMORY_PARTS) for n, s in summary.items()}
+    mem_ratio = total[fast] / total["fp32"]
+    act_ratio = summary[fast]["memory"]["activations"] / summary["fp32"]["memory"]["activations"]
+    speed_name = speed_variant(summary)
+    speed = summary[speed_name]["speed"] if speed_name else None
+    out = [f"fp16's range: at the last step fp16 would flush {act:.2%} of the gradients flowing into linear layers "
+           f"to 0 (parameter gradients: {underflow['weight gradients']:.2%}); scaled by 2^{math.log2(init_scale):g}, "
+           f"{scaled_underflow['activation gradients']['underflow']:.2%} would, and "
+           f"{max(c['overflow'] for c in scaled_underflow.values()):.2%} would overflow; in bf16 "
+           f"{max(classify(v, 'bf16')['underflow'] for v in last.values()):.2%} would round to 0.",
+           f"In training: {training_sentences(summary, steps)[0]}",
+           f"Dynamic loss scaling is a few lines of state; ours matched GradScaler's scale, skipped steps and "
+           f"parameters exactly over {check_steps} steps with {injected} injected infs and NaNs."]
+    if vanished is not None:
+        out.append(f"16-bit weights lose updates below half a gap: {vanished:.1%} of one real AdamW update would "
+                   f"have vanished in bf16 weights; the fp32 master copy kept them.")
+    said = verdicts["mixed-precision-speed"]
+    out.append(f"Memory: {fast} total ×{mem_ratio:.2f} of fp32 (activations ×{act_ratio:.2f}): "
+               f"{claims.shown(verdicts['mixed-precision-memory'])}. Speed: "
+               + (f"{speed_name} ×{speed.value:.2f} of fp32's ({speed.lo:.2f}-{speed.hi:.2f} over the paired rounds) "
+                  f"on {device_name}" if speed else
+                  "every 16-bit variant ran in a format this device emulates (below), so no speed is quoted")
+               + f": {claims.shown(said)}" + (f" ({said['reason']})." if speed and said["reason"] else "."))
+    out += [f"{sentence}." for sentence in emulated.values() if sentence]
+    return out

@@ -156,7 +156,7 @@ def classify(x: torch.Tensor, name: str) -> dict[str, float]:
 
 # ---------------------------------------------------------------- dynamic loss scaling
 
-def _fp32(value: float) -> float:
+def to_fp32(value: float) -> float:
     """`value` rounded to the nearest fp32 (GradScaler keeps its scale in an fp32 tensor)."""
     return torch.tensor(value, dtype=torch.float64).to(torch.float32).item()
 
@@ -181,7 +181,7 @@ class DynamicLossScaler:
             raise ValueError(f"backoff_factor={backoff_factor} must be in (0, 1)")
         positive("growth_interval", growth_interval)
         self._enabled = enabled
-        self._scale = _fp32(init_scale)
+        self._scale = to_fp32(init_scale)
         self._growth_factor, self._backoff_factor = growth_factor, backoff_factor
         self._growth_interval = growth_interval
         self._growth_tracker = 0  # consecutive steps without inf/NaN since the last change of scale
@@ -209,24 +209,24 @@ class DynamicLossScaler:
         """Divide the optimizer's gradients by the scale in place and record whether any is inf/NaN."""
         if not self._enabled:
             return
-        state = self._state(optimizer)
+        state = self._state(optimizer)  # read: where this optimizer is in the iteration
         if state["stage"] == "unscaled":
             raise RuntimeError("unscale_() has already been called on this optimizer since the last update().")
         if state["stage"] == "stepped":
             raise RuntimeError("unscale_() is being called after step().")
-        inv = _fp32(1.0 / self._scale)
+        inv = to_fp32(1.0 / self._scale)  # 1/S in fp64, rounded to fp32 once: GradScaler's bits
         grads = [p.grad for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
-        if any(g.dtype == torch.float16 for g in grads):
+        if any(g.dtype == torch.float16 for g in grads):  # g/S would underflow again in fp16
             raise ValueError("Attempting to unscale FP16 gradients: keep fp32 master params "
                              "(autocast or MasterWeights) so unscaled values do not underflow again.")
         bad = []  # one flag per gradient, read back once (a GPU synchronises once, not per tensor)
         with torch.no_grad():
             for g in grads:
-                bad.append((~torch.isfinite(g)).any())
-                g.mul_(torch.tensor(inv, dtype=torch.float32, device=g.device))
+                bad.append((~torch.isfinite(g)).any())  # inf, -inf or NaN anywhere in this gradient
+                g.mul_(torch.tensor(inv, dtype=torch.float32, device=g.device))  # written: g / S, in place
         # no gradients at all: nothing was checked (GradScaler then refuses to step this optimizer)
         state["found_inf"] = bool(torch.stack([b.to(bad[0].device) for b in bad]).any()) if bad else None
-        state["stage"] = "unscaled"
+        state["stage"] = "unscaled"  # written: what step() and update() read
 
     def step(self, optimizer: torch.optim.Optimizer, *args, **kwargs):
         """Unscale (unless done already) and call optimizer.step() only if no gradient was inf/NaN."""
@@ -237,12 +237,13 @@ class DynamicLossScaler:
         state = self._state(optimizer)
         if state["stage"] == "stepped":
             raise RuntimeError("step() has already been called since the last update().")
-        if state["stage"] == "ready":
+        if state["stage"] == "ready":  # the caller did not unscale to clip: do it now
             self.unscale_(optimizer)
         if state["found_inf"] is None:
             raise RuntimeError("No inf checks were recorded for this optimizer (it has no gradients).")
+        # the skip: an inf/NaN gradient would write inf/NaN into the weights, so the optimizer is not called
         result = None if state["found_inf"] else optimizer.step(*args, **kwargs)
-        state["stage"] = "stepped"
+        state["stage"] = "stepped"  # update() reads found_inf next and changes the scale
         return result
 
     def update(self, new_scale: float | None = None) -> None:
@@ -250,16 +251,16 @@ class DynamicLossScaler:
         if not self._enabled:
             return
         if new_scale is not None:
-            self._scale = _fp32(float(new_scale))
+            self._scale = to_fp32(float(new_scale))
         else:
             checked = [s["found_inf"] for s in self._per_optimizer.values() if s["found_inf"] is not None]
             if not checked:
                 raise RuntimeError("No inf checks were recorded prior to update().")
             if any(checked):
-                self._scale = _fp32(self._scale * self._backoff_factor)
+                self._scale = to_fp32(self._scale * self._backoff_factor)
                 self._growth_tracker = 0
             elif self._growth_tracker + 1 == self._growth_interval:
-                grown = _fp32(self._scale * self._growth_factor)
+                grown = to_fp32(self._scale * self._growth_factor)
                 if math.isfinite(grown):
                     self._scale = grown
                 self._growth_tracker = 0
@@ -318,7 +319,7 @@ class DynamicLossScaler:
         positive("growth_interval", interval)
         if isinstance(tracker, bool) or not isinstance(tracker, int) or tracker < 0:
             raise ValueError(f"the state's _growth_tracker={tracker!r} must be a non-negative int")
-        self._scale = _fp32(scale)
+        self._scale = to_fp32(scale)
         self._growth_factor, self._backoff_factor = state["growth_factor"], state["backoff_factor"]
         self._growth_interval, self._growth_tracker = interval, tracker
 

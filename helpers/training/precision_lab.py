@@ -306,14 +306,16 @@ def scaling_sweep_figure(rows: list[dict[str, Any]]):
 
 
 def compare_scalers(model: torch.nn.Module, batches: list, *, init_scale: float, growth_interval: int,
-                    steps: int, inject: dict[int, float], device: str) -> dict[str, Any]:
-    """Drive our DynamicLossScaler and torch.amp.GradScaler with the same scaled gradients, inf/NaN injected.
+                    steps: int, inject: dict[int, float], device: str,
+                    scaler_class: type = DynamicLossScaler) -> dict[str, Any]:
+    """Drive our scaler (`scaler_class`, DynamicLossScaler or a class built from notebook 03's cells) and
+    torch.amp.GradScaler with the same scaled gradients, inf/NaN injected.
 
     Each step computes the gradients of scale·loss once and hands copies to both scalers, each with its
     own SGD copy of the parameters; `inject` maps a step to a value written into one gradient. Returns
     {"ours": [(scale, skipped)], "torch": [...], "params": (ours, torch)} for the caller to compare.
     """
-    ours = DynamicLossScaler(init_scale, growth_interval=growth_interval)
+    ours = scaler_class(init_scale, growth_interval=growth_interval)
     theirs = torch.amp.GradScaler(device, init_scale=init_scale, growth_interval=growth_interval)
     copies = {k: [torch.nn.Parameter(p.detach().clone()) for p in model.parameters()] for k in ("ours", "torch")}
     opts = {k: torch.optim.SGD(v, lr=1e-3) for k, v in copies.items()}

@@ -81,3 +81,31 @@ def test_emulated_formats_follow_the_measurement(monkeypatch):
 
     monkeypatch.setattr(hardware, "emulated", lambda dtype, device="cpu": "planted" if dtype == "bf16" else None)
     assert mixed_precision_lab.emulated_formats("cpu") == {"fp16": None, "bf16": "planted"}
+
+
+def test_the_takeaways_follow_the_numbers_and_name_an_emulated_format():
+    import torch
+
+    speeds = {"fp32": (1, 1, 1), "fp16 no scaling": (1, 1, 1), "fp16 + our scaler": (1, 1, 1),
+              "fp16 + GradScaler": (0.5, 0.4, 0.6), "bf16 autocast": (1.3, 1.2, 1.4)}
+    timed = _timed(speeds, emulated=("fp16",))
+    summary = {n: {**row, **timed[n]} for n, row in _summary().items()}
+    last = {"activation gradients": torch.tensor([1e-9, 1.0]), "weight gradients": torch.tensor([1.0, 2.0])}
+    kwargs = dict(last=last, underflow={"activation gradients": 0.25, "weight gradients": 0.0},
+                  scaled_underflow={"activation gradients": {"underflow": 0.0, "overflow": 0.0},
+                                    "weight gradients": {"underflow": 0.0, "overflow": 0.01}},
+                  init_scale=2.0**12, summary=summary, steps=12, check_steps=14, injected=5, vanished=0.4,
+                  fast="bf16 autocast", verdicts={"mixed-precision-memory": {"verdict": "contradicted"},
+                                                  "mixed-precision-speed": {"verdict": "not testable",
+                                                                            "reason": "a CPU has no tensor cores"}},
+                  device_name="a CPU", emulated={"fp16": "fp16 is emulated on this CPU", "bf16": None})
+    text = mixed_precision_lab.takeaway_sentences(**kwargs)
+    assert text[0].startswith("fp16's range: at the last step fp16 would flush 25.00% of the gradients")
+    assert "scaled by 2^12" in text[0] and "1.00% would overflow" in text[0]
+    assert "over 14 steps with 5 injected infs and NaNs" in text[2] and "40.0% of one real AdamW update" in text[3]
+    assert "bf16 autocast total ×0.72 of fp32 (activations ×0.50): contradicted" in text[4]
+    assert "bf16 autocast ×1.30 of fp32's (1.20-1.40 over the paired rounds) on a CPU" in text[4]
+    assert text[4].endswith("not testable (a CPU has no tensor cores).")
+    assert text[5] == "fp16 is emulated on this CPU." and len(text) == 6
+    kwargs["vanished"] = None
+    assert len(mixed_precision_lab.takeaway_sentences(**kwargs)) == 5

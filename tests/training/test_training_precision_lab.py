@@ -160,6 +160,23 @@ def test_compare_scalers_matches_on_the_course_gpt():
         torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
+@pytest.mark.slow
+def test_compare_scalers_drives_the_class_it_is_given_and_sees_a_scaler_that_never_skips():
+    from helpers.training.precision import DynamicLossScaler
+
+    class NeverSkips(DynamicLossScaler):  # planted: steps even after an inf/NaN gradient
+        def step(self, optimizer, *args, **kwargs):
+            self.unscale_(optimizer)
+            self._state(optimizer)["stage"] = "stepped"
+            return optimizer.step(*args, **kwargs)
+
+    base = _tiny_model()
+    batches = [(torch.randint(0, 256, (2, 16)), torch.randint(0, 256, (2, 16))) for _ in range(3)]
+    both = precision_lab.compare_scalers(base, batches, init_scale=2.0**10, growth_interval=2, steps=3,
+                                         inject={1: math.nan}, device="cpu", scaler_class=NeverSkips)
+    assert any(not torch.equal(a, b) for a, b in zip(*both["params"]))  # NaN written into its weights
+
+
 # ---------------------------------------------------------------- notebook 03's parameters fail fast
 
 def _validate_nb03(tmp_path, **parameters):
