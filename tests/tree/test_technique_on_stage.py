@@ -4,6 +4,7 @@ import). Also: no lab prints a notebook section (`*_section`), and every noteboo
 one way (`params.fill`)."""
 import ast
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -86,4 +87,4 @@ def test_parameters_are_resolved_one_way(nb):
     setup = "".join(cells[i + 1]["source"])
     assert "params.fill(globals()," in setup, f"{nb.name}: the setup cell does not resolve with params.fill"
     code = "".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
-    assert 'P["' not in code and "P['" not in code, f"{nb.name}: parameters unpacked by hand from a dict"
+    assert not re.search(r"(?<![\w.])P\[[\"']", code), f"{nb.name}: parameters unpacked by hand from a dict"
