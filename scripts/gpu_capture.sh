@@ -20,6 +20,12 @@ PROFILE="${PROFILE:-full}"
 BUDGET_S="${BUDGET_S:-540}"
 GOALS_BUDGET_S="${GOALS_BUDGET_S:-rest}"  # rest: BUDGET_S less what the smoke pass took
 SMOKE_BUDGET_S="${SMOKE_BUDGET_S:-240}"
+# every budget is a whole number of seconds (GOALS_BUDGET_S may also be "rest"): anything else is one line, exit 2
+for name in BUDGET_S SMOKE_BUDGET_S GOALS_BUDGET_S; do
+    value="${!name}"
+    [ "$name" = GOALS_BUDGET_S ] && [ "$value" = rest ] && continue
+    [[ "$value" =~ ^[0-9]+$ ]] || { echo "gpu_capture.sh: $name=$value must be a whole number of seconds" >&2; exit 2; }
+done
 START_S=$(date +%s)
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 TRITON_DEFAULT_FP_FUSION=1 MPLBACKEND=Agg
@@ -42,7 +48,7 @@ export PYTHONPATH="$PWD:${PYTHONPATH:-}"  # helpers/ and tools/ without an insta
 cat "$OUT/gpu.txt"
 status=0
 : > "$OUT/capture.log"
-if [ "${SMOKE_BUDGET_S%.*}" -gt 0 ]; then  # step 0: does every notebook run on this GPU at all?
+if [ "$SMOKE_BUDGET_S" -gt 0 ]; then  # step 0: does every notebook run on this GPU at all?
     if python3 -c "import papermill, ipykernel" 2>/dev/null; then
         python3 -m tools.capture.gpu_smoke run --out "$OUT" --budget-s "$SMOKE_BUDGET_S" --jobs "${SMOKE_JOBS:-4}" \
             2>&1 | tee -a "$OUT/capture.log"
@@ -54,16 +60,16 @@ if [ "${SMOKE_BUDGET_S%.*}" -gt 0 ]; then  # step 0: does every notebook run on 
     fi
 fi
 if [ "$GOALS_BUDGET_S" = rest ]; then
-    GOALS_BUDGET_S=$(( ${BUDGET_S%.*} - ($(date +%s) - START_S) ))
+    GOALS_BUDGET_S=$(( BUDGET_S - ($(date +%s) - START_S) ))
     [ "$GOALS_BUDGET_S" -lt 0 ] && GOALS_BUDGET_S=0
 fi
-if [ "${GOALS_BUDGET_S%.*}" -gt 30 ]; then  # then the goals: one goals.json, rewritten after each goal
+if [ "$GOALS_BUDGET_S" -gt 30 ]; then  # then the goals: one goals.json, rewritten after each goal
     python3 -m tools.capture.goals run --out "$OUT" --cache-dir "$COURSE_CACHE_DIR" --budget-s "$GOALS_BUDGET_S" \
         --profile "$PROFILE" 2>&1 | tee -a "$OUT/capture.log"
     goals_status=${PIPESTATUS[0]}
     [ "$goals_status" -ne 0 ] && status=$goals_status
 fi
-LEFT_S=$(( ${BUDGET_S%.*} - ($(date +%s) - START_S) ))
+LEFT_S=$(( BUDGET_S - ($(date +%s) - START_S) ))
 if ! python3 -c "import papermill, ipykernel" 2>/dev/null; then
     echo "no papermill/ipykernel here: carry .whl (scripts/gpu_wheels.sh); notebooks not captured" | tee -a "$OUT/capture.log"
     status=1

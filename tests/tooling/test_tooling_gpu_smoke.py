@@ -194,3 +194,17 @@ def test_the_goals_get_what_the_smoke_pass_left_of_the_call_and_references_run_i
     assert calls[0][1] == 240 and 535 <= calls[1][1] <= 540 and calls[2][1] <= calls[1][1]
     calls = _fake_capture(tmp_path / "two", {"BUDGET_S": "260", "SMOKE_BUDGET_S": "0", "GOALS_BUDGET_S": "0"})
     assert [m for m, _ in calls] == ["tools.capture.capture"] and 255 <= calls[0][1] <= 260
+
+
+@pytest.mark.parametrize("env", [{"SMOKE_BUDGET_S": "abc"}, {"SMOKE_BUDGET_S": "1e3"}, {"GOALS_BUDGET_S": "nan"},
+                                 {"BUDGET_S": "-5"}, {"BUDGET_S": "540.5"}])
+def test_a_budget_that_is_not_whole_seconds_stops_the_capture_script_in_one_line(tmp_path, env):
+    import subprocess
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run(["bash", str(root / "scripts" / "gpu_capture.sh")], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=60, env={"PATH": "/usr/bin:/bin", "OUT": str(tmp_path / "out"), **env})
+    name = next(iter(env))
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and f"{name}={env[name]}" in done.stderr
+    assert not (tmp_path / "out").exists()  # refused before anything ran
