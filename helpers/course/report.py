@@ -349,7 +349,7 @@ def build_blocks(run_dir: Path, outcomes: Iterable, references: Path, profile: s
     by_outcome = {o.notebook: o for o in outcomes}
     stems = set(executed) | set(by_outcome)
     stems |= {nb for nb in summaries if _stem_of(nb, stems) is None}
-    smoke = {d.name: smoke_record.load(d) for d in sorted(references.iterdir()) if d.is_dir()} \
+    smoke = {d.name: smoke_record.load(d, problems) for d in sorted(references.iterdir()) if d.is_dir()} \
         if references.is_dir() else {}
     for stem in sorted(stems):
         number = stem[:2]

@@ -8,18 +8,41 @@ whether, and when, it has run on that GPU. `SMOKE_FILE` is the record's name, `l
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 SMOKE_FILE = "gpu-smoke.json"
 
 
-def load(reference_dir: Path) -> dict | None:
-    """A reference folder's gpu-smoke.json, or None when absent or unreadable."""
-    try:
-        doc = json.loads((Path(reference_dir) / SMOKE_FILE).read_text())
-    except (OSError, ValueError):
+def load(reference_dir: Path, problems: list | None = None) -> dict | None:
+    """A reference folder's gpu-smoke.json, cleaned for the report, or None when absent or unusable; a file that
+    is there but cannot be used is appended to `problems` as (path, reason), as the report lists unreadable records.
+
+    Cleaned: only notebooks whose entry is an object are kept (a bare `"01": "ok"` is named in `problems`), a
+    status is text, seconds a finite number or None, started text."""
+    path = Path(reference_dir) / SMOKE_FILE
+    if not path.is_file():
         return None
-    return doc if isinstance(doc, dict) and isinstance(doc.get("notebooks"), dict) else None
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        if problems is not None:
+            problems.append((path, f"not readable as JSON ({type(err).__name__})"))
+        return None
+    if not isinstance(doc, dict) or not isinstance(doc.get("notebooks"), dict):
+        if problems is not None:
+            problems.append((path, "not a smoke-pass record (no notebooks)"))
+        return None
+    notebooks = {}
+    for nb, o in doc["notebooks"].items():
+        if not isinstance(o, dict):
+            if problems is not None:
+                problems.append((path, f"notebook {nb!r}: {o!r} is not a smoke-pass entry"))
+            continue
+        seconds = o.get("seconds")
+        ok_number = isinstance(seconds, (int, float)) and not isinstance(seconds, bool) and math.isfinite(seconds)
+        notebooks[str(nb)] = {**o, "status": str(o.get("status") or "?"), "seconds": seconds if ok_number else None}
+    return {**doc, "started": str(doc.get("started") or "?"), "notebooks": notebooks}
 
 
 def line_for(notebook: str, doc: dict | None, gpu: str) -> str | None:
@@ -30,8 +53,9 @@ def line_for(notebook: str, doc: dict | None, gpu: str) -> str | None:
     when = str(doc.get("started", "?"))[:10]
     if o is None:
         return f"Not in the smoke pass on {gpu} ({when})."
+    took = f" ({o['seconds']:.0f} s)" if o.get("seconds") is not None else ""
     if o.get("status") == "ok":
-        return f"Ran on {gpu} in the smoke profile on {when}: every cell ran ({o.get('seconds', 0):.0f} s)."
+        return f"Ran on {gpu} in the smoke profile on {when}: every cell ran{took}."
     where = f" at cell {o['cell']}" if o.get("cell") else ""
     first = str(o.get("error") or "").splitlines()[:1]
     return f"Smoke pass on {gpu} ({when}): {o.get('status')}{where}" + (f": {first[0]}" if first else "") + "."

@@ -208,3 +208,21 @@ def test_a_budget_that_is_not_whole_seconds_stops_the_capture_script_in_one_line
     name = next(iter(env))
     assert done.returncode == 2 and done.stderr.count("\n") == 1 and f"{name}={env[name]}" in done.stderr
     assert not (tmp_path / "out").exists()  # refused before anything ran
+
+
+@pytest.mark.parametrize("odd", [{"gpu": "NVIDIA H200"}, {"notebooks": {"01": "ok"}},
+                                 {"notebooks": {"01": {"status": "ok", "seconds": None}}}])
+def test_a_malformed_smoke_record_is_refused_at_import(tmp_path, odd):
+    import io
+
+    doc = {"started": "2026-12-01", "gpu": {"gpu": "NVIDIA H200"},
+           "notebooks": {"00": {"status": "ok", "seconds": 1.0}}, **odd}
+    pack = tmp_path / "smoke.tgz"
+    data = json.dumps(doc).encode()
+    with tarfile.open(pack, "w:gz") as tar:
+        info = tarfile.TarInfo("gpu-smoke.json")
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+    with pytest.raises(BadPack):
+        gpu_smoke.import_smoke(pack, tmp_path / "results")
+    assert not (tmp_path / "results").exists()

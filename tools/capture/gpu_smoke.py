@@ -21,6 +21,7 @@ import datetime as _dt
 import functools
 import io
 import json
+import math
 import sys
 import tarfile
 import tempfile
@@ -157,6 +158,13 @@ def read_smoke_pack(pack: Path) -> dict:
         raise BadPack(f"{pack}: {SMOKE_FILE} is not valid JSON ({err})") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("notebooks"), dict):
         raise BadPack(f"{pack}: {SMOKE_FILE} names no notebooks")
+    if not isinstance(doc.get("gpu", {}), dict):
+        raise BadPack(f"{pack}: {SMOKE_FILE}'s 'gpu' is {doc['gpu']!r}, not the machine's facts")
+    for nb, o in doc["notebooks"].items():
+        seconds = o.get("seconds") if isinstance(o, dict) else None
+        if not isinstance(o, dict) or not isinstance(o.get("status"), str) or not (
+                isinstance(seconds, (int, float)) and not isinstance(seconds, bool) and math.isfinite(seconds)):
+            raise BadPack(f"{pack}: {SMOKE_FILE}'s entry for notebook {nb} is {o!r}, not a status with its seconds")
     return doc
 
 
