@@ -183,18 +183,19 @@ def build(cfg: GPTConfig, rung: Rung, device: str, *, micro_batches: int = 4, lr
 def build_from(cfg: GPTConfig, s: dict, device: str, *, lr: float = 1e-3, seed: int = 0,
                rung: Rung | None = None) -> Built:
     """A model, optimizer and step made from `settings`' dict `s` (the seeded weights of every rung)."""
-    if s["attn_impl"] == "flash_triton":
+    if s["attn_impl"] == "flash_triton":  # the course's Triton FlashAttention (notebook 06) as an attention kernel
         from helpers.attention import kernels  # heavy: imports Triton
 
         kernels.register_course_kernels()
-    torch.manual_seed(seed)
-    model = GPT(cfg, attn_impl=s["attn_impl"]).to(device)
-    if s["fp8"]:
+    torch.manual_seed(seed)  # the same initial weights on every rung, so that their losses can be compared
+    model = GPT(cfg, attn_impl=s["attn_impl"]).to(device)  # "naive" writes the T x T scores; "sdpa" fuses them
+    if s["fp8"]:  # the blocks' linears replaced by FP8 rowwise ones (notebook 07)
         fp8_linear.convert_to_float8(model, "rowwise")
-    model.set_checkpointing(bool(s["checkpoint"]))
+    model.set_checkpointing(bool(s["checkpoint"]))  # each block's activations recomputed in backward (notebook 04)
     if s["compile"]:  # regional compilation (notebook 09): the blocks share one compiled code, so one cold
         compiler.compile_blocks(model)  # compile per rung costs about one block's, not the whole model's
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, **s["adamw"])
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, **s["adamw"])  # fused=True: one kernel; foreach=False: a loop
+    # autocast and the micro-batches are not on the model: `Built.step` applies them to every step
     return Built(rung or Rung("custom", frozenset()), model, model, opt, s["micro_batches"], s["autocast"])
 
 

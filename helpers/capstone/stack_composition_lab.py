@@ -12,7 +12,7 @@ import torch
 from helpers.capstone import stack
 from helpers.capstone.stack_lab import step_ratio
 from helpers.gpt.model import GPTConfig
-from helpers.measure import bench, profiling
+from helpers.measure import bench, profiling, protocol
 from helpers.show import plots
 
 PARTS = ("matmul", "attention", "optimizer", "casts", "rest")
@@ -130,3 +130,48 @@ def multiply_sentence(mult: list[dict], table: list[dict]) -> str:
         how = "the two ranges overlap, so this run cannot tell whether the gains multiplied"
     return (f"The gains alone multiply to {prod:.2f}x (IQR-bounded {lo:.2f}-{hi:.2f}x); the whole stack measured "
             f"{cum} over the baseline: {how}.")
+
+
+def takeaways(rows: list[dict], mult: list[dict], loo: list[dict] | None, serving: list[dict], batching: dict,
+              left_out: dict[str, str], device: str) -> list[str]:
+    """Notebook 14's takeaway sentences, generated from its numbers: the whole training ladder over the baseline,
+    the rungs faster or slower than the one before beyond the noise, the loss gaps, whether the gains multiplied
+    (`multiply_sentence`), leave-one-out when it ran (`loo`), the fastest serving rung and those within its
+    spread, continuous over static batching, and the techniques this device left out. `rows`: `stack_lab.rows`;
+    `mult`: `multiply_rows`; `serving`: `serve_stack_lab.rows`; `batching`: `serve_stack_lab.batching`."""
+    out = []
+    best = max((r for r in rows if not r["emulated"]), key=lambda r: r["tokens_per_s"])
+    best_sep = best["cumulative"].separated and best["cumulative"].value > 1
+    out.append(f"The whole ladder on {device}: {rows[-1]['cumulative']} over the fp32 eager baseline "
+               f"({rows[0]['tokens_per_s']:.0f} -> {rows[-1]['tokens_per_s']:.0f} tokens/s); "
+               + ("no rung's median beat the baseline's." if best is rows[0] else
+                  f"the highest median was {best['rung']}'s" + (
+                      ", faster than the baseline beyond the spread." if best_sep else
+                      ", within the baseline's spread, so this run ranks no rung above the baseline.")))
+    ranked = [r for r in rows[1:] if r["gain"] is not None]  # an emulated format's rung is never ranked
+    helped = [r["rung"] for r in ranked if r["gain"].separated and r["gain"].value > 1]
+    hurt = [r["rung"] for r in ranked if r["gain"].separated and r["gain"].value < 1]
+    rest = len(ranked) - len(helped) - len(hurt)
+    out.append(f"Rungs that were faster than the one before beyond the noise: {', '.join(helped) or 'none'}; slower: "
+               f"{', '.join(hurt) or 'none'}" + ("." if not rest else "; this run could not rank the other rung."
+                                                  if rest == 1 else f"; this run could not rank the other {rest}."
+                                                  if helped or hurt else "; this run could rank none of them."))
+    out.append("Every rung's final loss stayed within its tolerance of the baseline's (largest gap "
+               f"{max(abs(r['loss_gap']) for r in rows):.2%}).")
+    out.append(multiply_sentence(mult, rows))
+    if loo:
+        kept = [r["technique"] for r in loo if r["cost"].separated and r["cost"].value > 1]
+        out.append(f"Taken out of the whole stack, these slowed it beyond the noise: {', '.join(kept) or 'none'}.")
+    sbest, *others = sorted(serving, key=lambda r: -r["tokens_per_s"])
+    sgain = sbest["cumulative"]
+    ties = [r["rung"] for r in others if not protocol.separated(sbest["timing"], r["timing"])]  # within its spread
+    out.append(f"Serving at batch 1: the highest median was {sbest['rung']}'s, {sbest['ms_per_token']:.3g} ms/token, "
+               f"{sgain} over the uncached fp32 baseline"
+               + ("" if sgain.separated else " (within the baseline's spread)")
+               + (f"; {', '.join(ties)} within its spread, so this run cannot rank them." if ties else
+                  ", faster than every other rung beyond the spread."))
+    out.append(f"Continuous batching served {batching['speedup']:.2f}x static batching's tokens/s on the same KV memory"
+               + ("." if batching["separated"] else ", within the runs' spread."))
+    if left_out:
+        out.append(f"Not on this device's ladder: {', '.join(left_out)} (each said why above).")
+    return out

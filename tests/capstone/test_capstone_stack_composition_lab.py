@@ -68,3 +68,34 @@ def test_composition_profiles_each_rung_built_afresh():
     assert list(comp) == ["baseline", "sdpa", "fused_adamw"]
     assert all(sum(c.shares.values()) == pytest.approx(1.0) for c in comp.values())
     assert all(comp[n].shares["optimizer"] > 0 and comp[n].shares["matmul"] > 0 for n in comp)
+
+
+def test_the_takeaways_follow_the_numbers_and_rank_only_what_the_spread_allows():
+    base, fast, tie = _t(1.0), _t(0.5), _t(0.98, 0.1)
+
+    def row(name, timing, before, gap=0.0):
+        gain = None if before is None else protocol.ratio(before, timing)
+        return {"rung": name, "timing": timing, "tokens_per_s": 1000 / timing.median, "emulated": False,
+                "cumulative": protocol.ratio(base, timing), "gain": gain, "loss_gap": gap}
+
+    rows = [row("baseline", base, None), row("bf16", fast, base, 0.01), row("sdpa", _t(0.49, 0.1), fast, -0.02)]
+    mult = [{"technique": "bf16", "alone": protocol.ratio(base, fast), "in_stack": protocol.ratio(base, fast)}]
+    serving = [{"rung": "baseline", "timing": base, "tokens_per_s": 1.0, "ms_per_token": 1000.0,
+                "cumulative": protocol.ratio(base, base)},
+               {"rung": "kv_cache", "timing": fast, "tokens_per_s": 2.0, "ms_per_token": 500.0,
+                "cumulative": protocol.ratio(base, fast)},
+               {"rung": "bf16", "timing": _t(0.51), "tokens_per_s": 1.96, "ms_per_token": 510.0,
+                "cumulative": protocol.ratio(base, _t(0.51))}]
+    lines = stack_composition_lab.takeaways(rows, mult, None, serving, {"speedup": 1.5, "separated": True},
+                                            {"fp8": "no FP8 units"}, "cpu")
+    text = "\n".join(lines)
+    assert "faster than the baseline beyond the spread" in lines[0] and "(1000 -> 2041 tokens/s)" in lines[0]
+    assert "beyond the noise: bf16; slower: none; this run could not rank the other rung." in lines[1]
+    assert "largest gap 2.00%" in lines[2]
+    assert "Taken out of the whole stack" not in text  # leave-one-out did not run
+    assert "the highest median was kv_cache's" in text and "bf16 within its spread, so this run cannot rank them" in text
+    assert "Continuous batching served 1.50x" in text and text.endswith("Not on this device's ladder: fp8 (each said why above).")
+    flat = [row("baseline", base, None), row("bf16", tie, base), row("sdpa", _t(0.97, 0.1), tie)]
+    first = stack_composition_lab.takeaways(flat, mult, [], serving, {"speedup": 1.0, "separated": False}, {}, "cpu")
+    assert "within the baseline's spread, so this run ranks no rung above the baseline" in first[0]
+    assert "this run could rank none of them" in first[1] and first[-1].endswith("within the runs' spread.")
