@@ -256,12 +256,15 @@ def _grads(module: torch.nn.Module) -> list[torch.Tensor]:
     return [p.grad for p in module.parameters()]
 
 
-def linear_parity(recipe: str, shape=(2, 48, 96), out_features: int = 64, seed: int = 0) -> dict:
+def linear_parity(recipe: str, shape=(2, 48, 96), out_features: int = 64, seed: int = 0,
+                  matmul: type | None = None) -> dict:
     """Our Float8Linear against torchao's on one linear: forward bitwise equal? max |difference| of the
-    output, dX, dW, db; and our _scaled_mm path against our fp32 emulation (max |difference|)."""
+    output, dX, dW, db; and our _scaled_mm path against our fp32 emulation (max |difference|). `matmul`: the
+    autograd Function our layer applies (None: fp8_linear.Float8Matmul; notebook 07 passes its cell's)."""
     torch.manual_seed(seed)
     lin = torch.nn.Linear(shape[-1], out_features)
     ours = fp8_linear.Float8Linear.from_linear(copy.deepcopy(lin), recipe)
+    ours.matmul = matmul or ours.matmul
     ref = torch.nn.Sequential(copy.deepcopy(lin))
     fp8_linear.torchao_convert(ref, recipe)
     x = torch.randn(*shape) * 4
@@ -281,11 +284,15 @@ def linear_parity(recipe: str, shape=(2, 48, 96), out_features: int = 64, seed: 
             "y_scale": y1.abs().max().item()}
 
 
-def gpt_parity(base: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, recipe: str) -> dict:
+def gpt_parity(base: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, recipe: str,
+               matmul: type | None = None) -> dict:
     """The whole GPT converted by us and by torchao: loss difference and the largest gradient difference
-    relative to that gradient's largest entry."""
+    relative to that gradient's largest entry. `matmul` as in `linear_parity`, for every converted linear."""
     ours, ref = copy.deepcopy(base), copy.deepcopy(base)
     fp8_linear.convert_to_float8(ours, recipe)
+    for layer in ours.modules():
+        if isinstance(layer, fp8_linear.Float8Linear) and matmul is not None:
+            layer.matmul = matmul
     fp8_linear.torchao_convert(ref, recipe)
     losses = []
     for model in (ours, ref):

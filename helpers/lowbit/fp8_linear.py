@@ -162,13 +162,15 @@ def blockwise_mm(qa: torch.Tensor, sa: torch.Tensor, qb: torch.Tensor, sb: torch
 
 def _matmul_fwd(x, w, recipe, scalers):
     """y = x wᵀ for x (M, K), w (N, K) cast per recipe; also the forward's (x, w) scales for backward."""
-    if recipe in ("tensorwise", "delayed"):
+    if recipe in ("tensorwise", "delayed"):  # one scale per operand: this step's amax, or earlier steps' (delayed)
         (qx, sx), (qw, sw) = ((scalers[0].cast(x), scalers[1].cast(w)) if recipe == "delayed"
                               else (tensorwise(x), tensorwise(w)))
+        # the fp8 product accumulates in fp32; the two inverse scales are applied to its output
         return scaled_mm(qx, qw.t(), sx.reciprocal(), sw.reciprocal(), x.dtype, fast_accum=True), (sx, sw)
     if recipe == "rowwise":  # per row of x, per output row of w; torchao's rowwise kernel returns bf16
         (qx, sx), (qwt, sw) = rowwise(x, -1), rowwise(w.t(), 0)
         return scaled_mm(qx, qwt, sx.reciprocal(), sw.reciprocal(), torch.bfloat16, fast_accum=True).to(x.dtype), None
+    # blockwise (DeepSeek-V3): 1 x 128 tiles of x, 128 x 128 blocks of w, partial sums promoted to fp32 per 128 of K
     (qx, sx), (qw, sw) = blockwise(x, (1, 128)), blockwise(w, (128, 128))
     return blockwise_mm(qx, sx, qw, sw, 128, 128, x.dtype), None
 
@@ -214,24 +216,28 @@ class Float8Matmul(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, w, recipe, scalers):
-        y, fwd_scales = _matmul_fwd(x, w, recipe, scalers)
-        ctx.save_for_backward(x, w)
+        y, fwd_scales = _matmul_fwd(x, w, recipe, scalers)  # x and w cast to fp8, one fp8 product
+        ctx.save_for_backward(x, w)  # the high-precision operands, not their fp8 casts
         ctx.recipe, ctx.scalers, ctx.fwd_scales = recipe, scalers, fwd_scales
         return y
 
     @staticmethod
     def backward(ctx, dy):
         x, w = ctx.saved_tensors
+        # dY is cast too, then two fp8 products: dX = dY W and dW = dYᵀ X
         dx, dw = _matmul_bwd(x, w, dy.contiguous(), ctx.recipe, ctx.scalers, ctx.fwd_scales)
-        return dx, dw, None, None
+        return dx, dw, None, None  # recipe and scalers get no gradient
 
 
 class Float8Linear(nn.Linear):
     """nn.Linear computing y = x Wᵀ + b through `Float8Matmul`; x (..., in_features) -> (..., out_features).
 
     recipe: one of RECIPES; "delayed" keeps a `DelayedScaler` for x, W (e4m3) and dY (e5m2) with
-    `history_len`. The bias is added in high precision after the product.
+    `history_len`. The bias is added in high precision after the product. `matmul` is the autograd Function
+    the layer applies (Float8Matmul; an instance may be given an identical twin, as notebook 07's own cell).
     """
+
+    matmul = Float8Matmul
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, recipe: str = "tensorwise",
                  history_len: int = 16, device=None, dtype=None):
@@ -255,7 +261,7 @@ class Float8Linear(nn.Linear):
         if torch.is_autocast_enabled(device):  # as F.linear under autocast (and torchao): the input is
             x = x.to(torch.get_autocast_dtype(device))  # cast to the autocast dtype, so y comes out in it
         with torch.autocast(device, enabled=False):  # the recipe's own arithmetic, untouched by autocast
-            y = Float8Matmul.apply(x.reshape(-1, x.shape[-1]), self.weight, self.recipe, self.scalers)
+            y = self.matmul.apply(x.reshape(-1, x.shape[-1]), self.weight, self.recipe, self.scalers)
         y = y.reshape(*x.shape[:-1], self.out_features)
         return y + self.bias.to(y.dtype) if self.bias is not None else y
 

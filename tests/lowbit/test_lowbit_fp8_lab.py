@@ -64,3 +64,29 @@ def test_mx_clipped_blocks_counts_the_blocks_whose_top_the_floor_rule_clamps():
     x[0, 0], x[0, 40], x[1, 3] = 1.9, 1.8, 0.0  # 1.9: mantissa past 1.8125, clamped; 1.8: rounds to 448
     assert fp8_lab.mx_clipped_blocks(x) == (1, 4)
     assert fp8_lab.mx_clipped_blocks(torch.zeros(1, 32)) == (0, 0)
+
+
+def test_the_parity_checks_run_the_matmul_they_are_given():
+    """Notebook 07 passes its own cell's Float8Matmul: the layer must apply that one, not the module's."""
+    from helpers.gpt.model import GPT, GPTConfig
+    from helpers.lowbit import fp8_linear
+
+    if why := fp8_linear.torchao_problem("tensorwise", "cpu"):
+        pytest.skip(why)
+    calls = []
+
+    class Counted(fp8_linear.Float8Matmul):
+        @staticmethod
+        def forward(ctx, x, w, recipe, scalers):
+            calls.append(recipe)
+            return fp8_linear.Float8Matmul.forward(ctx, x, w, recipe, scalers)
+
+    got = fp8_lab.linear_parity("tensorwise", matmul=Counted)
+    assert calls == ["tensorwise", "tensorwise"] and got["recipe"] == "tensorwise"  # the check's run and the emulated one
+    calls.clear()
+    fp8_lab.linear_parity("tensorwise")
+    assert calls == []  # without one, the module's own
+    gpt = GPT(GPTConfig.preset("tiny"))
+    x = torch.randint(0, gpt.config.vocab_size, (1, 16))
+    fp8_lab.gpt_parity(gpt, x, x, "tensorwise", matmul=Counted)
+    assert len(calls) == sum(isinstance(m, torch.nn.Linear) for n, m in gpt.named_modules() if n != "lm_head")
