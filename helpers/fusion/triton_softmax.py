@@ -35,43 +35,40 @@ INTERPRETED = not torch.cuda.is_available()
 # why the kernel cannot run in this process, if it cannot; set before anything imports triton
 BROKEN: str | None = triton_mode.use_interpreter_without_gpu(__name__, INTERPRETED)
 
-try:
-    import triton  # noqa: E402  (after the interpreter switch)
-    import triton.language as tl  # noqa: E402
-except ImportError:  # pragma: no cover - triton ships with torch's Linux wheels; BROKEN says so
-    triton = tl = None
+import triton  # noqa: E402  (after the interpreter switch)
+import triton.language as tl  # noqa: E402
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 MAX_BLOCK = 4096  # the longest row kept whole in one block; longer rows go online
 
 
-if triton is not None:
-    @triton.jit
-    def softmax_row_kernel(x_ptr, y_ptr, n_cols, x_stride, y_stride, BLOCK: tl.constexpr, ONLINE: tl.constexpr):
-        """One program = one row. ONLINE=False: the row fits one BLOCK. ONLINE=True: two passes over blocks."""
-        row = tl.program_id(0)
-        x_row = x_ptr + row.to(tl.int64) * x_stride
-        y_row = y_ptr + row.to(tl.int64) * y_stride
-        offs = tl.arange(0, BLOCK)
-        if not ONLINE:
-            x = tl.load(x_row + offs, mask=offs < n_cols, other=float("-inf")).to(tl.float32)  # read 1x
-            z = x - tl.max(x, axis=0)  # an all -inf row gives NaN here, as in torch
-            e = tl.exp(z)
-            tl.store(y_row + offs, e / tl.sum(e, axis=0), mask=offs < n_cols)  # write 1x
-        else:
-            m = tl.full((), float("-inf"), tl.float32)  # running max
-            l = tl.zeros((), tl.float32)  # running sum of exp(x - m)
-            for start in range(0, n_cols, BLOCK):  # pass 1: read 1x
-                cols = start + offs
-                x = tl.load(x_row + cols, mask=cols < n_cols, other=float("-inf")).to(tl.float32)
-                m_new = tl.maximum(m, tl.max(x, axis=0))
-                safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # never -inf - (-inf)
-                l = l * tl.exp(m - safe) + tl.sum(tl.exp(x - safe), axis=0)
-                m = m_new
-            for start in range(0, n_cols, BLOCK):  # pass 2: read 1x, write 1x
-                cols = start + offs
-                x = tl.load(x_row + cols, mask=cols < n_cols, other=float("-inf")).to(tl.float32)
-                tl.store(y_row + cols, tl.exp(x - m) / l, mask=cols < n_cols)  # all -inf: 0/0 = NaN
+@triton.jit
+def softmax_row_kernel(x_ptr, y_ptr, n_cols, x_stride, y_stride, BLOCK: tl.constexpr, ONLINE: tl.constexpr):
+    """One program = one row. ONLINE=False: the row fits one BLOCK. ONLINE=True: two passes over blocks."""
+    row = tl.program_id(0)  # which row this program owns; rows are independent, so no program waits for another
+    x_row = x_ptr + row.to(tl.int64) * x_stride  # int64: rows * stride can pass 2**31 elements
+    y_row = y_ptr + row.to(tl.int64) * y_stride
+    offs = tl.arange(0, BLOCK)  # the BLOCK column offsets one load covers
+    if not ONLINE:
+        # read the row once; slots past its end read -inf, which adds exp(-inf) = 0 to the sum
+        x = tl.load(x_row + offs, mask=offs < n_cols, other=float("-inf")).to(tl.float32)  # read 1x
+        z = x - tl.max(x, axis=0)  # max in registers; an all -inf row gives NaN here, as in torch
+        e = tl.exp(z)  # in registers: the exponentials are never written to memory
+        tl.store(y_row + offs, e / tl.sum(e, axis=0), mask=offs < n_cols)  # write 1x
+    else:
+        m = tl.full((), float("-inf"), tl.float32)  # running max
+        l = tl.zeros((), tl.float32)  # running sum of exp(x - m)
+        for start in range(0, n_cols, BLOCK):  # pass 1: read 1x, write nothing; only (m, l) is kept
+            cols = start + offs
+            x = tl.load(x_row + cols, mask=cols < n_cols, other=float("-inf")).to(tl.float32)
+            m_new = tl.maximum(m, tl.max(x, axis=0))
+            safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # never -inf - (-inf)
+            l = l * tl.exp(m - safe) + tl.sum(tl.exp(x - safe), axis=0)  # the old sum, rescaled to the new max
+            m = m_new
+        for start in range(0, n_cols, BLOCK):  # pass 2: read 1x, write 1x, with the row's final (m, l)
+            cols = start + offs
+            x = tl.load(x_row + cols, mask=cols < n_cols, other=float("-inf")).to(tl.float32)
+            tl.store(y_row + cols, tl.exp(x - m) / l, mask=cols < n_cols)  # all -inf: 0/0 = NaN
 
 
 def block_for(n_cols: int, max_block: int | None = None) -> tuple[int, bool]:
@@ -91,11 +88,13 @@ def _warps(block: int) -> int:
     return 4 if block <= 1024 else 8 if block <= 4096 else 16
 
 
-def softmax(x: torch.Tensor, max_block: int | None = None) -> torch.Tensor:
+def softmax(x: torch.Tensor, max_block: int | None = None, kernel=None) -> torch.Tensor:
     """Softmax over the last dimension of `x` (..., n) with the Triton kernel; same shape and dtype as x.
 
     Statistics are kept in fp32 whatever the input dtype. `max_block` caps the block (a power of two);
     rows longer than it use the online two-pass loop (pass a small one to exercise that path on short rows).
+    `kernel`: the kernel to launch, with `softmax_row_kernel`'s arguments (None: that one; notebook 09 passes
+    the one its cell defines).
     Raises ValueError for an empty last dimension, a dtype outside DTYPES (and bf16 in the interpreter,
     whose bf16 support is incomplete) or a CPU tensor where a GPU is present, RuntimeError when Triton
     cannot run in this process.
@@ -118,8 +117,9 @@ def softmax(x: torch.Tensor, max_block: int | None = None) -> torch.Tensor:
     out = torch.empty_like(rows)
     if rows.shape[0]:
         with _quiet_nan():  # the interpreter's numpy warns on a fully masked row's -inf - (-inf): NaN is intended
-            softmax_row_kernel[(rows.shape[0],)](rows, out, n_cols, rows.stride(0), out.stride(0),
-                                                 BLOCK=block, ONLINE=online, num_warps=_warps(block))
+            launch = kernel or softmax_row_kernel
+            launch[(rows.shape[0],)](rows, out, n_cols, rows.stride(0), out.stride(0),  # one program per row
+                                     BLOCK=block, ONLINE=online, num_warps=_warps(block))
     return out.reshape(x.shape)
 
 

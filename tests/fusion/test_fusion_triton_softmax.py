@@ -58,3 +58,21 @@ def test_triton_softmax_refuses_what_it_cannot_do():
     with pytest.raises(ValueError, match="last dimension"):
         triton_softmax.softmax(torch.ones(2, 0, device=DEV))
     assert math.isclose(triton_softmax.softmax(torch.zeros(1, 4, device=DEV))[0, 0].item(), 0.25)
+
+
+@needs_kernel
+def test_the_launch_runs_the_kernel_it_is_given():
+    """Notebook 09 launches the kernel its own cell defines through `kernel=`: the launch must run that one."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def copy_row(x_ptr, y_ptr, n_cols, x_stride, y_stride, BLOCK: tl.constexpr, ONLINE: tl.constexpr):
+        offs = tl.arange(0, BLOCK)
+        row = tl.program_id(0)
+        x = tl.load(x_ptr + row * x_stride + offs, mask=offs < n_cols, other=0.0)
+        tl.store(y_ptr + row * y_stride + offs, x, mask=offs < n_cols)
+
+    x = torch.randn(3, 20).to(DEV)
+    torch.testing.assert_close(triton_softmax.softmax(x, kernel=copy_row), x)  # a copy, not a softmax
+    torch.testing.assert_close(triton_softmax.softmax(x, kernel=triton_softmax.softmax_row_kernel), torch.softmax(x, -1))
