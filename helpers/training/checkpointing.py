@@ -47,12 +47,13 @@ def every_k_layers(n_layer: int, k: int) -> list[int]:
     return list(range(0, n_layer, k))
 
 
-def _identity(x: torch.Tensor) -> torch.Tensor:
+def passthrough(x: torch.Tensor) -> torch.Tensor:
+    """The forward of blocks 1.. under "sqrt-L": block 0 has already run them all."""
     return x
 
 
-def _segments_forward(blocks, segments: int, x: torch.Tensor) -> torch.Tensor:
-    """All blocks, through checkpoint_sequential; the class forward bypasses the identity overrides."""
+def run_in_segments(blocks, segments: int, x: torch.Tensor) -> torch.Tensor:
+    """All blocks, through checkpoint_sequential; the class forward bypasses the passthrough overrides."""
     fns = [partial(Block.forward, b) for b in blocks]
     if not torch.is_grad_enabled():
         for fn in fns:
@@ -61,10 +62,13 @@ def _segments_forward(blocks, segments: int, x: torch.Tensor) -> torch.Tensor:
     return checkpoint_sequential(fns, segments, x, use_reentrant=False)
 
 
-def _checkpointed_attention(fn, q, k, v, is_causal):
-    if not torch.is_grad_enabled():
+def checkpointed_attention(fn, q, k, v, is_causal):
+    """The attention kernel `fn` under a checkpoint ("selective-attention"): q, k, v (B, H, T, d_head) are
+    kept as its inputs; the (B, H, T, T) scores and probabilities it computes are freed and rebuilt in backward."""
+    if not torch.is_grad_enabled():  # no backward will come (evaluation): nothing to keep or rebuild
         return fn(q, k, v, is_causal)
-    return checkpoint(fn, q, k, v, is_causal, use_reentrant=False)  # keeps q, k, v; recomputes the rest
+    # read: q, k, v, which autograd keeps as the checkpoint's inputs; written: only the output (B, H, T, d_head)
+    return checkpoint(fn, q, k, v, is_causal, use_reentrant=False)
 
 
 def _gelu_down(mlp, h: torch.Tensor) -> torch.Tensor:
@@ -99,35 +103,35 @@ def apply_strategy(model: GPT, strategy: str, k: int = 2) -> str:
     """Set `strategy` (one of STRATEGIES) on `model`, replacing any earlier one; returns a description."""
     if strategy not in STRATEGIES:
         raise ValueError(f"strategy={strategy!r} is unknown; choose one of {', '.join(map(repr, STRATEGIES))}")
-    remove_strategy(model)
+    remove_strategy(model)  # start from a model that keeps everything
     L = len(model.blocks)
-    if strategy == "none":
+    if strategy == "none":  # every block keeps all its activations for backward
         text = "no recomputation"
-    elif strategy == "every":
+    elif strategy == "every":  # each block keeps only its input (B, T, d_model) and reruns its forward in backward
         model.set_checkpointing(True)
         text = f"all {L} blocks recomputed"
-    elif strategy == "every-k":
+    elif strategy == "every-k":  # blocks 0, k, 2k, ... keep only their input; the others keep everything
         layers = every_k_layers(L, k)
         model.set_checkpointing(layers)
         text = f"blocks {layers} recomputed (every {k})"
-    elif strategy == "sqrt-L":
+    elif strategy == "sqrt-L":  # only each segment's input is kept; a segment reruns all its blocks in backward
         segments = sqrt_segments(L)
-        model.blocks[0].forward = partial(_segments_forward, list(model.blocks), segments)
+        model.blocks[0].forward = partial(run_in_segments, list(model.blocks), segments)
         for block in model.blocks[1:]:
-            block.forward = _identity  # block 0 already ran them all
+            block.forward = passthrough  # block 0 already ran them all
         units = checkpointed_units(L, strategy)
         text = (f"checkpoint_sequential, {segments} segments: blocks {[list(range(a, b + 1)) for a, b in units]} "
                 f"recomputed, the last segment kept whole")
-    elif strategy == "selective-attention":
+    elif strategy == "selective-attention":  # the block keeps q, k, v; the T×T scores are rebuilt in backward
         for block in model.blocks:
-            block.attn._attn_fn_before_checkpoint = block.attn.attn_fn
-            block.attn.attn_fn = partial(_checkpointed_attention, block.attn.attn_fn)
+            block.attn._attn_fn_before_checkpoint = block.attn.attn_fn  # remove_strategy puts it back
+            block.attn.attn_fn = partial(checkpointed_attention, block.attn.attn_fn)
         text = "attention kernels recomputed in every block"
-    else:
+    else:  # "selective-mlp": the block keeps the up projection's output; GELU's (B, T, d_ff) output is rebuilt
         for block in model.blocks:
             block.mlp.forward = partial(mlp_recompute_activation, block.mlp)
         text = "GELU (and the down projection's input) recomputed in every block"
-    model._checkpoint_strategy = (strategy, k)
+    model._checkpoint_strategy = (strategy, k)  # a note of the strategy set (remove_strategy deletes it)
     return text
 
 
