@@ -21,9 +21,11 @@ The pieces:
   "accept when p ≥ q"), and `chi_square` tests counts against p.
 * `rollback(cache, length)`: a KVCache forgets everything after `length` tokens (the slots are
   overwritten by the next write).
-* `speculative_generate(target, draft, prompt, n, gamma=..., temperature=...)`: the loop; the draft is a
+* `speculative_generate(target, draft, prompt, n, gamma=..., temperature=...)`: the rounds; the draft is a
   course GPT or `NGramDraft` (prompt lookup: copy what followed the last occurrence of the current n-gram,
-  no second model). Returns the tokens and per-position statistics (`SpecResult`).
+  no second model). Returns the tokens and per-position statistics (`SpecResult`). A round is three pieces
+  (notebook 11 shows each): `draft_proposals` (the draft loop), `verify` (the target's one pass) and
+  `accept_prefix` (the rule applied in order: the first rejection is resampled, else a bonus token drawn).
 * `alpha(p, q)` = Σ min(p, q), and the formulas `expected_tokens(alpha, gamma)` = (1 − α^{γ+1})/(1 − α) and
   `predicted_speedup(alpha, gamma, c)` = (1 − α^{γ+1}) / ((1 − α)(γc + 1)) (Leviathan et al., 2023, eq. 1 and
   Theorem 3.8), c being the draft's cost per token relative to the target's.
@@ -262,31 +264,33 @@ class SpecResult:
         """Share of proposed draft tokens that were accepted (nan when none were proposed)."""
         return self.accepted / self.proposed if self.proposed else float("nan")
 
+    def add_round(self, ps: torch.Tensor, qs: list[torch.Tensor], xs: list[int], kept: int, start: int) -> None:
+        """Count one round: `xs` proposed, the first `kept` accepted; every verified position (the kept ones and the
+        first rejected one) adds its Σ min(p, q), window index, generated position (from `start`) and verdict."""
+        self.proposed += len(xs)
+        self.accepted += kept
+        for i in range(min(kept + 1, len(xs))):
+            self.betas.append(float(alpha(ps[i], qs[i])))
+            self.window.append(i)
+            self.positions.append(start + i)
+            self.accepted_at.append(i < kept)
 
-def _sample(dist: torch.Tensor, g: torch.Generator) -> int:
+
+def draw(dist: torch.Tensor, g: torch.Generator) -> int:
+    """One token id drawn from `dist` (V,) with generator `g`."""
     return int(torch.multinomial(dist, 1, generator=g))
 
 
-@torch.no_grad()
-def speculative_generate(target: GPT, draft, prompt: torch.Tensor, n: int, *, gamma: int = 4,
-                         temperature: float = 0.0, seed: int = 0, return_caches: bool = False):
-    """n tokens after `prompt` (T,) or (1, T), T ≥ 1, every one distributed as the target's sampling would be.
-
-    draft: a GPT with the target's vocabulary, or an `NGramDraft`. Each round the draft proposes γ tokens
-    (fewer for an n-gram draft), the target runs the pending token and all proposals in ONE forward pass
-    against its KVCache, the rule accepts a prefix, a token is resampled or a bonus one drawn, and both caches
-    are rolled back to the accepted sequence. temperature 0 is greedy (output identical to the target's greedy
-    decoding). Draws come from a generator seeded with `seed`. Returns a `SpecResult` (and, with return_caches,
-    (result, target_cache, draft_cache, committed tokens held in the caches)).
-    Raises ValueError for bad n, gamma, a vocabulary mismatch or a sequence longer than a model's seq_len.
-    """
+def start_caches(target: GPT, draft, prompt: torch.Tensor, n: int, gamma: int, temperature: float):
+    """Validate a speculative generation and start it: (target's KVCache, draft's KVCache or None for an NGramDraft),
+    each holding the prompt (T,) but its last token, with room for n + γ + 2 more. Raises ValueError for bad n, gamma,
+    temperature or draft, an empty prompt, a vocabulary mismatch or a sequence longer than a model's seq_len."""
     positive("n", n)
     positive("gamma", gamma)
     distribution(torch.zeros(1), temperature)  # validates the temperature
     is_model = isinstance(draft, GPT)
     if not is_model and not isinstance(draft, NGramDraft):
         raise ValueError(f"draft must be a GPT or an NGramDraft, not {type(draft).__name__}")
-    prompt = prompt.reshape(-1)
     T, V = prompt.numel(), target.config.vocab_size
     if T < 1:
         raise ValueError("the prompt needs at least one token")
@@ -296,61 +300,100 @@ def speculative_generate(target: GPT, draft, prompt: torch.Tensor, n: int, *, ga
     if is_model and draft.config.vocab_size != V:
         raise ValueError(f"draft vocabulary {draft.config.vocab_size} differs from the target's {V}")
     device = next(target.parameters()).device
+    caches = []
+    for model in (target, draft) if is_model else (target,):
+        cache = KVCache(model.config, 1, T + n + gamma + 2, dtype=next(model.parameters()).dtype, device=device)
+        if T > 1:
+            prefill(model, prompt[None, :-1].to(device), cache)
+        caches.append(cache)
+    return caches[0], caches[1] if is_model else None
+
+
+def lookup_proposals(draft: NGramDraft, seq: list[int], gamma: int, vocab: int) -> tuple[list[int], list[torch.Tensor]]:
+    """Prompt lookup's proposals (up to γ, possibly none) and their q_i, one-hot (vocab,) float64."""
+    xs = draft.propose(seq, gamma)
+    return xs, [torch.nn.functional.one_hot(torch.tensor(x), vocab).double() for x in xs]
+
+
+def draft_proposals(draft: GPT, cache: KVCache, pending: list[int], gamma: int, temperature: float,
+                    g: torch.Generator) -> tuple[list[int], list[torch.Tensor]]:
+    """The draft loop: γ tokens x_0 .. x_{γ-1}, each x_i ~ q_i, and the q_i ((V,) float64) they were drawn from.
+    `pending` holds the tokens the draft's cache still lacks, the current token last. γ decode steps of the draft."""
+    device = cache.k.device
+    xs, qs = [], []
+    feed = pending  # first step: catch the cache up on `pending`, then predict what follows the current token
+    for _ in range(gamma):
+        # reads the draft's weights and its cache; writes len(feed) new keys/values into the cache
+        logits = draft(torch.tensor([feed], device=device), cache=cache)[0][0, -1]  # (V,) after the last fed token
+        qs.append(distribution(logits, temperature))  # q_i: kept, the rule needs it
+        xs.append(draw(qs[-1], g))  # x_i ~ q_i
+        feed = [xs[-1]]  # the next step feeds only the token just drawn
+    return xs, qs
+
+
+def verify(target: GPT, cache: KVCache, current: int, xs: list[int], temperature: float) -> torch.Tensor:
+    """The verification pass: the target's distributions p_0 .. p_k ((k + 1, V) float64) after `current` and after
+    each of the k proposals `xs`, from ONE forward pass over k + 1 tokens against its cache."""
+    tokens = torch.tensor([[current] + xs], device=cache.k.device)  # (1, k + 1): current, x_0 .. x_{k-1}
+    # reads the target's weights once for all k + 1 tokens; writes k + 1 keys/values (the rejected ones are rolled back)
+    logits = target(tokens, cache=cache)[0][0]  # (k + 1, V): row i predicts the token after tokens[i]
+    return distribution(logits, temperature)  # p_i judges x_i; p_k is the bonus position's
+
+
+def accept_prefix(ps: torch.Tensor, qs: list[torch.Tensor], xs: list[int], g: torch.Generator) -> list[int]:
+    """The tokens one round emits: the proposals the rule keeps, in order (x_0 .. x_{k-1}), then one token more,
+    drawn from the residual at the first rejection or, when all were kept, from p_k (the bonus token)."""
+    for i, x in enumerate(xs):
+        u = torch.rand(1, generator=g, dtype=torch.float64)  # one uniform draw per verified position
+        if not bool(u < accept_probability(ps[i], qs[i])[x]):  # keep x_i with probability min(1, p_i(x_i) / q_i(x_i))
+            # rejected: replace x_i by a draw from norm(max(0, p_i − q_i)); x_{i+1} .. are discarded
+            return xs[:i] + [draw(residual(ps[i], qs[i]), g)]
+    return xs + [draw(ps[len(xs)], g)]  # all kept: the target's pass already scored one position more
+
+
+@torch.no_grad()
+def speculative_generate(target: GPT, draft, prompt: torch.Tensor, n: int, *, gamma: int = 4,
+                         temperature: float = 0.0, seed: int = 0, return_caches: bool = False):
+    """n tokens after `prompt` (T,) or (1, T), T ≥ 1, every one distributed as the target's sampling would be.
+
+    draft: a GPT with the target's vocabulary, or an `NGramDraft`. Each round the draft proposes γ tokens
+    (fewer for an n-gram draft), the target runs the current token and all proposals in ONE forward pass
+    against its KVCache, the rule accepts a prefix, a token is resampled or a bonus one drawn, and both caches
+    are rolled back to the accepted sequence. temperature 0 is greedy (output identical to the target's greedy
+    decoding). Draws come from a generator seeded with `seed`. Returns a `SpecResult` (and, with return_caches,
+    (result, target_cache, draft_cache, committed tokens held in the caches)).
+    Raises ValueError for bad n, gamma, a vocabulary mismatch or a sequence longer than a model's seq_len.
+    """
+    prompt = prompt.reshape(-1)
+    tcache, dcache = start_caches(target, draft, prompt, n, gamma, temperature)  # all of the prompt but its last token
     g = torch.Generator().manual_seed(seed)
-    max_len = T + n + gamma + 2
-    tcache = KVCache(target.config, 1, max_len, dtype=next(target.parameters()).dtype, device=device)
-    dcache = KVCache(draft.config, 1, max_len, dtype=next(draft.parameters()).dtype, device=device) if is_model else None
-    seq = prompt.tolist()  # every committed token, the last one (`cur`) not yet in the target's cache
-    if T > 1:
-        prefill(target, prompt[None, :-1].to(device), tcache)
-        if is_model:
-            prefill(draft, prompt[None, :-1].to(device), dcache)
-    pending = [seq[-1]]  # tokens the draft's cache still lacks, the last of them `cur`
+    seq = prompt.tolist()  # every committed token; the last one (the current token) is not yet in the target's cache
+    pending = [seq[-1]]  # the tokens the draft's cache still lacks, the current token last
     res = SpecResult(tokens=torch.empty(0, dtype=torch.long))
     out: list[int] = []
     while len(out) < n:
         committed = len(seq) - 1  # tokens in the target's cache that stay
         # 1. the draft proposes γ tokens x_i ~ q_i
-        xs, qs = [], []
-        if is_model:
-            feed = pending
-            for _ in range(gamma):
-                logits = draft(torch.tensor([feed], device=device), cache=dcache)[0][0, -1]
-                res.draft_passes += 1
-                qs.append(distribution(logits, temperature))
-                xs.append(_sample(qs[-1], g))
-                feed = [xs[-1]]
+        if dcache is None:
+            xs, qs = lookup_proposals(draft, seq, gamma, target.config.vocab_size)
         else:
-            xs = draft.propose(seq, gamma)
-            qs = [torch.nn.functional.one_hot(torch.tensor(x), V).double() for x in xs]
-        # 2. the target scores cur and every proposal in one pass: p_0 .. p_k
-        logits = target(torch.tensor([[seq[-1]] + xs], device=device), cache=tcache)[0][0]
+            xs, qs = draft_proposals(draft, dcache, pending, gamma, temperature, g)
+            res.draft_passes += gamma
+        # 2. the target scores the current token and every proposal in one pass: p_0 .. p_k
+        ps = verify(target, tcache, seq[-1], xs, temperature)
         res.target_passes += 1
-        ps = distribution(logits, temperature)  # (len(xs) + 1, V)
         # 3. accept a prefix, then resample the first rejection or draw the bonus token
-        k = 0
-        while k < len(xs):
-            p, q, x = ps[k], qs[k], xs[k]
-            res.betas.append(float(alpha(p, q)))
-            res.window.append(k)
-            res.positions.append(len(out) + k)
-            ok = bool(torch.rand(1, generator=g, dtype=torch.float64) < accept_probability(p, q)[x])
-            res.accepted_at.append(ok)
-            if not ok:
-                break
-            k += 1
-        res.proposed += len(xs)
-        res.accepted += k
-        last = _sample(residual(ps[k], qs[k]), g) if k < len(xs) else _sample(ps[k], g)
-        new = xs[:k] + [last]
+        new = accept_prefix(ps, qs, xs, g)
+        kept = len(new) - 1
+        res.add_round(ps, qs, xs, kept, len(out))
         out += new
         seq += new
-        # 4. roll both caches back to the committed sequence (all but the new `cur`)
-        rollback(tcache, committed + 1 + k)
-        if is_model:
-            # the draft cached cur and x_0 .. x_{γ-2}; after a full acceptance x_{γ-1} is still missing
-            rollback(dcache, min(dcache.length, committed + 1 + k))
-            pending = seq[dcache.length:]  # [cur], or [x_{γ-1}, cur] after a full acceptance
+        # 4. roll both caches back to the committed sequence: the current token and the kept proposals stay
+        rollback(tcache, committed + 1 + kept)
+        if dcache is not None:
+            # the draft cached the current token and x_0 .. x_{γ-2}; after a full acceptance x_{γ-1} is missing
+            rollback(dcache, min(dcache.length, committed + 1 + kept))
+            pending = seq[dcache.length:]  # [current], or [x_{γ-1}, current] after a full acceptance
     res.tokens = torch.tensor(out[:n], dtype=torch.long)
     if return_caches:
         return res, tcache, dcache, seq[:-1]

@@ -48,6 +48,31 @@ def test_a_draft_equal_to_the_target_is_always_accepted(models):
     assert got.tokens_per_pass == pytest.approx(30 / got.target_passes) and got.tokens_per_pass > 3
 
 
+def test_one_round_in_its_three_pieces(models):
+    """The draft loop, the verification pass and the rule applied in order, each against what it stands for."""
+    target, draft = models
+    g = torch.Generator().manual_seed(0)
+    # the draft loop at T = 0 is the draft's own greedy decoding, and leaves its cache holding what it fed
+    dcache = KVCache(draft.config, 1, 32)
+    prefill(draft, PROMPT[None, :-1], dcache)
+    xs, qs = speculative.draft_proposals(draft, dcache, [int(PROMPT[-1])], 4, 0.0, g)
+    assert xs == generate(draft, PROMPT, 4)[0].tolist() and dcache.length == len(PROMPT) + 3
+    assert all(q.shape == (draft.config.vocab_size,) and float(q[x]) == 1.0 for q, x in zip(qs, xs))
+    # the verification pass scores k + 1 positions in one pass: the same distributions as a pass over everything
+    tcache = KVCache(target.config, 1, 32)
+    prefill(target, PROMPT[None, :-1], tcache)
+    ps = speculative.verify(target, tcache, int(PROMPT[-1]), xs, 1.0)
+    with torch.no_grad():
+        full = torch.softmax(target(torch.tensor([PROMPT.tolist() + xs]))[0][0, -5:].double(), -1)
+    assert ps.shape == (5, target.config.vocab_size) and tcache.length == len(PROMPT) + 4
+    torch.testing.assert_close(ps, full, rtol=1e-4, atol=1e-6)
+    # the rule in order: a perfect draft keeps all γ and adds the bonus; a one-hot mismatch stops at once
+    assert speculative.accept_prefix(ps, list(ps[:4]), xs, g)[:4] == xs
+    one_hot = [torch.nn.functional.one_hot(torch.tensor(i), 5).double() for i in (2, 3, 1)]
+    assert speculative.accept_prefix(torch.stack(one_hot[:1] * 2), [one_hot[1]], [3], g) == [2]
+    assert speculative.accept_prefix(torch.stack([one_hot[0], one_hot[2]]), [one_hot[0]], [2], g) == [2, 1]
+
+
 def test_the_exact_rule_emits_p_and_the_wrong_rule_does_not():
     torch.testing.assert_close(speculative.emitted_distribution(P, Q, speculative.accept_probability(P, Q), speculative.residual(P, Q)), P,
                                rtol=0, atol=1e-12)
