@@ -70,10 +70,11 @@ class Case:
     kwargs: dict = field(default_factory=dict)
 
 
-@dataclass
+@dataclass(frozen=True)
 class Exercise:
     """One exercise. `solution` is the expected value's function (value, choice) or the reference
-    implementation (code); `wrong` holds planted wrong answers that CI checks are refused."""
+    implementation (code); `wrong` holds planted wrong answers that CI checks are refused. Frozen: a learner's
+    function that reassigns `REGISTRY[name].solution` while it is checked raises, and so fails."""
 
     name: str
     kind: str
@@ -189,10 +190,21 @@ def _say(name: str, verdict: str, text: str, hint: str = "") -> str:
 def _check_value(ex: Exercise, answer: Any) -> str:
     if isinstance(answer, bool) or not isinstance(answer, (int, float)) and not hasattr(answer, "__float__"):
         return _say(ex.name, "FAIL", f"expected a number, got {type(answer).__name__} {answer!r}", ex.hint)
+    limit = TimeLimit(ex.time_limit)  # float() runs the answer's own __float__, which may never return
     try:
-        given = float(answer)
-    except (TypeError, ValueError) as err:
-        return _say(ex.name, "FAIL", f"could not read a number from {answer!r} ({err})", ex.hint)
+        try:
+            with limit:
+                given = float(answer)
+        finally:
+            limit.disarm()
+    except CaseTimeout:
+        return _say(ex.name, "FAIL", f"reading a number from your answer did not finish within {ex.time_limit:g} s "
+                                     "(its __float__ never returns?)", ex.hint)
+    except SystemExit as err:
+        return _say(ex.name, "FAIL", f"reading a number from your answer called sys.exit({err.code!r})", ex.hint)
+    except Exception as err:
+        return _say(ex.name, "FAIL", f"could not read a number from {describe(answer)} ({type(err).__name__}: {err})",
+                    ex.hint)
     expected = float(ex.expected())
     if not math.isfinite(given):
         return _say(ex.name, "FAIL", f"you gave {given}, which is not a finite number", ex.hint)
@@ -251,10 +263,15 @@ def _check_code(ex: Exercise, fn: Any) -> str:
     tolerance = ex.tolerance or f"rtol={ex.rtol:g}, atol={ex.atol:g}"
     unwritten = "your function returns None: its body is not written yet"
     watched = _Watched(fn)
+    same = compare  # taken before the learner's code runs: a function that replaces check.compare changes nothing
     for i, case in enumerate(cases):
         shapes = ", ".join(describe(a) for a in case.args) or "no arguments"
+        want = _call(ex.solution, case, ex.run)  # the reference first, for the same reason
         try:
             returned, got = _limited(watched, case, ex.run, ex.time_limit)
+        except SystemExit as err:  # sys.exit() in the learner's code ends the check, not the kernel
+            return _say(ex.name, "FAIL", f"case {i + 1}/{len(cases)} ({case.label}; inputs {shapes}) called "
+                                         f"sys.exit({err.code!r}); return the result instead", ex.hint)
         except NotImplementedError:
             return _say(ex.name, "TODO", unwritten if watched.first is None else
                         "not written yet (it raises NotImplementedError)", ex.hint)
@@ -268,9 +285,8 @@ def _check_code(ex: Exercise, fn: Any) -> str:
                                          f"within {ex.time_limit:g} s (a loop that never ends?)", ex.hint)
         if i == 0 and watched.first is None:
             return _say(ex.name, "TODO", unwritten, ex.hint)
-        want = _call(ex.solution, case, ex.run)
         try:
-            why = compare(got, want, ex.rtol, ex.atol, ex.outputs, ex.dtypes, ex.stated)
+            why = same(got, want, ex.rtol, ex.atol, ex.outputs, ex.dtypes, ex.stated)
         except Exception as err:  # something compare cannot read (an exotic tensor subclass): say so, never raise
             why = f"could not compare what it returned ({describe(got)}) with a correct version's: " \
                   f"{type(err).__name__}: {str(err).strip().splitlines()[0][:200] if str(err).strip() else ''}"
@@ -293,6 +309,7 @@ def exercise(name: str, answer: Any) -> None:
     if _unanswered(answer):
         _say(name, "TODO", "not answered yet (replace the ...)", ex.hint)
         return None
+    ex = copy.copy(ex)  # the learner's code runs next: a new entry it puts in REGISTRY cannot reach this check
     {"value": _check_value, "choice": _check_choice, "code": _check_code}[ex.kind](ex, answer)
     return None
 

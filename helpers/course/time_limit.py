@@ -6,10 +6,13 @@ after-the-fact `overran` where neither can act (`helpers.course.check` says whic
 """
 from __future__ import annotations
 
+import ctypes
 import signal
 import sys
 import threading
 import time
+
+GRACE_S = 1.0  # past the limit, the watchdog raises in the thread itself: a learner who silenced SIGALRM is still stopped
 
 
 class CaseTimeout(BaseException):
@@ -26,6 +29,9 @@ class TimeLimit:
     its remaining time (fired at once if it fell due meanwhile). Elsewhere, unless a debugger already traces
     this thread: a trace function (`how == "trace"`) that raises at the first Python line run after the
     deadline. Otherwise (`how == "clock"`) nothing can stop the block and only `overran` tells afterwards.
+    Behind the timer or the trace, a watchdog thread raises CaseTimeout in the limited thread itself `GRACE_S`
+    after the limit, which code that silences SIGALRM or removes the trace function cannot switch off (a call
+    stuck inside one C function still returns first).
     `overran` is True when the block took longer than `seconds`, however it ended.
     """
 
@@ -36,6 +42,8 @@ class TimeLimit:
         self._start = 0.0
         self._outer: tuple = ()
         self._tracing = False
+        self._watchdog: threading.Timer | None = None
+        self._lock = threading.Lock()
 
     @property
     def overran(self) -> bool:
@@ -62,14 +70,30 @@ class TimeLimit:
         elif sys.gettrace() is None:
             self.how, self.active, self._tracing = "trace", True, True
             sys.settrace(self._trace)
+        if self.active:  # a second line of defence that the code under the limit cannot switch off
+            self._watchdog = threading.Timer(self.seconds + GRACE_S, self._raise_in, (threading.get_ident(),))
+            self._watchdog.daemon = True
+            self._watchdog.start()
         return self
+
+    def _raise_in(self, thread_id: int) -> None:
+        """The watchdog: CaseTimeout raised in the limited thread at its next bytecode, for a block that is still
+        running past the limit and its grace although the alarm was silenced (`signal.signal(SIGALRM, SIG_IGN)`,
+        `setitimer(ITIMER_REAL, 0)`) or the trace function removed."""
+        with self._lock:
+            if self.active:
+                ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread_id), ctypes.py_object(CaseTimeout))
 
     def __exit__(self, *exc) -> None:
         self.disarm()
 
     def disarm(self) -> None:
         """Stop the timer or the tracing and put back what was there before (safe to call twice)."""
-        self.active = False
+        with self._lock:
+            self.active = False
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            self._watchdog = None
         if self.how == "signal" and self._outer:
             signal.setitimer(signal.ITIMER_REAL, 0)
             handler, (remaining, interval), start = self._outer

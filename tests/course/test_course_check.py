@@ -229,3 +229,77 @@ def test_a_count_the_task_states_is_said_outright():
     assert "97.x" not in check.REGISTRY
 
 
+
+
+# ---------------------------------------------------------------- learner code that turns on the checker
+
+def _silences_the_alarm(x):
+    """A learner's loop that first switches SIGALRM off, then never ends (until SAFETY)."""
+    signal.signal(signal.SIGALRM, signal.SIG_IGN)
+    signal.setitimer(signal.ITIMER_REAL, 0)
+    start = time.monotonic()
+    while time.monotonic() - start < SAFETY:
+        x = x + 0
+    return x
+
+
+@pytest.mark.slow
+def test_a_function_that_silences_the_alarm_is_still_stopped(capsys, toys):
+    name = toys("silenced", time_limit=1)
+    before = signal.getsignal(signal.SIGALRM)
+    t0 = time.monotonic()
+    check.exercise(name, _silences_the_alarm)
+    assert time.monotonic() - t0 < 1 + time_limit.GRACE_S + 5  # stopped by the watchdog, not by SAFETY
+    assert capsys.readouterr().out.startswith(f"FAIL  {name}: case 1/2 (odd; inputs tensor(5,) float32) did not return")
+    assert signal.getsignal(signal.SIGALRM) is before
+
+
+def test_a_function_that_rewrites_the_checker_cannot_make_a_wrong_answer_pass(capsys, toys, monkeypatch):
+    name = toys("tamper")
+    real_compare = check.compare
+
+    def swaps_the_solution(x):
+        check.REGISTRY[name].solution = lambda y: y * 3
+        return x * 3
+
+    def swaps_compare(x):
+        check.compare = lambda *a, **k: ""
+        return x * 3
+
+    try:
+        for wrong in (swaps_the_solution, swaps_compare):
+            check.exercise(name, wrong)
+            assert capsys.readouterr().out.startswith(f"FAIL  {name}"), wrong.__name__
+            check.compare = real_compare
+    finally:
+        check.compare = real_compare
+
+
+def test_sys_exit_in_a_checked_function_is_a_fail_not_the_end_of_the_kernel(capsys, toys):
+    name = toys("exits")
+    check.exercise(name, lambda x: sys.exit(3))
+    assert "called sys.exit(3); return the result instead" in capsys.readouterr().out
+
+
+class _Endless:
+    def __float__(self):
+        while True:
+            pass
+
+
+class _Exits:
+    def __float__(self):
+        sys.exit(0)
+
+
+@pytest.mark.slow
+def test_a_number_whose_float_never_returns_or_exits_fails_within_the_limit(capsys):
+    ex = check.register("98.number", "value", prompt="p", hint="h", solution=lambda: 2.0, time_limit=1)
+    try:
+        check.exercise(ex.name, _Endless())
+        assert "did not finish within 1 s" in capsys.readouterr().out
+        check.exercise(ex.name, _Exits())
+        assert "called sys.exit(0)" in capsys.readouterr().out
+    finally:
+        check.REGISTRY.pop(ex.name)
+        check._STATUS.pop(ex.name, None)
