@@ -33,7 +33,8 @@ import torch.nn.functional as F
 PAD = 0  # the token id written into padding slots (never a target: targets there are -1)
 
 
-def _lengths(lengths: Sequence[int], row_len: int) -> list[int]:
+def checked_lengths(lengths: Sequence[int], row_len: int) -> list[int]:
+    """The lengths as ints; ValueError unless row_len >= 2 and every length is in [2, row_len]."""
     if isinstance(row_len, bool) or not isinstance(row_len, int) or row_len < 2:
         raise ValueError(f"row_len={row_len!r} must be an int >= 2")
     out = [int(n) for n in lengths]
@@ -49,7 +50,7 @@ def padding_fraction(lengths: Sequence[int], row_len: int, rows: int | None = No
 
     rows=None: one row per document (padding). Raises ValueError when the tokens do not fit.
     """
-    n = _lengths(lengths, row_len)
+    n = checked_lengths(lengths, row_len)
     rows = len(n) if rows is None else rows
     if rows * row_len < sum(n) or rows < 1:
         raise ValueError(f"{sum(n)} tokens do not fit in {rows} rows of {row_len}")
@@ -62,16 +63,16 @@ def first_fit_decreasing(lengths: Sequence[int], row_len: int) -> list[list[int]
     Returns a list of rows, each a list of document indices in placement order. Ties keep input
     order, so the result is deterministic.
     """
-    n = _lengths(lengths, row_len)
-    rows: list[list[int]] = []
-    free: list[int] = []
-    for i in sorted(range(len(n)), key=lambda i: (-n[i], i)):
+    n = checked_lengths(lengths, row_len)
+    rows: list[list[int]] = []  # the document indices of each row, in placement order
+    free: list[int] = []  # the slots each row has left
+    for i in sorted(range(len(n)), key=lambda i: (-n[i], i)):  # longest first: short ones fill the gaps last
         for r, room in enumerate(free):
-            if n[i] <= room:
+            if n[i] <= room:  # the first row it fits in takes it whole
                 rows[r].append(i)
                 free[r] -= n[i]
                 break
-        else:
+        else:  # no row has room: open a new one
             rows.append([i])
             free.append(row_len - n[i])
     return rows
@@ -103,21 +104,22 @@ class Batch:
                      self.tokens)
 
 
-def _fill(docs: Sequence[torch.Tensor], rows: list[list[int]], row_len: int) -> Batch:
+def fill_rows(docs: Sequence[torch.Tensor], rows: list[list[int]], row_len: int) -> Batch:
+    """The Batch of `docs` laid out in `rows` (lists of document indices, placed left to right) of `row_len` slots."""
     R = len(rows)
-    x = torch.full((R, row_len), PAD, dtype=torch.long)
-    y = torch.full((R, row_len), -1, dtype=torch.long)
-    pos = torch.zeros((R, row_len), dtype=torch.long)
-    doc = torch.full((R, row_len), -1, dtype=torch.long)
+    x = torch.full((R, row_len), PAD, dtype=torch.long)  # inputs: PAD where no document is
+    y = torch.full((R, row_len), -1, dtype=torch.long)  # targets: -1 (ignored) unless written below
+    pos = torch.zeros((R, row_len), dtype=torch.long)  # position ids
+    doc = torch.full((R, row_len), -1, dtype=torch.long)  # which document holds each slot; -1: padding
     for r, members in enumerate(rows):
-        at = 0
+        at = 0  # the next free slot of row r
         for i in members:
             d = docs[i].long()
             n = len(d)
             x[r, at:at + n] = d
             y[r, at:at + n - 1] = d[1:]  # the document's last token has no target in this document
-            pos[r, at:at + n] = torch.arange(n)
-            doc[r, at:at + n] = i
+            pos[r, at:at + n] = torch.arange(n)  # positions restart at 0: the model sees the document as if alone
+            doc[r, at:at + n] = i  # what the block-diagonal mask is built from
             at += n
     return Batch(x, y, pos, doc, sum(len(docs[i]) for row in rows for i in row))
 
@@ -125,13 +127,13 @@ def _fill(docs: Sequence[torch.Tensor], rows: list[list[int]], row_len: int) -> 
 def pad_batch(docs: Sequence[torch.Tensor], row_len: int | None = None) -> Batch:
     """One document per row, padded to `row_len` (None: the longest document of the batch)."""
     row_len = max(len(d) for d in docs) if row_len is None else row_len
-    _lengths([len(d) for d in docs], row_len)
-    return _fill(docs, [[i] for i in range(len(docs))], row_len)
+    checked_lengths([len(d) for d in docs], row_len)
+    return fill_rows(docs, [[i] for i in range(len(docs))], row_len)
 
 
 def pack_batch(docs: Sequence[torch.Tensor], row_len: int) -> Batch:
     """Whole documents packed into rows of `row_len` by first-fit decreasing (see the module docstring)."""
-    return _fill(docs, first_fit_decreasing([len(d) for d in docs], row_len), row_len)
+    return fill_rows(docs, first_fit_decreasing([len(d) for d in docs], row_len), row_len)
 
 
 def block_causal_mask(doc: torch.Tensor) -> torch.Tensor:
@@ -172,19 +174,19 @@ def forward_packed(model, x: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor
         raise ValueError(f"position {int(pos.max())} is past seq_len={model.config.seq_len}")
     previous = model.attn_impl
     if mask is not None:
-        bias = mask[:, None]  # (R, 1, T, T), broadcast over heads
+        bias = mask[:, None]  # (R, 1, T, T), broadcast over heads; True = attend, False = a score of -inf
 
         def masked(q, k, v, is_causal):
             return F.scaled_dot_product_attention(q, k, v, attn_mask=bias)  # (R, H, T, hd)
 
         model.attn_impl = masked
     try:
-        h = model.drop(model.wte(x) + model.wpe(pos))  # (R, T, d_model)
+        h = model.drop(model.wte(x) + model.wpe(pos))  # (R, T, d_model): the position table read at pos, not 0..T-1
         for block in model.blocks:
-            h = block(h)  # (R, T, d_model)
+            h = block(h)  # (R, T, d_model); every attention in it goes through `masked`
         logits = model.lm_head(model.ln_f(h))  # (R, T, vocab)
     finally:
-        model.attn_impl = previous
+        model.attn_impl = previous  # the model is left as it was, even after an error
     loss = None
     if targets is not None:
         loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-1)
@@ -197,9 +199,9 @@ def per_document_loss(logits: torch.Tensor, targets: torch.Tensor, doc: torch.Te
     Slots with target -1 are left out; a document with no target gets NaN.
     """
     ce = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten().clamp(min=0), reduction="none")  # (R*T,)
-    keep = (targets.flatten() >= 0) & (doc.flatten() >= 0)
-    ids = doc.flatten()[keep]
-    total = torch.zeros(n_docs, dtype=torch.float32, device=logits.device).index_add_(0, ids, ce[keep])
+    keep = (targets.flatten() >= 0) & (doc.flatten() >= 0)  # slots with a target, inside a document
+    ids = doc.flatten()[keep]  # the document each kept slot belongs to
+    total = torch.zeros(n_docs, dtype=torch.float32, device=logits.device).index_add_(0, ids, ce[keep])  # sum per doc
     count = torch.zeros(n_docs, dtype=torch.float32, device=logits.device).index_add_(
         0, ids, torch.ones_like(ce[keep]))
     return total / count
@@ -269,13 +271,13 @@ def cu_seqlens(doc: torch.Tensor) -> torch.Tensor:
     concatenated into one sequence of R*T tokens and run i is tokens cu[i]:cu[i+1], each a document (or a
     row's padding); attention is causal inside each run. O(documents) integers instead of T^2 booleans.
     """
-    flat = doc.flatten()
+    flat = doc.flatten()  # (R*T,): the rows one after another
     change = torch.ones_like(flat, dtype=torch.bool)
-    change[1:] = flat[1:] != flat[:-1]
+    change[1:] = flat[1:] != flat[:-1]  # a run starts where the document id changes
     T = doc.size(-1)
     change[::T] = True  # a run never crosses a row boundary
-    starts = torch.nonzero(change).flatten()
-    return torch.cat([starts, torch.tensor([flat.numel()], device=doc.device)]).to(torch.int32)
+    starts = torch.nonzero(change).flatten()  # (n_runs,) first slot of each run
+    return torch.cat([starts, torch.tensor([flat.numel()], device=doc.device)]).to(torch.int32)  # + the end
 
 
 def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.Tensor) -> torch.Tensor:
@@ -289,6 +291,6 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torc
     fq, fk, fv = flat(q), flat(k), flat(v)
     out = torch.empty_like(fq)
     bounds = cu.tolist()
-    for a, b in zip(bounds[:-1], bounds[1:]):
+    for a, b in zip(bounds[:-1], bounds[1:]):  # one run at a time: its queries see only its own keys
         out[:, a:b] = F.scaled_dot_product_attention(fq[:, a:b], fk[:, a:b], fv[:, a:b], is_causal=True)
     return out.reshape(H, R, T, hd).transpose(0, 1)

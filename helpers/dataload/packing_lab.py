@@ -7,7 +7,7 @@
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -16,7 +16,8 @@ from helpers.dataload import packing
 
 
 def varlen_check(docs: Sequence[torch.Tensor], row_len: int, *, heads: int = 4, head_dim: int = 16,
-                 block_size: int = 64, seed: int = 0) -> dict:
+                 block_size: int = 64, seed: int = 0, cu_seqlens: Callable = packing.cu_seqlens,
+                 varlen_attention: Callable = packing.varlen_attention) -> dict:
     """Attention over `docs` packed into rows of `row_len`, three ways, against each document run alone.
 
     Random q, k, v (R, heads, row_len, head_dim) fp32 on the packed slots; the reference is
@@ -24,14 +25,15 @@ def varlen_check(docs: Sequence[torch.Tensor], row_len: int, *, heads: int = 4, 
     with it: the dense (R, 1, T, T) boolean mask through SDPA, and FlexAttention with
     `packing.document_block_mask(doc, block_size)`. Returns {"rows", "docs", "dense_err", "flex_err"
     (largest absolute differences), "dense_mask_bytes", "block_mask_bytes", "cu_seqlens_bytes",
-    "blocks" (query blocks, key blocks per row)}.
+    "blocks" (query blocks, key blocks per row)}. `cu_seqlens` and `varlen_attention` are the reference's two
+    pieces (notebook 12 passes the ones its cells define; the default: `packing`'s own, the same code).
     """
     batch = packing.pack_batch(list(docs), row_len)
     R, T = batch.doc.shape
     g = torch.Generator().manual_seed(seed)
     q, k, v = (torch.randn(R, heads, T, head_dim, generator=g) for _ in range(3))
-    cu = packing.cu_seqlens(batch.doc)
-    ref = packing.varlen_attention(q, k, v, cu)
+    cu = cu_seqlens(batch.doc)
+    ref = varlen_attention(q, k, v, cu)
     dense_mask = packing.block_causal_mask(batch.doc)  # (R, T, T) bool
     dense = F.scaled_dot_product_attention(q, k, v, attn_mask=dense_mask[:, None])
     bm = packing.document_block_mask(batch.doc, block_size)

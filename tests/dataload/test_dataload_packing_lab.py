@@ -29,3 +29,16 @@ def test_mask_memory_grows_as_tokens_times_row_length_for_the_dense_mask_only():
         assert r["dense"] == r["rows"] * r["row_len"] ** 2
         assert r["block_mask"] < r["dense"] and r["cu_seqlens"] < r["dense"]
     assert rows[1]["rows"] < rows[0]["rows"]  # longer rows hold more documents each
+
+
+def test_varlen_check_uses_the_reference_it_is_given():
+    """Notebook 12 passes the cu_seqlens its cell defines: a planted one that lets each row's runs merge into
+    one (cross-document attention) must show as a large error of both masks against that reference."""
+    docs = _docs([20, 9, 30, 7, 12])
+
+    def one_run_per_row(doc):  # planted wrong: ignores where documents start
+        T = doc.size(-1)
+        return torch.arange(0, doc.numel() + 1, T, dtype=torch.int32)
+
+    out = packing_lab.varlen_check(docs, 64, heads=2, head_dim=8, block_size=32, seed=1, cu_seqlens=one_run_per_row)
+    assert out["dense_err"] > 1e-2 and out["flex_err"] > 1e-2
