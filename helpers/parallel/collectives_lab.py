@@ -8,7 +8,8 @@ plain numbers (rank 0's; None or {} elsewhere):
   rotated rounds until the compared IQRs separate, the stopping decision shared by the ranks), used by
   `ddp_lab` too; `ping_pong`, `comm_sweep` (ping-pong, our ring and `dist.all_reduce`
   per message size); `section_collectives` (the check and the sweep on one process group);
-* `collectives_notes`: the sentences on the sweep;
+* the sentences: `collectives_notes` (on the sweep), `takeaway`, and `rank_paired` (two timings on ranks ranked
+  only when their round-by-round ratio agrees, used by `ddp_lab` too);
 * the machine's load around a section on ranks: `on_ranks` (`launch.run_on_ranks` between two `clock.probe`s, a
   fixed loop timed on both clocks in this process) and its `Load`, which withholds a ranking the contention
   could make;
@@ -188,6 +189,35 @@ def collectives_notes(sweep: dict, world: int, alpha: float, beta: float) -> lis
 
 
 # ---------------------------------------------------------------- the machine's load around a section on ranks
+
+def rank_paired(name_a: str, a: bench.Timing, name_b: str, b: bench.Timing, what: str = "step time",
+                withheld: str | None = None) -> str:
+    """`protocol.rank_sentence` when the two Timings are separated and their round-by-round ratio's IQR
+    (`protocol.paired_ratio`) lies on one side of 1 as well; otherwise that this run cannot rank them. Both ratios
+    are quoted. withheld: why this run may not rank them at all (`Load.withheld`)."""
+    r = protocol.paired_ratio(b, a)  # > 1: a is faster
+    med, q25, q75 = r.value, r.lo, r.hi
+    paired = f"round by round {name_b} / {name_a} {med:.2f}x (IQR {q25:.2f}-{q75:.2f}x)"
+    if withheld:
+        return f"{name_a} and {name_b} ({what}: {a} vs {b}; {paired}) are not ranked by this run: {withheld}"
+    if protocol.separated(a, b) and (q25 > 1 or q75 < 1):
+        return protocol.rank_sentence(name_a, a, name_b, b, what=what) + f"; {paired}"
+    how = ("apart by their spreads but not round by round" if protocol.separated(a, b) else
+           "within the noise of each other")
+    return f"{name_a} and {name_b} are {how} ({what}: {a} vs {b}; {paired}); this run cannot rank them"
+
+
+def takeaway(sweep: dict, alpha: float, beta: float, world: int, busbw: float, busbw_iqr: tuple[float, float],
+             ring: protocol.Ratio, withheld: str | None) -> str:
+    """The notebook's takeaway on collectives, from the sweep (`comm_sweep`), the α-β fit (s, s/byte), the bus
+    bandwidth at the largest message (GB/s, with its IQR), our ring's time over dist.all_reduce's (a
+    `protocol.ratio`) and why this run may not rank them (None: it may)."""
+    return (f"Collectives: ping-pong fits α = {1e6 * alpha:.0f} µs and 1/β = {1e-9 / beta if beta else float('inf'):.2f} "
+            f"GB/s between processes here; a {sweep['sizes'][-1] / 2 ** 20:g} MiB all-reduce on {world} ranks reached "
+            f"{busbw:.2f} GB/s bus bandwidth (IQR {busbw_iqr[0]:.2f}-{busbw_iqr[1]:.2f}), and our send/recv ring took "
+            f"{ring} dist.all_reduce's time"
+            + (f" (not ranked: {withheld})" if withheld else "" if ring.separated else " (within the noise)") + ".")
+
 
 @dataclass(frozen=True)
 class Load:

@@ -9,7 +9,7 @@ plain numbers (rank 0's, or every rank's where they differ):
   the bucket copies alone, no_sync accumulation), `measure_overlap` (DDP's overlap with a known compute
   and communication time per layer, against `ddp.overlap_prediction`), `section_ddp` (both on one
   process group);
-* the sentences: `rank_paired`, `bucketing_sentence`, `overlap_sentences`;
+* the sentences: `bucketing_sentence`, `overlap_sentences`, `takeaway` (ranked by `collectives_lab.rank_paired`);
 * what `zero_lab`, `pipeline_lab`, the tests and `scripts/ddp_torchrun.py` share: `small_config`,
   `global_batches`, `lm_loss`, `local_rows`.
 """
@@ -26,7 +26,7 @@ import torch.nn as nn
 from helpers.gpt.model import GPT, GPTConfig
 from helpers.measure import bench, clock as clocks, protocol
 from helpers.parallel import ddp, fsdp, zero
-from helpers.parallel.collectives_lab import rounds
+from helpers.parallel.collectives_lab import rank_paired, rounds
 
 
 def small_config(**overrides) -> GPTConfig:
@@ -167,23 +167,6 @@ def _fsdp2(fresh, batches, rank, world, ref):
 def _tower(width: int, depth: int, seed: int) -> nn.Module:
     torch.manual_seed(seed)
     return nn.Sequential(*[nn.Sequential(nn.Linear(width, width), nn.GELU()) for _ in range(depth)])
-
-
-def rank_paired(name_a: str, a: bench.Timing, name_b: str, b: bench.Timing, what: str = "step time",
-                withheld: str | None = None) -> str:
-    """`protocol.rank_sentence` when the two Timings are separated and their round-by-round ratio's IQR
-    (`protocol.paired_ratio`) lies on one side of 1 as well; otherwise that this run cannot rank them. Both ratios
-    are quoted. withheld: why this run may not rank them at all (`collectives_lab.Load.withheld`)."""
-    r = protocol.paired_ratio(b, a)  # > 1: a is faster
-    med, q25, q75 = r.value, r.lo, r.hi
-    paired = f"round by round {name_b} / {name_a} {med:.2f}x (IQR {q25:.2f}-{q75:.2f}x)"
-    if withheld:
-        return f"{name_a} and {name_b} ({what}: {a} vs {b}; {paired}) are not ranked by this run: {withheld}"
-    if protocol.separated(a, b) and (q25 > 1 or q75 < 1):
-        return protocol.rank_sentence(name_a, a, name_b, b, what=what) + f"; {paired}"
-    how = ("apart by their spreads but not round by round" if protocol.separated(a, b) else
-           "within the noise of each other")
-    return f"{name_a} and {name_b} are {how} ({what}: {a} vs {b}; {paired}); this run cannot rank them"
 
 
 def measure_ddp(rank: int, world: int, width: int, depth: int, rows: list[int], reps: int, bucket_mb: float,
@@ -392,3 +375,19 @@ def bucketing_sentence(ddpm: dict, row: int, alpha_s: float, withheld: str | Non
     return (f"{head}: bucketed was faster, {r}; the saved messages at α each account for {share:.0%} of the "
             f"{-1e3 * gap:.1f} ms{'' if 0.75 <= share <= 1.25 else ', the rest is not explained by this run'}. "
             f"{why[0].upper()}{why[1:]}")
+
+
+def takeaway(overlap_rows: list[dict], compute_ms: float, row: int, timings: dict, withheld: str | None) -> str:
+    """The notebook's takeaway on DDP: bucketed overlap against syncing after backward at `row` rows (`timings`,
+    measure_ddp's for that row), and overlap against sequential where the all-reduce equals `compute_ms`
+    (`measure_overlap`'s rows); withheld: why this run may not rank them (None: it may)."""
+    ov = max(overlap_rows, key=lambda o: o["comm_ms"] == compute_ms)  # the row where communication equals compute
+    ratio, pred = protocol.ratio(ov["timings"]["sequential"], ov["timings"]["overlapped"]), ov["predicted"]
+    return ("DDP: our per-parameter, bucketed and after-backward DDP matched single-process training and torch DDP. "
+            f"At {row} rows, " + rank_paired("bucketed overlap", timings["bucketed"], "syncing after backward",
+                                             timings["after backward"], withheld=withheld)
+            + f"; with a known compute ({1e3 * ov['measured compute s']:.1f} ms) and all-reduce "
+            f"({1e3 * ov['measured comm s']:.1f} ms) per layer, overlap "
+            + ("was not ranked against sequential: the machine was shared" if withheld else
+               f"ran {ratio} faster than sequential, the prediction {pred['sequential'] / pred['overlapped']:.2f}x"
+               if ratio.separated and ratio.value > 1 else "could not be ranked against sequential in this run") + ".")

@@ -271,3 +271,21 @@ def bubble_sentences(rows: list[dict], withheld: str | None = None) -> list[str]
                           f"comes from this machine's costs, not from the schedule (per message {g['delay_ms']:.2f} ms "
                           f"under GPipe, {f['delay_ms']:.2f} ms under 1F1B)") + ".")
     return out
+
+
+def takeaway(rows: list[dict], stages: int, claim: dict, verdict: str, withheld: str | None) -> str:
+    """The notebook's takeaway on the pipeline at the largest m, from `measure_pipeline`'s rows, `bubble_claim`'s
+    result and the ledger's verdict on it; withheld: why this run may not rank the two schedules (None: it may)."""
+    top = max(r["micro"] for r in rows)
+    g, f = (next(r for r in rows if r["kind"] == kind and r["micro"] == top) for kind in ("gpipe", "1f1b"))
+    apart = g["bubble_q75"] < f["bubble_q25"] or f["bubble_q75"] < g["bubble_q25"]
+    return (f"Pipeline: at m = {top} on {stages} stages GPipe's bubble was {g['bubble']:.3f} (IQR "
+            f"{g['bubble_q25']:.3f}-{g['bubble_q75']:.3f}), {g['bubble'] / g['formula']:.2f}x (p-1)/(m+p-1) = "
+            f"{g['formula']:.3f}; the schedule's own waiting alone gives {g['schedule_bubble']:.3f} "
+            f"({claim['ratio']:.2f}x, ledger: {verdict}), the rest is message delivery ({g['idle_ms']['delivery']:.1f} ms) "
+            f"and the ranks' own time between steps ({g['idle_ms']['own']:.1f} ms). 1F1B: {f['bubble']:.3f} (IQR "
+            f"{f['bubble_q25']:.3f}-{f['bubble_q75']:.3f}), "
+            + ("not ranked against GPipe's: the machine was shared" if withheld else "within GPipe's spread" if not apart
+               else "apart from GPipe's beyond the spread (the note under the table says which part of the idle time "
+                    "differs)")
+            + f"; it held {f['peak_in_flight']} micro-batches' activations per stage against GPipe's {g['peak_in_flight']}.")

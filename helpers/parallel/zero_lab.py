@@ -85,3 +85,13 @@ def plan_figure(ranks: int, n_params: float, stage: int, title: str = "", unit: 
     ax.legend()
     fig.tight_layout()
     return fig
+
+
+def takeaway(rows: list[list], worst: float, verdict: str) -> str:
+    """The notebook's takeaway on ZeRO, from its memory table (rows [ranks, stage name, params, grads, state,
+    total MiB, ...]), the largest deviation from the formulas (a fraction) and the ledger's verdict on them."""
+    top = max(r[0] for r in rows)
+    held = {r[1]: r[5] for r in rows if r[0] == top}  # stage name -> MiB held by the fullest rank
+    return (f"ZeRO: memory per rank deviated at most {worst:.1%} from the paper's formulas (ledger: {verdict}); on "
+            f"{top} ranks FSDP held {held['ZeRO-3 (FSDP)']:.1f} MiB against DDP's {held['DDP']:.1f} MiB, which costs "
+            "1.5x DDP's communication by the paper's count.")
