@@ -7,6 +7,7 @@ the course GPT per kernel and the panel (the speed sweep and the memory wall are
 * `outputs_and_grads`, `compare`, `RULE`, `FP32_TOL`: one implementation's O, dQ, dK, dV against naive
   attention in fp32, by flash-attn's test rule; `correctness`: every implementation x precision x
   causal flag so, and the combinations that could *not* be checked here, each with its reason.
+* `NO_TRITON`: stands in for `triton` where it is not installed, so the notebook's kernel cells still define them.
 * `traffic_verdict`: the sentence about the tile-size crossover, generated from the run's numbers.
 * `gpt_kernels`: one training step of the course GPT per attention kernel (loss, time, bytes kept).
 * `flash_panel`: the instructor panel (traffic against tile size, memory kept against N).
@@ -149,6 +150,24 @@ def use_autotune(which: str) -> str:
         text += (f": flash_triton.SHORTLIST, the tiles an H200 picked at every shape it tuned; AUTOTUNE=\"all\" tries "
                  f"every configuration of flash_triton.AUTOTUNE ({sum(every.values())} kernels per case)")
     return text
+
+
+# ---------------------------------------------------------------- the kernel cells without Triton
+
+class _NoTriton:
+    """Stands in for `triton` and `triton.language` where Triton is not installed, so that notebook 06's kernel
+    cells still define their functions (never launched there): `jit` returns the function unchanged and every
+    other attribute (`constexpr` in the signatures) is None."""
+
+    @staticmethod
+    def jit(fn):
+        return fn
+
+    def __getattr__(self, name: str) -> None:
+        return None
+
+
+NO_TRITON = _NoTriton()
 
 
 # ---------------------------------------------------------------- correctness

@@ -179,3 +179,13 @@ def test_smoke_on_a_gpu_sweeps_the_head_dim_128_kernels(tmp_path, monkeypatch):
     cpu = params.Setup(profile="smoke", device="cpu", seed=0, interactive=False, results_dir=tmp_path)
     assert flash_lab.resolve_parameters(gpu, **RAW)["HEAD_DIMS"] == [128]
     assert flash_lab.resolve_parameters(cpu, **RAW)["HEAD_DIMS"] == [64]
+
+
+def test_without_triton_the_kernel_cells_still_define_their_functions():
+    triton = tl = flash_lab.NO_TRITON  # what notebook 06 binds where Triton is not installed
+
+    @triton.jit
+    def kernel(x, BLOCK: tl.constexpr):
+        return x
+
+    assert kernel(3, 4) == 3 and tl.constexpr is None
