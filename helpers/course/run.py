@@ -177,6 +177,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=positive_argument(int), default=None,
                    help="seconds allowed per cell (default: none)")
     p.add_argument("--no-report", action="store_true", help="skip writing report.md and report.html")
+    p.add_argument("--full-on-cpu", action="store_true",
+                   help="run the full profile although no GPU is visible (its sizes are made for one 80-141 GB GPU)")
     p.add_argument("--save-reference", action="store_true",
                    help="also copy this run's records into <references>/<device>/ (for reference GPU runs)")
     p.add_argument("--list", action="store_true", help="list the notebooks that would run, then exit")
@@ -237,6 +239,9 @@ def _main(args, stop: Stop) -> int:
     import torch  # heavy: only a run needs it; the workers (--worker), --list and usage errors do not
 
     profile, cuda = resolve_profile(asked), torch.cuda.is_available()
+    if profile == "full" and not cuda and not args.full_on_cpu:
+        raise UsageError("the full profile is sized for one 80-141 GB GPU and no GPU is visible: on a CPU it would "
+                         "run for hours, if memory lasts. Run the smoke profile, or pass --full-on-cpu to run it anyway")
     jobs = min(args.jobs or 1, len(notebooks))
     threads = max(1, (os.cpu_count() or 1) // jobs) if jobs > 1 and not cuda else torch.get_num_threads()
     try:

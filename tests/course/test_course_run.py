@@ -346,3 +346,16 @@ def test_an_unwritable_course_cache_falls_back_to_a_temporary_inductor_cache(fix
         shutil.rmtree(used)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_the_full_profile_without_a_gpu_is_refused_in_one_line_unless_asked_for(fixture_dir, tmp_path, capsys, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    out = tmp_path / "runs"
+    for how in (["--profile", "full"], ["-p", "PROFILE='full'"]):
+        assert run.main(["10", "--notebooks-dir", str(fixture_dir), "--out", str(out), *how]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "no GPU is visible" in err and "--full-on-cpu" in err
+    assert not out.exists()
+    assert "--full-on-cpu" in run.build_parser().format_help()
