@@ -47,7 +47,7 @@ def blocks_for(n_tokens: int, block_size: int) -> int:
     positive("block_size", block_size)
     if n_tokens < 0:
         raise ValueError(f"n_tokens={n_tokens} must be >= 0")
-    return -(-n_tokens // block_size)
+    return -(-n_tokens // block_size)  # ceiling division: a part-filled last block is still a whole block
 
 
 def slot_of(position: int, table: Sequence[int], block_size: int) -> tuple[int, int]:
@@ -59,9 +59,10 @@ def slot_of(position: int, table: Sequence[int], block_size: int) -> tuple[int, 
     positive("block_size", block_size)
     if position < 0:
         raise ValueError(f"position={position} must be >= 0")
-    logical = position // block_size
-    if logical >= len(table):
+    logical = position // block_size  # the sequence's own block count: its 0th, 1st, ... block
+    if logical >= len(table):  # the free list has not yet given this sequence a block that far
         raise IndexError(f"position {position} needs logical block {logical}; the table has {len(table)}")
+    # the table maps the logical block to wherever the free list found room; the offset within it is unchanged
     return table[logical], position % block_size
 
 

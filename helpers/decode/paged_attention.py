@@ -49,10 +49,12 @@ else:  # pragma: no cover - without a runnable triton only the PyTorch path exis
 KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
-def _gather(pool: torch.Tensor, tables: torch.Tensor) -> torch.Tensor:
+def gather_blocks(pool: torch.Tensor, tables: torch.Tensor) -> torch.Tensor:
     """(B, H_kv, max_blocks * block_size, hd): each sequence's blocks, in table order, from a layer's pool."""
     B, nb = tables.shape
+    # read: the blocks each row of `tables` names, wherever they sit in the pool (one indexing, no loop)
     g = pool[tables.long()]  # (B, max_blocks, block_size, H_kv, hd)
+    # laid end to end, block i's slots are positions i * block_size ..: the sequence as a contiguous cache holds it
     return g.reshape(B, nb * pool.size(1), pool.size(2), pool.size(3)).transpose(1, 2)
 
 
@@ -61,7 +63,7 @@ def attention_dtype(q: torch.dtype, pool: torch.dtype) -> torch.dtype:
     return torch.promote_types(torch.promote_types(q, pool), torch.float32)
 
 
-def _grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+def grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
     """softmax(q kᵀ/sqrt(hd)) v in attention_dtype with GQA grouping: q (B, H, T, hd), k/v (B, H_kv, S, hd),
     keep (B, T, S)."""
     B, H, T, hd = q.shape
@@ -83,9 +85,11 @@ def paged_decode_torch(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tens
     the new token's). q and the pools may differ in dtype. Returns (B, H, hd) in attention_dtype (float32,
     float64 when q or the pool is). H must be a multiple of H_kv (GQA/MQA).
     """
-    k, v = _gather(k_pool, tables), _gather(v_pool, tables)  # (B, H_kv, S, hd)
+    k, v = gather_blocks(k_pool, tables), gather_blocks(v_pool, tables)  # (B, H_kv, S, hd)
+    # the gathered rows are as long as the longest table: a shorter sequence's tail (the unfilled part of its
+    # last block, and the padding blocks) holds no keys of its own, so it is masked out
     keep = torch.arange(k.size(2), device=q.device)[None, None, :] < lengths.to(q.device)[:, None, None]
-    return _grouped_attention(q[:, :, None], k, v, keep)[:, :, 0]  # (B, H, hd)
+    return grouped_attention(q[:, :, None], k, v, keep)[:, :, 0]  # (B, H, hd)
 
 
 def paged_prefill_torch(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, tables: torch.Tensor,
@@ -97,17 +101,17 @@ def paged_prefill_torch(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Ten
     when q or the pool is).
     """
     T = q.size(2)
-    k, v = _gather(k_pool, tables), _gather(v_pool, tables)  # (B, H_kv, S, hd)
+    k, v = gather_blocks(k_pool, tables), gather_blocks(v_pool, tables)  # (B, H_kv, S, hd)
     last = cached.to(q.device)[:, None, None] + torch.arange(T, device=q.device)[None, :, None]  # (B, T, 1)
     keep = torch.arange(k.size(2), device=q.device)[None, None, :] <= last  # (B, T, S)
-    return _grouped_attention(q, k, v, keep)
+    return grouped_attention(q, k, v, keep)
 
 
 def dense_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
     """The contiguous reference: q (B, H, hd), k/v (B, H_kv, S_max, hd) padded; lengths (B,). -> (B, H, hd) in
     attention_dtype (fp32, fp64 when q or k is)."""
     keep = torch.arange(k.size(2), device=q.device)[None, None, :] < lengths.to(q.device)[:, None, None]
-    return _grouped_attention(q[:, :, None], k, v, keep)[:, :, 0]
+    return grouped_attention(q[:, :, None], k, v, keep)[:, :, 0]
 
 
 def flex_paged_decode(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, tables: torch.Tensor,

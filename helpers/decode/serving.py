@@ -25,8 +25,7 @@ the start of iteration `arrival`), so the same seed gives the same batches on ev
 times are the measured durations of those iterations on `server_clock` (an idle wait for the next arrival
 costs no time). A request's first token comes from its prefill, in the iteration that admitted it.
 
-Prefix sharing and chunked prefill are `helpers.decode.prefill`; notebook 10's measured sections on top of
-these schedulers are `helpers.decode.serving_lab` and `helpers.decode.paged_lab`.
+Prefix sharing and chunked prefill are `helpers.decode.prefill`; notebook 10 shows both schedulers in its cells.
 """
 from __future__ import annotations
 
@@ -64,17 +63,14 @@ def make_requests(n: int, *, seed: int = 0, vocab_size: int = 256, max_len: int 
                   prompt_median: int = 16, output_median: int = 16, sigma: float = 0.8,
                   max_new_tokens: int | None = None, arrival_rate: float | None = 1.0,
                   corpus: torch.Tensor | None = None) -> list[Request]:
-    """`n` seeded requests with heavy-tailed (log-normal) prompt and output lengths.
-
-    Lengths are median * exp(sigma * N(0, 1)), clipped so that prompt + max_new_tokens <= max_len
+    """`n` seeded requests with heavy-tailed (log-normal) prompt and output lengths. Lengths are median * exp(sigma * N(0, 1)), clipped so that prompt + max_new_tokens <= max_len
     (the model's seq_len) and output_len <= max_new_tokens (default: max_len // 2). Arrivals: a
     Poisson process with `arrival_rate` requests per iteration (None: all arrive at iteration 0).
     Prompts are random slices of `corpus` (1-D token ids) when given, else uniform random tokens.
     Raises ValueError for sizes that cannot fit.
     """
     max_new = max_len // 2 if max_new_tokens is None else max_new_tokens
-    positive("n", n)
-    positive("max_new_tokens", max_new)
+    positive("n", n), positive("max_new_tokens", max_new)
     if max_len - max_new < 1 or sigma < 0:
         raise ValueError(f"need max_new_tokens={max_new} < max_len={max_len} and sigma={sigma} >= 0")
     if arrival_rate is not None:  # None: everything arrives at once
@@ -84,7 +80,7 @@ def make_requests(n: int, *, seed: int = 0, vocab_size: int = 256, max_len: int 
     outputs = _lognormal_lengths(rng, n, output_median, sigma, 1, max_new)
     t, out = 0.0, []
     for i in range(n):
-        if corpus is not None:
+        if corpus is not None:  # a random slice of the corpus
             start = rng.randrange(0, max(1, corpus.numel() - prompts[i]))
             toks = tuple(int(x) for x in corpus[start:start + prompts[i]])
         else:
@@ -105,6 +101,7 @@ def model_requests(model, n: int, *, seed: int = 0, arrival_rate: float | None =
                          prompt_median=max(2, cfg.seq_len // 8), output_median=max(2, cfg.seq_len // 8),
                          max_new_tokens=cap, arrival_rate=arrival_rate, corpus=corpus)
     return reqs, cap
+
 
 @dataclass
 class _Live:
@@ -190,7 +187,7 @@ def server_clock(device: str) -> Callable[[], float]:
     return time.thread_time if resolve_clock(device) == THREAD else time.perf_counter
 
 
-class _Server:
+class Server:
     """What both schedulers share: the paged cache, the queues, the clock and the counters. An iteration is
     `begin`, admissions (`admit`), one decode step (`decode`), `end` (tokens delivered) and `release`."""
 
@@ -310,18 +307,18 @@ def serve_static(model, requests: Sequence[Request], *, num_blocks: int = 64, bl
     impl: the decode attention ("torch" or "triton"). clock: seconds, default `server_clock` (CUDA is
     synchronised before each reading). Raises ValueError when a request could never fit the pool or the
     model's seq_len."""
-    s = _Server(model, requests, num_blocks=num_blocks, block_size=block_size, max_batch=max_batch,
+    s = Server(model, requests, num_blocks=num_blocks, block_size=block_size, max_batch=max_batch,
                 max_new_tokens=max_new_tokens, impl=impl, clock=clock)
     held = lambda lv: len(lv.req.prompt) + s.cap  # noqa: E731  (preallocated: the prompt and the cap)
     while s.busy():
-        s.begin()
+        s.begin()  # arrivals join the queue; the iteration's clock starts
         produced = []
         if not s.running:  # a new batch only when the last one is done
-            while s.next_fits(held):
-                produced.append(s.admit(reserve=held(s.waiting[0])))
-        produced += s.decode(s.decoding(produced))
+            while s.next_fits(held):  # a free place and free blocks for the prompt + the cap, reserved now
+                produced.append(s.admit(reserve=held(s.waiting[0])))  # its prefill gives its first token
+        produced += s.decode(s.decoding(produced))  # one token for each member not yet done; the done ones idle
         s.end(produced)
-        if all(lv.done for lv in s.running):
+        if all(lv.done for lv in s.running):  # the blocks come back only when the longest member is done
             s.release(list(s.running))
     return s.result("static")
 
@@ -337,21 +334,21 @@ def serve_continuous(model, requests: Sequence[Request], *, num_blocks: int = 64
     a request leaves, and frees its blocks, the moment it is done.
 
     max_new_tokens, impl, clock and the errors: as `serve_static`."""
-    s = _Server(model, requests, num_blocks=num_blocks, block_size=block_size, max_batch=max_batch,
+    s = Server(model, requests, num_blocks=num_blocks, block_size=block_size, max_batch=max_batch,
                 max_new_tokens=max_new_tokens, impl=impl, clock=clock)
     held = lambda lv: len(lv.req.prompt) + len(lv.out)  # noqa: E731  (what its prefill writes)
     while s.busy():
-        s.begin()
+        s.begin()  # arrivals join the queue; the iteration's clock starts
         produced = []
-        while s.next_fits(held):
-            produced.append(s.admit(reserve=None))
+        while s.next_fits(held):  # every iteration: a free place and free blocks for what its prefill writes
+            produced.append(s.admit(reserve=None))  # nothing reserved ahead: blocks come as the tokens do
         decoding = s.decoding(produced)
-        for lv in list(decoding):
+        for lv in list(decoding):  # a token that starts a block needs a free one: preempt the newest if none
             if lv in decoding:  # not preempted for an earlier one
                 s.preempt_for(lv, decoding)
         produced += s.decode(decoding)
         s.end(produced)
-        s.release([lv for lv in s.running if lv.done])
+        s.release([lv for lv in s.running if lv.done])  # a finished request leaves now; its blocks are free
     return s.result("continuous")
 
 
@@ -367,14 +364,17 @@ def serve(model, requests: Sequence[Request], *, policy: str = "continuous", **k
     return SERVERS[policy](model, requests, **kwargs)
 
 
-def serve_policies(model, requests: Sequence[Request], *, repeats: int = 1, **serve_kwargs) -> dict[str, list[ServeRun]]:
+def serve_policies(model, requests: Sequence[Request], *, repeats: int = 1, servers: dict | None = None,
+                   **serve_kwargs) -> dict[str, list[ServeRun]]:
     """Every policy of POLICIES serving `requests` `repeats` times, interleaved, which goes first alternating
-    round by round (drift on the machine hits both alike): {policy: its runs}. serve_kwargs: `serve_static`'s."""
+    round by round (drift on the machine hits both alike): {policy: its runs}. servers: {policy: scheduler}
+    (default SERVERS; notebook 10 passes the ones its cells define); serve_kwargs: `serve_static`'s."""
     positive("repeats", repeats)
+    servers = SERVERS if servers is None else servers
     tries: dict[str, list[ServeRun]] = {p: [] for p in POLICIES}
     for i in range(repeats):
         for p in (POLICIES if i % 2 == 0 else POLICIES[::-1]):
-            tries[p].append(SERVERS[p](model, requests, **serve_kwargs))
+            tries[p].append(servers[p](model, requests, **serve_kwargs))
     return tries
 
 

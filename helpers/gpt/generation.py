@@ -75,9 +75,13 @@ class KVCache:
         positive("batch", batch)
         positive("max_len", max_len)
         cache_dtype(dtype)
+        # one slot per layer, sequence, kv head and position: GQA and MQA keep fewer kv heads than query
+        # heads, so their cache is n_head / n_kv_head times smaller
         shape = (config.n_layer, batch, config.n_kv_head, max_len, config.head_dim)
+        # allocated once, for the longest sequence: no step ever reallocates or copies what is cached
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
+        # length: the positions 0 .. length-1 filled in every layer (the model counts them up with `advance`)
         self.n_head, self.max_len, self.length = config.n_head, max_len, 0
 
     @property
@@ -102,7 +106,7 @@ class KVCache:
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """Store k, v and return causal attention (B, n_head, T, head_dim) of q over all cached keys."""
-        keys, values = self.update(layer, k, v)
+        keys, values = self.update(layer, k, v)  # write the T new tokens; read back all length + T of them
         return cached_attention(q, keys, values)
 
     def advance(self, T: int) -> None:
@@ -117,11 +121,14 @@ def cached_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) 
     Computes in compute_dtype(q.dtype, keys.dtype): q or the cached keys/values are converted to the wider
     of the two (nothing is converted when they agree)."""
     H, H_kv, T, S = q.size(1), keys.size(1), q.size(2), keys.size(2)
+    # read: every cached key and value, in the wider dtype (a bf16 cache under an fp32 model computes in fp32)
     dt = compute_dtype(q.dtype, keys.dtype)
     out_dtype, q, keys, values = q.dtype, q.to(dt), keys.to(dt), values.to(dt)
     if H_kv != H:  # each kv head serves H // H_kv consecutive query heads, as in the model
         keys = keys.repeat_interleave(H // H_kv, dim=1)
         values = values.repeat_interleave(H // H_kv, dim=1)
+    # one new token (decode) may see every key, so no mask; T new tokens (prefill, or a chunk) see the cache
+    # and their own causal triangle: query t stops at key S - T + t
     mask = None if T == 1 else causal_offset_mask(T, S, q.device)
     return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask).to(out_dtype)
 
