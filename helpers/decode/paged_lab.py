@@ -1,17 +1,18 @@
-"""Notebook 10's paged-cache sections, measured on the course GPT: the paged KV cache's waste (on the course's
-mix and at the vLLM paper's request lengths) and decode-attention speed, the KV-memory panel and the verdict on
-paged waste.
+"""Notebook 10's paged-cache measurements on the course GPT: the paged KV cache's waste (on the course's mix and
+at the vLLM paper's request lengths) and decode-attention speed, the KV-memory panel and the verdict on paged
+waste. Each function measures and returns rows (and a sentence made from this run's numbers); the notebook's
+cells print the tables and draw the figures.
 
 The cache is `helpers.decode.paged`, its attention `helpers.decode.paged_attention`, the request mix
-`helpers.decode.serving`. Each section is one call that prints its tables and a sentence made from this run's
-numbers, draws its figure and returns its rows:
+`helpers.decode.serving`.
 
-* `paged_section(model, block_sizes=..., n_requests=..., context=..., batch=..., reps=...)`: memory
-  waste paged against preallocated, and decode-attention time against block size (Triton's kernel
-  timed only on CUDA); its "speed" rows hold paged vs contiguous times for the "within 10% at 4k" goal.
-* `realistic_waste(...)`: that waste counted from block tables (`table_waste`) on request lengths drawn like
-  the vLLM paper's workloads (ShareGPT-like and Alpaca-like, `workload_lengths`), at serving scale, in
-  milliseconds on any machine.
+* `mix_waste(model, block_sizes=..., n_requests=...)`: memory waste, paged against preallocated, on the
+  course model's request mix, counted from block tables (`table_waste`).
+* `decode_speed(model, block_sizes, batch=..., context=..., reps=...)`: decode-attention time per block size,
+  paged against contiguous SDPA in one protocol comparison (Triton's kernel timed only on CUDA); its rows hold
+  paged vs contiguous times for the "within 10% at 4k" goal. `paged_sentence` says what both measured.
+* `realistic_waste(...)`: that waste counted from block tables on request lengths drawn like the vLLM paper's
+  workloads (ShareGPT-like and Alpaca-like, `workload_lengths`), at serving scale, in milliseconds on any machine.
 * `serving_panel(kv_heads, block, mix, budget_gb, weight_bytes_=..., gbps=...)`: the instructor-panel
   callback (KV memory reserved, waste and a throughput estimate, preallocated against paged, for a
   1.3B-sized model), on `request_mix` and `serving_estimate`.
@@ -27,7 +28,6 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
-import matplotlib.pyplot as plt
 import torch
 
 from helpers.decode import paged, paged_attention
@@ -39,11 +39,15 @@ from helpers.measure.params import positive, positives
 from helpers.show import plots, tables
 
 
-def _decode_speed(model, block_sizes: Sequence[int], *, batch: int, context: int, reps: int, seed: int,
+def decode_speed(model, block_sizes: Sequence[int], *, batch: int, context: int, reps: int, seed: int,
                   budget_s: float = 3.0) -> tuple[list[dict], str, protocol.Comparison]:
     """Decode attention time per block size: paged (PyTorch; Triton on CUDA) against contiguous SDPA, all
     in one comparison by the protocol (contiguous SDPA does not depend on the block size, so it is timed
-    once, as one variant among the paged ones). Returns (rows, the Triton check sentence, the Comparison)."""
+    once, as one variant among the paged ones). `batch` sequences of `context` tokens through randomly scattered
+    block tables, `reps` rounds at least. Returns (rows, the Triton check sentence, the Comparison)."""
+    positives("block_sizes", block_sizes)
+    for name, value in (("batch", batch), ("context", context), ("reps", reps)):
+        positive(name, value)
     cfg, p = model.config, next(model.parameters())
     H, H_kv, hd, dev, dt = cfg.n_head, cfg.n_kv_head, cfg.head_dim, p.device, p.dtype
     g = torch.Generator(device="cpu").manual_seed(seed)
@@ -73,7 +77,6 @@ def _decode_speed(model, block_sizes: Sequence[int], *, batch: int, context: int
             fns[f"paged triton {bs}"] = lambda kp=kp, vp=vp, tables=tables: paged_attention.paged_decode_triton(
                 q, kp, vp, tables, lens, max_len=context)
             errs[f"paged triton {bs}"] = (fns[f"paged triton {bs}"]() - want).abs().max().item()
-    positive("reps", reps)
     c = protocol.compare(fns, device=dev.type, min_reps=reps, max_reps=max(30, 2 * reps), budget_s=budget_s)
     rows = []
     for bs in block_sizes:
@@ -103,7 +106,7 @@ def _decode_speed(model, block_sizes: Sequence[int], *, batch: int, context: int
     return rows, check, c
 
 
-def _speed_sentence(c: protocol.Comparison, block_sizes: Sequence[int], batch: int, context: int) -> str:
+def speed_sentence(c: protocol.Comparison, block_sizes: Sequence[int], batch: int, context: int) -> str:
     """Paged vs contiguous decode-attention time, from one comparison: each implementation's best block
     size, its ratio to contiguous with IQR bounds, and a rank only where the IQRs are separated."""
     base = c["contiguous"]
@@ -170,8 +173,7 @@ def workload_lengths(name: str, n: int, *, sigma: float = 1.0, max_len: int = WO
     return (out[0] + out[1]).clamp(max=max_len).tolist()
 
 
-def realistic_waste(block_sizes: Sequence[int] = (8, 16, 32), n: int = 2000, seed: int = 0,
-                    show: bool = True) -> dict:
+def realistic_waste(block_sizes: Sequence[int] = (8, 16, 32), n: int = 2000, seed: int = 0) -> dict:
     """Paged KV waste at the vLLM paper's request lengths: for each workload of WORKLOADS (`workload_lengths`,
     `n` requests) and block size, the block tables' waste (`table_waste`), beside preallocating the
     2048-token context per request. Returns {"n", "rows": [...], "verdict": paged_waste_verdict's dict for
@@ -195,75 +197,45 @@ def realistic_waste(block_sizes: Sequence[int] = (8, 16, 32), n: int = 2000, see
                 f"{100 * v['expected']:.2f}%), against {100 * rows[0]['fraction']:.0f}% for preallocating "
                 f"{WORKLOAD_MAX_LEN} tokens per request: the vLLM paper's 'under 4%' is "
                 f"{v['verdict']}" + (f" ({v['reason']})" if v["reason"] else "") + " by this block-table count.")
-    if show:
-        print(tables.table(["workload", "scheme", "block size", "mean tokens", "allocated slots", "wasted", "waste %"],
-                           [[r["workload"], r["scheme"], r["block size"], r["mean tokens"], r["allocated"], r["wasted"],
-                             100 * r["fraction"]] for r in rows]))
-        print(sentence)
     return {"rows": rows, "verdict": v, "row16": r16, "sentence": sentence, "n": n}
 
 
-def paged_section(model, *, block_sizes: Sequence[int] = (4, 16, 64), n_requests: int = 24, seed: int = 0,
-                  max_new_tokens: int | None = None, corpus: torch.Tensor | None = None, batch: int = 8,
-                  context: int = 256, reps: int = 5, budget_s: float = 3.0, show: bool = True) -> dict:
-    """Notebook 10, "Paged KV cache": memory waste paged vs preallocated, and block size vs waste and speed.
+def mix_waste(model, *, block_sizes: Sequence[int] = (4, 16, 64), n_requests: int = 24, seed: int = 0,
+              max_new_tokens: int | None = None, corpus: torch.Tensor | None = None) -> dict:
+    """Memory waste, paged against preallocated, on the course model's request mix.
 
-    Waste: every request of a seeded mix (`n_requests`, lengths heavy-tailed, see make_requests) at its
-    final length L = prompt + output, held (a) in blocks of each size in `block_sizes`, measured from
-    the block tables of a PagedKVCache (and checked against ceil(L/b)*b), (b) preallocated to the
-    model's seq_len, (c) preallocated to prompt + the `max_new_tokens` cap (default seq_len // 2).
-    Speed: decode attention of `batch` sequences of `context` tokens through randomly scattered block
-    tables, timed interleaved (`reps` rounds) against contiguous SDPA; the Triton kernel is timed on
-    CUDA and only checked (interpreter) elsewhere. Prints two tables and a sentence, draws a figure;
-    returns {"waste": rows, "speed": rows, "figure": fig, "sentence": str}.
-    """
+    Every request of a seeded mix (`n_requests`, lengths heavy-tailed, `serving.model_requests`) at its final
+    length L = prompt + output, held (a) preallocated to the model's seq_len, (b) preallocated to prompt + the
+    `max_new_tokens` cap (default seq_len // 2), (c) in blocks of each size in `block_sizes`, measured from the
+    block tables of a PagedKVCache and checked against ceil(L/b)*b (`table_waste`). Returns {"rows": one per
+    scheme in that order, "n_requests", "cap", "seq_len"}."""
     positives("block_sizes", block_sizes)
-    for name, value in (("n_requests", n_requests), ("batch", batch), ("context", context), ("reps", reps)):
-        positive(name, value)
+    positive("n_requests", n_requests)
     reqs, cap = model_requests(model, n_requests, seed=seed, arrival_rate=None, corpus=corpus,
                                max_new_tokens=max_new_tokens)
     lengths = [len(r.prompt) + r.output_len for r in reqs]
     seq_len = model.config.seq_len
-    waste_rows = []
+    rows = []
     for label, w in (("preallocate seq_len", paged.waste(lengths, reserve=seq_len)),
                      ("preallocate prompt + cap", paged.waste(lengths, reserve=[len(r.prompt) + cap for r in reqs]))):
-        waste_rows.append({"scheme": label, "block size": None, **w})
+        rows.append({"scheme": label, "block size": None, **w})
     for bs in block_sizes:
-        waste_rows.append({"scheme": "paged", "block size": bs, **table_waste(lengths, bs)})
-    print(tables.table(["scheme", "block size", "allocated slots", "used slots", "wasted", "waste %"],
-                       [[r["scheme"], r["block size"], r["allocated"], r["used"], r["wasted"], 100 * r["fraction"]]
-                        for r in waste_rows]))
-    speed_rows, check, comp = _decode_speed(model, list(block_sizes), batch=batch, context=context, reps=reps,
-                                            seed=seed, budget_s=budget_s)
-    print()
-    print(tables.table(["block size", "paged torch us", "IQR", "paged triton us", "IQR"],
-                       [[r["block size"], r["paged torch us"], f"±{r['paged torch IQR %']:.0f}%", r["paged triton us"],
-                         "-" if r["paged triton IQR %"] is None else f"±{r['paged triton IQR %']:.0f}%"]
-                        for r in speed_rows]))
-    print(f"contiguous SDPA (does not depend on the block size, timed once in the same comparison): {comp['contiguous']}; "
-          + comp.note())
-    paged_w = [r for r in waste_rows if r["scheme"] == "paged"]
+        rows.append({"scheme": "paged", "block size": bs, **table_waste(lengths, bs)})
+    return {"rows": rows, "n_requests": n_requests, "cap": cap, "seq_len": seq_len}
+
+
+def paged_sentence(waste: dict, comparison: protocol.Comparison, block_sizes: Sequence[int], batch: int,
+                   context: int, check: str) -> str:
+    """What `mix_waste` and `decode_speed` measured, in words from this run's numbers: the paged waste's range
+    against both preallocations, then `speed_sentence` and the Triton kernel's `check` sentence."""
+    paged_w = [r for r in waste["rows"] if r["scheme"] == "paged"]
     worst = max(paged_w, key=lambda r: r["fraction"])
-    sentence = (f"On this mix of {n_requests} requests, paged blocks waste {100 * min(r['fraction'] for r in paged_w):.1f}-"
-                f"{100 * worst['fraction']:.1f}% of the slots they allocate (block size {worst['block size']} wastes most), "
-                f"against {100 * waste_rows[0]['fraction']:.0f}% when each request preallocates seq_len={seq_len} and "
-                f"{100 * waste_rows[1]['fraction']:.0f}% when it preallocates prompt + {cap}. "
-                f"{_speed_sentence(comp, list(block_sizes), batch, context)} {check}")
-    print()
-    print(sentence)
-    fig, (ax1, ax2) = plots.figure(ncols=2, figsize=(11, 3.8))
-    xs = [r["block size"] for r in paged_w]
-    plots.sweep(xs, {"paged": [100 * r["fraction"] for r in paged_w]}, xlabel="block size (tokens)",
-                ylabel="KV slots wasted (%)", title="Waste on the request mix", logx=True, logy=False,
-                hlines={r["scheme"]: 100 * r["fraction"] for r in waste_rows[:2]}, ax=ax1)
-    series = {"paged torch": [r["paged torch us"] for r in speed_rows],
-              "paged triton": [r["paged triton us"] for r in speed_rows]}
-    plots.sweep(xs, series, xlabel="block size (tokens)", ylabel="decode attention (us)", logx=True,
-                title=f"{batch} x {context} tokens", hlines={"contiguous SDPA (one timing)": speed_rows[0]["contiguous us"]},
-                ax=ax2)
-    if not show:
-        plt.close(fig)
-    return {"waste": waste_rows, "speed": speed_rows, "figure": fig, "sentence": sentence}
+    seq_len, cap = waste["seq_len"], waste["cap"]
+    return (f"On this mix of {waste['n_requests']} requests, paged blocks waste "
+            f"{100 * min(r['fraction'] for r in paged_w):.1f}-{100 * worst['fraction']:.1f}% of the slots they "
+            f"allocate (block size {worst['block size']} wastes most), against {100 * waste['rows'][0]['fraction']:.0f}% "
+            f"when each request preallocates seq_len={seq_len} and {100 * waste['rows'][1]['fraction']:.0f}% when it "
+            f"preallocates prompt + {cap}. {speed_sentence(comparison, list(block_sizes), batch, context)} {check}")
 
 
 # ---------------------------------------------------------------- the panel: memory, waste, throughput (1.3B-sized)

@@ -1,18 +1,19 @@
-"""Notebook 10's serving sections, measured on the course GPT: prefix sharing, chunked prefill, static against
-continuous batching, and the verdict on continuous batching.
+"""Notebook 10's serving measurements on the course GPT: prefix sharing, chunked prefill, static against
+continuous batching, and the verdict on continuous batching. Each function measures and returns rows, dicts and
+a sentence made from this run's numbers; the notebook's cells print the tables and draw the figures.
 
 The request mix and the schedulers are `helpers.decode.serving`, prefix sharing and chunked prefill
-`helpers.decode.prefill`, the cache `helpers.decode.paged`. Each section is one call that prints its tables and a
-sentence made from this run's numbers, draws its figure (where it has one) and returns its rows:
+`helpers.decode.prefill`, the cache `helpers.decode.paged`.
 
-* `prefix_section(model, ...)`: prefix sharing with copy-on-write against the unshared cache: identical
+* `prefix_sharing(model, ...)`: prefix sharing with copy-on-write against the unshared cache: identical
   tokens, bitwise logits, and the blocks saved, checked against their formula (`prefix_blocks`).
-* `chunked_section(model, ...)`: chunked prefill interleaved with other requests' decode, checked against a
+* `chunked_stall(model, ...)`: chunked prefill interleaved with other requests' decode, checked against a
   plain prefill, and the stall a running request sees (a whole prefill against one chunk) timed.
-* `batching_section(model, n_requests=..., max_batch=..., max_new_tokens=..., repeats=...)`: both
-  policies on the same mix and memory; "speedup" is the continuous / static tokens/s ratio (median of the
-  rounds' paired ratios), "record"
-  what to pass to `results.record`.
+* `compare_policies(model, n_requests=..., max_batch=..., max_new_tokens=..., repeats=...)`: both policies on
+  the same mix and memory; "speedup" is the continuous / static tokens/s ratio (the median of the rounds'
+  paired ratios). `served_alone` checks batched tokens against each request served alone, and
+  `batching_report` turns all of it (with a run on a tight pool, which the notebook makes) into the table's
+  rows, a sentence and what to pass to `results.record`.
 * `continuous_batching_verdict(...)`: the vLLM paper's "2-4x", judged by `claims.judge_interval` where this device
   lets a bigger batch pay.
 
@@ -24,17 +25,14 @@ from __future__ import annotations
 
 from typing import Sequence
 
-import matplotlib.pyplot as plt
 import torch
 
 from helpers.decode.paged import blocks_for
 from helpers.decode.prefill import chunked_prefill, shared_prefix_generate
-from helpers.decode.serving import (POLICIES, model_requests, policy_speedup, serve_continuous, serve_policies,
-                                    solo_tokens)
+from helpers.decode.serving import POLICIES, ServeRun, model_requests, policy_speedup, serve_policies, solo_tokens
 from helpers.gpt.generation import KVCache, rewound_step
 from helpers.measure import bench, claims, protocol
 from helpers.measure.params import positive
-from helpers.show import plots, tables
 
 
 def prefix_blocks(prompt_len: int, total_len: int, n: int, block_size: int) -> dict:
@@ -48,12 +46,14 @@ def prefix_blocks(prompt_len: int, total_len: int, n: int, block_size: int) -> d
             "copies": (n - 1) if prompt_len % block_size else 0}
 
 
-def prefix_section(model, prompt: Sequence[int], suffixes: Sequence[Sequence[int]], new_tokens: int, *,
-                   block_size: int = 16, show: bool = True) -> dict:
+def prefix_sharing(model, prompt: Sequence[int], suffixes: Sequence[Sequence[int]], new_tokens: int, *,
+                   block_size: int = 16) -> dict:
     """Prefix sharing with copy-on-write (`prefill.shared_prefix_generate`) against the same requests with
     unshared blocks: greedy tokens identical, logits compared bitwise (the same kernels on the same numbers),
     block counts from the tables against `prefix_blocks`. Raises AssertionError when tokens or counts
-    differ. Returns {"shared", "unshared" (SharedPrefixRun), "bitwise", "max_diff", "formula", "sentence"}."""
+    differ. Returns {"shared", "unshared" (SharedPrefixRun), "bitwise", "max_diff", "formula", "rows" (one per
+    cache: name, physical blocks, blocks the tables name, copy-on-write copies, the formula's blocks),
+    "sentence"}."""
     sh = shared_prefix_generate(model, prompt, suffixes, new_tokens, block_size=block_size, share=True)
     un = shared_prefix_generate(model, prompt, suffixes, new_tokens, block_size=block_size, share=False)
     if sh.tokens != un.tokens:
@@ -71,25 +71,23 @@ def prefix_section(model, prompt: Sequence[int], suffixes: Sequence[Sequence[int
                 f"{f['saved'] / un.physical:.0%}), after {sh.cow_copies} copy-on-write cop"
                 f"{'y' if sh.cow_copies == 1 else 'ies'} of the prompt's partly filled last block; greedy tokens "
                 f"identical, logits " + ("bitwise equal." if bitwise else f"within {diff:.1e} (not bitwise)."))
-    if show:
-        print(tables.table(["cache", "physical blocks", "blocks named by the tables", "copy-on-write copies",
-                            "formula: blocks"],
-                           [["unshared", un.physical, un.logical, un.cow_copies, f["unshared"]],
-                            ["shared prefix", sh.physical, sh.logical, sh.cow_copies, f["shared"]]]))
-        print(sentence)
-    return {"shared": sh, "unshared": un, "bitwise": bitwise, "max_diff": diff, "formula": f, "sentence": sentence}
+    rows = [["unshared", un.physical, un.logical, un.cow_copies, f["unshared"]],
+            ["shared prefix", sh.physical, sh.logical, sh.cow_copies, f["shared"]]]
+    return {"shared": sh, "unshared": un, "bitwise": bitwise, "max_diff": diff, "formula": f, "rows": rows,
+            "sentence": sentence}
 
 
-def chunked_section(model, prompt: Sequence[int], chunk: int, others: Sequence[Sequence[int]], *, reps: int = 5,
-                    budget_s: float = 3.0, tol: dict | None = None, show: bool = True) -> dict:
+def chunked_stall(model, prompt: Sequence[int], chunk: int, others: Sequence[Sequence[int]], *, reps: int = 5,
+                  budget_s: float = 3.0, tol: dict | None = None) -> dict:
     """Chunked prefill (`prefill.chunked_prefill`) of `prompt` in chunks of `chunk`, interleaved with decode
     steps of `others`, against a plain prefill of it in the same loop: the prompt's logits within `tol`
     (default rtol 1e-5, atol 1e-4: fp32, each chunk's sums grouped differently), the others' greedy tokens
     identical. Then the stall a running request sees in one iteration, compared by the protocol on a
     contiguous cache: the whole prompt's prefill against its last (costliest) chunk over the cached rest.
-    Returns {"max_diff", "tokens_equal", "comparison", "ratio", "sentence"}; raises AssertionError on a
-    mismatch."""
+    Returns {"max_diff", "tokens_equal", "comparison", "ratio", "rows" (what an iteration holds, its tokens,
+    its time), "sentence"}; raises AssertionError on a mismatch."""
     positive("chunk", chunk)
+    positive("reps", reps)
     tol = tol or dict(rtol=1e-5, atol=1e-4)
     steps = blocks_for(len(prompt), chunk) + 2
     plain, plain_out = chunked_prefill(model, prompt, len(prompt), others=others, decode_steps=steps)
@@ -107,7 +105,6 @@ def chunked_section(model, prompt: Sequence[int], chunk: int, others: Sequence[S
         model(ids[:, :last], cache=chunk_cache)
     fns = {"whole prefill": rewound_step(model, whole_cache, ids),
            "one chunk": rewound_step(model, chunk_cache, ids[:, last:])}
-    positive("reps", reps)
     c = protocol.compare(fns, device=p.device.type, min_reps=reps, max_reps=max(30, 2 * reps), budget_s=budget_s)
     r = c.ratio("whole prefill", "one chunk")
     rank = protocol.rank_sentence(f"one chunk ({len(prompt) - last} tokens)", c["one chunk"],
@@ -117,42 +114,32 @@ def chunked_section(model, prompt: Sequence[int], chunk: int, others: Sequence[S
     sentence = (f"Chunked prefill of {len(prompt)} tokens in chunks of {chunk}, interleaved with {len(others)} running "
                 f"requests' decode steps, gives the plain prefill's logits {same} and the running requests the same "
                 f"greedy tokens. The stall a running request sees in one iteration: {rank}.")
-    if show:
-        print(tables.table(["iteration holds", "tokens", "time"],
-                           [["the whole prefill", len(prompt), str(c["whole prefill"])],
-                            ["one chunk (the last)", len(prompt) - last, str(c["one chunk"])]]))
-        print(c.note())
-        print(sentence)
-    return {"max_diff": diff, "tokens_equal": chunk_out == plain_out, "comparison": c, "ratio": r,
+    rows = [["the whole prefill", len(prompt), str(c["whole prefill"])],
+            ["one chunk (the last)", len(prompt) - last, str(c["one chunk"])]]
+    return {"max_diff": diff, "tokens_equal": chunk_out == plain_out, "comparison": c, "ratio": r, "rows": rows,
             "sentence": sentence}
 
 
-def batching_section(model, *, n_requests: int = 16, max_batch: int = 8, block_size: int = 16,
+def compare_policies(model, *, n_requests: int = 16, max_batch: int = 8, block_size: int = 16,
                      num_blocks: int | None = None, arrival_rate: float | None = 2.0, seed: int = 0,
                      max_new_tokens: int | None = None, corpus: torch.Tensor | None = None, impl: str = "torch",
-                     repeats: int = 1, tight_pool: bool = True, check_solo: bool = True, solo_every: int = 1,
-                     show: bool = True) -> dict:
-    """Notebook 10, "Continuous batching": static vs continuous on the same request mix and KV memory.
+                     repeats: int = 1, servers: dict | None = None) -> dict:
+    """Static against continuous batching on the same request mix and KV memory.
 
     Both policies serve the same seeded mix (arrivals: `arrival_rate` per iteration) greedily with the
     same pool of `num_blocks` blocks (default: room for max_batch // 2 requests at prompt + cap, so
     static batching, which preallocates that much per request, runs about max_batch // 2 at a time,
-    while continuous batching fits as many as their actual lengths allow, up to max_batch). Prints a
-    table (tokens/s, TTFT and TPOT p50/p99, waste, preemptions) and a sentence, draws a figure.
-    With `repeats` > 1 each policy runs that many times, interleaved, and the run with the median
-    tokens/s is reported, with the spread ("noise"); "speedup" is the median over rounds of each round's
+    while continuous batching fits as many as their actual lengths allow, up to max_batch), `repeats`
+    times each, interleaved (`serve_policies`; `servers`: the schedulers, default serving.SERVERS). The run
+    with the median tokens/s of each policy is reported; "speedup" is the median over rounds of each round's
     continuous / static tokens/s (both served back to back, so a round's load slows both alike) and
-    "speedup_range" its IQR; "separated": two or more rounds whose ratios' quartiles lie on one side of 1 (only
-    then does the sentence say faster or slower). Iterations are timed on `serving.server_clock` (the thread's CPU clock on
-    a CPU with torch on one thread). With `tight_pool`, continuous batching also runs
-    with half the blocks, where it must preempt, to show that no request's tokens change. With
-    `check_solo`, every `solo_every`-th request of the mix (1: each one) is also served alone
-    (`solo_tokens`) and the sentence counts those whose batched tokens equal their solo ones. Returns
-    {"rows", "runs", "tries" (every run), "speedup", "speedup_range", "separated", "same_tokens", "solo_matches", "solo_checked",
-    "sentence", "noise", "figure", "record"}.
-    """
+    "speedup_range" its IQR; "separated": two or more rounds whose ratios' quartiles lie on one side of 1.
+    Iterations are timed on `serving.server_clock`. Returns {"requests", "cap", "num_blocks", "tight_blocks"
+    (half the pool, at least one request's worth: where continuous batching must preempt), "block_size",
+    "max_batch", "n_requests", "impl", "repeats", "tries", "runs", "speedup", "speedup_range", "separated",
+    "spread", "same_tokens", "noise", "record" (the headline numbers for `results.record`)}."""
     for name, value in (("n_requests", n_requests), ("max_batch", max_batch), ("block_size", block_size),
-                        ("repeats", repeats), ("solo_every", solo_every)):
+                        ("repeats", repeats)):
         positive(name, value)
     reqs, cap = model_requests(model, n_requests, seed=seed, arrival_rate=arrival_rate, corpus=corpus,
                                max_new_tokens=max_new_tokens)
@@ -160,7 +147,7 @@ def batching_section(model, *, n_requests: int = 16, max_batch: int = 8, block_s
     if num_blocks is None:
         num_blocks = max(1, max_batch // 2) * blocks_for(longest, block_size)
     tries = serve_policies(model, reqs, repeats=repeats, num_blocks=num_blocks, block_size=block_size,
-                           max_batch=max_batch, max_new_tokens=cap, impl=impl)
+                           max_batch=max_batch, max_new_tokens=cap, impl=impl, servers=servers)
     said = policy_speedup(tries)
     runs, spread = said["runs"], said["spread"]
     # each round serves both policies back to back: the per-round ratio leaves out what a round's load does to both
@@ -169,72 +156,69 @@ def batching_section(model, *, n_requests: int = 16, max_batch: int = 8, block_s
     noise = (f"Median of {repeats} interleaved runs per policy; their tokens/s varied by up to {100 * spread:.0f}% "
              f"of the median; continuous / static per round {speedup:.2f}x (IQR {r_lo:.2f}-{r_hi:.2f}x)."
              if repeats > 1 else "One run per policy (repeats=1), so this run's noise is not measured.")
-    rows = [runs[p].row() for p in POLICIES]
-    tight_note = ""
-    if tight_pool:  # the same mix with half the blocks: preemption, and nothing lost
-        half = max(blocks_for(longest, block_size), num_blocks // 2)
-        tight = serve_continuous(model, reqs, num_blocks=half, block_size=block_size, max_batch=max_batch,
-                                 max_new_tokens=cap, impl=impl)
-        rows.append(tight.row() | {"policy": f"continuous, {half} blocks"})
-        kept = sum(tight.tokens[r.rid] == runs["continuous"].tokens[r.rid] for r in reqs)
-        tight_note = (f" With {half} blocks instead of {num_blocks}, continuous batching preempted {tight.preemptions} "
-                      f"time(s) and {kept} of {n_requests} requests produced the same tokens as with the full pool.")
-        runs = runs | {"continuous, tight": tight}
-    print(tables.table(list(rows[0]), [list(r.values()) for r in rows]))
-    st, co = runs["static"], runs["continuous"]
-    same = sum(st.tokens[r.rid] == co.tokens[r.rid] for r in reqs)
-    solo_matches, solo_note, checked = {}, "", reqs[::solo_every] if check_solo else []
-    if check_solo:  # greedy tokens of each request served alone: what batching must not change
-        solo = {r.rid: solo_tokens(model, r, block_size=block_size, impl=impl) for r in checked}
-        solo_matches = {name: sum(run.tokens[r.rid] == solo[r.rid] for r in checked) for name, run in runs.items()}
-        label = {"static": "static batching", "continuous": "continuous batching",
-                 "continuous, tight": "continuous batching with half the blocks"}
-        which = ("each request" if len(checked) == n_requests else
-                 f"{len(checked)} of the {n_requests} requests (one in {solo_every}, in the order of the mix)")
-        solo_note = (f" Against {which} served alone, the greedy tokens matched for " + ", ".join(
-            f"{k} of {len(checked)} under {label[name]}" for name, k in solo_matches.items()) + ".")
-    # ranked on the per-round ratios, as the speed-up itself is: their quartiles must lie on one side of 1
-    apart = repeats > 1 and not r_lo <= 1 <= r_hi
-    faster = ("faster" if speedup > 1 else "slower") if apart else "within the noise of each other"
-    sentence = (f"Same {n_requests} requests, same {num_blocks} blocks of {block_size} tokens: continuous batching "
-                f"generates {co.tokens_per_s:.0f} tokens/s against static batching's {st.tokens_per_s:.0f} "
-                f"({speedup:.2f}x, {faster}); median time to first token {1e3 * co.percentile('ttft', 50):.0f} ms "
-                f"against {1e3 * st.percentile('ttft', 50):.0f} ms, p99 {1e3 * co.percentile('ttft', 99):.0f} against "
-                f"{1e3 * st.percentile('ttft', 99):.0f} ms; KV waste {100 * co.waste_fraction:.0f}% against "
-                f"{100 * st.waste_fraction:.0f}%, with {co.preemptions} preemption(s). {same} of {n_requests} "
-                f"requests produced identical tokens under both policies.{tight_note}{solo_note} {noise}")
-    print()
-    print(sentence)
-    fig, axes = plots.figure(ncols=3, figsize=(13, 3.8))
-    plots.bars({p: runs[p].tokens_per_s for p in POLICIES}, ylabel="tokens/s", title="Throughput", ax=axes[0],
-               logy=False)
-    for ax, metric, title in ((axes[1], "ttft", "Time to first token"), (axes[2], "tpot", "Time per output token")):
-        plots.bars({f"{p} p{q}": 1e3 * runs[p].percentile(metric, q) for p in POLICIES for q in (50, 99)},
-                   ylabel="ms", title=title, ax=ax, logy=False)
-        ax.tick_params(axis="x", labelrotation=20)
-    fig.tight_layout()
-    if not show:
-        plt.close(fig)
+    same = sum(runs["static"].tokens[r.rid] == runs["continuous"].tokens[r.rid] for r in reqs)
     record = {f"{p}_{k}": v for p in POLICIES for k, v in
               (("tokens_per_s", runs[p].tokens_per_s), ("ttft_p50_s", runs[p].percentile("ttft", 50)),
                ("ttft_p99_s", runs[p].percentile("ttft", 99)), ("tpot_p50_s", runs[p].percentile("tpot", 50)),
                ("tpot_p99_s", runs[p].percentile("tpot", 99)), ("kv_waste", runs[p].waste_fraction),
                ("preemptions", runs[p].preemptions))}
     record |= {"speedup": speedup, "num_blocks": num_blocks, "block_size": block_size, "n_requests": n_requests,
-               "max_batch": max_batch, "same_tokens": same}
-    record["tokens_per_s_spread"] = spread
-    if tight_pool:
-        record |= {"tight_num_blocks": half, "tight_preemptions": runs["continuous, tight"].preemptions,
+               "max_batch": max_batch, "same_tokens": same, "tokens_per_s_spread": spread}
+    return {"requests": reqs, "cap": cap, "num_blocks": num_blocks, "block_size": block_size, "max_batch": max_batch,
+            "tight_blocks": max(blocks_for(longest, block_size), num_blocks // 2), "n_requests": n_requests,
+            "impl": impl, "repeats": repeats, "tries": tries, "runs": runs, "speedup": speedup,
+            "speedup_range": (r_lo, r_hi), "separated": repeats > 1 and not r_lo <= 1 <= r_hi, "spread": spread,
+            "same_tokens": same, "noise": noise, "record": record}
+
+
+def served_alone(model, batching: dict, tight: ServeRun | None = None, *, every: int = 1) -> dict:
+    """Every `every`-th request of `compare_policies`' mix (1: each one) served alone (`solo_tokens`), the
+    reference batching must not change, against its tokens under each policy's reported run (and `tight`, a
+    continuous run on a smaller pool, when given). Returns {"matches": {run name: requests whose tokens
+    equal their solo ones}, "checked": how many requests were served alone, "every"}."""
+    positive("every", every)
+    runs = batching["runs"] | ({"continuous, tight": tight} if tight is not None else {})
+    checked = batching["requests"][::every]
+    solo = {r.rid: solo_tokens(model, r, block_size=batching["block_size"], impl=batching["impl"]) for r in checked}
+    return {"matches": {name: sum(run.tokens[r.rid] == solo[r.rid] for r in checked) for name, run in runs.items()},
+            "checked": len(checked), "every": every}
+
+
+def batching_report(batching: dict, tight: ServeRun | None = None, solo: dict | None = None) -> dict:
+    """What `compare_policies` measured, with the continuous run on a tight pool (`tight`, its
+    `batching["tight_blocks"]` blocks) and `served_alone`'s counts (`solo`) when given: {"rows" (a table row
+    per run: tokens/s, TTFT and TPOT p50/p99, waste, preemptions), "sentence", "record" (`results.record`'s
+    dict: the headline numbers and every check's count)}."""
+    runs, reqs, n = batching["runs"], batching["requests"], batching["n_requests"]
+    rows, record, tight_note, solo_note = [runs[p].row() for p in POLICIES], dict(batching["record"]), "", ""
+    if tight is not None:  # the same mix with fewer blocks: preemption, and nothing lost
+        rows.append(tight.row() | {"policy": f"continuous, {batching['tight_blocks']} blocks"})
+        kept = sum(tight.tokens[r.rid] == runs["continuous"].tokens[r.rid] for r in reqs)
+        tight_note = (f" With {batching['tight_blocks']} blocks instead of {batching['num_blocks']}, continuous "
+                      f"batching preempted {tight.preemptions} time(s) and {kept} of {n} requests produced the same "
+                      f"tokens as with the full pool.")
+        record |= {"tight_num_blocks": batching["tight_blocks"], "tight_preemptions": tight.preemptions,
                    "tight_same_tokens": kept}
-    record |= {f"solo_matches_{name.replace(', ', '_')}": k for name, k in solo_matches.items()}
-    if check_solo:
-        record["solo_checked"] = len(checked)
-    record["policies_separated"] = apart
-    return {"rows": rows, "runs": runs, "tries": tries, "speedup": speedup, "same_tokens": same, "solo_matches": solo_matches,
-            "solo_checked": len(checked),
-            "sentence": sentence, "separated": apart,
-            "speedup_range": (r_lo, r_hi),
-            "noise": noise, "figure": fig, "record": record}
+    if solo is not None:
+        label = {"static": "static batching", "continuous": "continuous batching",
+                 "continuous, tight": "continuous batching with half the blocks"}
+        which = ("each request" if solo["checked"] == n else
+                 f"{solo['checked']} of the {n} requests (one in {solo['every']}, in the order of the mix)")
+        solo_note = (f" Against {which} served alone, the greedy tokens matched for " + ", ".join(
+            f"{k} of {solo['checked']} under {label[name]}" for name, k in solo["matches"].items()) + ".")
+        record |= {f"solo_matches_{name.replace(', ', '_')}": k for name, k in solo["matches"].items()}
+        record["solo_checked"] = solo["checked"]
+    record["policies_separated"] = batching["separated"]
+    st, co, speedup = runs["static"], runs["continuous"], batching["speedup"]
+    faster = ("faster" if speedup > 1 else "slower") if batching["separated"] else "within the noise of each other"
+    sentence = (f"Same {n} requests, same {batching['num_blocks']} blocks of {batching['block_size']} tokens: continuous "
+                f"batching generates {co.tokens_per_s:.0f} tokens/s against static batching's {st.tokens_per_s:.0f} "
+                f"({speedup:.2f}x, {faster}); median time to first token {1e3 * co.percentile('ttft', 50):.0f} ms "
+                f"against {1e3 * st.percentile('ttft', 50):.0f} ms, p99 {1e3 * co.percentile('ttft', 99):.0f} against "
+                f"{1e3 * st.percentile('ttft', 99):.0f} ms; KV waste {100 * co.waste_fraction:.0f}% against "
+                f"{100 * st.waste_fraction:.0f}%, with {co.preemptions} preemption(s). {batching['same_tokens']} of {n} "
+                f"requests produced identical tokens under both policies.{tight_note}{solo_note} {batching['noise']}")
+    return {"rows": rows, "sentence": sentence, "record": record}
 
 
 # ---------------------------------------------------------------- the claim at this run's scale

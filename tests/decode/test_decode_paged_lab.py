@@ -1,4 +1,4 @@
-"""Notebook 10's paged-cache sections (helpers.decode.paged_lab): waste counted from block tables on planted,
+"""Notebook 10's paged-cache measurements (helpers.decode.paged_lab): waste counted from block tables on planted,
 mixed and workload-like lengths, decode-attention speed rows, the KV-memory panel and the paged-waste verdict."""
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ def test_workload_lengths_and_the_waste_verdict():
     lens = paged_lab.workload_lengths("ShareGPT-like", 4000, seed=1)
     mean = sum(lens) / len(lens)
     assert 400 < mean < 550 and max(lens) <= 2048 and min(lens) >= 2  # 161 + 338 on average, capped at 2048
-    out = paged_lab.realistic_waste(block_sizes=[16], n=500, show=False)
+    out = paged_lab.realistic_waste(block_sizes=[16], n=500)
     r = out["row16"]
     assert r["block size"] == 16 and r["workload"] == "ShareGPT-like"
     assert out["verdict"]["verdict"] == ("supported" if r["fraction"] < 0.044 else "contradicted")  # 4%, +10% close
@@ -28,18 +28,24 @@ def test_workload_lengths_and_the_waste_verdict():
         paged_lab.workload_lengths("chat", 3)
 
 
-def test_paged_section_prints_its_tables_and_returns_consistent_rows(capsys):
+def test_mix_waste_and_decode_speed_return_consistent_rows_and_print_nothing(capsys):
     model = tiny_gpt(2)
-    out = paged_lab.paged_section(model, block_sizes=[4, 7], n_requests=6, batch=2, context=20, reps=1, show=False)
-    waste = {(r["scheme"], r["block size"]): r for r in out["waste"]}
-    assert waste[("paged", 4)]["fraction"] < waste[("preallocate prompt + cap", None)]["fraction"] \
-        < waste[("preallocate seq_len", None)]["fraction"]
-    assert all(r["used"] == waste[("paged", 4)]["used"] for r in out["waste"])  # the same tokens, held differently
-    assert all(r["max |err| torch"] < 1e-4 for r in out["speed"])
-    text = capsys.readouterr().out
-    assert "waste %" in text and out["sentence"] in text
+    waste = paged_lab.mix_waste(model, block_sizes=[4, 7], n_requests=6)
+    by = {(r["scheme"], r["block size"]): r for r in waste["rows"]}
+    assert list(by) == [("preallocate seq_len", None), ("preallocate prompt + cap", None), ("paged", 4), ("paged", 7)]
+    assert by[("paged", 4)]["fraction"] < by[("preallocate prompt + cap", None)]["fraction"] \
+        < by[("preallocate seq_len", None)]["fraction"]
+    assert all(r["used"] == by[("paged", 4)]["used"] for r in waste["rows"])  # the same tokens, held differently
+    rows, check, comparison = paged_lab.decode_speed(model, [4, 7], batch=2, context=20, reps=1, seed=0)
+    assert [r["block size"] for r in rows] == [4, 7] and all(r["max |err| torch"] < 1e-4 for r in rows)
+    assert rows[0]["contiguous us"] == rows[1]["contiguous us"] == 1e6 * comparison["contiguous"].median  # timed once
+    sentence = paged_lab.paged_sentence(waste, comparison, [4, 7], 2, 20, check)
+    assert sentence.startswith("On this mix of 6 requests") and check in sentence
+    assert capsys.readouterr().out == ""  # the notebook's cell prints; the lab only measures
     with pytest.raises(ValueError, match="block_sizes"):
-        paged_lab.paged_section(model, block_sizes=[0])
+        paged_lab.mix_waste(model, block_sizes=[0])
+    with pytest.raises(ValueError, match="context"):
+        paged_lab.decode_speed(model, [4], batch=2, context=0, reps=1, seed=0)
 
 
 def test_request_mix_and_serving_estimate():

@@ -1,4 +1,4 @@
-"""Notebook 10's serving sections (helpers.decode.serving_lab): prefix sharing against its formula, chunked prefill
+"""Notebook 10's serving measurements (helpers.decode.serving_lab): prefix sharing against its formula, chunked prefill
 checked and timed, static against continuous batching on one mix (against each request served alone), and the
 continuous-batching verdict."""
 from __future__ import annotations
@@ -13,58 +13,89 @@ from kv_support import small_gpt, tiny_gpt
 
 @pytest.mark.slow
 @pytest.mark.parametrize("prompt_len,block", [(13, 4), (12, 4)])
-def test_prefix_section_checks_the_formulas_blocks(prompt_len, block):
+def test_prefix_sharing_checks_the_formulas_blocks(prompt_len, block, capsys):
     model = small_gpt(2)
     prompt = list(range(3, 3 + prompt_len))
     suffixes = [[1, 2], [5, 6], [9, 10]]
     f = serving_lab.prefix_blocks(prompt_len, prompt_len + 2 + 5, 3, block)
     assert f["saved"] == 2 * (prompt_len // block) and f["copies"] == (2 if prompt_len % block else 0)
-    out = serving_lab.prefix_section(model, prompt, suffixes, 5, block_size=block, show=False)
+    out = serving_lab.prefix_sharing(model, prompt, suffixes, 5, block_size=block)
     assert (out["shared"].physical, out["unshared"].physical, out["shared"].cow_copies) == (
         f["shared"], f["unshared"], f["copies"])
+    assert out["rows"] == [["unshared", f["unshared"], f["unshared"], 0, f["unshared"]],
+                           ["shared prefix", f["shared"], f["unshared"], f["copies"], f["shared"]]]
     assert out["bitwise"] and f"{f['saved']} saved" in out["sentence"]
+    assert capsys.readouterr().out == ""  # the notebook's cell prints; the lab only measures
 
 
 @pytest.mark.slow
-def test_chunked_section_checks_and_times_one_chunk_against_the_whole_prefill():
+def test_chunked_stall_checks_and_times_one_chunk_against_the_whole_prefill(capsys):
     model = small_gpt(2)
-    out = serving_lab.chunked_section(model, list(range(5, 35)), 7, [[3, 4, 5], [6, 7]], reps=2, budget_s=0.01,
-                                      show=False)
+    out = serving_lab.chunked_stall(model, list(range(5, 35)), 7, [[3, 4, 5], [6, 7]], reps=2, budget_s=0.01)
     assert out["tokens_equal"] and set(out["comparison"].timings) == {"whole prefill", "one chunk"}
+    assert [r[:2] for r in out["rows"]] == [["the whole prefill", 30], ["one chunk (the last)", 2]]  # 30 = 4 * 7 + 2
+    assert capsys.readouterr().out == ""
+    with pytest.raises(ValueError, match="chunk"):
+        serving_lab.chunked_stall(model, [1, 2, 3], 0, [])
 
 
 @pytest.mark.slow
-def test_batching_section_serves_both_policies_on_the_same_mix():
+def test_compare_policies_serves_both_on_the_same_mix_and_the_report_adds_every_check(capsys):
     model = tiny_gpt(2)
-    run = serving_lab.batching_section(model, n_requests=5, max_batch=4, block_size=4, max_new_tokens=8, repeats=2,
-                                       show=False)
-    assert [r["policy"] for r in run["rows"][:2]] == list(serving.POLICIES)
-    tight = run["runs"]["continuous, tight"]
-    assert set(run["solo_matches"]) == set(run["runs"]) and all(0 <= k <= 5 for k in run["solo_matches"].values())
-    assert run["record"]["tight_preemptions"] == tight.preemptions and tight.peak_blocks <= run["record"]["tight_num_blocks"]
+    run = serving_lab.compare_policies(model, n_requests=5, max_batch=4, block_size=4, max_new_tokens=8, repeats=2)
+    assert capsys.readouterr().out == ""
     paired = sorted(c.tokens_per_s / s.tokens_per_s for c, s in zip(run["tries"]["continuous"], run["tries"]["static"]))
     assert run["speedup"] == pytest.approx(sum(paired) / 2)  # the median of two rounds' paired ratios
     assert run["speedup_range"] == pytest.approx((paired[0] + (paired[1] - paired[0]) / 4,
                                                   paired[0] + 3 * (paired[1] - paired[0]) / 4))
     assert run["record"]["n_requests"] == 5 and 0 <= run["same_tokens"] <= 5 and "2 interleaved runs" in run["noise"]
+    assert run["num_blocks"] == 2 * serving.blocks_for(max(len(r.prompt) for r in run["requests"]) + 8, 4)
+    tight = serving.serve_continuous(model, run["requests"], num_blocks=run["tight_blocks"], block_size=4, max_batch=4,
+                                     max_new_tokens=run["cap"])
+    solo = serving_lab.served_alone(model, run, tight)
+    assert set(solo["matches"]) == {"static", "continuous", "continuous, tight"} and solo["checked"] == 5
+    assert all(0 <= k <= 5 for k in solo["matches"].values())
+    report = serving_lab.batching_report(run, tight, solo)
+    assert [r["policy"] for r in report["rows"]] == [*serving.POLICIES, f"continuous, {run['tight_blocks']} blocks"]
+    rec = report["record"]
+    assert rec["tight_preemptions"] == tight.preemptions and tight.peak_blocks <= rec["tight_num_blocks"]
+    assert rec["solo_checked"] == 5 and rec["solo_matches_continuous_tight"] == solo["matches"]["continuous, tight"]
+    assert list(rec)[-1] == "policies_separated" and "Against each request served alone" in report["sentence"]
+    assert "tight_num_blocks" not in serving_lab.batching_report(run)["record"]  # only the checks that ran
     with pytest.raises(ValueError, match="max_batch"):
-        serving_lab.batching_section(model, max_batch=0)
+        serving_lab.compare_policies(model, max_batch=0)
     with pytest.raises(ValueError, match="repeats"):
-        serving_lab.batching_section(model, repeats=0)
-    assert run["solo_checked"] == run["record"]["solo_checked"] == 5 and "Against each request served alone" in run["sentence"]
+        serving_lab.compare_policies(model, repeats=0)
 
 
 @pytest.mark.slow
-def test_batching_checks_one_request_in_solo_every_against_its_solo_tokens():
+def test_served_alone_checks_one_request_in_every_against_its_solo_tokens():
     model = tiny_gpt(2, torch.float64)  # float64: batched and solo numerics cannot flip a greedy argmax
-    run = serving_lab.batching_section(model, n_requests=5, max_batch=4, block_size=4, max_new_tokens=8,
-                                       tight_pool=False, solo_every=2, show=False)
-    assert run["solo_checked"] == run["record"]["solo_checked"] == 3  # requests 0, 2 and 4 of the mix
-    assert run["solo_matches"] == {"static": 3, "continuous": 3}
-    assert "3 of the 5 requests (one in 2, in the order of the mix) served alone" in run["sentence"]
-    assert "3 of 3 under static batching" in run["sentence"]
-    with pytest.raises(ValueError, match="solo_every"):
-        serving_lab.batching_section(model, solo_every=0)
+    run = serving_lab.compare_policies(model, n_requests=5, max_batch=4, block_size=4, max_new_tokens=8)
+    solo = serving_lab.served_alone(model, run, every=2)
+    assert solo["checked"] == 3  # requests 0, 2 and 4 of the mix
+    assert solo["matches"] == {"static": 3, "continuous": 3}
+    report = serving_lab.batching_report(run, solo=solo)
+    assert report["record"]["solo_checked"] == 3
+    assert "3 of the 5 requests (one in 2, in the order of the mix) served alone" in report["sentence"]
+    assert "3 of 3 under static batching" in report["sentence"]
+    with pytest.raises(ValueError, match="every"):
+        serving_lab.served_alone(model, run, every=0)
+
+
+def test_compare_policies_runs_the_schedulers_it_is_given():
+    model = tiny_gpt(2)
+    called = []
+
+    def counting(policy):
+        def serve(model_, requests, **kw):
+            called.append(policy)
+            return serving.SERVERS[policy](model_, requests, **kw)
+        return serve
+
+    serving_lab.compare_policies(model, n_requests=3, max_batch=2, block_size=4, max_new_tokens=4, repeats=2,
+                                 servers={p: counting(p) for p in serving.POLICIES})
+    assert called == ["static", "continuous", "continuous", "static"]  # interleaved, alternating who goes first
 
 
 def test_continuous_batching_verdict_is_judged_by_the_one_rule_where_batching_pays(results_tmp):
