@@ -3,12 +3,16 @@
 * `resolve_parameters(S, ...)`: the notebook's parameters validated at once, the profile's defaults filled in
   (`check_temperatures`, `check_fraction` validate two of them).
 * `model_pq(target, draft, prompt, k)`: a small "known" p and q taken from the two models themselves.
-* `rule_check(p, q, draws, seed, threshold)`: the exact and the wrong rule sampled, each chi-square tested.
+* `rule_check(p, q, draws, seed, threshold)`: the exact and the wrong rule sampled, each chi-square tested;
+  `round_check(p, q, draws, accept)`: a round's acceptance step (the notebook's `accept_prefix`) run draw by draw.
 * `greedy_rows(target, drafts, prompt, n, gammas)`: greedy speculative output against the target's greedy.
 * `decode_costs(target, draft, prompt, gammas, reps, device)`: one decode step of each model and the target's
   verification pass of γ + 1 tokens, timed by the protocol; c and the verification cost as `paired_ratio`s.
 * `speed_grid(...)`: every (draft, γ, temperature) timed round-robin beside plain decoding, with α, tokens per
-  pass, measured and predicted speedup.
+  pass, measured and predicted speedup; `position_rows` (α by window index and by position), `cost_warnings`.
+
+`greedy_rows` and `speed_grid` run `generate_fn` (default `speculative.speculative_generate`), so the notebook
+checks and times the definition its own cells hold.
 
 The prompts are `helpers.decode.speculative.prompts`; the sentences, the formula's prediction on a
 bandwidth-bound target, the ledger and the figures made from these measurements are
@@ -102,17 +106,31 @@ def rule_check(p: torch.Tensor, q: torch.Tensor, draws: int, seed: int = 0, thre
     return out
 
 
-def greedy_rows(target: GPT, drafts: dict, prompt: torch.Tensor, n: int, gammas: list[int]) -> list[list]:
-    """Rows [draft, γ, identical tokens, n, target passes, tie gap] of greedy speculative decoding against the
-    target's own greedy tokens (helpers.gpt.generation.generate) for every draft and γ. `tie gap` is None when all n
-    tokens agree; else the target's top-1 minus top-2 logit at the first differing position (a gap at fp32
-    rounding's size means the two paths met a tie, which a (γ+1)-token pass and a 1-token pass may break apart)."""
+def round_check(p: torch.Tensor, q: torch.Tensor, draws: int, accept=speculative.accept_prefix, seed: int = 0,
+                threshold: float = 0.001) -> speculative.ChiSquare:
+    """One verification step run `draws` times, one call at a time: x ~ q, then `accept(ps, [q], [x], g)` (the
+    signature of speculative.accept_prefix, with ps = [p, p]); its first emitted token is counted and the counts
+    chi-square tested against p (V,)."""
+    g = torch.Generator().manual_seed(seed)
+    ps, counts = torch.stack([p, p]), torch.zeros(len(p))
+    for x in torch.multinomial(q, draws, replacement=True, generator=g).tolist():
+        counts[accept(ps, [q], [x], g)[0]] += 1
+    return speculative.chi_square(counts, p, threshold)
+
+
+def greedy_rows(target: GPT, drafts: dict, prompt: torch.Tensor, n: int, gammas: list[int],
+                generate_fn=speculative.speculative_generate) -> list[list]:
+    """Rows [draft, γ, identical tokens, n, target passes, tie gap] of greedy speculative decoding (`generate_fn`)
+    against the target's own greedy tokens (helpers.gpt.generation.generate) for every draft and γ. `tie gap` is
+    None when all n tokens agree; else the target's top-1 minus top-2 logit at the first differing position (a gap
+    at fp32 rounding's size means the two paths met a tie, which a (γ+1)-token pass and a 1-token pass may break
+    apart)."""
     dev = next(target.parameters()).device
     want = generate(target, prompt.to(dev), n)[0].cpu()
     rows = []
     for name, draft in drafts.items():
         for gamma in gammas:
-            got = speculative.speculative_generate(target, draft, prompt, n, gamma=gamma, temperature=0)
+            got = generate_fn(target, draft, prompt, n, gamma=gamma, temperature=0)
             same = got.tokens == want
             gap = None
             if not bool(same.all()):
@@ -154,6 +172,37 @@ def decode_costs(target: GPT, draft: GPT, prompt: torch.Tensor, gammas: list[int
             "verify": {g: v.value for g, v in verify.items()}, "verify_ratio": verify, "timings": t, "comparison": cmp}
 
 
+def position_rows(runs: list, gamma: int, n: int, bins: int = 4) -> tuple[list[list], list[list]]:
+    """From SpecResults at one γ: rows [window index i, positions verified, mean Σ min(p, q), acceptance rate
+    given i was reached] and rows [generated positions lo-hi, verified, mean Σ min(p, q)] in `bins` equal bins."""
+    by_i, by_pos = [], []
+    for i in range(gamma):
+        sel = [(b, ok) for x in runs for b, w, ok in zip(x.betas, x.window, x.accepted_at) if w == i]
+        if sel:
+            by_i.append([i, len(sel), sum(b for b, _ in sel) / len(sel), sum(ok for _, ok in sel) / len(sel)])
+    edges = [round(k * n / bins) for k in range(bins + 1)]
+    for lo, hi in zip(edges[:-1], edges[1:]):
+        sel = [b for x in runs for b, p in zip(x.betas, x.positions) if lo <= p < hi]
+        if sel:
+            by_pos.append([f"{lo}-{hi - 1}", len(sel), sum(sel) / len(sel)])
+    return by_i, by_pos
+
+
+def cost_warnings(timings: dict, verify: dict, max_spread: float = 0.15) -> list[str]:
+    """Sentences flagging timing noise in decode_costs' output: an IQR above `max_spread` (a fraction of the
+    median, e.g. 0.15) and a verification pass of γ + 1 tokens measured cheaper than one decode step (scoring γ + 1
+    tokens cannot cost less than scoring one). timings: {name: bench Timing}; verify: {γ: cost in decode steps}."""
+    out = []
+    noisy = [f"{k} ±{50 * t.spread:.0f}%" for k, t in timings.items() if t.spread / 2 > max_spread]
+    if noisy:
+        out.append(f"noisy timings (IQR above ±{100 * max_spread:.0f}% of the median): {', '.join(noisy)}")
+    cheap = [f"γ={g}: {v:.2f}" for g, v in verify.items() if v < 1]
+    if cheap:
+        out.append(f"verification measured cheaper than one decode step ({', '.join(cheap)}): that is timing noise, "
+                   "since scoring γ + 1 tokens cannot cost less than scoring one; read those costs as about 1")
+    return out
+
+
 def _ngram_cost(prompt: torch.Tensor, n: int, gamma: int, target_ms: float, reps: int = 20) -> float:
     """c of the n-gram draft: ms of one lookup over a sequence of the generation's length, per drafted token,
     relative to the target's decode step."""
@@ -167,11 +216,11 @@ def _ngram_cost(prompt: torch.Tensor, n: int, gamma: int, target_ms: float, reps
 
 def speed_grid(target: GPT, drafts: dict, prompt_list: list[torch.Tensor], n: int, gammas: list[int],
                temperatures: list[float], costs: dict, *, device: str = "cpu", seed: int = 0,
-               progress=None) -> list[dict]:
-    """Every (draft, γ, temperature) generating n tokens, timed beside plain decoding of the target and of each GPT
-    draft alone (helpers.gpt.generation.generate with the same sampler), round-robin: round r uses prompt r. Each
-    generation is timed on the thread's CPU clock on a CPU with torch on one thread (`bench.resolve_clock`), so
-    other work on the machine is left out; else on the wall clock, CUDA synchronised.
+               progress=None, generate_fn=speculative.speculative_generate) -> list[dict]:
+    """Every (draft, γ, temperature) generating n tokens with `generate_fn`, timed beside plain decoding of the
+    target and of each GPT draft alone (helpers.gpt.generation.generate with the same sampler), round-robin: round
+    r uses prompt r. Each generation is timed on the thread's CPU clock on a CPU with torch on one thread
+    (`bench.resolve_clock`), so other work on the machine is left out; else on the wall clock, CUDA synchronised.
 
     One dict per configuration: draft, gamma, temperature, alpha (mean Σ min(p, q)), acceptance, proposal_rate
     (draft tokens proposed / γ per target pass: 1 for a model, less for prompt lookup), tokens_per_pass, expected
@@ -215,8 +264,8 @@ def speed_grid(target: GPT, drafts: dict, prompt_list: list[torch.Tensor], n: in
             for name in models:
                 alone_s[(name, T)].append(timed(lambda: generate(drafts[name], prompt, n, Sampler(T, seed=seed + r)))[0])
             for c in (c for c in configs if c[2] == T):
-                s, res = timed(lambda: speculative.speculative_generate(target, drafts[c[0]], prompt.cpu(), n,
-                                                                        gamma=c[1], temperature=T, seed=seed + r))
+                s, res = timed(lambda: generate_fn(target, drafts[c[0]], prompt.cpu(), n, gamma=c[1], temperature=T,
+                                                   seed=seed + r))
                 spec_s[c].append(s)
                 runs[c].append(res)
             after = timed(lambda: generate(target, prompt, n, Sampler(temperature=T, seed=seed + r)))[0]

@@ -1,8 +1,8 @@
 """Notebook 11's measurements read: sentences, the formula's prediction on a bandwidth-bound target, the ledger's
 verdicts and the figures, from what `helpers.decode.speculative_lab` measured.
 
-* Reading the speed grid: `position_rows` (acceptance by window index and by position), `cost_warnings`,
-  `trend`, `gap_sentence` (measured tokens per pass against the formula), `outside`, `lookup_sentence`.
+* Reading the speed grid: `trend`, `gap_sentence` (measured tokens per pass against the formula), `outside`,
+  `slow_lines` (where speculation was slower than plain decoding, and why), `lookup_sentence`.
 * A bandwidth-bound target: `alpha_estimate` (α with its standard error), `formula_rows` (the formula's
   speedup per γ from measured α, c and v, with a range), `bound_state`, `bound_sentence`, `prediction_sentence`.
 * Sentences that rank only what the spread separates: `best_sentence`, `alpha_sentence`, `against_plain`.
@@ -17,40 +17,9 @@ import statistics
 
 import torch
 
-from helpers.decode import speculative
+from helpers.decode import speculative, speculative_lab
 from helpers.measure import protocol
 from helpers.show import plots
-
-
-def position_rows(runs: list, gamma: int, n: int, bins: int = 4) -> tuple[list[list], list[list]]:
-    """From SpecResults at one γ: rows [window index i, positions verified, mean Σ min(p, q), acceptance rate
-    given i was reached] and rows [generated positions lo-hi, verified, mean Σ min(p, q)] in `bins` equal bins."""
-    by_i, by_pos = [], []
-    for i in range(gamma):
-        sel = [(b, ok) for x in runs for b, w, ok in zip(x.betas, x.window, x.accepted_at) if w == i]
-        if sel:
-            by_i.append([i, len(sel), sum(b for b, _ in sel) / len(sel), sum(ok for _, ok in sel) / len(sel)])
-    edges = [round(k * n / bins) for k in range(bins + 1)]
-    for lo, hi in zip(edges[:-1], edges[1:]):
-        sel = [b for x in runs for b, p in zip(x.betas, x.positions) if lo <= p < hi]
-        if sel:
-            by_pos.append([f"{lo}-{hi - 1}", len(sel), sum(sel) / len(sel)])
-    return by_i, by_pos
-
-
-def cost_warnings(timings: dict, verify: dict, max_spread: float = 0.15) -> list[str]:
-    """Sentences flagging timing noise in decode_costs' output: an IQR above `max_spread` (a fraction of the
-    median, e.g. 0.15) and a verification pass of γ + 1 tokens measured cheaper than one decode step (scoring γ + 1
-    tokens cannot cost less than scoring one). timings: {name: bench Timing}; verify: {γ: cost in decode steps}."""
-    out = []
-    noisy = [f"{k} ±{50 * t.spread:.0f}%" for k, t in timings.items() if t.spread / 2 > max_spread]
-    if noisy:
-        out.append(f"noisy timings (IQR above ±{100 * max_spread:.0f}% of the median): {', '.join(noisy)}")
-    cheap = [f"γ={g}: {v:.2f}" for g, v in verify.items() if v < 1]
-    if cheap:
-        out.append(f"verification measured cheaper than one decode step ({', '.join(cheap)}): that is timing noise, "
-                   "since scoring γ + 1 tokens cannot cost less than scoring one; read those costs as about 1")
-    return out
 
 
 def trend(values: list[float], flat: float = 0.1) -> str:
@@ -92,7 +61,7 @@ def gap_sentence(rows: list[dict], draft: str, gammas: list[int], temperatures: 
         return (head + f"on both sides of it (no sign shared by every temperature): at {tokens} tokens per "
                 "configuration, sampling luck of that size is expected")
     cut = [row[(G, t)]["truncated_per_pass"] for t in temperatures]
-    by_i, _ = position_rows(row[(G, T)]["runs"], G, 10 ** 9, bins=1)
+    by_i, _ = speculative_lab.position_rows(row[(G, T)]["runs"], G, 10 ** 9, bins=1)
     kept = ", ".join(f"{r[3]:.2f}" for r in by_i)
     a = row[(G, T)]["alpha"]
     first = ("; the first index, which every round reaches, was kept less often than α, and the higher shares "
@@ -109,6 +78,34 @@ def outside(row: dict) -> str:
     above what the whole run took) is shown as 0 "(within noise)"."""
     x = row["other_ms_per_token"]
     return f"{x:.2f} ms" if x >= 0 else "0 ms (within noise)"
+
+
+def slow_lines(rows: list[dict], verify: dict) -> list[str]:
+    """The draft GPT's grid rows read against plain decoding: a line counting the rows slower (IQR below 1x), faster
+    (IQR above 1x) and within the noise, then a line per slower row naming the causes that pass their marks: γc of a
+    step spent drafting against the extra tokens per pass, α below 0.5, a verification above 1.2 decode steps
+    (`verify`: {γ: decode steps}), more than a quarter of a plain token's time outside the models' passes."""
+    slow = [r for r in rows if r["speedup_q75"] < 1]
+    fast = [r for r in rows if r["speedup_q25"] > 1]
+    out = [f"of {len(rows)} draft-GPT configurations, {len(slow)} were slower than plain decoding (IQR below 1x), "
+           f"{len(fast)} faster (IQR above 1x) and {len(rows) - len(slow) - len(fast)} within the noise of it (IQR holds 1x)."]
+    for r in slow:
+        why = []
+        if r["gamma"] * r["c"] >= r["tokens_per_pass"] - 1:
+            why.append(f"γc = {r['gamma'] * r['c']:.2f} of a target step spent drafting, against {r['tokens_per_pass'] - 1:.2f} extra tokens per pass")
+        if r["alpha"] < 0.5:
+            why.append(f"low acceptance (α = {r['alpha']:.2f})")
+        if verify[r["gamma"]] > 1.2:
+            why.append(f"verification costs {verify[r['gamma']]:.2f} decode steps")
+        if r["other_ms_per_token"] > 0.25 * r["plain_ms_per_token"]:
+            why.append(f"{max(0.0, r['other_ms_per_token']):.2f} ms per token outside the models' passes (sampling, the rule, rollbacks), "
+                       f"against {r['plain_ms_per_token']:.2f} ms for a whole plain token")
+        if not why:
+            why.append(f"no single cause passes its mark; together: γc = {r['gamma'] * r['c']:.2f}, α = {r['alpha']:.2f}, "
+                       f"verification {verify[r['gamma']]:.2f} steps, {outside(r)} per token outside the models' passes")
+        out.append(f"  γ={r['gamma']}, T={r['temperature']:g}: {r['speedup']:.2f}x (IQR {r['speedup_q25']:.2f}-{r['speedup_q75']:.2f}); "
+                   + "; ".join(why))
+    return out
 
 
 def lookup_sentence(rows: list[dict]) -> str:

@@ -32,6 +32,16 @@ def test_lab_validators_and_rule_check():
     assert int(checks["exact"]["counts"].sum()) == 50_000
 
 
+def test_the_round_check_passes_the_acceptance_step_and_fails_a_wrong_one():
+    assert speculative_lab.round_check(P, Q, 5_000, seed=1).passes
+
+    def keep_when_larger(ps, qs, xs, g):  # the tempting wrong rule, in accept_prefix's form
+        x = xs[0]
+        return [x] if ps[0][x] >= qs[0][x] else [int(torch.multinomial(speculative.residual(ps[0], qs[0]), 1, generator=g))]
+
+    assert not speculative_lab.round_check(P, Q, 5_000, accept=keep_when_larger, seed=1).passes
+
+
 def test_list_parameters_given_as_text_are_read_as_lists():
     assert speculative_lab.check_temperatures("TEMPERATURES", "[1.0, 0.0]") == [0.0, 1.0]
     with pytest.raises(ValueError, match="TEMPERATURES=.*string"):
@@ -54,7 +64,7 @@ def test_speed_grid_rows_are_consistent(models):
         assert r["proposal_rate"] == (1.0 if r["draft"] == "gpt" else r["proposal_rate"]) and len(r["runs"]) == 2
     (row,) = speculative_lab.greedy_rows(target, {"gpt": draft}, PROMPT, 12, [2])
     assert row[:4] == ["gpt", 2, 12, 12] and row[5] is None  # identical, so no tie gap
-    by_i, by_pos = speculative_report_lab.position_rows(rows[0]["runs"], 2, 12, bins=3)
+    by_i, by_pos = speculative_lab.position_rows(rows[0]["runs"], 2, 12, bins=3)
     assert [row[0] for row in by_i] == [0, 1][:len(by_i)] and sum(row[1] for row in by_pos) == sum(
         len(x.betas) for x in rows[0]["runs"])
     for r in rows:  # the ceiling: tokens per pass over at least one decode step; noise flags a speedup above it

@@ -8,7 +8,7 @@ import inspect
 import pytest
 import torch
 
-from helpers.decode import speculative, speculative_report_lab
+from helpers.decode import speculative, speculative_lab, speculative_report_lab
 from helpers.measure import bench, claims
 from helpers.measure.protocol import Ratio
 
@@ -184,8 +184,8 @@ def test_lab_sentences_follow_the_numbers():
     assert speculative_report_lab.trend([0.71, 0.75, 0.80, 0.77]) == "roughly flat"
     assert speculative_report_lab.trend([0.68, 0.68, 0.82, 0.93]) == "rises" and speculative_report_lab.trend([0.9, 0.7]) == "falls"
     quiet, loud = bench.Timing(1.0, 0.95, 1.05, []), bench.Timing(1.0, 0.8, 1.4, [])
-    assert speculative_report_lab.cost_warnings({"a": quiet}, {1: 1.2}) == []
-    warn = speculative_report_lab.cost_warnings({"a": quiet, "b": loud}, {1: 0.8, 2: 1.1})
+    assert speculative_lab.cost_warnings({"a": quiet}, {1: 1.2}) == []
+    warn = speculative_lab.cost_warnings({"a": quiet, "b": loud}, {1: 0.8, 2: 1.1})
     assert len(warn) == 2 and "b ±" in warn[0] and "a ±" not in warn[0] and "γ=1: 0.80" in warn[1] and "γ=2" not in warn[1]
     assert speculative_report_lab.outside(_row("x", 1, False, other=-0.12)) == "0 ms (within noise)"
     assert speculative_report_lab.outside(_row("x", 1, False, other=0.5)) == "0.50 ms"
@@ -194,6 +194,18 @@ def test_lab_sentences_follow_the_numbers():
     text = speculative_report_lab.lookup_sentence(rows)
     assert "γ=2" in text and "1.05x" in text and "1.9" not in text and "1 of its 3 rows" in text
     assert "fastest" not in speculative_report_lab.lookup_sentence([_row("prompt-lookup", 1.9, True)])
+
+
+def test_slow_lines_count_the_rows_and_name_each_slow_one_s_causes():
+    fast, slow, even = (dict(_row("gpt", s, False, gamma=g), c=0.1, alpha=0.9, plain_ms_per_token=1.0)
+                        for s, g in ((1.5, 1), (0.6, 2), (1.0, 4)))
+    even.update(speedup_q25=0.9, speedup_q75=1.1)
+    lines = speculative_report_lab.slow_lines([fast, slow, even], {1: 1.0, 2: 1.5, 4: 1.0})
+    assert lines[0].startswith("of 3 draft-GPT configurations, 1 were slower") and "1 faster" in lines[0]
+    assert "1 within the noise" in lines[0] and len(lines) == 2
+    assert "γ=2" in lines[1] and "verification costs 1.50 decode steps" in lines[1] and "low acceptance" not in lines[1]
+    slow.update(alpha=0.3)
+    assert "low acceptance (α = 0.30)" in speculative_report_lab.slow_lines([slow], {2: 1.0})[1]
 
 
 def _gap_rows(ratios, gamma=4):
