@@ -56,13 +56,15 @@ def loss_weights(micro_batches: Sequence[MicroBatch], weighting: str = "mean",
     """
     if weighting not in WEIGHTINGS:
         raise ValueError(f"weighting={weighting!r} is not allowed; choose one of {WEIGHTINGS}")
-    counts = [counted_tokens(y, ignore_index) for _, y in micro_batches]
-    total = sum(counts)
+    # read: only the targets; N must be known before the first backward, so every micro-batch is counted first
+    counts = [counted_tokens(y, ignore_index) for _, y in micro_batches]  # n_i
+    total = sum(counts)  # N, the counted tokens of the whole accumulated batch
     if total == 0:
         raise ValueError("no micro-batch has a target that counts: every target is ignore_index")
-    if weighting == "mean":
+    if weighting == "mean":  # the usual recipe: right only when every n_i is the same
         k = sum(n > 0 for n in counts)
         return [1.0 / k if n else 0.0 for n in counts]
+    # n_i / N: loss_i * n_i is micro-batch i's summed loss, so the weighted sum is the batch's mean loss
     return [n / total for n in counts]
 
 
@@ -108,17 +110,17 @@ def batch_gradients(model: torch.nn.Module, micro_batches: Sequence[MicroBatch],
                     weighting: str | None = None) -> tuple[float, dict[str, torch.Tensor]]:
     """Zero the gradients, then (loss, gradients) of one pass: the concatenated batch when weighting
     is None (the reference), else the micro-batches accumulated with that weighting."""
-    model.zero_grad(set_to_none=True)
-    if weighting is None:
+    model.zero_grad(set_to_none=True)  # .grad adds up across backwards: start from nothing
+    if weighting is None:  # the reference: one backward through all micro-batches at once
         x = torch.cat([mb[0] for mb in micro_batches])  # (sum b_i, T)
         y = torch.cat([mb[1] for mb in micro_batches])  # (sum b_i, T)
-        _, loss = model(x, y)
+        _, loss = model(x, y)  # the mean over every counted target of the batch
         loss.backward()
         value = loss.item()
-    else:
+    else:  # one backward per micro-batch, each loss weighted by loss_weights; the gradients add up in .grad
         value = accumulate_gradients(model, micro_batches, weighting=weighting)
-    grads = gradients(model)
-    model.zero_grad(set_to_none=True)
+    grads = gradients(model)  # written: a copy of every .grad, by parameter name
+    model.zero_grad(set_to_none=True)  # leave the model clean for the next comparison
     return value, grads
 
 

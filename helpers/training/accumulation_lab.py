@@ -6,7 +6,8 @@
 * what the sweep says: `fastest`, `sweep_summary` (a size is recommended only when its IQR clears the others';
   differences inside the IQRs are noise), `memory_of`;
 * the profiler's view: `profile_splits` (matmul calls and time per split), `split_profile_lines`;
-* figures: `draw_sweep`, `plot_sweep`, and the panel `accumulation_panel`.
+* figures: `draw_sweep`, `plot_sweep`, and the panel `accumulation_panel`;
+* `takeaway_lines`: the notebook's closing bullets, from the numbers above.
 
 The accumulation itself (loss weights, the step, effective batch arithmetic) is in `accumulation`.
 """
@@ -338,3 +339,24 @@ def accumulation_panel(micro_batch: int, accum_steps: int, *, model: torch.nn.Mo
     fig.suptitle(f"micro-batch {micro_batch} x {accum_steps} accumulation steps, T={seq_len}")
     fig.tight_layout()
     return fig
+
+
+def takeaway_lines(*, accum_steps: int, equal_error: float, counts: Sequence[int], wrong: float, wrong_cosine: float,
+                   token_error: float, empty_error: float, summary: dict, sweep: Sequence[dict],
+                   sweep_lines: Sequence[str], splits: Sequence[dict]) -> list[str]:
+    """Notebook 05's closing bullets, generated from its numbers: the equivalence check (`equal_error` with
+    `accum_steps` equal micro-batches; with padding, `counts` counted tokens, 1/k's `wrong` error and
+    `wrong_cosine`, the token-weighted `token_error` and `empty_error`), the sweep (its rows, `summary` and
+    `sweep_lines` from `sweep_summary`) and the profiled `splits`."""
+    out = [f"{accum_steps} micro-batches scaled by 1/k gave the one-batch gradient to a relative error of "
+           f"{equal_error:.1e} (fp32 rounding) because each held the same number of counted tokens.",
+           f"With padding (counted tokens {list(counts)}) the same 1/k scaling was off by {wrong:.1%} (cosine "
+           f"{wrong_cosine:.4f}); weighting micro-batch i by n_i/N brought it to {token_error:.1e}, and to "
+           f"{empty_error:.1e} with an all-padding micro-batch skipped.",
+           f"Effective batch E = b x k x R. Memory followed b: x{summary['memory_ratio_last_first']:.1f} from "
+           f"b={sweep[0]['micro_batch']} to b={sweep[-1]['micro_batch']} for the same update. Under DDP, without "
+           f"no_sync() each of the k backwards all-reduces.",
+           f"Throughput: {sweep_lines[0]}; {sweep_lines[1]}" + (f"; {sweep_lines[2]}." if len(sweep) > 1 else ".")]
+    if len(splits) > 1:
+        out.append(f"Profile of one step each: {split_profile_lines(splits)[2]}.")
+    return out

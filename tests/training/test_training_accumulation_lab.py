@@ -193,6 +193,26 @@ def test_split_profile_lines_follow_the_numbers():
     assert "ran only 40%" in lines[3] and "not said" in lines[3] and "the matmuls themselves" not in "".join(lines)
 
 
+def test_the_takeaways_follow_the_numbers():
+    def split(b, k, calls, mm, total):
+        return {"micro_batch": b, "accum_steps": k, "matmul_calls": calls, "matmul_ms": mm, "total_ms": total,
+                "matmul_share": mm / total, "ran_share": 1.0}
+    kwargs = dict(accum_steps=4, equal_error=3e-8, counts=[64, 20, 31, 9], wrong=0.123, wrong_cosine=0.98765,
+                  token_error=4e-8, empty_error=5e-8, summary={"memory_ratio_last_first": 7.96},
+                  sweep=[{"micro_batch": 1}, {"micro_batch": 8}], sweep_lines=["first", "second", "third"],
+                  splits=[split(1, 16, 320, 30.0, 60.0), split(16, 1, 20, 10.0, 30.0)])
+    lines = accumulation_lab.takeaway_lines(**kwargs)
+    assert lines[0].startswith("4 micro-batches scaled by 1/k gave the one-batch gradient to a relative error of "
+                               "3.0e-08")
+    assert "(counted tokens [64, 20, 31, 9]) the same 1/k scaling was off by 12.3% (cosine 0.9877)" in lines[1]
+    assert "brought it to 4.0e-08, and to 5.0e-08 with an all-padding" in lines[1]
+    assert "Memory followed b: x8.0 from b=1 to b=8" in lines[2]
+    assert lines[3] == "Throughput: first; second; third."
+    assert lines[4].startswith("Profile of one step each: the same FLOPs in x16.0 as many matmul calls")
+    one = accumulation_lab.takeaway_lines(**{**kwargs, "sweep": [{"micro_batch": 4}], "splits": kwargs["splits"][:1]})
+    assert one[3] == "Throughput: first; second." and len(one) == 4
+
+
 # ---------------------------------------------------------------- notebook 05's parameters fail fast
 
 def _validate(**overrides):
