@@ -26,4 +26,6 @@ which imports this package like any user.
 `smoke_record`  a reference GPU's smoke-pass record (gpu-smoke.json in results/<gpu>/) as the report reads
                 it: its name, its reader, and the report's sentence per notebook
 `strip`         `python -m helpers.course.strip`: notebooks without outputs, execution counts or widget state
+`on_stage`      the technique on stage: a notebook cell marked `# on stage: helpers.<module>[.<name>]` and
+                its twin in helpers/, compared line for line, comments included
 """

@@ -166,11 +166,12 @@ def setup(profile: str = "auto", seed: int = 0, interactive: bool = True,
     return Setup(profile=resolved, device=device, seed=seed, interactive=interactive, results_dir=folder)
 
 
-def fill(namespace: dict, resolver: Callable[..., dict], setup: Setup) -> dict:
+def fill(namespace: dict, resolver: Callable[..., dict], setup: Setup) -> None:
     """The one way a notebook resolves its own parameters: `resolver(setup, NAME=namespace["NAME"], ...)` for
     every keyword-only parameter the resolver takes (a lab's `resolve_parameters`), with the values read from
-    `namespace` (the notebook's `globals()`); the resolved values are written back into `namespace`, one line
-    says what the profile filled in, and the values are returned as a dict.
+    `namespace` (the notebook's `globals()`); the resolved values are written back into `namespace` and one line
+    says what the profile filled in. Returns None, so that a setup cell ending with the call shows that line
+    alone (the values are the notebook's globals).
 
     E.g. `params.fill(globals(), kv_cache_lab.resolve_parameters, S)` after the parameters cell. Raises a
     NameError naming a parameter the resolver wants and the namespace lacks; the resolver raises a ValueError
@@ -189,4 +190,3 @@ def fill(namespace: dict, resolver: Callable[..., dict], setup: Setup) -> dict:
     chosen = [f"{n}={resolved[n]!r}" for n in wanted if given[n] is None and n in resolved]
     if chosen:
         print(f"the {setup.profile} profile fills in: " + ", ".join(chosen))
-    return resolved
