@@ -304,3 +304,58 @@ def gpt_parity(base: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, recipe: 
               for a, b in zip(_grads(ours), _grads(ref)) if b is not None)
     return {"recipe": recipe, "loss_ours": losses[0], "loss_torchao": losses[1],
             "loss_diff": abs(losses[0] - losses[1]), "grad_rel_diff": rel}
+
+
+# ---------------------------------------------------------------- the takeaways
+
+def takeaways(*, parity: list, gpt_parity: list, parity_skip: dict, ao_skip: dict, torchao_version: str | None,
+              device: str, outlier: float, errors: dict, clean: dict, order_holds: bool, clipped: int, blocks: int,
+              worse: list, log2s: list, history_len: int, spike: float, spike_row: dict, fall: dict, steps: int,
+              gaps: dict, baseline: str, reorder_gap: float, verdict: dict, no_speed: str | None, largest_n: int,
+              head, linear_ratio: float | None, gpt_ratio: float | None, matmul_ratio: float | None) -> list[str]:
+    """Notebook 07's takeaway bullets, generated from the run's numbers: parity with torchao (and what was not
+    compared, with why; torchao_version None when torchao is absent), the planted outlier's per-row `errors` and
+    the `clean` ones by recipe, delayed scaling at the spike (`spike_row`, one step of delayed_vs_current) and
+    after the fall (`fall`: entries lost to 0 per scheme), the training gaps, the speed claim's `verdict` and
+    the speed ratios at `largest_n` (`head`: matmul_speedup's result or None)."""
+    from helpers.measure import claims
+
+    out = []
+    if parity:
+        loss = max(p["loss_diff"] for p in gpt_parity) if gpt_parity else None
+        out.append(f"- Built from scratch, our {' and '.join(p['recipe'] for p in parity)} Float8Linear equal"
+                   f"{'s' if len(parity) == 1 else ''} torchao {torchao_version} bit for bit in forward; the "
+                   f"largest gradient difference was {max(max(p['dX'], p['dW']) for p in parity):.2g}"
+                   + (f", and the whole GPT's loss ({', '.join(p['recipe'] for p in gpt_parity)}) "
+                      + ("was identical." if loss == 0 else f"differed by at most {loss:.2g}.") if gpt_parity
+                      else "; the whole GPT was not compared."))
+    for r in fp8_linear.TORCHAO_RECIPES if torchao_version is not None else ():  # the single linear runs on the CPU
+        where = {"single-linear check (CPU)": parity_skip.get(r), f"GPT and training runs ({device})": ao_skip.get(r)}
+        where = {w: why for w, why in where.items() if why}
+        if where:
+            out.append(f"- torchao's {r} recipe was not compared in "
+                       + ("any check" if len(where) == 2 else "the " + next(iter(where)))
+                       + f": {next(iter(where.values()))}"
+                       + ("" if len(set(where.values())) == 1 else f" (on {device}: {ao_skip[r]})"))
+    e = errors
+    out.append(f"- An outlier is what separates the recipes: with one planted channel at {outlier:g}x amax the ordinary "
+               f"entries' per-row error was tensorwise {e['tensorwise']:.4f}, rowwise {e['rowwise']:.4f}, blockwise "
+               f"{e['blockwise']:.4f}"
+               + (" (tensorwise >= rowwise >= blockwise held)" if order_holds else " (the predicted order did not hold)")
+               + f"; without it all recipes were within {max(clean.values()) / min(clean.values()):.2f}x "
+               f"({max(clean, key=clean.get)} highest{f'; MX clipped the top of {clipped} of {blocks} blocks' if clipped else ''}), and "
+               + (f"tensorwise's error rose by 10% only from an outlier of 2^{worse[0]} x amax on (E4M3 is a float)."
+                  if worse else f"tensorwise's error never rose by 10% up to 2^{log2s[-1]} x amax (E4M3 is a float)."))
+    out.append(f"- Delayed scaling ('max', {history_len}-step history) saturated {spike_row['delayed max']['overflow']} "
+               f"entries at a x{spike:g} amax spike (current scaling: {spike_row['current']['overflow']}) and lost "
+               f"{fall['delayed max']} entries to 0 after the amax fell (current scaling: {fall['current']}).")
+    out.append(f"- Training {steps} steps: validation-loss gaps to {baseline} from {min(gaps.values()):+.4f} to "
+               f"{max(gaps.values()):+.4f}; the same batches in reverse order moved {baseline} itself by {reorder_gap:+.4f}.")
+    out.append(f"- The source text's \"about 2x faster than BF16\": {claims.shown(verdict)}"
+               + (f" ({verdict['reason']})." if verdict["reason"] and verdict["reason"] != no_speed else "."))
+    out.append("- Speed: " + (no_speed + "." if no_speed else
+               f"at n={largest_n} the fp8 matmul ran at {head[0] if head else 'n/a'} bf16's speed, our rowwise linear "
+               f"fwd+bwd at {linear_ratio or float('nan'):.2f}x, the GPT step at {gpt_ratio or float('nan'):.2f}x (medians)"
+               + (": casts and non-matmul work ate part of the matmul's gain." if matmul_ratio and linear_ratio
+                  and gpt_ratio and max(linear_ratio, gpt_ratio) < matmul_ratio else ".")))
+    return out

@@ -90,3 +90,25 @@ def test_the_parity_checks_run_the_matmul_they_are_given():
     x = torch.randint(0, gpt.config.vocab_size, (1, 16))
     fp8_lab.gpt_parity(gpt, x, x, "tensorwise", matmul=Counted)
     assert len(calls) == sum(isinstance(m, torch.nn.Linear) for n, m in gpt.named_modules() if n != "lm_head")
+
+
+def test_the_takeaways_are_generated_from_the_numbers():
+    row = {"recipe": "tensorwise", "dX": 0.0, "dW": 2e-7, "loss_diff": 0.0}
+    kw = dict(parity=[row], gpt_parity=[row], parity_skip={}, ao_skip={"rowwise": "it does not run here."},
+              torchao_version="0.0", device="cpu", outlier=4096.0,
+              errors={"tensorwise": 0.04, "rowwise": 0.03, "blockwise": 0.02}, clean={"tensorwise": 0.026, "mx": 0.032},
+              order_holds=True, clipped=0, blocks=8, worse=[12], log2s=[0, 12], history_len=8, spike=16.0,
+              spike_row={"delayed max": {"overflow": 81}, "current": {"overflow": 0}},
+              fall={"delayed max": 55, "current": 8}, steps=12, gaps={"ours tensorwise": -0.004}, baseline="fp32",
+              reorder_gap=0.03, verdict={"claim_id": "fp8-2x-bf16", "verdict": "not testable", "reason": "no GPU"},
+              no_speed="no FP8 tensor cores", largest_n=512, head=None, linear_ratio=None, gpt_ratio=None,
+              matmul_ratio=None)
+    lines = fp8_lab.takeaways(**kw)
+    assert lines[0].startswith("- Built from scratch, our tensorwise Float8Linear equals torchao 0.0 bit for bit")
+    assert "was identical." in lines[0]
+    assert lines[1] == ("- torchao's rowwise recipe was not compared in the GPT and training runs (cpu): "
+                        "it does not run here.")
+    assert "(tensorwise >= rowwise >= blockwise held)" in lines[2] and "2^12 x amax" in lines[2]
+    assert "saturated 81 entries" in lines[3] and lines[-1] == "- Speed: no FP8 tensor cores."
+    lines = fp8_lab.takeaways(**(kw | {"order_holds": False, "worse": [], "torchao_version": None}))
+    assert "(the predicted order did not hold)" in lines[1] and "never rose by 10% up to 2^12" in lines[1]
