@@ -336,17 +336,20 @@ class MasterWeights:
 
     def __init__(self, model: torch.nn.Module):
         self.model_params = [p for p in model.parameters() if p.requires_grad]  # a tied matrix appears once
+        # the optimizer's parameters: fp32 leaves of their own, so its state (AdamW's moments) is fp32 too
         self.params = [p.detach().to(torch.float32).clone().requires_grad_(True) for p in self.model_params]
 
     def grads_to_master(self) -> None:
         """Copy the model's gradients, widened to fp32, onto the master parameters."""
         for p, m in zip(self.model_params, self.params):
+            # read: the 16-bit gradient; written: its fp32 copy, where the optimizer looks for it
             m.grad = None if p.grad is None else p.grad.detach().to(torch.float32)
 
     @torch.no_grad()
     def master_to_model(self) -> None:
         """Write the fp32 master values, rounded to the model's dtype, into the model."""
         for p, m in zip(self.model_params, self.params):
+            # the only rounding to 16 bits: the fp32 copy keeps the updates too small to move the 16-bit weight
             p.copy_(m)
 
     def nbytes(self) -> int:
