@@ -17,11 +17,13 @@ row and group of `group_size` input columns) and change only *which* integers ar
 Quantised weights here are *fake-quantised*: stored back in fp32 after rounding, which gives the
 same outputs as a packed kernel that dequantises exactly (no speed or memory is measured here).
 
-What it holds: `rtn_quantize`, `gptq_quantize`, `awq_quantize` (one layer's weight); `calibration_tokens`
+What it holds: `rtn_quantize`, `gptq_quantize`, `awq_quantize` (one layer's weight), with GPTQ's pieces
+`inverse_hessian_factor` and `gptq_columns` (the column loop notebook 08 shows) and the grid of RTN and GPTQ,
+`minmax_grid` / `round_to_grid`; `calibration_tokens`
 (calibration windows of token ids from the training split), `block_linears` and `collect_inputs` (the
 GPT's block linears and their inputs), `hessian`, `output_error`; `quantize_model` (a quantised copy of
 the whole GPT with "rtn", "gptq" or "awq", on one CPU thread: `helpers.measure.bench.cpu_threads`).
-Notebook 08's layer-error and perplexity sections with these pieces are in `helpers.lowbit.gptq_lab`.
+Notebook 08's layer errors and perplexities with these pieces are measured by `helpers.lowbit.gptq_lab`.
 """
 from __future__ import annotations
 
@@ -59,7 +61,7 @@ def _check_group(group_size, in_features: int) -> int:
 
 # ---------------------------------------------------------------- RTN
 
-def _scale_zero(w: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Tensor]:
+def minmax_grid(w: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Asymmetric min-max grid of each row of w (rows, cols): scale and zero point, each (rows, 1).
 
     The range always contains 0 (as in GPTQ's reference quantiser), so an all-zero row is exact."""
@@ -72,7 +74,7 @@ def _scale_zero(w: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Tensor]
     return scale, zero
 
 
-def _fake_quant(w: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, bits: int) -> torch.Tensor:
+def round_to_grid(w: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, bits: int) -> torch.Tensor:
     """Round w to the grid scale·(q − zero), q ∈ {0 … 2^bits − 1}, and return the dequantised values."""
     q = torch.clamp(torch.round(w / scale) + zero, 0, 2 ** bits - 1)
     return scale * (q - zero)
@@ -88,8 +90,8 @@ def rtn_quantize(W: torch.Tensor, bits: int, group_size: int | None = None) -> t
     out_f, in_f = W.shape
     g = _check_group(group_size, in_f)
     w = W.detach().float().reshape(out_f * (in_f // g), g)  # one row per (output row, group)
-    scale, zero = _scale_zero(w, bits)
-    return _fake_quant(w, scale, zero, bits).reshape(out_f, in_f)
+    scale, zero = minmax_grid(w, bits)
+    return round_to_grid(w, scale, zero, bits).reshape(out_f, in_f)
 
 
 # ---------------------------------------------------------------- calibration data and errors
@@ -149,14 +151,50 @@ def output_error(W: torch.Tensor, W_hat: torch.Tensor, X: torch.Tensor) -> float
 
 # ---------------------------------------------------------------- GPTQ
 
+def inverse_hessian_factor(H: torch.Tensor, damp: float = 0.01) -> torch.Tensor:
+    """U, the upper Cholesky factor of (H + λI)⁻¹ with λ = damp · mean(diag H): (in, in) float32, the only form of
+    the inverse Hessian GPTQ's column loop reads (row j of U from the diagonal on holds what quantising column j
+    does to the columns after it, once the columns before it are fixed)."""
+    H = H + damp * torch.mean(torch.diag(H)) * torch.eye(H.shape[0], device=H.device)
+    return torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(H)), upper=True)
+
+
+def gptq_columns(W: torch.Tensor, U: torch.Tensor, bits: int, group_size: int, block_size: int) -> torch.Tensor:
+    """GPTQ's column loop (Frantar et al., 2023, Alg. 1): the fake-quantised weight Q (out, in) float32.
+
+    W (out, in) float32 is updated in place (pass a copy); U is `inverse_hessian_factor(H)`; `group_size` input
+    columns share a grid (in: one grid per row, from the whole row); `block_size` columns form a lazy block (a
+    multiple of group_size), whose error reaches the later columns in one matmul."""
+    in_f = W.shape[1]
+    Q = torch.zeros_like(W)
+    scale, zero = minmax_grid(W, bits)  # one grid per row when there are no groups (as the reference does)
+    for i1 in range(0, in_f, block_size):
+        i2 = min(i1 + block_size, in_f)
+        W1, U1 = W[:, i1:i2].clone(), U[i1:i2, i1:i2]  # read: this block's columns and its corner of U
+        Err1 = torch.zeros_like(W1)  # the scaled error of each column of the block, for the update after it
+        for i in range(i2 - i1):
+            col = i1 + i
+            if group_size < in_f and col % group_size == 0:  # a group starts: its grid from the weights as updated
+                scale, zero = minmax_grid(W1[:, i:i + group_size], bits)
+            w = W1[:, i:i + 1]  # (out, 1): column col, carrying the error fed back from the columns before it
+            q = round_to_grid(w, scale, zero, bits)
+            Q[:, col:col + 1] = q  # write: the quantised column, final
+            err = (w - q) / U1[i, i]  # its rounding error over U's diagonal
+            W1[:, i:] -= err @ U1[i:i + 1, i:]  # feed it back into the block's columns not yet quantised
+            Err1[:, i:i + 1] = err
+        W[:, i2:] -= Err1 @ U[i1:i2, i2:]  # the whole block's errors into every later column, in one matmul
+    return Q
+
+
 def gptq_quantize(W: torch.Tensor, H: torch.Tensor, bits: int, group_size: int | None = None, *,
                   act_order: bool = False, damp: float = 0.01, block_size: int = 128) -> torch.Tensor:
     """GPTQ: W (out, in) fake-quantised to `bits`, column by column with error feedback through H⁻¹.
 
     H (in, in) is `hessian(X)` of the layer's calibration inputs. Steps (Frantar et al., 2023, Alg. 1):
     columns whose input is always 0 (H_jj = 0) are zeroed; λ = damp · mean(diag H) is added to the
-    diagonal; U = upper Cholesky factor of H⁻¹; then for each column j, q_j = RTN(w_j) and the error
-    (w_j − q_j) / U_jj is subtracted from the later columns times U_j,j+1:. Updates to columns
+    diagonal; U = upper Cholesky factor of H⁻¹ (`inverse_hessian_factor`); then `gptq_columns`: for each
+    column j, q_j = RTN(w_j) and the error (w_j − q_j) / U_jj is subtracted from the later columns times
+    U_j,j+1:. Updates to columns
     beyond the current lazy block of `block_size` columns are applied once per block (same result,
     fewer memory passes). Without groups each row's grid comes from the whole row before the first
     column; with `group_size`, a group's scale and zero point are fixed when its first column is
@@ -180,27 +218,10 @@ def gptq_quantize(W: torch.Tensor, H: torch.Tensor, bits: int, group_size: int |
     perm = torch.argsort(torch.diag(H), descending=True) if act_order else None
     if perm is not None:
         W, H = W[:, perm], H[perm][:, perm]
-    H += damp * torch.mean(torch.diag(H)) * torch.eye(in_f, device=H.device)
-    U = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(H)), upper=True)
+    U = inverse_hessian_factor(H, damp)
     if g < in_f:  # keep each group inside one lazy block, so its grid sees the updated weights
         block_size = g * max(1, block_size // g)
-    Q = torch.zeros_like(W)
-    scale, zero = _scale_zero(W, bits)  # one grid per row when there are no groups (as the reference does)
-    for i1 in range(0, in_f, block_size):
-        i2 = min(i1 + block_size, in_f)
-        W1, U1 = W[:, i1:i2].clone(), U[i1:i2, i1:i2]
-        Err1 = torch.zeros_like(W1)
-        for i in range(i2 - i1):
-            col = i1 + i
-            if g < in_f and col % g == 0:
-                scale, zero = _scale_zero(W1[:, i:i + g], bits)
-            w = W1[:, i:i + 1]
-            q = _fake_quant(w, scale, zero, bits)
-            Q[:, col:col + 1] = q
-            err = (w - q) / U1[i, i]
-            W1[:, i:] -= err @ U1[i:i + 1, i:]
-            Err1[:, i:i + 1] = err
-        W[:, i2:] -= Err1 @ U[i1:i2, i2:]
+    Q = gptq_columns(W, U, bits, g, block_size)
     if perm is not None:
         Q = Q[:, torch.argsort(perm)]
     return Q

@@ -91,11 +91,13 @@ class LoRALinear(nn.Module):
         return self.scaling * (self.lora_B.float() @ self.lora_A.float())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.base(x)  # (..., out)
+        """y = base(x) + (alpha/r) · dropout(x) Aᵀ Bᵀ, without ever forming the (out, in) product B A: two thin
+        matmuls through r columns, r (in + out) multiply-adds per token against the base's in · out."""
+        y = self.base(x)  # (..., out): the frozen layer (for QLoRA, bitsandbytes dequantises NF4 inside it)
         if self.merged:
-            return y
-        u = self.dropout(x).to(self.lora_A.dtype) @ self.lora_A.T  # (..., r)
-        return y + (self.scaling * (u @ self.lora_B.T)).to(y.dtype)  # (..., out)
+            return y  # (alpha/r) B A is already inside the base's weight
+        u = self.dropout(x).to(self.lora_A.dtype) @ self.lora_A.T  # (..., r): down to rank r, in the adapters' dtype
+        return y + (self.scaling * (u @ self.lora_B.T)).to(y.dtype)  # (..., out): up again, scaled, added to y
 
     @torch.no_grad()
     def merge(self) -> None:
@@ -136,14 +138,22 @@ def nf4_linear(linear: nn.Linear, *, compress_statistics: bool = True, blocksize
                                  compress_statistics=compress_statistics, quant_type="nf4", blocksize=blocksize)
     if linear.bias is not None:
         q.bias = nn.Parameter(linear.bias.detach().clone(), requires_grad=False)
+    q.support_avx512bf16_for_cpu = False  # keep the NF4 layout: no CPU repacking at an eval forward (dequantize_nf4)
     return q.to(W.device)
 
 
 def dequantize_nf4(module: nn.Module) -> torch.Tensor:
-    """The fp32 (out, in) weight a `Linear4bit` computes with (bitsandbytes' dequantize_4bit)."""
+    """The fp32 (out, in) weight a `Linear4bit` computes with (bitsandbytes' dequantize_4bit).
+
+    On a CPU with AVX512-BF16, bitsandbytes repacks the codes into another layout at the first forward in eval mode
+    without gradients (`quant_state.packing_format_for_cpu`); dequantize_4bit cannot read that layout, so the codes
+    are unpacked back, on copies (the module keeps its layout), with bitsandbytes' own inverse."""
     import bitsandbytes.functional as BF  # heavy: it imports triton, and only the NF4 base needs it
 
-    return BF.dequantize_4bit(module.weight.data, module.weight.quant_state).float()
+    data, state = module.weight.data, module.weight.quant_state
+    if getattr(state, "packing_format_for_cpu", False):
+        data, state = BF._convert_weight_packed_for_cpu_inverse(data.clone(), copy.deepcopy(state))
+    return BF.dequantize_4bit(data, state).float()
 
 
 def set_module(model: nn.Module, name: str, module: nn.Module) -> None:

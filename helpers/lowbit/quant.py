@@ -246,7 +246,7 @@ class NF4State:
         return 8 * self.nbytes() / math.prod(self.shape)
 
 
-def _block_absmax(flat: torch.Tensor, blocksize: int) -> torch.Tensor:
+def block_absmax(flat: torch.Tensor, blocksize: int) -> torch.Tensor:
     """max |x| of each block of `blocksize` consecutive values of a 1-D tensor (the last block may be shorter)."""
     pad = -flat.numel() % blocksize
     return torch.nn.functional.pad(flat.abs(), (0, pad)).reshape(-1, blocksize).amax(1)
@@ -265,24 +265,24 @@ def nf4_quantize(w: torch.Tensor, blocksize: int = 64, *, compress_statistics: b
         raise ValueError(f"blocksize must be a power of two from 32 to 4096, not {blocksize!r}")
     if w.numel() == 0:
         raise ValueError("cannot quantise an empty tensor")
-    code = nf4_codebook()
-    mids = (code[:-1] + code[1:]) / 2
-    flat = w.reshape(-1).float()
-    absmax = _block_absmax(flat, blocksize)
-    full = (flat.numel() // blocksize) * blocksize
-    inv = 1.0 / absmax.clamp(min=1e-38)
+    code = nf4_codebook()  # the 16 levels in [-1, 1], ascending
+    mids = (code[:-1] + code[1:]) / 2  # the 15 boundaries between neighbouring levels
+    flat = w.reshape(-1).float()  # read: every value once, row-major, in fp32
+    absmax = block_absmax(flat, blocksize)  # one fp32 constant per block: the largest |value| in it
+    full = (flat.numel() // blocksize) * blocksize  # values in whole blocks
+    inv = 1.0 / absmax.clamp(min=1e-38)  # bitsandbytes multiplies by 1/absmax (a block of zeros stays 0)
     scaled = torch.empty_like(flat)
     scaled[:full] = (flat[:full].reshape(-1, blocksize) * inv[: full // blocksize, None]).reshape(-1)
     if full < flat.numel():
         scaled[full:] = flat[full:] / absmax[-1].clamp(min=1e-38)  # bitsandbytes divides the tail block
-    scaled = scaled.clamp(-1, 1)
+    scaled = scaled.clamp(-1, 1)  # every value now in [-1, 1], the codebook's range
     idx = (scaled[:, None] > mids).sum(1).to(torch.uint8)  # a value on a midpoint takes the lower level
     if idx.numel() % 2:
         idx = torch.cat([idx, torch.full((1,), 7, dtype=torch.uint8)])  # pad with the code of 0
-    packed = ((idx[0::2] << 4) | idx[1::2]).unsqueeze(1)
+    packed = ((idx[0::2] << 4) | idx[1::2]).unsqueeze(1)  # write: two codes a byte, the first in the HIGH nibble
     state = NF4State(packed, absmax, tuple(w.shape), blocksize)
-    if compress_statistics:
-        state.offset = absmax.mean()
+    if compress_statistics:  # double quantisation: the constants themselves in 8 bits, blocks of 256
+        state.offset = absmax.mean()  # all positive: centred, they use both halves of the signed map
         state.absmax, state.absmax2 = quantize_blockwise8(absmax - state.offset, 256)
         state.code2 = dynamic_map()
     return state
@@ -293,7 +293,7 @@ def quantize_blockwise8(x: torch.Tensor, blocksize: int = 256) -> tuple[torch.Te
     block). Each value divided by its block's absmax goes to the nearest of the 256 levels."""
     code = dynamic_map()
     flat = x.reshape(-1).float()
-    absmax = _block_absmax(flat, blocksize)
+    absmax = block_absmax(flat, blocksize)
     scaled = flat / absmax.repeat_interleave(blocksize)[: flat.numel()]
     # the level at or left of the value, then its right neighbour if strictly closer. bitsandbytes' CPU kernel
     # finds the left level with an approximate search and picks the other neighbour for some values that lie
@@ -321,11 +321,11 @@ def nf4_dequantize(state: NF4State, dtype: torch.dtype = torch.float32) -> torch
     """Values of an `NF4State` in `dtype` and the source shape: level[code] * absmax of its block,
     computed in float32 and then cast (as bitsandbytes does)."""
     n = math.prod(state.shape)
-    p = state.packed.reshape(-1)
-    idx = torch.stack([p >> 4, p & 0xF], 1).reshape(-1)[:n].long()
-    vals = nf4_codebook()[idx]
-    scale = nf4_absmax(state).repeat_interleave(state.blocksize)[:n]
-    return (vals * scale).reshape(state.shape).to(dtype)
+    p = state.packed.reshape(-1)  # read: the packed bytes, half a byte a value
+    idx = torch.stack([p >> 4, p & 0xF], 1).reshape(-1)[:n].long()  # high nibble first, the padding dropped
+    vals = nf4_codebook()[idx]  # each code's level in [-1, 1]
+    scale = nf4_absmax(state).repeat_interleave(state.blocksize)[:n]  # its block's absmax (from 8 bits under DQ)
+    return (vals * scale).reshape(state.shape).to(dtype)  # write: level x absmax, cast last
 
 
 def nf4_fake_quantize(w: torch.Tensor, blocksize: int = 64, compress_statistics: bool = False) -> torch.Tensor:

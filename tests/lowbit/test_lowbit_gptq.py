@@ -27,8 +27,8 @@ def _obs_reference(W, H, bits, group, damp=0.01):
     g = group or W.shape[1]
     for j in range(W.shape[1]):
         if j % g == 0:
-            scale, zero = gptq._scale_zero(W[:, j:j + g], bits)
-        Q[:, j:j + 1] = gptq._fake_quant(W[:, j:j + 1], scale, zero, bits)
+            scale, zero = gptq.minmax_grid(W[:, j:j + g], bits)
+        Q[:, j:j + 1] = gptq.round_to_grid(W[:, j:j + 1], scale, zero, bits)
         err = (W[:, j] - Q[:, j]) / Hinv[j, j]
         W[:, j:] -= err[:, None] * Hinv[j, j:][None, :]
         Hinv = Hinv - Hinv[:, j:j + 1] @ Hinv[j:j + 1, :] / Hinv[j, j]

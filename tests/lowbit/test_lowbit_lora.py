@@ -68,6 +68,20 @@ def test_merged_variants_dequantised_merge_matches_unmerged(tiny):
     assert err_deq < 0.01 * ref.abs().max() and err_orig > 5 * err_deq
 
 
+def test_an_eval_forward_leaves_the_nf4_weight_readable(tiny):
+    """An evaluation (eval mode, no gradients) before the merge, as fine-tuning does: bitsandbytes may repack a
+    CPU weight into its AVX512-BF16 layout there, which dequantize_4bit cannot read; the NF4 base must not be."""
+    q = lora.apply_lora(tiny, r=4, base="nf4").eval()
+    layers = lora.lora_layers(q)
+    before = {n: lora.dequantize_nf4(a.base) for n, a in layers.items()}
+    with torch.no_grad():
+        q(gptq.calibration_tokens(2, 32, seed=5))
+    assert all(torch.equal(lora.dequantize_nf4(a.base), before[n]) for n, a in layers.items())
+    deq = lora.merged_variants(q, tiny)["merged into dequantised NF4, 16-bit"]
+    for name, lin in gptq.block_linears(deq).items():  # B = 0: the merge is the NF4 weight in bf16
+        torch.testing.assert_close(lin.weight, before[name].bfloat16().float(), rtol=0, atol=0)
+
+
 @pytest.mark.slow
 def test_finetune_lowers_the_loss_for_every_kind(tiny):
     tokens = lora.finetune_split()[0][:33]  # one window of 32: every step sees the same batch
