@@ -25,7 +25,7 @@ Labs (the notebooks' measurements):
 `fp8_train_lab`     notebook 07's training with every recipe, and speed and profiles on GPUs with FP8
                     tensor cores
 `quant_lab`         notebook 08's parameters, weight and activation error, the sweep of formats, the highest
-                    held-out loss beyond the noise (`helpers.gpt.heldout`)
+                    held-out loss beyond the noise (`helpers.gpt.heldout`), the takeaways on quality
 `gptq_lab`          notebook 08's GPTQ / AWQ layer errors and perplexity against RTN
 `quant_decode_lab`  notebook 08's decode speed of weight-only int8 / int4 linears (GPU and CPU), as tokens/s
                     and as bandwidth against the copy ceiling

@@ -4,9 +4,9 @@ perplexity of the whole GPT, and AWQ's result read against the activations' outl
 The quantisers are `helpers.lowbit.gptq`; every linear inside the blocks is quantised, the embeddings and the
 output head stay in full precision.
 
-- `layer_error_rows` / `layer_error_section`: the output error ||WX − ŴX|| / ||WX|| of RTN, GPTQ and AWQ on
-  every linear, as rows and as a printed table with a sentence per bit width.
-- `perplexity_section`: held-out perplexity of RTN, GPTQ and AWQ copies at each bit width.
+- `layer_error_rows`: the output error ||WX − ŴX|| / ||WX|| of RTN, GPTQ and AWQ on every linear, as rows;
+  `layer_error_sentences`: a sentence per bit width from them (the notebook prints both).
+- `perplexity_rows` / `perplexity_sentences`: held-out perplexity of RTN, GPTQ and AWQ copies at each bit width.
 - `awq_explanation`: AWQ's result read against the outlier table (`quant_lab.outlier_profile` rows).
 """
 from __future__ import annotations
@@ -20,7 +20,6 @@ from helpers.gpt.pretrained import validation_loss
 from helpers.lowbit.gptq import (METHODS, awq_quantize, block_linears, check_bits, collect_inputs, gptq_quantize,
                                  hessian, output_error, quantize_model, rtn_quantize)
 from helpers.measure import bench
-from helpers.show import tables
 
 
 # ---------------------------------------------------------------- GPTQ and AWQ against RTN
@@ -56,17 +55,11 @@ def _geomean(values) -> float:
     return math.exp(sum(math.log(max(v, 1e-30)) for v in values) / len(values))
 
 
-def layer_error_section(model: nn.Module, calib: torch.Tensor, bits=(4, 3), group_size: int | None = 64,
-                        act_order: bool = False, test: torch.Tensor | None = None) -> list[dict]:
-    """Print `layer_error_rows` as a table and, per bit width, one sentence from the numbers: in how many
-    layers GPTQ and AWQ beat RTN and the geometric mean of their error ratios. Returns the rows."""
-    rows = layer_error_rows(model, calib, bits, group_size, act_order, test)
-    where = "the calibration windows themselves" if test is None else "windows the calibration did not see"
-    print(f"Relative output error ||X(W − Ŵ)ᵀ|| / ||XWᵀ|| of each linear, measured on {where}:")
-    print(tables.table(["layer", "bits", "RTN error", "GPTQ error", "AWQ error", "AWQ α"],
-                       [[r["layer"], r["bits"], f"{r['rtn']:.4f}", f"{r['gptq']:.4f}", f"{r['awq']:.4f}",
-                         f"{r['alpha']:.2f}"] for r in rows]))
+def layer_error_sentences(rows: list[dict], group_size: int | None = 64) -> list[str]:
+    """One sentence per bit width of `layer_error_rows`' rows (widest first), from the numbers: in how many layers
+    GPTQ and AWQ beat RTN, the geometric mean of their error ratios, and in how many AWQ chose α = 0."""
     gs = "one group per row" if group_size is None else f"groups of {group_size}"
+    out = []
     for b in sorted({r["bits"] for r in rows}, reverse=True):
         sel = [r for r in rows if r["bits"] == b]
         n = len(sel)
@@ -75,20 +68,19 @@ def layer_error_section(model: nn.Module, calib: torch.Tensor, bits=(4, 3), grou
         g_ratio = _geomean(r["gptq"] / r["rtn"] for r in sel)
         a_ratio = _geomean(r["awq"] / r["rtn"] for r in sel)
         zero = sum(r["alpha"] == 0 for r in sel)
-        print(f"{b}-bit, {gs}: GPTQ's output error is below RTN's in {g_win} of {n} layers "
-              f"(geometric mean {g_ratio:.2f}× RTN's), AWQ's in {a_win} of {n} ({a_ratio:.2f}× RTN's)"
-              + (f"; in {zero} layer{'s' if zero != 1 else ''} AWQ's search chose α = 0, which is RTN itself"
-                 if zero else "") + ".")
-    return rows
+        out.append(f"{b}-bit, {gs}: GPTQ's output error is below RTN's in {g_win} of {n} layers "
+                   f"(geometric mean {g_ratio:.2f}× RTN's), AWQ's in {a_win} of {n} ({a_ratio:.2f}× RTN's)"
+                   + (f"; in {zero} layer{'s' if zero != 1 else ''} AWQ's search chose α = 0, which is RTN itself"
+                      if zero else "") + ".")
+    return out
 
 
-def perplexity_section(model: nn.Module, calib: torch.Tensor, bits=(4, 3), group_size: int | None = 64,
-                       val_tokens: torch.Tensor | None = None, *, batches: int = 4) -> list[dict]:
+def perplexity_rows(model: nn.Module, calib: torch.Tensor, bits=(4, 3), group_size: int | None = 64,
+                    val_tokens: torch.Tensor | None = None, *, batches: int = 4) -> list[dict]:
     """Held-out validation loss and perplexity of the fp32 model and of RTN / GPTQ / AWQ copies at each
     bit width (`quantize_model`), on `batches` fixed windows of `val_tokens` (default: the held-out split).
 
-    Prints a table and one sentence per bit width from the numbers. Returns
-    [{"method", "bits", "val_loss", "perplexity"}], the fp32 row first (bits 32)."""
+    Returns [{"method", "bits", "val_loss", "perplexity"}], the fp32 row first (bits 32)."""
     def row(method, b, m):
         loss = validation_loss(m, val_tokens, batches=batches)
         return {"method": method, "bits": b, "val_loss": loss, "perplexity": math.exp(loss)}
@@ -98,10 +90,15 @@ def perplexity_section(model: nn.Module, calib: torch.Tensor, bits=(4, 3), group
         for b in bits:
             for method in METHODS:
                 rows.append(row(method, b, quantize_model(model, method, b, group_size, calib)))
-    print(tables.table(["method", "bits", "val loss (nats/byte)", "perplexity"],
-                       [[r["method"], r["bits"], f"{r['val_loss']:.4f}", f"{r['perplexity']:.3f}"] for r in rows]))
+    return rows
+
+
+def perplexity_sentences(rows: list[dict], batches: int) -> list[str]:
+    """One sentence per bit width of `perplexity_rows`' rows: each method's perplexity against fp32's, the lowest,
+    and, where a method came out below fp32, why that is no evidence that quantising helps."""
     base = rows[0]["perplexity"]
-    for b in bits:
+    out = []
+    for b in dict.fromkeys(r["bits"] for r in rows[1:]):
         sel = {r["method"]: r["perplexity"] for r in rows if r["bits"] == b}
         best = min(sel, key=sel.get)
         parts = ", ".join(f"{m.upper()} {sel[m]:.3f} ({100 * (sel[m] / base - 1):+.2f}%)" for m in METHODS)
@@ -112,8 +109,8 @@ def perplexity_section(model: nn.Module, calib: torch.Tensor, bits=(4, 3), group
             tail = (f". {' and '.join(below)} came out below fp32 (by at most {drop:.2f}%): rounding noise moves "
                     f"the loss either way, and a drop{' this small' if drop < 1 else ''} on {batches} batches of "
                     f"windows is no evidence that quantising helps")
-        print(f"{b}-bit: perplexity against fp32's {base:.3f}: {parts}; the lowest is {best.upper()}{tail}.")
-    return rows
+        out.append(f"{b}-bit: perplexity against fp32's {base:.3f}: {parts}; the lowest is {best.upper()}{tail}.")
+    return out
 
 
 # ---------------------------------------------------------------- what the tables say

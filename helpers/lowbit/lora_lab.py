@@ -1,19 +1,22 @@
 """Notebook 08's fine-tuning measurements: full fine-tuning vs LoRA vs QLoRA of the trained course GPT, and
 their memory measured from the tensors against `lora.memory_formula`.
 
-Each section prints a table and sentences generated from this run's numbers and returns the numbers:
-- `finetune_section(trained, steps=..., ...)`: full fine-tuning vs LoRA vs QLoRA of the trained GPT
+Each measurement returns its numbers; the notebook prints them, with the sentences these functions generate
+from them:
+- `finetune_compare(trained, steps=..., ...)`: full fine-tuning vs LoRA vs QLoRA of the trained GPT
   on a held-out part of the corpus (loss curves on the same batches, drawn against the untuned
   model's loss on each batch; held-out loss before and after; seconds), then the QLoRA adapters
   merged four ways (`lora.merged_variants`: unmerged; into the original 16-bit weights; into the
   dequantised NF4 weights kept in 16 bits; into those weights re-quantised to NF4) with the held-out
   perplexity of each. `finetune_figure(result)` draws the loss curves. `steps` (three trainings) and
-  `eval_batches` (eight held-out evaluations) set its cost.
-- `memory_section(model, r=...)`: bytes of weights, gradients and optimizer state of full
-  fine-tuning, LoRA and QLoRA, measured from the tensors after one AdamW step (`memory_rows`), beside
-  `lora.memory_formula`'s prediction.
+  `eval_batches` (eight held-out evaluations) set its cost. `gain` / `last_steps` give the table's
+  training-loss column, `finetune_sentence` and `merged_sentence` say what the numbers show.
+- `memory_rows(model, r=...)`: bytes of weights, gradients and optimizer state of full
+  fine-tuning, LoRA and QLoRA, measured from the tensors after one AdamW step, beside
+  `lora.memory_formula`'s prediction; `memory_sentence` sums them up.
 - `qlora_65b_claim(bits, blocksize)`: the ledger's formula verdict on QLoRA's "65B on one 48 GB GPU" from the
   bits per parameter measured in the run (activations not counted).
+- `takeaways`: the notebook's takeaway bullets on fine-tuning, generated from the run's numbers.
 The fine-tuning sentences rank the methods (and the merged variants) only where a gap exceeds twice the
 standard error of the per-window difference (`helpers.gpt.heldout.gap_separated`).
 Our LoRA and QLoRA against Hugging Face's peft are `helpers.lowbit.peft_lab`.
@@ -35,7 +38,7 @@ from helpers.lowbit.lora import (FINETUNE, KINDS, finetune, finetune_gb, finetun
                                  trainable)
 from helpers.measure import bench, clock as clocks
 from helpers.measure.params import positive
-from helpers.show import plots, tables
+from helpers.show import plots
 
 
 # ---------------------------------------------------------------- fine-tuning
@@ -63,11 +66,11 @@ def _eval_windows(model: nn.Module, tokens: torch.Tensor, batches: int) -> torch
     return window_losses(model, tokens, seq_len=min(128, model.config.seq_len), batches=batches, batch=8)
 
 
-def finetune_section(trained, steps: int = 30, *, lr_full: float = 3e-4, lr_lora: float = 3e-3, r: int = 8,
+def finetune_compare(trained, steps: int = 30, *, lr_full: float = 3e-4, lr_lora: float = 3e-3, r: int = 8,
                      alpha: float | None = None, batch: int = 8, seq_len: int = 64, eval_batches: int = 2,
                      seed: int = 0) -> dict:
     """Fine-tune `trained.model` (a helpers.gpt.pretrained.Trained, or a GPT) on `finetune_split()`'s first
-    part three ways (full, LoRA, QLoRA; the same batches), print the held-out loss before and after and
+    part three ways (full, LoRA, QLoRA; the same batches), measuring the held-out loss before and after and
     the seconds of each, then the QLoRA adapters merged four ways (`merged_variants`) with the
     held-out loss and perplexity of each. LoRA's learning rate is higher than full fine-tuning's, as
     is usual for adapters (both are parameters).
@@ -114,24 +117,25 @@ def finetune_section(trained, steps: int = 30, *, lr_full: float = 3e-4, lr_lora
             res["merged"][label] = (loss, math.exp(loss))
     res["eval_windows"] = (f" (on {eval_batches} batches of 8 windows of {min(128, model.config.seq_len)} bytes from the "
                            "second part of the held-out split, which fine-tuning does not train on)")
-    _print_finetune(res)
     return res
 
 
-def _gain(res: dict, kind: str, last: int) -> float:
+def last_steps(res: dict) -> int:
+    """How many final steps `gain` averages over: a quarter of the run (at least one)."""
+    return max(1, len(res["untuned"]) // 4)
+
+
+def gain(res: dict, kind: str, last: int) -> float:
     """Mean over the last `last` steps of (training loss − the untuned model's loss on the same batch)."""
     pairs = list(zip(res["losses"][kind], res["untuned"]))[-last:]
     return sum(a - b for a, b in pairs) / len(pairs)
 
 
-def _print_finetune(res: dict) -> None:
+def finetune_sentence(res: dict) -> str:
+    """What `finetune_compare`'s numbers say about the held-out loss: the loss before, each method's change, QLoRA's
+    NF4 start, and which method gained most, ranked only beyond the noise of the per-window differences."""
     before = res["before"]
-    last = max(1, len(res["untuned"]) // 4)
-    print(tables.table(
-        ["method", "trainable params", f"training loss − untuned, last {last} steps", "held-out loss after",
-         "CPU seconds (thread clock)" if res.get("clock") == "thread" else "seconds"],
-        [[k, res["trainable"][k], f"{_gain(res, k, last):+.4f}", f"{res['after'][k]:.4f}", f"{res['seconds'][k]:.1f}"]
-         for k in KINDS]))
+    last = last_steps(res)
     start = {k: res.get("before_nf4", before) if k == "qlora" else before for k in KINDS}
     parts = ", ".join(f"{k} {res['after'][k] - before:+.4f}" for k in KINDS)
     best = min(KINDS, key=lambda k: res["after"][k] - start[k])
@@ -146,11 +150,14 @@ def _print_finetune(res: dict) -> None:
         nf4 = (f" QLoRA starts from its NF4 base, at {res['before_nf4']:.4f} before any step ({res['before_nf4'] - before:+.4f}"
                f" against the 16-bit model): against that start its change is {res['after']['qlora'] - start['qlora']:+.4f}, "
                "and its training-loss column, measured against the untuned 16-bit model, carries the same offset.")
-    print(f"Held-out loss before fine-tuning: {before:.4f} nats/byte{windows}; change after {res['steps']} steps: "
-          f"{parts}.{nf4} " + _verdict(worse, best, res["steps"], {k: _gain(res, k, last) for k in KINDS}, drops))
-    merged = res["merged"]
-    print(tables.table(["QLoRA adapters shipped as", "held-out loss", "perplexity"],
-                       [[k, f"{v[0]:.4f}", f"{v[1]:.4f}"] for k, v in merged.items()]))
+    return (f"Held-out loss before fine-tuning: {before:.4f} nats/byte{windows}; change after {res['steps']} steps: "
+            f"{parts}.{nf4} " + _verdict(worse, best, res["steps"], {k: gain(res, k, last) for k in KINDS}, drops))
+
+
+def merged_sentence(res: dict) -> str:
+    """What the merged variants' held-out losses say against the adapters as trained: each one's change, and the
+    largest, or the two largest when the noise cannot tell them apart."""
+    merged, win = res["merged"], res.get("windows")
     ref = merged["QLoRA, unmerged"][0]
     diffs = {k: v[0] - ref for k, v in merged.items() if k != "QLoRA, unmerged"}
     order = sorted(diffs, key=lambda k: -abs(diffs[k]))
@@ -162,8 +169,8 @@ def _print_finetune(res: dict) -> None:
             text = (f". The largest changes, '{worst}' and '{order[1]}', cannot be told apart "
                     f"({abs(diffs[worst] - diffs[order[1]]):.4f} nats/byte apart; {yardstick(a, b)})"
                     + _merge_reason(worst, diffs[worst]))
-    print("Against the adapters as trained (unmerged on the NF4 base): "
-          + "; ".join(f"{k} {d:+.5f} nats/byte" for k, d in diffs.items()) + text)
+    return ("Against the adapters as trained (unmerged on the NF4 base): "
+            + "; ".join(f"{k} {d:+.5f} nats/byte" for k, d in diffs.items()) + text)
 
 
 def _ranked_best(best: str, drops: dict | None) -> str:
@@ -233,7 +240,7 @@ def _merge_reason(worst: str, diff: float) -> str:
 
 def finetune_figure(res: dict, ax=None):
     """Training loss of each fine-tuning method at each step minus the untuned model's loss on the same
-    batch (`finetune_section`'s result): below 0 the model has learned something about these files."""
+    batch (`finetune_compare`'s result): below 0 the model has learned something about these files."""
     fig, ax = plots.axes(ax, "fine-tuning: training loss minus the untuned model's")
     for i, k in enumerate(KINDS):
         diff = [a - b for a, b in zip(res["losses"][k], res["untuned"])]
@@ -303,29 +310,21 @@ def memory_rows(model: nn.Module, r: int = 8, alpha: float | None = None) -> lis
     return rows
 
 
-def memory_section(model: nn.Module, r: int = 8, alpha: float | None = None) -> list[dict]:
-    """Print `memory_rows` (KiB measured vs formula for each part) and one sentence from the numbers."""
-    rows = memory_rows(model, r, alpha)
+def memory_sentence(rows: list[dict]) -> str:
+    """What `memory_rows` measured: each method's total, how far the measurement is from the formula at worst, and
+    what QLoRA's weights hold beyond it (the code tables)."""
     parts = ("weights", "gradients", "optimizer")
-    body = []
-    for row in rows:
-        for part in parts:
-            meas, form = row["measured"][part], row["formula"][part]
-            body.append([row["method"], part, f"{meas / 1024:.1f}", f"{form / 1024:.1f}",
-                         f"{(meas - form) / max(form, 1) * 100:+.1f}%"])
-    print(tables.table(["method", "part", "measured KiB", "formula KiB", "difference"], body))
     tot = {row["method"]: sum(row["measured"].values()) for row in rows}
     worst = max(((row["method"], p, abs(row["measured"][p] - row["formula"][p]) / max(row["formula"][p], 1))
                  for row in rows for p in parts), key=lambda t: t[2])
     q = next(row for row in rows if row["method"] == "qlora")
     gap = q["measured"]["weights"] - q["formula"]["weights"]
-    print(f"Weights + gradients + AdamW state: full {tot['full'] / 1024:.0f} KiB, LoRA {tot['lora'] / 1024:.0f} KiB "
-          f"({tot['full'] / tot['lora']:.1f}× less), QLoRA {tot['qlora'] / 1024:.0f} KiB "
-          f"({tot['full'] / tot['qlora']:.1f}× less). The measured bytes differ from the formulas by at most "
-          f"{worst[2] * 100:.1f}% ({worst[0]} {worst[1]}). QLoRA's weights measure {gap / 1024:+.1f} KiB against "
-          f"the formula; the quantisation code tables, one set per layer, which the formula leaves out, "
-          f"take {q['code_tables'] / 1024:.1f} KiB of them.")
-    return rows
+    return (f"Weights + gradients + AdamW state: full {tot['full'] / 1024:.0f} KiB, LoRA {tot['lora'] / 1024:.0f} KiB "
+            f"({tot['full'] / tot['lora']:.1f}× less), QLoRA {tot['qlora'] / 1024:.0f} KiB "
+            f"({tot['full'] / tot['qlora']:.1f}× less). The measured bytes differ from the formulas by at most "
+            f"{worst[2] * 100:.1f}% ({worst[0]} {worst[1]}). QLoRA's weights measure {gap / 1024:+.1f} KiB against "
+            f"the formula; the quantisation code tables, one set per layer, which the formula leaves out, "
+            f"take {q['code_tables'] / 1024:.1f} KiB of them.")
 
 
 # ---------------------------------------------------------------- the ledger's formula verdict
@@ -351,3 +350,18 @@ def qlora_65b_claim(bits: float, blocksize: int, rank: int = 64, params_b: int =
                 reason=(f"activations excluded: {QLORA_GPU_GB - total:.1f} GB of the {QLORA_GPU_GB} would be left for them"
                         if total < QLORA_GPU_GB else f"activations excluded; weights and optimizer state alone take "
                         f"{total:.1f} GB"))
+
+
+def takeaways(merged: dict, steps: int, optimizer_bytes: dict, full_65b_gb: float, qlora_65b_gb: float,
+              nf4_bits: float) -> list[str]:
+    """Notebook 08's takeaway bullets on fine-tuning, from the run's numbers: the perplexity of each way to ship the
+    QLoRA adapters (`finetune_compare`'s "merged"), the optimizer state per parameter (`optimizer_bytes`: {name:
+    bytes/param}), and the 65B memory formulas against QLoRA's 48 GB GPU."""
+    fits = "under" if qlora_65b_gb < QLORA_GPU_GB else "over"
+    return [f"- QLoRA adapters after {steps} steps: "
+            + "; ".join(f"{k} perplexity {v[1]:.3f}" for k, v in merged.items()) + ".",
+            "- 8-bit AdamW: " + ", ".join(f"{k} {v:.2f} bytes/param" for k, v in optimizer_bytes.items())
+            + " of optimizer state.",
+            f"- Memory (formulas, activations not counted): 65B full fine-tuning {full_65b_gb:.0f} GB, QLoRA "
+            f"{qlora_65b_gb:.1f} GB with the base at the measured {nf4_bits:.3f} bits/param, {fits} {QLORA_GPU_GB} GB "
+            "(the ledger's verdict on QLoRA's claim follows below)."]

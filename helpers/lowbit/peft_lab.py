@@ -11,8 +11,8 @@
   on a CPU agrees bitwise.
 - `peft_init(model, r)` compares peft's default initialisation with ours in kind (B zeros; A
   Kaiming-uniform with a = √5, whose bound is 1/√in_features), through the bound, not the values.
-- `parity_section(model, r=...)`: `peft_parity` for LoRA and QLoRA and `peft_init`, as a table and one
-  sentence each, with the tolerance `PEFT_ATOL`.
+- `parity(model, r=...)`: `peft_parity` for LoRA and QLoRA and `peft_init` (and peft's version);
+  `parity_sentences` says in one sentence each what they found, with the tolerance `PEFT_ATOL`.
 - `peft_missing()` is None when peft imports, else the one sentence to print.
 peft is among the course's dependencies; where it is missing these functions raise ImportError, and
 notebook 08 and the tests say so and skip.
@@ -31,7 +31,6 @@ from helpers.gpt import data
 from helpers.lowbit.gptq import block_linears
 from helpers.lowbit.lora import (apply_lora, dequantize_nf4, finetune_split, lora_layers, merged_variants, nf4_linear,
                                  set_module)
-from helpers.show import tables
 
 PEFT_ATOL = 1e-5  # tolerance where the op order could differ (another device or backend); CPU fp32 is bitwise
 
@@ -173,33 +172,34 @@ def peft_init(model: nn.Module, r: int = 8, seed: int = 0) -> dict:
                          for m in theirs.values())}
 
 
-def parity_section(model: nn.Module, r: int = 8, alpha: float | None = None, seed: int = 0) -> dict | None:
-    """Print `peft_parity` for LoRA and QLoRA and `peft_init` as a table and one sentence each, with the
-    tolerance. Returns {"lora": ..., "qlora": ..., "init": ...}, or None (after one sentence) without peft."""
-    why = peft_missing()
-    if why:
-        print(why)
-        return None
+PARITY_KEYS = ("logits", "loss", "grad_A", "grad_B", "merged")  # what `peft_parity` compares, as max |Δ|
+
+
+def parity(model: nn.Module, r: int = 8, alpha: float | None = None, seed: int = 0) -> dict:
+    """`peft_parity` for LoRA and QLoRA and `peft_init`: {"lora": ..., "qlora": ..., "init": ..., "version": peft's
+    version}. Raises ImportError without peft (`peft_missing()` says so in a sentence first)."""
     peft = _import_peft()
-    res = {"lora": peft_parity(model, r, alpha, seed=seed),
-           "qlora": peft_parity(model, r, alpha, base="nf4", seed=seed), "init": peft_init(model, r, seed)}
-    keys = ("logits", "loss", "grad_A", "grad_B", "merged")
-    print(tables.table(["ours vs peft " + peft.__version__, "peft wrapper", "layers"] + [f"max |Δ| {k}" for k in keys],
-                       [[k, res[k]["peft_class"], res[k]["layers"]] + [f"{res[k][c]:.1e}" for c in keys]
-                        for k in ("lora", "qlora")]))
+    return {"lora": peft_parity(model, r, alpha, seed=seed), "qlora": peft_parity(model, r, alpha, base="nf4", seed=seed),
+            "init": peft_init(model, r, seed), "version": peft.__version__}
+
+
+def parity_sentences(res: dict) -> list[str]:
+    """One sentence each on `parity`'s LoRA and QLoRA comparisons (bitwise, within `PEFT_ATOL`, or not) and on the
+    initialisation (B zero in both, A drawn uniformly on ±1/√in in both, or not)."""
+    out = []
     for k, what in (("lora", "LoRA"), ("qlora", "QLoRA (NF4 base, merge re-quantised to NF4)")):
         p = res[k]
-        worst = max(p[c] for c in keys)
+        worst = max(p[c] for c in PARITY_KEYS)
         verdict = (f"bitwise equal: the same ops in the same order (the tolerance, {PEFT_ATOL:g} max abs, is not needed)"
                    if p["bitwise"] else f"{'within' if p['within'] else 'NOT within'} the tolerance of {PEFT_ATOL:g} "
                    f"max abs (largest difference {worst:.1e}): the op order differs somewhere")
-        print(f"{what}: logits, loss, the gradients of A and B and the merged weights are {verdict}.")
+        out.append(f"{what}: logits, loss, the gradients of A and B and the merged weights are {verdict}.")
     ours, theirs = res["init"]["ours"], res["init"]["peft"]
     same = ours["B_zero"] and theirs["B_zero"]
     amax = (ours["A_max_over_bound"], theirs["A_max_over_bound"])
     kind = same and 0.9 < min(amax) and max(amax) <= 1
-    print(f"Initialisation: B is zero in {'both' if same else 'NOT both'}; max|A| · √in is {amax[0]:.3f} (ours) and "
-          f"{amax[1]:.3f} (peft), and std(A) over a uniform's on ±1/√in is {ours['A_std_over_uniform']:.3f} and "
-          f"{theirs['A_std_over_uniform']:.3f}: "
-          + ("both draw A uniformly on ±1/√in, Kaiming-uniform with a = √5." if kind else "NOT the same kind of draw."))
-    return res
+    out.append(f"Initialisation: B is zero in {'both' if same else 'NOT both'}; max|A| · √in is {amax[0]:.3f} (ours) and "
+               f"{amax[1]:.3f} (peft), and std(A) over a uniform's on ±1/√in is {ours['A_std_over_uniform']:.3f} and "
+               f"{theirs['A_std_over_uniform']:.3f}: "
+               + ("both draw A uniformly on ±1/√in, Kaiming-uniform with a = √5." if kind else "NOT the same kind of draw."))
+    return out

@@ -16,6 +16,7 @@ state by `helpers.lowbit.optim8bit_lab`.
 - `highest_loss`: which of several models' held-out losses is highest, named only when its gap to the
   runner-up exceeds `heldout.NOISE_K` standard errors of the paired per-window difference (`helpers.gpt.heldout`).
 - `zero_point_bits_note`: what the fp32 zero of a zero-point format costs, and the alternatives.
+- `takeaways`: the notebook's takeaway bullets on quality, generated from the run's numbers.
 """
 from __future__ import annotations
 
@@ -293,3 +294,61 @@ def zero_point_bits_note(bits: int, group: int, measured: float | None = None) -
             f"per group of {group}: {bits} + 64/{group} = {fp32:.2f} bits per parameter{shown}, against NF4's "
             f"{bits} + 32/{group} = {bits + 32 / group:.2f} (one fp32 absmax). Stored as fp16 scale and zero they would "
             f"cost {bits + 32 / group:.2f}, as an fp16 scale with a {bits}-bit integer zero {bits + (16 + bits) / group:.2f}.")
+
+
+# ---------------------------------------------------------------- the takeaways
+
+def takeaways(model: str, groups, err_rows: list[dict], nf4_state_bits: dict, blocksize: int, ppl: dict,
+              windows: dict, eval_batches: int, layer_err: list[dict], awq_why: str, int8: dict, gain: float,
+              outlier_cols: int, threshold: float) -> list[str]:
+    """Notebook 08's takeaway bullets on quality, generated from the run's numbers: the error of each granularity
+    (`weight_error_rows`' rows), NF4 against int4 at the first block size with NF4 rows, double quantisation
+    (`nf4_state_bits`: {double quant: (bits/param, bitsandbytes' bits/param, error)}), held-out perplexity (`ppl`:
+    {label: {"bits", "loss", "ppl"}} with "fp32"; `windows`: the per-window losses of each label), the 3-bit rows
+    with GPTQ and AWQ (`layer_err`: `gptq_lab.layer_error_rows`; `awq_why`: `gptq_lab.awq_explanation`'s sentence),
+    and LLM.int8 on planted outliers (`int8`: {threshold: {"ours": error}}, `gain`, `outlier_cols` of the GPT)."""
+    def err_of(method, bits, group):
+        return next(r["mean_error"] for r in err_rows
+                    if r["method"] == method and r["bits"] == bits and r["granularity"] == str(group))
+
+    def bits_of(method, group):
+        return next(r["bits_per_param"] for r in err_rows
+                    if r["method"] == method and r["bits"] == 4 and r["granularity"] == str(group))
+
+    scale_name = {"tensor": "with one scale per tensor", "channel": "per channel"}
+    lines = [f"- Granularity (4-bit absmax on the {model} GPT's weights): mean error "
+             + ", ".join(f"{err_of('absmax', 4, g):.3f} {scale_name.get(g, f'in groups of {g}')}" for g in groups) + "."]
+    nf4_group = next((g for g in groups if isinstance(g, int) and g >= 32), None)  # NF4 blocks start at 32
+    if nf4_group is not None:
+        nf, i4 = err_of("nf4", 4, nf4_group), err_of("absmax", 4, nf4_group)
+        lines.append(f"- NF4 vs int4 absmax at the same block of {nf4_group} ({bits_of('nf4', nf4_group):.2f} vs "
+                     f"{bits_of('absmax', nf4_group):.2f} bits/param): error {nf:.3f} vs {i4:.3f}, "
+                     + (f"NF4 {i4 / nf:.2f}x lower." if nf < i4 else f"NF4 NOT lower here ({nf / i4:.2f}x)."))
+    plain, double = nf4_state_bits[False], nf4_state_bits[True]
+    lines.append(f"- Double quantization: {plain[0]:.3f} -> {double[0]:.3f} bits/param at block {blocksize}, "
+                 f"error {plain[2]:.4f} -> {double[2]:.4f}.")
+    base = ppl["fp32"]["loss"]
+    worst = max((k for k in ppl if k != "fp32"), key=lambda k: ppl[k]["loss"])
+    spread4 = max(abs(v["loss"] - base) for k, v in ppl.items() if "4" in k.split("(")[0])
+    lines.append(f"- Perplexity: fp32 {ppl['fp32']['ppl']:.3f}; "
+                 + highest_loss({k: w for k, w in windows.items() if k != "fp32"})
+                 + f"; the highest median is {worst}'s, {ppl[worst]['ppl']:.3f} ({ppl[worst]['loss'] - base:+.4f} "
+                 f"nats/byte); NF4 {ppl[f'NF4 (block {blocksize})']['ppl']:.3f}, int4 absmax "
+                 f"{ppl[f'int4 RTN (absmax, g{blocksize})']['ppl']:.3f}; every 4-bit row is within {spread4:.4f} "
+                 f"nats/byte of fp32 on these {eval_batches * 16} windows.")
+    rtn3 = f"int3 RTN (zero-point, g{blocksize})"
+    r3, g3 = ppl.get(rtn3), ppl.get(f"GPTQ int3 (g{blocksize})")
+    if r3 and g3:
+        below3 = {m: gap_separated(windows[f"{m} int3 (g{blocksize})"], windows[rtn3])
+                  and ppl[f"{m} int3 (g{blocksize})"]["loss"] < r3["loss"] for m in ("GPTQ", "AWQ")}
+        lines.append(f"- 3-bit, groups of {blocksize}: RTN perplexity {r3['ppl']:.3f}, GPTQ {g3['ppl']:.3f}, AWQ "
+                     f"{ppl[f'AWQ int3 (g{blocksize})']['ppl']:.3f} (fp32 {ppl['fp32']['ppl']:.3f}); GPTQ's layer output "
+                     f"error was below RTN's in {sum(r['gptq'] < r['rtn'] for r in layer_err)} of {len(layer_err)} "
+                     f"layer x bit cases, AWQ's in {sum(r['awq'] < r['rtn'] for r in layer_err)}"
+                     + ("; AWQ's loss was not measurably below RTN's (the yardstick: twice the standard error of the "
+                        "per-window difference): " + awq_why if not below3["AWQ"] else ".")
+                     + (" GPTQ's loss was not measurably below RTN's either." if not below3["GPTQ"] else ""))
+    lines.append(f"- LLM.int8 on planted outliers: error {int8[0.0]['ours']:.4f} without the decomposition, "
+                 f"{int8[threshold]['ours']:.4f} with it ({gain:.1f}x lower); the trained GPT's inputs had "
+                 f"{outlier_cols} column(s) at or above {threshold:g}.")
+    return lines

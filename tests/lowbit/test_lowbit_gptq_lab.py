@@ -1,4 +1,4 @@
-"""helpers.lowbit.gptq_lab: notebook 08's GPTQ / AWQ sections (layer errors, perplexity) and AWQ's
+"""helpers.lowbit.gptq_lab: notebook 08's GPTQ / AWQ rows (layer errors, perplexity), their sentences and AWQ's
 explanation from the outlier table."""
 from __future__ import annotations
 
@@ -8,14 +8,33 @@ from helpers.lowbit import gptq, gptq_lab
 
 
 @pytest.mark.slow
-def test_sections_print_and_return_rows(tiny, calib, capsys):
-    rows = gptq_lab.layer_error_section(tiny, calib, bits=(3,), group_size=64)
+def test_layer_errors_and_perplexities_are_returned_as_rows(tiny, calib):
+    rows = gptq_lab.layer_error_rows(tiny, calib, bits=(3,), group_size=64)
     assert len(rows) == len(gptq.block_linears(tiny))
-    out = capsys.readouterr().out
-    assert "3-bit, groups of 64: GPTQ's output error is below RTN's in" in out
-    ppl = gptq_lab.perplexity_section(tiny, calib, bits=(4,), group_size=64, batches=1)
+    assert {"layer", "bits", "rtn", "gptq", "awq", "alpha"} <= set(rows[0])
+    said = gptq_lab.layer_error_sentences(rows, 64)
+    assert len(said) == 1 and said[0].startswith("3-bit, groups of 64: GPTQ's output error is below RTN's in")
+    ppl = gptq_lab.perplexity_rows(tiny, calib, bits=(4,), group_size=64, batches=1)
     assert [r["method"] for r in ppl] == ["fp32", "rtn", "gptq", "awq"]
     assert all(r["perplexity"] > 1 for r in ppl)
+
+
+def test_layer_error_sentences_count_the_wins_from_the_rows():
+    rows = [{"layer": f"l{i}", "bits": b, "rtn": 1.0, "gptq": g, "awq": a, "alpha": al}
+            for i, (b, g, a, al) in enumerate([(4, 0.5, 1.0, 0.0), (4, 0.5, 0.8, 0.5), (3, 2.0, 0.9, 0.5)])]
+    four, three = gptq_lab.layer_error_sentences(rows, None)
+    assert four.startswith("4-bit, one group per row: GPTQ's output error is below RTN's in 2 of 2 layers "
+                           "(geometric mean 0.50× RTN's), AWQ's in 1 of 2 (0.89× RTN's); in 1 layer AWQ's search chose α = 0")
+    assert three.startswith("3-bit, one group per row: GPTQ's output error is below RTN's in 0 of 1 layers (geometric "
+                            "mean 2.00× RTN's), AWQ's in 1 of 1") and "α = 0" not in three
+
+
+def test_perplexity_sentences_name_the_lowest_and_doubt_a_drop_below_fp32():
+    rows = [{"method": "fp32", "bits": 32, "perplexity": 2.0}, {"method": "rtn", "bits": 4, "perplexity": 2.2},
+            {"method": "gptq", "bits": 4, "perplexity": 1.99}, {"method": "awq", "bits": 4, "perplexity": 2.1}]
+    (said,) = gptq_lab.perplexity_sentences(rows, batches=3)
+    assert said.startswith("4-bit: perplexity against fp32's 2.000: RTN 2.200 (+10.00%), GPTQ 1.990 (-0.50%)")
+    assert "the lowest is GPTQ. GPTQ came out below fp32 (by at most 0.50%)" in said and "on 3 batches" in said
 
 
 def _outliers(max_abs, cols_over):

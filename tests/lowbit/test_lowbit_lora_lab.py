@@ -10,12 +10,15 @@ from helpers.measure import claims
 
 
 @pytest.mark.slow
-def test_finetune_section_returns_its_numbers(tiny, capsys):
-    res = lora_lab.finetune_section(tiny, steps=2, eval_batches=1)
+def test_finetune_compare_returns_its_numbers(tiny):
+    res = lora_lab.finetune_compare(tiny, steps=2, eval_batches=1)
     assert set(res["losses"]) == set(lora.KINDS) and all(len(v) == 2 for v in res["losses"].values())
     assert len(res["untuned"]) == 2 and res["untuned"][0] == pytest.approx(res["losses"]["lora"][0], abs=1e-5)
     assert res["trainable"]["lora"] == res["trainable"]["qlora"] < res["trainable"]["full"]
-    assert len(res["merged"]) == 4 and "Held-out loss before fine-tuning" in capsys.readouterr().out
+    assert len(res["merged"]) == 4 and lora_lab.finetune_sentence(res).startswith("Held-out loss before fine-tuning")
+    assert lora_lab.merged_sentence(res).startswith("Against the adapters as trained (unmerged on the NF4 base): ")
+    assert lora_lab.last_steps(res) == 1
+    assert lora_lab.gain(res, "full", 1) == pytest.approx(res["losses"]["full"][-1] - res["untuned"][-1])
     import matplotlib.pyplot as plt
 
     plt.close(lora_lab.finetune_figure(res))
@@ -44,6 +47,9 @@ def test_memory_measured_against_formula(tiny):
     gap = q["measured"]["weights"] - q["formula"]["weights"]
     assert 0 <= gap - q["code_tables"] < 0.002 * q["formula"]["weights"]  # the rest: a few scalars and padding
     assert q["measured"]["weights"] < 0.4 * rows["full"]["measured"]["weights"]
+    said = lora_lab.memory_sentence(list(rows.values()))
+    assert "differ from the formulas by at most 0.0% (" not in said  # QLoRA's code tables are measured, not formula
+    assert said.startswith("Weights + gradients + AdamW state: full ") and f"take {q['code_tables'] / 1024:.1f} KiB" in said
 
 
 def test_finetune_verdict_ranks_only_beyond_the_noise():
@@ -70,3 +76,12 @@ def test_qlora_claim_is_a_formula_verdict_from_the_measured_bits(results_tmp):
     heavy = lora_lab.qlora_65b_claim(8.0, 32)  # 65 GB of base alone: over 48 GB even widened by 10%
     row = claims.verdict("qlora-65b-48gb", quiet=True, **heavy)
     assert row["verdict"] == "contradicted" and heavy["value"] > 52.8 and "8.000 bits" in heavy["measured"]
+
+
+def test_takeaways_say_whether_qlora_65b_fits_in_48_gb():
+    merged = {"QLoRA, unmerged": (1.0, 2.718), "merged into original 16-bit W": (1.1, 3.004)}
+    adapters, adamw, memory = lora_lab.takeaways(merged, 10, {"adamw": 8.0, "adamw8bit": 2.5}, 780.0, 41.2, 4.127)
+    assert adapters == "- QLoRA adapters after 10 steps: QLoRA, unmerged perplexity 2.718; merged into original 16-bit W perplexity 3.004."
+    assert adamw == "- 8-bit AdamW: adamw 8.00 bytes/param, adamw8bit 2.50 bytes/param of optimizer state."
+    assert "QLoRA 41.2 GB with the base at the measured 4.127 bits/param, under 48 GB" in memory
+    assert ", over 48 GB" in lora_lab.takeaways(merged, 10, {}, 780.0, 50.0, 4.5)[2]

@@ -30,10 +30,10 @@ def test_peft_parity_catches_a_wrong_merge(tiny, need_peft, monkeypatch):
 
 
 @pytest.mark.slow
-def test_peft_initialises_like_ours(tiny, need_peft, capsys):
-    res = peft_lab.parity_section(tiny, r=4)
-    out = capsys.readouterr().out
-    assert out.count("bitwise equal") == 2 and "Kaiming-uniform with a = √5" in out
+def test_peft_initialises_like_ours(tiny, need_peft):
+    res = peft_lab.parity(tiny, r=4)
+    out = " ".join(peft_lab.parity_sentences(res))
+    assert res["version"] and out.count("bitwise equal") == 2 and "Kaiming-uniform with a = √5" in out
     got = res["init"]
     for who in ("ours", "peft"):
         assert got[who]["B_zero"]
@@ -41,14 +41,27 @@ def test_peft_initialises_like_ours(tiny, need_peft, capsys):
         assert 0.9 < got[who]["A_std_over_uniform"] < 1.1
 
 
-def test_parity_section_says_one_sentence_without_peft(tiny, monkeypatch, capsys):
+def test_parity_sentences_say_when_peft_differs():
+    same = {c: 0.0 for c in peft_lab.PARITY_KEYS}
+    init = {"B_zero": True, "A_max_over_bound": 0.99, "A_std_over_uniform": 1.0}
+    res = {"lora": {**same, "bitwise": True, "within": True},
+           "qlora": {**same, "merged": 0.5, "bitwise": False, "within": False},
+           "init": {"ours": init, "peft": {**init, "B_zero": False}}}
+    lora_s, qlora_s, init_s = peft_lab.parity_sentences(res)
+    assert "are bitwise equal" in lora_s
+    assert "NOT within the tolerance of 1e-05 max abs (largest difference 5.0e-01)" in qlora_s
+    assert "B is zero in NOT both" in init_s and init_s.endswith("NOT the same kind of draw.")
+
+
+def test_without_peft_one_sentence_says_so(tiny, monkeypatch):
     def missing():
         raise ImportError("No module named 'peft'")
 
     monkeypatch.setattr(peft_lab, "_import_peft", missing)
-    assert peft_lab.parity_section(tiny, r=4) is None
-    out = capsys.readouterr().out.strip()
+    out = peft_lab.peft_missing()
     assert out.startswith("peft is not installed") and len(out.splitlines()) == 1
+    with pytest.raises(ImportError):
+        peft_lab.parity(tiny, r=4)
     with pytest.raises(ValueError, match="base"):
         peft_lab.peft_parity(tiny, base="int4")
 

@@ -73,3 +73,25 @@ def test_zero_point_bits_note_prices_the_fp32_zero():
     assert "4 + 64/128 = 4.50" in quant_lab.zero_point_bits_note(4, 128)
     measured = quant.quantize(torch.randn(8, 128), 4, "zeropoint", 64).packed_bits_per_param()
     assert measured == pytest.approx(4 + 64 / 64)  # the table's count is the note's formula
+
+
+def test_takeaways_follow_the_numbers():
+    err = [{"method": m, "bits": 4, "granularity": str(g), "mean_error": e, "bits_per_param": b}
+           for m, g, e, b in [("absmax", "tensor", 0.30, 4.0), ("absmax", "channel", 0.20, 4.1),
+                              ("absmax", 64, 0.10, 4.5), ("nf4", 64, 0.08, 4.5)]]
+    win = lambda v: torch.full((8,), v) + torch.linspace(-1e-3, 1e-3, 8)  # noqa: E731
+    labels = {"fp32": 1.00, "int4 RTN (absmax, g64)": 1.01, "NF4 (block 64)": 1.02, "int3 RTN (zero-point, g64)": 1.20,
+              "GPTQ int3 (g64)": 1.10, "AWQ int3 (g64)": 1.20}
+    windows = {k: win(v) for k, v in labels.items()}
+    ppl = {k: {"loss": float(w.mean()), "ppl": float(w.mean().exp())} for k, w in windows.items()}
+    layer = [{"gptq": 0.1, "awq": 0.3, "rtn": 0.2}, {"gptq": 0.1, "awq": 0.1, "rtn": 0.2}]
+    lines = quant_lab.takeaways("tiny", ["tensor", "channel", 64], err, {False: (4.5, 4.5, 0.1), True: (4.127, 4.127, 0.1)},
+                                64, ppl, windows, 2, layer, "WHY.", {0.0: {"ours": 0.2}, 6.0: {"ours": 0.02}}, 10.0, 0, 6.0)
+    assert lines[0].endswith("0.300 with one scale per tensor, 0.200 per channel, 0.100 in groups of 64.")
+    assert "error 0.080 vs 0.100, NF4 1.25x lower." in lines[1]
+    assert lines[2] == "- Double quantization: 4.500 -> 4.127 bits/param at block 64, error 0.1000 -> 0.1000."
+    assert "the highest median is int3 RTN (zero-point, g64)'s" in lines[3]
+    assert "below RTN's in 2 of 2 layer x bit cases, AWQ's in 1; AWQ's loss was not measurably below RTN's" in lines[4]
+    assert "WHY." in lines[4] and "GPTQ's loss was not measurably" not in lines[4]  # GPTQ's 0.1 nats beat the noise
+    assert lines[5].startswith("- LLM.int8 on planted outliers: error 0.2000 without the decomposition, 0.0200 with it "
+                               "(10.0x lower)")
