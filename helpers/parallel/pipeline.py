@@ -32,16 +32,17 @@ def pipeline_schedule(kind: str, stages: int, micro: int) -> list[list[tuple[str
     positive("micro", micro)
     out = []
     for s in range(stages):
-        if kind == "gpipe":
+        if kind == "gpipe":  # every micro-batch forward, then every one backward: m activations held at the peak
             out.append([("F", i) for i in range(micro)] + [("B", i) for i in range(micro)])
             continue
+        # warm-up: enough forwards to fill the pipe below this stage; the last stage needs one, the first p
         warm = min(stages - s, micro)
         steps = [("F", i) for i in range(warm)]
         f, b = warm, 0
-        while b < micro:
+        while b < micro:  # steady state: each backward frees a micro-batch's activations, then one more forward
             steps.append(("B", b))
             b += 1
-            if f < micro:
+            if f < micro:  # once every forward has run, only the backwards are left: the drain
                 steps.append(("F", f))
                 f += 1
         out.append(steps)
