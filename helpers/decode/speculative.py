@@ -12,25 +12,19 @@ a cheap draft proposes γ tokens x_i ~ q_i (i = 0 .. γ−1), the target scores 
 Every emitted token is then distributed exactly as the target's p (the rule's proof: P(emit x) =
 q(x)·min(1, p/q) + (1 − Σ min(p, q)) · max(0, p − q)(x) / Σ max(0, p − q) = min(p, q)(x) + max(0, p − q)(x) = p(x)).
 
-The pieces:
-
-* `distribution(logits, temperature)`: probabilities (float64, on the CPU); one-hot argmax at temperature 0,
-  which turns the same rule into greedy speculative decoding (accept iff the target's argmax agrees).
+* `distribution(logits, temperature)`: probabilities (float64, CPU); one-hot argmax at temperature 0 (greedy).
 * `accept_probability`, `residual`, `emitted_distribution`: the rule on distributions, pure and exact;
   `sample_rule(p, q, n, rule=...)` draws n emitted tokens with the rule (or the tempting wrong rule
   "accept when p ≥ q"), and `chi_square` tests counts against p.
-* `rollback(cache, length)`: a KVCache forgets everything after `length` tokens (the slots are
-  overwritten by the next write).
-* `speculative_generate(target, draft, prompt, n, gamma=..., temperature=...)`: the rounds; the draft is a
-  course GPT or `NGramDraft` (prompt lookup: copy what followed the last occurrence of the current n-gram,
-  no second model). Returns the tokens and per-position statistics (`SpecResult`). A round is three pieces
-  (notebook 11 shows each): `draft_proposals` (the draft loop), `verify` (the target's one pass) and
-  `accept_prefix` (the rule applied in order: the first rejection is resampled, else a bonus token drawn).
+* `speculative_generate(target, draft, prompt, n, gamma=..., temperature=...)`: the rounds, with a course GPT
+  or `NGramDraft` (prompt lookup: copy what followed the last occurrence of the current n-gram) as the draft;
+  returns a `SpecResult`. A round is `draft_proposals` (the draft loop), `verify` (the target's one pass) and
+  `accept_prefix` (the rule in order: the first rejection resampled, else a bonus token), as notebook 11 shows;
+  `rollback(cache, length)` makes a KVCache forget what follows `length` tokens.
 * `alpha(p, q)` = Σ min(p, q), and the formulas `expected_tokens(alpha, gamma)` = (1 − α^{γ+1})/(1 − α) and
   `predicted_speedup(alpha, gamma, c)` = (1 − α^{γ+1}) / ((1 − α)(γc + 1)) (Leviathan et al., 2023, eq. 1 and
   Theorem 3.8), c being the draft's cost per token relative to the target's.
-* `prompts(tokens, count, length, seed)`: prompts cut from the held-out corpus, the ones notebooks 11 and 14
-  decode.
+* `prompts(tokens, count, length, seed)`: prompts cut from the held-out corpus (notebooks 11 and 14).
 """
 from __future__ import annotations
 
@@ -281,28 +275,34 @@ def draw(dist: torch.Tensor, g: torch.Generator) -> int:
     return int(torch.multinomial(dist, 1, generator=g))
 
 
+def one_sequence(prompt: torch.Tensor) -> torch.Tensor:
+    """A prompt of one sequence, (T,) or (1, T), as (T,); ValueError for a batch (this loop serves one) or no token."""
+    if prompt.dim() > 2 or (prompt.dim() == 2 and prompt.size(0) != 1) or prompt.numel() < 1:
+        raise ValueError(f"speculative decoding here serves one sequence of at least one token, (T,) or (1, T); "
+                         f"got shape {tuple(prompt.shape)}")
+    return prompt.reshape(-1)
+
+
 def start_caches(target: GPT, draft, prompt: torch.Tensor, n: int, gamma: int, temperature: float):
     """Validate a speculative generation and start it: (target's KVCache, draft's KVCache or None for an NGramDraft),
-    each holding the prompt (T,) but its last token, with room for n + γ + 2 more. Raises ValueError for bad n, gamma,
-    temperature or draft, an empty prompt, a vocabulary mismatch or a sequence longer than a model's seq_len."""
+    each holding the prompt (T,) but its last token, with room for n + γ - 1 more. Raises ValueError for bad n, gamma,
+    temperature or draft, a vocabulary mismatch or a sequence longer than a model's seq_len."""
     positive("n", n)
     positive("gamma", gamma)
     distribution(torch.zeros(1), temperature)  # validates the temperature
     is_model = isinstance(draft, GPT)
     if not is_model and not isinstance(draft, NGramDraft):
         raise ValueError(f"draft must be a GPT or an NGramDraft, not {type(draft).__name__}")
-    T, V = prompt.numel(), target.config.vocab_size
-    if T < 1:
-        raise ValueError("the prompt needs at least one token")
+    T, V = prompt.numel(), target.config.vocab_size  # T >= 1: one_sequence refused an empty prompt
     limit = min(target.config.seq_len, draft.config.seq_len if is_model else 10 ** 9)
-    if T + n + gamma + 1 > limit:
-        raise ValueError(f"prompt {T} + n {n} + gamma {gamma} + 1 tokens pass the models' seq_len={limit}")
+    if T + n + gamma - 1 > limit:  # the last round's verification writes position T + n + γ - 2 at most
+        raise ValueError(f"prompt {T} + n {n} + gamma {gamma} - 1 positions pass the models' seq_len={limit}")
     if is_model and draft.config.vocab_size != V:
         raise ValueError(f"draft vocabulary {draft.config.vocab_size} differs from the target's {V}")
     device = next(target.parameters()).device
     caches = []
     for model in (target, draft) if is_model else (target,):
-        cache = KVCache(model.config, 1, T + n + gamma + 2, dtype=next(model.parameters()).dtype, device=device)
+        cache = KVCache(model.config, 1, T + n + gamma - 1, dtype=next(model.parameters()).dtype, device=device)
         if T > 1:
             prefill(model, prompt[None, :-1].to(device), cache)
         caches.append(cache)
@@ -362,9 +362,9 @@ def speculative_generate(target: GPT, draft, prompt: torch.Tensor, n: int, *, ga
     are rolled back to the accepted sequence. temperature 0 is greedy (output identical to the target's greedy
     decoding). Draws come from a generator seeded with `seed`. Returns a `SpecResult` (and, with return_caches,
     (result, target_cache, draft_cache, committed tokens held in the caches)).
-    Raises ValueError for bad n, gamma, a vocabulary mismatch or a sequence longer than a model's seq_len.
+    Raises ValueError for bad n, gamma, a vocabulary mismatch, a batch, or a sequence longer than a model's seq_len.
     """
-    prompt = prompt.reshape(-1)
+    prompt = one_sequence(prompt)  # (T,) or (1, T) -> (T,): one sequence, a batch is refused
     tcache, dcache = start_caches(target, draft, prompt, n, gamma, temperature)  # all of the prompt but its last token
     g = torch.Generator().manual_seed(seed)
     seq = prompt.tolist()  # every committed token; the last one (the current token) is not yet in the target's cache

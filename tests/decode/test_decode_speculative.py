@@ -11,7 +11,7 @@ import torch
 
 from helpers.decode import speculative
 from helpers.gpt.generation import KVCache, generate, prefill
-from helpers.gpt.model import GPTConfig
+from helpers.gpt.model import GPT, GPTConfig
 
 
 PROMPT = torch.tensor([3, 14, 15, 92, 65, 35, 89, 79])
@@ -177,3 +177,19 @@ def test_prompts_open_on_a_line_and_are_seeded():
     assert all(chr(int(p[0])) in "fs" for p in a)  # each opens a line ("first ..." or "second ...")
     with pytest.raises(ValueError, match="too few"):
         speculative.prompts(text[:100], 1, 16)
+
+
+def test_a_request_that_fits_the_positions_is_served_and_a_batch_is_refused():
+    torch.manual_seed(0)
+    target = GPT(GPTConfig(n_layer=1, n_head=2, d_model=16, d_ff=32, seq_len=32)).eval()
+    draft = GPT(GPTConfig(n_layer=1, n_head=2, d_model=8, d_ff=16, seq_len=32)).eval()
+    for total in (31, 32):  # gamma 1: the last round writes position prompt + n + gamma - 2 <= 31
+        prompt = PROMPT[: 8]
+        got = speculative.speculative_generate(target, draft, prompt, total - 8, gamma=1, temperature=0)
+        assert torch.equal(got.tokens, generate(target, prompt, total - 8)[0])
+    with pytest.raises(ValueError, match="seq_len=32"):
+        speculative.speculative_generate(target, draft, PROMPT[:8], 24, gamma=2)  # position 32 would be written
+    for batch in (PROMPT.repeat(2, 1), PROMPT[None, None], PROMPT[:0]):
+        with pytest.raises(ValueError, match="one sequence"):
+            speculative.speculative_generate(target, draft, batch, 4)
+    assert speculative.speculative_generate(target, draft, PROMPT[None], 4).tokens.shape == (4,)
