@@ -134,6 +134,8 @@ def static_decoder(model: GPT, max_len: int, *, compiled: bool) -> Callable[[tor
     reset, stale slots are masked): an eager prefill, then one `static_step` per token, compiled with
     `decode_compile_options` when `compiled` ("reduce-overhead", CUDA graphs, on CUDA; "default" elsewhere)."""
     p = next(model.parameters())
+    # one cache of fixed shape for every call: a compiled step sees the same tensors each time, so it compiles
+    # once, and a CUDA graph can replay it
     cache = StaticKVCache(model.config, 1, max_len, dtype=p.dtype, device=p.device)
     graphs = compiled and p.device.type == "cuda"
     step = (torch.compile(static_step, fullgraph=True,
@@ -144,14 +146,18 @@ def static_decoder(model: GPT, max_len: int, *, compiled: bool) -> Callable[[tor
     def generate(prompt: torch.Tensor, n: int) -> torch.Tensor:
         if prompt.numel() + n > max_len:
             raise ValueError(f"prompt {prompt.numel()} + n {n} tokens pass the static cache's {max_len}")
-        cache.pos.zero_()
+        cache.pos.zero_()  # a new reply: its slots are rewritten from position 0, the stale ones masked
+        # prefill, eager: the whole prompt in one pass writes its K and V into the cache; the last position's
+        # logits pick the first new token
         logits = model(prompt.reshape(1, -1).to(p.device), cache=cache)[0][:, -1]
         out = []
         for i in range(n):
-            out.append(logits.argmax(-1))
-            if i < n - 1:
+            out.append(logits.argmax(-1))  # greedy
+            if i < n - 1:  # the last token needs no step after it
                 if graphs:
-                    torch.compiler.cudagraph_mark_step_begin()
+                    torch.compiler.cudagraph_mark_step_begin()  # the graph's outputs may be overwritten now
+                # one token in: reads the cache, appends its own K and V, returns the next logits (cloned: a
+                # CUDA graph reuses its output buffer on the next replay)
                 logits = step(model, out[-1], cache).clone()
         return torch.cat(out)
     return generate
