@@ -16,4 +16,5 @@
 `loading_lab`  notebook 12's measurements: the wait / copy / compute breakdown of a step, loader sweeps,
                persistent workers, a forked worker's memory growth, host-to-device bandwidth and
                copy/compute overlap (CUDA), the breakdown figure, the notebook's parameter checks
+`loading_takeaways_lab`  notebook 12's closing sentences, generated from the run's numbers
 """

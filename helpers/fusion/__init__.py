@@ -12,4 +12,5 @@ Imports `gpt`, `cost`, `measure` and `show`.
                      library against the copy ceiling, the softmax sweep, the generated sentences, the panel
 `compiler_model_lab`  notebook 09's cost of compiling (cold, warm, break-even) and the course GPT compiled: its
                      training step, its one-token forward under each mode, whole model vs by block, the claim
+`compiler_takeaways_lab`  notebook 09's closing sentences, generated from the run's numbers
 """

@@ -1,7 +1,7 @@
-"""helpers.dataload.takeaways_lab: notebook 12's closing sentences come from the numbers given, one per line."""
+"""helpers.dataload.loading_takeaways_lab: notebook 12's closing sentences carry the numbers given."""
 from types import SimpleNamespace
 
-from helpers.dataload import takeaways_lab
+from helpers.dataload import loading_takeaways_lab
 
 
 def _row(idle, wait_ms=0.5, text="1,000 tokens/s"):
@@ -24,7 +24,7 @@ def _inputs(**over):
 
 
 def test_the_sentences_carry_the_numbers_given():
-    lines = takeaways_lab.takeaways(**_inputs())
+    lines = loading_takeaways_lab.takeaways(**_inputs())
     assert len(lines) == 6 and all(line.startswith("- ") for line in lines)
     assert lines[0].startswith("- Data wait: waits shorter. ") and "waited 0.04 ms per step" in lines[0]
     assert lines[0].endswith("The main thread ran 95%.")
@@ -36,7 +36,7 @@ def test_the_sentences_carry_the_numbers_given():
 
 
 def test_optional_parts_appear_only_when_measured():
-    lines = takeaways_lab.takeaways(**_inputs(
+    lines = loading_takeaways_lab.takeaways(**_inputs(
         persist_sentence="persistent faster", compute_range=(10.0, 20.0), memory_mb={"python": 1.0, "numpy": 0.9},
         h2d=[{"bytes": 2 ** 28, "pinned_speedup": (2.0, 1.8, 2.2)}], pin_claim={"verdict": "supported"},
         overlap={"hidden": 0.8}))

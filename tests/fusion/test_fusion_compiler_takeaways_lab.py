@@ -1,5 +1,5 @@
-"""helpers.fusion.takeaways_lab: notebook 09's closing sentences come from the numbers given, one per line."""
-from helpers.fusion import takeaways_lab
+"""helpers.fusion.compiler_takeaways_lab: notebook 09's closing sentences carry the numbers given."""
+from helpers.fusion import compiler_takeaways_lab
 from helpers.measure.protocol import Ratio
 
 
@@ -26,7 +26,7 @@ def _inputs(**over):
 
 
 def test_the_sentences_carry_the_numbers_given():
-    lines = takeaways_lab.takeaways(**_inputs())
+    lines = compiler_takeaways_lab.takeaways(**_inputs())
     assert len(lines) == 6 and all(line.startswith("- ") for line in lines)
     assert "pointwise 3 -> 1, softmax 5 -> 1" in lines[0] and "4.0x less traffic at 256 x 1024 fp32" in lines[0]
     assert "the compiled softmax reached 0.9x the copy bandwidth (notebook 00)" in lines[1]
@@ -37,4 +37,4 @@ def test_the_sentences_carry_the_numbers_given():
 
 
 def test_a_triton_softmax_that_did_not_run_says_so():
-    assert "did not run" in takeaways_lab.takeaways(**_inputs(checks=[]))[-1]
+    assert "did not run" in compiler_takeaways_lab.takeaways(**_inputs(checks=[]))[-1]
