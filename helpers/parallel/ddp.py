@@ -26,6 +26,7 @@ Helpers used by DDP, by `zero` and `fsdp`, and by the notebook's checks: `unique
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import weakref
 
 import torch
@@ -149,6 +150,9 @@ def _grad_nodes(output) -> set[int]:
         elif isinstance(o, dict):
             for x in o.values():
                 collect(x)
+        elif dataclasses.is_dataclass(o) and not isinstance(o, type):  # a model output object, as torch DDP reads it
+            for f in dataclasses.fields(o):
+                collect(getattr(o, f.name))
 
     collect(output)
     while stack:

@@ -167,3 +167,40 @@ def test_bucket_exercise_refuses_the_course_function_and_accepts_the_reference(c
     assert "FAIL" in capsys.readouterr().out
     for case in nb13._bucket_cases():  # the reference is torch's rule
         assert nb13._bucket_reference(*case.args) == nb13.torch_buckets(*case.args) == P.bucket_assignment(*case.args)
+
+
+def test_find_unused_parameters_sees_the_tensors_inside_a_dataclass_output():
+    """A module returning a @dataclass (a model output object): torch's DDP finds the tensors in it and averages the
+    gradients; ours must not take the parameters behind them for unused (which gave 'a second gradient')."""
+    from dataclasses import dataclass
+
+    from helpers.parallel.in_process import one_rank
+
+    @dataclass
+    class Out:
+        y: torch.Tensor
+        note: str = "x"
+
+    class Lin(nn.Module):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.lin, self.spare = nn.Linear(4, 4), nn.Linear(4, 4)
+
+        def forward(self, x):
+            return Out(self.lin(x))
+
+    x = torch.randn(3, 4)
+    lin = Lin()
+    assert P._grad_nodes(Out(lin(x).y)) == P._grad_nodes((lin(x).y,)) == {id(lin.lin.weight), id(lin.lin.bias)}
+    with one_rank():
+        ours, theirs = Lin(), Lin()
+        wrapped = P.DDP(ours, find_unused_parameters=True)
+        wrapped(x).y.sum().backward()
+        wrapped.finish_gradient_synchronization()
+        reference = torch.nn.parallel.DistributedDataParallel(theirs, find_unused_parameters=True)
+        reference(x).y.sum().backward()
+    for (name, a), b in zip(ours.named_parameters(), theirs.parameters()):
+        assert (a.grad is None) == (b.grad is None) or name.startswith("spare"), name
+        if b.grad is not None:
+            torch.testing.assert_close(a.grad, b.grad, rtol=0, atol=0)
