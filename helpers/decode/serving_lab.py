@@ -15,7 +15,7 @@ The request mix and the schedulers are `helpers.decode.serving`, prefix sharing 
   `batching_report` turns all of it (with a run on a tight pool, which the notebook makes) into the table's
   rows, a sentence and what to pass to `results.record`.
 * `continuous_batching_verdict(...)`: the vLLM paper's "2-4x", judged by `claims.judge_interval` where this device
-  lets a bigger batch pay.
+  lets a bigger batch pay; `continuous_batching_claim` words it for `claims.verdict`.
 
 `model` is the trained course GPT in eval mode (on S.device); pass `corpus=` (1-D token ids of
 held-out text) to draw prompts from real text. The paged cache's waste and speed and the KV-memory panel are
@@ -256,3 +256,16 @@ def continuous_batching_verdict(speedup: float, speedup_range: tuple[float, floa
         return {"verdict": "not testable", "reason": why, "kwargs": {**kwargs, "verdict": "not testable", "reason": why}}
     verdict, why = claims.judge_interval(speedup, a, b, lo, hi, unit="x")
     return {"verdict": verdict, "reason": why or None, "kwargs": kwargs}
+
+
+def continuous_batching_claim(batching: dict, verdict: dict, model_name: str, device: str) -> dict:
+    """`claims.verdict`'s keyword arguments for the vLLM paper's "2-4x", from `compare_policies`' dict and
+    `continuous_batching_verdict`'s `verdict`; `model_name` and `device` say what served the requests."""
+    lo, hi = batching["speedup_range"]
+    return {"notebook": "10", "claim": "PagedAttention with continuous batching serves 2-4x the throughput of "
+            "FasterTransformer and Orca", "source": "Kwon et al., 2023 (the vLLM paper)",
+            "measured": f"continuous / static batching {batching['speedup']:.2f}x tokens/s (IQR {lo:.2f}-{hi:.2f}x over "
+                        f"{batching['repeats']} paired rounds) on {batching['n_requests']} requests with the same KV "
+                        f"memory, {model_name} on this {device}; the baseline is static batching, not FasterTransformer "
+                        f"or Orca",
+            **verdict["kwargs"]}

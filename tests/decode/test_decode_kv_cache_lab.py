@@ -93,3 +93,17 @@ def test_batch_scaling_finds_the_knee_only_beyond_the_noise():
     assert noisy["unclear"] == [4] and noisy["knee"] == 16
     flat = kv_cache_lab.batch_scaling([row(1, 1.0), row(4, 1.1)])
     assert flat["knee"] is None and flat["unclear"] == []
+
+
+def test_copy_fraction_and_the_bandwidth_claim_read_the_compiled_step_where_there_is_one():
+    row = {"model": "tiny", "bytes": 2e9, "seconds": 1.0, "q25": 0.8, "q75": 2.0, "gbps": 2.0, "samples": [1.0]}
+    assert kv_cache_lab.copy_fraction(None, row, 4.0) == pytest.approx((0.5, 0.25, 0.625))  # q75 gives the low end
+    compiled = {"bytes": 3e9, "compiled_s": 1.0, "compiled_q25": 1.0, "compiled_q75": 1.5}
+    assert kv_cache_lab.copy_fraction(compiled, row, 4.0) == pytest.approx((0.75, 0.5, 0.75))
+    judged = kv_cache_lab.decode_bandwidth_claim(compiled, "1.3b (8 of its 24 layers)", None, row, 4.0, "cuda")
+    assert judged["value"] == pytest.approx(75) and judged["spread"] == pytest.approx((50, 75))
+    assert judged["claimed"] == (70.0, None) and "1.3b (8 of its 24 layers) at 75%" in judged["measured"]
+    cpu = kv_cache_lab.decode_bandwidth_claim(None, "tiny", None, row, 4.0, "cpu")
+    assert cpu["verdict"] == "not testable" and "CUDA graphs" in cpu["reason"] and "50% of the copy" in cpu["measured"]
+    failed = kv_cache_lab.decode_bandwidth_claim(None, "tiny", "RuntimeError: x", row, 4.0, "cuda")
+    assert failed["reason"] == "torch.compile failed: RuntimeError: x"

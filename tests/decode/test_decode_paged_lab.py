@@ -24,6 +24,9 @@ def test_workload_lengths_and_the_waste_verdict():
     assert r["block size"] == 16 and r["workload"] == "ShareGPT-like"
     assert out["verdict"]["verdict"] == ("supported" if r["fraction"] < 0.044 else "contradicted")  # 4%, +10% close
     assert out["verdict"]["expected"] == pytest.approx(8 / r["mean tokens"])
+    said = paged_lab.paged_waste_claim(out)
+    assert said["measured"].startswith(f"{100 * r['fraction']:.2f}% of KV slots wasted") and "of 500 ShareGPT" in said["measured"]
+    assert said["value"] == pytest.approx(100 * r["fraction"]) and said["claimed"] == (None, 4.0)
     with pytest.raises(ValueError, match="workload"):
         paged_lab.workload_lengths("chat", 3)
 

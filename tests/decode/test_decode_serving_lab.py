@@ -116,3 +116,7 @@ def test_continuous_batching_verdict_is_judged_by_the_one_rule_where_batching_pa
         assert claims.verdict("continuous-batching-2-4x", notebook="10", claim="c", source="s", measured="m",
                               quiet=True, **got["kwargs"])["verdict"] == got["verdict"]
         assert got["kwargs"]["claimed"] == (2.0, 4.0)
+    batching = {"speedup": 3.0, "speedup_range": (2.5, 3.5), "repeats": 5, "n_requests": 48}
+    said = serving_lab.continuous_batching_claim(batching, v(3.0, (2.5, 3.5), 8.0, 32), "small10m", "cuda")
+    assert said["value"] == 3.0 and said["claimed"] == (2.0, 4.0)
+    assert "3.00x tokens/s (IQR 2.50-3.50x over 5 paired rounds) on 48 requests" in said["measured"]
