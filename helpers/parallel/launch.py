@@ -247,6 +247,10 @@ def run_on_ranks(fn: Callable, world_size: int, *args: Any, backend: str = "gloo
     `timeout` seconds. In every case, and on Ctrl-C or SIGTERM, no rank is left running.
     """
     positive("world_size", world_size)
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < float("inf"):
+        raise ValueError(f"timeout={timeout!r} must be a positive, finite number of seconds")  # NaN fails `0 <` too
+    if threads is not None:
+        positive("threads", threads)
     if backend not in ("gloo", "nccl"):
         raise ValueError(f"backend={backend!r}; choose 'gloo' or 'nccl'")
     if backend == "nccl" and torch.cuda.device_count() < world_size:

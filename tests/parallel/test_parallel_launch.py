@@ -61,6 +61,12 @@ def test_run_on_ranks_validates():
         D.run_on_ranks(fail_on, 0, 0)
     with pytest.raises(ValueError, match="backend"):
         D.run_on_ranks(fail_on, 2, 0, backend="mpi")
+    for bad in (float("nan"), float("inf"), 0, -1.0, "5", True):
+        with pytest.raises(ValueError, match="timeout="):
+            D.run_on_ranks(fail_on, 2, 0, timeout=bad)
+    for bad in (-1, 0, 1.5):
+        with pytest.raises(ValueError, match="threads="):
+            D.run_on_ranks(fail_on, 2, 0, threads=bad)
 
 
 @pytest.mark.ranks
