@@ -75,12 +75,40 @@ def weight_only_copy(base: torch.nn.Module, bits: int, backend: str, group_size:
     return model
 
 
+CHECK_RTOL = 2e-2  # a kernel's logits against dequantize-then-matmul's on the same codes: bf16 sums in another order
+
+
+def checked_copy(base: torch.nn.Module, bits: int, backend: str, group_size: int = 64, tokens: int = 8) -> torch.nn.Module:
+    """`weight_only_copy`, after its logits on a short input are checked against the same codes run the plain way
+    ("torch": unpack, dequantise, matmul): a kernel that computes garbage (as Triton's interpreter does for some
+    inputs) is never timed. Raises RuntimeError with the error found, relative to the logits' largest value."""
+    model = weight_only_copy(base, bits, backend, group_size)
+    if backend == "torch":
+        return model
+    device = next(base.parameters()).device
+    x = torch.randint(0, base.config.vocab_size, (1, tokens), generator=torch.Generator().manual_seed(0)).to(device)
+    linears = [m for m in model.modules() if isinstance(m, quant_linear.WeightOnlyLinear)]
+    with torch.no_grad():
+        got = model(x)[0].float()
+        for m in linears:
+            m.backend = "torch"
+        want = model(x)[0].float()
+        for m in linears:
+            m.backend = backend
+    err, scale = (got - want).abs().max().item(), want.abs().max().item()
+    if not err <= CHECK_RTOL * max(scale, 1e-6):  # `not <=`: a NaN error fails too
+        raise RuntimeError(f"int{bits} '{backend}' logits differ from dequantize-then-matmul's by {err:.3g} "
+                           f"(largest logit {scale:.3g}, tolerance {CHECK_RTOL:.0%}): not timed")
+    return model
+
+
 def decode_speed(preset: str = "1.3b", batches=(1, 32), prompt: int = 64, reps: int = 20,
                  variants=("bf16", "int8", "int4-triton", "torchao-int8", "torchao-int4"), group_size: int = 64) -> list[dict]:
     """Tokens/s of one decode step of a randomly initialised `preset` GPT in bf16 on CUDA, its block
     linears as bf16, our int8 / int4 weight-only linears, or torchao's configs; and the achieved
-    bandwidth = (bytes of all weights read once + KV cache read) / step time. A variant that cannot run
-    gives a row with its reason. Raises RuntimeError without CUDA."""
+    bandwidth = (bytes of all weights read once + KV cache read) / step time. Our kernels' outputs are checked
+    before they are timed (`checked_copy`). A variant that cannot run, or computes wrong, gives a row with its
+    reason. Raises RuntimeError without CUDA."""
     if not torch.cuda.is_available():
         raise RuntimeError("decode speed is measured on a GPU only")
     torch.manual_seed(0)
@@ -92,9 +120,9 @@ def decode_speed(preset: str = "1.3b", batches=(1, 32), prompt: int = 64, reps: 
         why = None
         try:
             if name == "int8":
-                model = weight_only_copy(base, 8, "compile", group_size)
+                model = checked_copy(base, 8, "compile", group_size)
             elif name == "int4-triton":
-                model = weight_only_copy(base, 4, "triton", group_size)
+                model = checked_copy(base, 4, "triton", group_size)
             else:
                 model = copy.deepcopy(base)
             if name.startswith("torchao"):

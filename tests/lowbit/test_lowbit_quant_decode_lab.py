@@ -129,3 +129,22 @@ def test_gpu_decode_sentences_rank_int8_against_int4_only_when_separated():
     assert "int4 (Triton) was" in apart[1] and "faster than int8" in apart[1]
     noisy = quant_decode_lab.gpu_decode_sentences([row("bf16", 10.0, 8.0, 12.0), row("int8", 9.0, 7.0, 11.0)])
     assert noisy == ["Decode batch 1, tokens/s over bf16's: int8 1.11x (IQR-bounded 0.73-1.71x) (within the noise)."]
+
+
+def test_a_kernel_is_checked_against_dequantize_then_matmul_before_it_is_timed(monkeypatch):
+    import pytest
+    import torch
+
+    from helpers.gpt.model import GPT, GPTConfig
+    from helpers.lowbit import quant_decode_lab, quant_linear
+
+    torch.manual_seed(0)
+    base = GPT(GPTConfig(n_layer=1, n_head=2, d_model=64, d_ff=128, seq_len=16)).eval()
+    model = quant_decode_lab.checked_copy(base, 4, "triton", 32)  # Triton's interpreter on a CPU, fp32: right
+    assert {m.backend for m in model.modules() if isinstance(m, quant_linear.WeightOnlyLinear)} == {"triton"}
+    monkeypatch.setattr(quant_linear, "int4_matmul", lambda x, *a: torch.full((x.shape[0], a[0].shape[0]), 1e10))
+    with pytest.raises(RuntimeError, match="int4 'triton' logits differ from dequantize-then-matmul's.*not timed"):
+        quant_decode_lab.checked_copy(base, 4, "triton", 32)
+    monkeypatch.setattr(quant_linear, "int4_matmul", lambda x, *a: torch.full((x.shape[0], a[0].shape[0]), float("nan")))
+    with pytest.raises(RuntimeError, match="not timed"):
+        quant_decode_lab.checked_copy(base, 4, "triton", 32)

@@ -261,14 +261,14 @@ def test_goals_that_time_what_a_notebook_times_take_its_full_profile_sizes(monke
     assert r["ratio"] == 0.75 and r["met"] is True
 
     monkeypatch.setattr(goals_decode, "trained", lambda ctx, preset, **kw: type("Trained", (), {"model": tiny}))
-    monkeypatch.setattr(serving_lab, "batching_section", lambda model, **kw: keep("batching", kw, {
+    monkeypatch.setattr(serving_lab, "compare_policies", lambda model, **kw: keep("batching", kw, {
         "speedup": 2.5, "speedup_range": (2.2, 2.8), "separated": True,
         "record": {"static_tokens_per_s": 1.0, "continuous_tokens_per_s": 2.5, "same_tokens": 48, "num_blocks": 64,
                    "block_size": 16}}))
     r = goals_decode.continuous_batching_speedup(full)
     assert {k: given["batching"][k] for k in ("n_requests", "max_batch", "repeats")} == {
         "n_requests": 48, "max_batch": 32, "repeats": 5}
-    nb10 = _cell_with(ROOT / "notebooks" / "10_kv_cache_inference.ipynb", "serving_lab.batching_section(")
+    nb10 = _cell_with(ROOT / "notebooks" / "10_kv_cache_inference.ipynb", "serving_lab.compare_policies(")
     assert all(text in nb10 for text in ("n_requests=S.pick(smoke=12, full=48)", "max_batch=S.pick(smoke=8, full=32)",
                                          "repeats=BATCH_REPEATS"))  # the notebook's full profile, as the goal takes it
     assert "BATCH_REPEATS = 5 " in _cell_with(ROOT / "notebooks" / "10_kv_cache_inference.ipynb", "BATCH_REPEATS = ")

@@ -7,8 +7,8 @@ the notebook calls in its full profile, never a second implementation:
 - notebook 08: `helpers.lowbit.quant_decode_lab` (`decode_speed`, `weight_only_copy`), and `kv_decode_lab.compiled_decode`
   for the decode step compiled whole;
 - notebook 10: `helpers.decode.kv_decode_lab` (`random_model`, `compiled_decode`), `helpers.decode.kv_cache_lab`
-  (`compiled_layers`), `helpers.decode.paged_lab` (`paged_section`) and `helpers.decode.serving_lab`
-  (`batching_section`);
+  (`compiled_layers`), `helpers.decode.paged_lab` (`decode_speed`) and `helpers.decode.serving_lab`
+  (`compare_policies`);
 - notebook 11: `helpers.decode.speculative` (`prompts`) and `helpers.decode.speculative_lab` (`decode_costs`,
   `speed_grid`).
 
@@ -55,7 +55,7 @@ def decode_bandwidth(ctx: Ctx) -> dict:
 
 def paged_decode_overhead(ctx: Ctx) -> dict:
     """10.paged_decode: paged decode attention (the Triton kernel, best block size) against contiguous SDPA
-    at 4k tokens (paged_lab.paged_section, as notebook 10; its timing depends on the model's shape, not
+    at 4k tokens (paged_lab.decode_speed, as notebook 10; its timing depends on the model's shape, not
     its weights).
 
     A paged KV cache (Kwon et al., "Efficient Memory Management for Large Language Model Serving with
@@ -66,23 +66,21 @@ def paged_decode_overhead(ctx: Ctx) -> dict:
     model = GPT(GPTConfig.preset(ctx.pick(smoke="tiny", full="small10m"))).to("cuda").float().eval()
     context, batch = ctx.pick(smoke=256, full=4096), ctx.pick(smoke=8, full=32)
     blocks, reps = ctx.pick(smoke=[16], full=[16, 64, 128]), ctx.pick(smoke=5, full=20)
-    p = paged_lab.paged_section(model, block_sizes=blocks, n_requests=ctx.pick(smoke=24, full=200),
-                                context=context, batch=batch, reps=reps, corpus=data.load_corpus("val"), seed=0,
-                                show=False)
-    rows = [r for r in p["speed"] if r.get("paged triton us")]
+    speed, _, _ = paged_lab.decode_speed(model, blocks, context=context, batch=batch, reps=reps, seed=0)
+    rows = [r for r in speed if r.get("paged triton us")]
     best = min(rows, key=lambda r: r["paged triton us"] / r["contiguous us"]) if rows else None
     ratio = best["paged triton us"] / best["contiguous us"] if best else None
     return result([check("paged Triton / contiguous decode attention time (best block size)", ratio, "<=", 1.10,
                          "the Triton paged kernel did not run")],
-                  {"rows": p["speed"], "best_block_size": best and best["block size"]},
+                  {"rows": speed, "best_block_size": best and best["block size"]},
                   {"context": context, "batch": batch, "block_sizes": blocks, "reps": reps, "dtype": "fp32"})
 
 
 def continuous_batching_speedup(ctx: Ctx) -> dict:
     """10.continuous_batching: continuous against static batching, same request mix and KV memory
-    (serving_lab.batching_section on the trained model notebook 10 serves, at its full profile's sizes: 48
-    requests, 32 at most in a batch, each policy served three times, interleaved; without its tight-pool and
-    served-alone checks, which do not enter the ratio). The ratio is the median runs'; its range over the
+    (serving_lab.compare_policies on the trained model notebook 10 serves, at its full profile's sizes: 48
+    requests, 32 at most in a batch, each policy served five times, interleaved; notebook 10's tight-pool and
+    served-alone checks, which do not enter the ratio, are left out). The ratio is the median runs'; its range over the
     repeated runs, and whether those separate, are recorded beside it.
 
     A static batch waits for its longest request while finished rows sit idle; admitting a new request as
@@ -90,10 +88,9 @@ def continuous_batching_speedup(ctx: Ctx) -> dict:
     tm = trained(ctx, ctx.pick(smoke="tiny", full="small10m"))
     model = tm.model.float().eval()
     n_req, max_batch, repeats = ctx.pick(smoke=6, full=48), ctx.pick(smoke=4, full=32), ctx.pick(smoke=1, full=5)
-    b = serving_lab.batching_section(model, n_requests=n_req, max_batch=max_batch,
+    b = serving_lab.compare_policies(model, n_requests=n_req, max_batch=max_batch,
                                      max_new_tokens=ctx.pick(smoke=8, full=None), repeats=repeats,
-                                     corpus=data.load_corpus("val"), seed=0, tight_pool=False, check_solo=False,
-                                     show=False)
+                                     corpus=data.load_corpus("val"), seed=0)
     rec = b["record"]
     return result([check("continuous / static tokens/s", b["speedup"], ">=", 2.0)],
                   {"static_tokens_per_s": rec["static_tokens_per_s"],
@@ -155,7 +152,7 @@ def compiled_quantized_decode_speedup(ctx: Ctx) -> dict:
         for backend in backends:
             model = None
             try:
-                model = quant_decode_lab.weight_only_copy(base, bits, backend, 64) if bits else deepcopy(base)
+                model = quant_decode_lab.checked_copy(base, bits, backend, 64) if bits else deepcopy(base)  # output checked first
                 c = kv_decode_lab.compiled_decode(model, context, reps)  # its bytes count the int codes and scales
                 rows[name] = {"backend": backend, "ms": 1e3 * c["compiled_s"], "tokens_per_s": 1 / c["compiled_s"],
                               "gbps": c["bytes"] / c["compiled_s"] / 1e9, "eager_gbps": c["eager_gbps"]}
