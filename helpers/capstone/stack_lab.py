@@ -13,6 +13,7 @@ is said, not assumed.
 """
 from __future__ import annotations
 
+import math
 import time
 from typing import Callable
 
@@ -24,6 +25,7 @@ from helpers.cost import flops
 from helpers.gpt.model import PRESETS, GPTConfig
 from helpers.measure import bench, clock as clocks, hardware, params, protocol
 from helpers.measure.bench import Timing
+from helpers.gpt import footprint
 
 # a rung's final loss must lie this close (relative) to the baseline's: fp32 rungs reorder sums only;
 # bf16 keeps 8 mantissa bits in the matmuls; fp8 3 (e4m3) in forward and 2 (e5m2) in gradients
@@ -58,6 +60,8 @@ def resolve_parameters(S: params.Setup, *, MODEL, BATCH, SEQ_LEN, STEPS, WARMUP,
     # smoke on CUDA too: two of its stacks (eager fp8 with checkpointing, compiled fp8 without autocast) run nowhere else
     out["LEAVE_ONE_OUT"] = R("LEAVE_ONE_OUT", LEAVE_ONE_OUT, smoke=S.device == "cuda", full=True, check=params.boolean)
     cfg = GPTConfig.preset(out["MODEL"], seq_len=out["SEQ_LEN"])
+    params.fits("SEQ_LEN", out["SEQ_LEN"], footprint.training_floor_bytes(cfg, out["BATCH"]), S.device,
+                f"a training step of {out['MODEL']} at BATCH={out['BATCH']}")
     serving = serve_stack_lab.resolve_parameters(S, SERVE_MODEL=SERVE_MODEL, DRAFT_WIDTH=DRAFT_WIDTH, PROMPTS=PROMPTS,
                                            PROMPT_LEN=PROMPT_LEN, NEW_TOKENS=NEW_TOKENS, GAMMA=GAMMA, REQUESTS=REQUESTS,
                                            EVAL_BATCHES=EVAL_BATCHES)
@@ -105,6 +109,9 @@ def run_ladder(cfg: GPTConfig, rungs: list[stack.Rung], data: list, device: str,
             with clocks.Stopwatch() as sw:
                 loss = built[name].step(x, y)
             seconds, wall = sw.cpu, sw.wall
+        if not math.isfinite(loss) and name == rungs[0].name:  # the baseline diverged: no rung can be judged
+            raise ValueError(f"LR={lr!r}: the baseline's loss is {loss} after {len(out[name]['losses']) + 1} step(s); "
+                             "this learning rate diverges, so no rung's loss or speed could be compared")
         out[name]["times"].append(seconds)
         out[name]["walls"].append(wall)
         out[name]["losses"].append(loss)

@@ -21,7 +21,8 @@ from typing import Any, Callable
 import torch
 
 from helpers.fusion import compiler, dynamo, triton_softmax
-from helpers.gpt.model import PRESETS
+from helpers.gpt import footprint
+from helpers.gpt.model import PRESETS, GPTConfig
 from helpers.measure import bench, params, protocol
 from helpers.measure.params import choices, positive
 from helpers.show import plots, units
@@ -91,6 +92,9 @@ def resolve_parameters(S: params.Setup, *, ROWS, COLS, DTYPE, REPS, SOFTMAX_COLS
     out["REGIONAL_BACKEND"] = R("REGIONAL_BACKEND", REGIONAL_BACKEND, smoke="aot_eager", full="aot_eager",
                                 check=lambda n, v: params.choose(n, v, BACKENDS))
     check_for_device(S.device, MODES=out["MODES"], DTYPE=out["DTYPE"])  # CUDA graphs, autotuning, fp16/bf16: a GPU
+    cfg = GPTConfig.preset(out["MODEL"], seq_len=out["SEQ_LEN"], n_layer=out["N_LAYER"])
+    params.fits("SEQ_LEN", out["SEQ_LEN"], footprint.training_floor_bytes(cfg, out["BATCH"]), S.device,
+                f"a training step of {out['MODEL']} at BATCH={out['BATCH']}")
     return out
 
 

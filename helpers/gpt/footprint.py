@@ -70,3 +70,14 @@ def decode_step_bytes(model: nn.Module, cache_bytes: int = 0) -> int:
         table = tensor_bytes(wpe.weight)
         n -= table - table // wpe.weight.shape[0]
     return n + int(cache_bytes)
+
+
+def training_floor_bytes(config, batch: int) -> int:
+    """A floor on the memory one fp32 training step of a course GPT of `config` at `batch` sequences needs, from
+    the configuration alone (no model is built): 16 bytes per parameter (weights, gradients and AdamW's two
+    moments, fp32) and each block's input kept for the backward pass, 4 bytes per number. Real steps need more;
+    a size whose floor does not fit the machine cannot run."""
+    d, kv = config.d_model, config.n_kv_head * (config.d_model // config.n_head)
+    block = 2 * d * d + 2 * d * kv + 2 * d * config.d_ff  # q, o; k, v; the MLP's two matrices (biases left out)
+    n_params = config.vocab_size * d + config.seq_len * d + config.n_layer * block
+    return 16 * n_params + 4 * batch * config.seq_len * d * config.n_layer

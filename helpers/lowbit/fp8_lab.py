@@ -25,6 +25,7 @@ from helpers.measure import params
 from helpers.measure.params import positive, positive_number
 from helpers.show import plots
 from helpers.training import precision
+from helpers.gpt import footprint
 
 
 # ---------------------------------------------------------------- the parameters
@@ -65,6 +66,8 @@ def resolve_parameters(S: params.Setup, *, MODEL, BATCH, SEQ_LEN, STEPS, LR, LAY
                          "losses as their standard deviation, which needs at least 2 steps")
     out["LR"] = R("LR", LR, smoke=1e-3, full=1e-3, check=positive_number)
     cfg = GPTConfig.preset(out["MODEL"], seq_len=out["SEQ_LEN"])
+    params.fits("SEQ_LEN", out["SEQ_LEN"], footprint.training_floor_bytes(cfg, out["BATCH"]), S.device,
+                f"a training step of {out['MODEL']} at BATCH={out['BATCH']}")
     linears = [n for n, m in GPT(cfg).named_modules() if isinstance(m, torch.nn.Linear) and n != "lm_head"]
     out["LAYER"] = R("LAYER", LAYER, smoke="blocks.0.mlp.down", full="blocks.0.mlp.down",
                      check=lambda n, v: params.choose(n, v, linears))

@@ -141,8 +141,8 @@ def setup(profile: str = "auto", seed: int = 0, interactive: bool = True,
     import torch  # heavy: the runner imports this module for PROFILES without needing torch
 
     resolved = resolve_profile(profile)
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise ValueError(f"SEED={seed!r} must be a non-negative int")
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2 ** 32:
+        raise ValueError(f"SEED={seed!r} must be an int from 0 to 2**32 - 1 (numpy's seeds stop there)")
     if not isinstance(interactive, bool):
         raise ValueError(f"INTERACTIVE={interactive!r} must be True or False")
     choose("DEVICE", device, ("auto", "cpu", "cuda"))
@@ -190,3 +190,26 @@ def fill(namespace: dict, resolver: Callable[..., dict], setup: Setup) -> None:
     chosen = [f"{n}={resolved[n]!r}" for n in wanted if given[n] is None and n in resolved]
     if chosen:
         print(f"the {setup.profile} profile fills in: " + ", ".join(chosen))
+
+
+def free_bytes(device: str) -> int:
+    """Memory free for this process's tensors now: the GPU's free bytes on CUDA, the machine's available RAM else."""
+    import torch
+
+    if device == "cuda":
+        return int(torch.cuda.mem_get_info()[0])
+    import psutil
+
+    return int(psutil.virtual_memory().available)
+
+
+def fits(name: str, value: Any, need_bytes: int, device: str, what: str) -> Any:
+    """`value` when `need_bytes` (a floor on what the size `value` of parameter `name` makes `what` need) fits in
+    the memory free on `device`; else a ValueError naming the parameter, the bytes and what is free, raised
+    before anything is allocated (SEQ_LEN=10**9 would otherwise try to allocate half a terabyte in a later cell)."""
+    free = free_bytes(device)
+    if need_bytes > free:
+        raise ValueError(f"{name}={value!r} makes {what} need at least {need_bytes / 1e9:.3g} GB; "
+                         f"{free / 1e9:.3g} GB is free on this {device}")
+    return value
+

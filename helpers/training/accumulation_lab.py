@@ -18,7 +18,8 @@ from typing import Sequence
 
 import torch
 
-from helpers.gpt.model import PRESETS
+from helpers.gpt import footprint
+from helpers.gpt.model import PRESETS, GPTConfig
 from helpers.measure import clock, params, profiling, protocol
 from helpers.measure.bench import benchmark
 from helpers.measure.memory import peak_cuda_memory, release_memory, saved_tensor_bytes
@@ -44,6 +45,8 @@ def resolve_parameters(S: params.Setup, *, PRESET, SEQ_LEN, EFFECTIVE_BATCH, MIC
     for b in micro:
         if effective % b:
             raise ValueError(f"MICRO_BATCHES={micro}: entry {b} must divide EFFECTIVE_BATCH={effective}")
+    params.fits("MICRO_BATCHES", micro, footprint.training_floor_bytes(GPTConfig.preset(preset, seq_len=seq_len), micro[-1]),
+                S.device, f"a training step of {preset} at micro-batch {micro[-1]}")
     check_micro = R("CHECK_MICRO_BATCH", CHECK_MICRO_BATCH, smoke=2, full=2, check=params.positive)
     check_steps = R("CHECK_ACCUM_STEPS", CHECK_ACCUM_STEPS, smoke=4, full=4, check=params.positive)
     if check_steps < 2:

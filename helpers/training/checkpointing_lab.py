@@ -22,8 +22,8 @@ from typing import Any
 
 import torch
 
-from helpers.gpt import data
-from helpers.gpt.model import GPT, PRESETS
+from helpers.gpt import data, footprint
+from helpers.gpt.model import GPT, PRESETS, GPTConfig
 from helpers.measure import bench, hardware, memory, params, profiling, protocol
 from helpers.measure.params import positive
 from helpers.measure.profiling import is_matmul
@@ -55,6 +55,9 @@ def resolve_parameters(S: params.Setup, *, MODEL, N_LAYER, BATCH, SEQ_LEN, ATTN,
     out["REPS"] = R("REPS", REPS, smoke=10, full=10, check=params.positive)
     out["PROFILE_STEPS"] = R("PROFILE_STEPS", PROFILE_STEPS, smoke=2, full=3, check=params.positive)
     out["CPU_THREADS"] = R("CPU_THREADS", CPU_THREADS, smoke=1, full=1, check=params.positive)
+    cfg = GPTConfig.preset(out["MODEL"], seq_len=out["SEQ_LEN"], n_layer=out["N_LAYER"])
+    params.fits("SEQ_LEN", out["SEQ_LEN"], footprint.training_floor_bytes(cfg, out["BATCH"]), S.device,
+                f"a training step of {out['MODEL']} at BATCH={out['BATCH']}")
     return out
 
 

@@ -19,7 +19,8 @@ from typing import Any, Iterable
 
 import torch
 
-from helpers.gpt.model import PRESETS
+from helpers.gpt import footprint
+from helpers.gpt.model import PRESETS, GPTConfig
 from helpers.measure import params
 from helpers.show import plots
 from helpers.training.precision import FORMATS, DynamicLossScaler, classify, facts
@@ -56,6 +57,9 @@ def resolve_parameters(S: params.Setup, *, MODEL, BATCH, SEQ_LEN, STEPS, LR, INI
                            check=check_log2_scales)
     out["REPS"] = R("REPS", REPS, smoke=5, full=10, check=params.positive)
     out["CPU_THREADS"] = R("CPU_THREADS", CPU_THREADS, smoke=1, full=1, check=params.positive)
+    cfg = GPTConfig.preset(out["MODEL"], seq_len=out["SEQ_LEN"])
+    params.fits("SEQ_LEN", out["SEQ_LEN"], footprint.training_floor_bytes(cfg, out["BATCH"]), S.device,
+                f"a training step of {out['MODEL']} at BATCH={out['BATCH']}")
     return out
 
 

@@ -62,6 +62,14 @@ def test_the_ladder_runs_every_rung_on_the_same_batches_and_times_after_the_warm
     assert len(fig.axes[0].patches) == 2
 
 
+def test_a_learning_rate_that_diverges_stops_the_ladder_at_once_naming_lr():
+    g = torch.Generator().manual_seed(0)
+    data = [(torch.randint(0, 64, (4, 16), generator=g), torch.randint(0, 64, (4, 16), generator=g)) for _ in range(6)]
+    rungs = [stack.Rung("baseline", frozenset()), stack.Rung("sdpa", frozenset({"sdpa"}))]
+    with pytest.raises(ValueError, match=r"LR=1e\+30: the baseline's loss is (nan|inf) after [1-6] step"):
+        stack_lab.run_ladder(CFG, rungs, data, "cpu", micro_batches=2, lr=1e30, warmup=2)
+
+
 def test_the_panel_trains_the_ticked_stack_beside_the_baseline_and_leaves_out_what_cannot_run(capsys):
     g = torch.Generator().manual_seed(0)
     data = [(torch.randint(0, 64, (4, 16), generator=g), torch.randint(0, 64, (4, 16), generator=g)) for _ in range(4)]

@@ -29,7 +29,7 @@ def test_by_profile_and_setup(results_tmp, tmp_path):
 
 
 @pytest.mark.parametrize("kwargs, name", [
-    ({"seed": -1}, "SEED"), ({"seed": 1.5}, "SEED"), ({"interactive": "yes"}, "INTERACTIVE"),
+    ({"seed": -1}, "SEED"), ({"seed": 1.5}, "SEED"), ({"seed": 2 ** 32}, "SEED"), ({"interactive": "yes"}, "INTERACTIVE"),
     ({"device": "tpu"}, "DEVICE"), ({"profile": "quick"}, "PROFILE")])
 def test_setup_rejects_bad_values(results_tmp, kwargs, name):
     with pytest.raises(ValueError, match=name):

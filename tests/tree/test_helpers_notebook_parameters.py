@@ -300,3 +300,24 @@ def test_one_message_size_cannot_be_fitted():
     with pytest.raises(ValueError, match="two distinct sizes"):
         collectives.alpha_beta_fit([1024], [1e-5])
     assert collectives.alpha_beta_fit([4, 8], [1e-5, 2e-5])[1] > 0
+
+
+# ---------------------------------------------------------------- sizes that cannot fit, refused before any allocation
+
+@pytest.mark.parametrize("nb, big", [("03", dict(SEQ_LEN=10**9)), ("04", dict(SEQ_LEN=10**9)),
+                                     ("07", dict(SEQ_LEN=10**9)), ("09", dict(SEQ_LEN=10**9)),
+                                     ("14", dict(SEQ_LEN=10**9)), ("05", dict(EFFECTIVE_BATCH=2**40, MICRO_BATCHES=[2**40]))])
+def test_a_size_whose_memory_floor_does_not_fit_is_refused_naming_the_parameter(nb, big, tmp_path):
+    name = next(iter(big)) if nb != "05" else "MICRO_BATCHES"
+    with pytest.raises(ValueError, match=rf"{name}=.*GB is free on this cpu"):
+        LABS[nb].resolve_parameters(setup(tmp_path), **{**defaults(nb), **big})
+
+
+def test_the_training_floor_counts_parameters_and_kept_activations():
+    from helpers.gpt import footprint
+
+    cfg = GPTConfig.preset("tiny")
+    model = GPT(cfg)
+    floor = footprint.training_floor_bytes(cfg, 4)
+    assert 16 * model.num_params(non_embedding=False) * 0.9 <= floor - 4 * 4 * cfg.seq_len * cfg.d_model * cfg.n_layer
+    assert footprint.training_floor_bytes(GPTConfig.preset("tiny", seq_len=10**9), 1) > 10**12  # the position table
