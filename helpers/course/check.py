@@ -3,7 +3,7 @@
 A notebook asks a question and calls one function::
 
     check.exercise("01.add_intensity", answer_1)      # a number, a word, or ...
-    check.exercise("06.merge", softmax_merge)         # a function the learner wrote
+    check.exercise("06.merge", state_merge)           # a function the learner wrote
 
 The name is "<notebook>.<key>"; its definition (expected value or reference implementation, the
 inputs a function is called on, the tolerance, the hint and planted wrong answers for CI) is

@@ -92,7 +92,7 @@ def _merge_cases() -> list[Case]:
 
 register(
     "06.merge", "code",
-    prompt="softmax_merge(m_a, l_a, o_a, m_b, l_b, o_b) -> (m, l, o): merge two partial softmax states",
+    prompt="state_merge(m_a, l_a, o_a, m_b, l_b, o_b) -> (m, l, o): merge two partial softmax states",
     hint="bring both parts to the common maximum before adding them (l and o alike); a row where both "
          "parts are empty has max -inf, and -inf - (-inf) is nan",
     solution=merge_reference,
