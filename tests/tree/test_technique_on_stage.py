@@ -88,3 +88,16 @@ def test_parameters_are_resolved_one_way(nb):
     assert "params.fill(globals()," in setup, f"{nb.name}: the setup cell does not resolve with params.fill"
     code = "".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
     assert not re.search(r"(?<![\w.])P\[[\"']", code), f"{nb.name}: parameters unpacked by hand from a dict"
+
+
+@pytest.mark.parametrize("nb", NOTEBOOKS, ids=lambda p: p.name[:2])
+def test_no_exercise_takes_the_name_of_an_on_stage_definition(nb):
+    """A learner's exercise function named like an on-stage one would replace it in the kernel: cells that call the
+    course's code (re-run, or run after the exercise) would then run the learner's draft instead."""
+    staged = {name for s in on_stage.stages(nb) for name in on_stage.definitions(s.source)}
+    clashes = []
+    for c in _cells(nb):
+        src = "".join(c["source"])
+        if c["cell_type"] == "code" and "check.exercise(" in src:
+            clashes += sorted(set(on_stage.definitions(src)) & staged)
+    assert not clashes, f"{nb.name}: exercise cells define on-stage names {clashes}"
