@@ -163,8 +163,9 @@ class LowRankKV(nn.Module):
 
     def __init__(self, down: torch.Tensor, up: torch.Tensor, bias: torch.Tensor | None):
         super().__init__()
-        self.down = nn.Linear(down.size(1), down.size(0), bias=False)
-        self.up = nn.Linear(up.size(1), up.size(0), bias=bias is not None)
+        # made in the factors' own dtype and device: a float32 layer would round fp64 factors on the copy below
+        self.down = nn.Linear(down.size(1), down.size(0), bias=False, dtype=down.dtype, device=down.device)
+        self.up = nn.Linear(up.size(1), up.size(0), bias=bias is not None, dtype=up.dtype, device=up.device)
         with torch.no_grad():
             self.down.weight.copy_(down)
             self.up.weight.copy_(up)
@@ -179,7 +180,7 @@ def factorise_kv(model: GPT, rank: int) -> tuple[GPT, list[float]]:
     """A copy of `model` whose every k/v projection W (2·H_kv·hd, d_model) is replaced by its best rank-r
     approximation U_r (Σ_r V_rᵀ) from the SVD (Eckart–Young, computed in float64), as a `LowRankKV` in W's
     dtype and on its device. Returns the copy and each layer's relative reconstruction error
-    ‖W − W_r‖_F / ‖W‖_F. Raises ValueError for a rank outside
+    ‖W − W_r‖_F / ‖W‖_F of the factors as stored (in W's dtype). Raises ValueError for a rank outside
     1 .. min(W's shape)."""
     full = 2 * model.config.n_kv_head * model.config.head_dim
     if isinstance(rank, bool) or not isinstance(rank, int) or not 1 <= rank <= min(full, model.config.d_model):
@@ -190,10 +191,10 @@ def factorise_kv(model: GPT, rank: int) -> tuple[GPT, list[float]]:
         lin = block.attn.kv_proj
         W = lin.weight.detach().double()
         U, s, Vh = torch.linalg.svd(W, full_matrices=False)
-        up, down = U[:, :rank], s[:rank, None] * Vh[:rank]
-        errors.append(float(torch.linalg.norm(W - up @ down) / torch.linalg.norm(W)))
         dtype = lin.weight.dtype
-        block.attn.kv_proj = LowRankKV(down.to(dtype), up.to(dtype), None if lin.bias is None else lin.bias.detach())
+        up, down = U[:, :rank].to(dtype), (s[:rank, None] * Vh[:rank]).to(dtype)  # the factors as they are stored
+        errors.append(float(torch.linalg.norm(W - up.double() @ down.double()) / torch.linalg.norm(W)))
+        block.attn.kv_proj = LowRankKV(down, up, None if lin.bias is None else lin.bias.detach())
         block.attn.kv_proj.to(device=lin.weight.device, dtype=dtype)
     return low, errors
 

@@ -128,3 +128,15 @@ def test_compiled_decode_options_fuse_the_matvec_under_cuda_graphs():
     assert list_mode_options("reduce-overhead").items() <= kv_cache.decode_compile_options().items()
     with pytest.raises(ValueError, match="mode"):
         kv_cache.decode_compile_options("max-autotune")
+
+
+def test_factorising_an_fp64_model_keeps_its_factors_in_fp64():
+    model = small_gpt(4).double()
+    full_rank = 2 * model.config.n_kv_head * model.config.head_dim
+    low, errors = kv_cache.factorise_kv(model, min(full_rank, 32))
+    assert max(errors) < 1e-12  # the reported error is that of the stored factors
+    for a, b in zip(model.blocks, low.blocks):
+        kv = b.attn.kv_proj
+        assert kv.up.weight.dtype == kv.down.weight.dtype == torch.float64
+        stored = kv.up.weight @ kv.down.weight
+        assert (stored - a.attn.kv_proj.weight).abs().max() < 1e-12  # no pass through fp32 (which left 3.6e-8)
