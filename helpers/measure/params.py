@@ -187,7 +187,7 @@ def fill(namespace: dict, resolver: Callable[..., dict], setup: Setup) -> None:
     given = {n: namespace[n] for n in wanted}
     resolved = resolver(setup, **given)
     namespace.update(resolved)
-    chosen = [f"{n}={resolved[n]!r}" for n in wanted if given[n] is None and n in resolved]
+    chosen = [f"{n}={resolved[n]!r}" for n in wanted if given[n] is None and resolved.get(n) is not None]
     if chosen:
         print(f"the {setup.profile} profile fills in: " + ", ".join(chosen))
 

@@ -17,6 +17,8 @@ def test_fill_reads_the_namespace_writes_back_and_says_what_the_profile_chose(tm
     assert capsys.readouterr().out == "the smoke profile fills in: N=8\n"
     params.fill({"N": 2, "REPS": 2}, _resolver, S)
     assert capsys.readouterr().out == ""  # nothing filled in, nothing said
+    params.fill({"N": 2, "REPS": None}, lambda S, *, N, REPS: {"N": N, "REPS": REPS}, S)
+    assert capsys.readouterr().out == ""  # a None the resolver keeps (a default decided later) is not "filled in"
 
 
 def test_fill_names_a_missing_parameter_and_passes_a_bad_value_on(tmp_path):
