@@ -226,7 +226,7 @@ SUMMARY_PREFIX = "summary-"
 
 
 def summary(notebook: str, sentence: str, headline: Mapping, *, noise: str | None = None,
-            quiet: bool = True) -> dict[str, Any]:
+            quiet: bool = True) -> None:
     """Record a notebook's summary for the report: what it measured and its 3-5 headline numbers.
 
     notebook: two digits ("02"); sentence: what the notebook measured, in one sentence;
@@ -237,7 +237,8 @@ def summary(notebook: str, sentence: str, headline: Mapping, *, noise: str | Non
     what the report sets beside it. noise: one line on the timing spread the notebook printed
     (e.g. "median IQR 6% of the step time"), or None when nothing was timed.
     Writes the ordinary record `summary-<notebook>` (with `clock.tally()`: how much of the wall time the thread
-    ran while it was timed on its own clock, a sentence on which this function prints) and returns its metrics. Raises ValueError for a
+    ran while it was timed on its own clock, a sentence on which this function prints). Returns None, so that the
+    notebook cell that ends with it shows that sentence and not a dict. Raises ValueError for a
     malformed notebook number, an empty sentence, an empty or too long headline, a value that is
     neither a finite number nor a string, a unit that is not a string, or a spread that does not hold
     the value.
@@ -280,4 +281,3 @@ def summary(notebook: str, sentence: str, headline: Mapping, *, noise: str | Non
         print(f"clock: {clock.sentence()}")
     if not quiet:
         print(f"{SUMMARY_PREFIX}{notebook} recorded: " + "; ".join(f"{k} {v['value']} {v['unit']}".strip() for k, v in rows.items()))
-    return metrics

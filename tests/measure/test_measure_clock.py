@@ -75,7 +75,7 @@ def test_the_summary_records_the_share_and_prints_the_clock_sentence(one_thread,
 
     results.configure(tmp_path, "smoke")
     clock.add(0.46, 1.0)
-    summary("00", "what it measured", {"x": (1.0, "")})
+    assert summary("00", "what it measured", {"x": (1.0, "")}) is None  # a cell ending with it shows no dict
     rec = load_results(tmp_path)["summary-00"]["metrics"]
     assert rec["clock"]["share"] == pytest.approx(0.46) and rec["clock"]["timings"] == 1
     out = capsys.readouterr().out
