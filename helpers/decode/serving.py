@@ -15,17 +15,14 @@
     go back to the free list. When a decode needs a block and none is free, the request admitted
     last is preempted: its blocks are freed and it goes back to the front of the queue with the
     tokens it has produced, to be resumed by recomputing the prefill of prompt + those tokens.
-  A `ServeRun` holds each request's tokens, time to first token and time per output token
-  (p50 and p99), tokens/s and the KV memory wasted (allocated - used slots, averaged over iterations).
-* `solo_tokens`: a request served alone, the reference every batched run must reproduce;
-  `serve_policies` and `policy_speedup`: both policies on one mix, repeated, and what the runs say.
+  A `ServeRun` holds each request's tokens, TTFT and TPOT (p50, p99), tokens/s and the KV waste.
+* `solo_tokens`: a request served alone, the reference; `serve_policies`, `policy_speedup`: both policies, repeated.
 
 The schedule is deterministic: arrivals are counted in iterations (request i joins the queue at
-the start of iteration `arrival`), so the same seed gives the same batches on every machine; the
-times are the measured durations of those iterations on `server_clock` (an idle wait for the next arrival
-costs no time). A request's first token comes from its prefill, in the iteration that admitted it.
-
-Prefix sharing and chunked prefill are `helpers.decode.prefill`; notebook 10 shows both schedulers in its cells.
+the start of iteration `arrival`), so the same seed gives the same batches on every machine; the times are the
+measured durations of those iterations on `server_clock` (an idle wait for the next arrival costs no time).
+A request's first token comes from its prefill, in the iteration that admitted it. Prefix sharing and chunked
+prefill are `helpers.decode.prefill`; notebook 10 shows both schedulers in its cells.
 """
 from __future__ import annotations
 
@@ -238,19 +235,21 @@ class Server:
         fresh = {id(lv) for lv, _ in produced}
         return [lv for lv in self.running if id(lv) not in fresh and not lv.done]
 
-    def preempt_for(self, lv: _Live, decoding: list[_Live]) -> None:
-        """Free the last-admitted requests until lv has a slot for its next token (or lv itself is freed); take it."""
+    def preempt_for(self, lv: _Live) -> list[_Live]:
+        """Free the last-admitted requests until lv has a slot for its next token (or lv itself is freed); take
+        it. Returns the preempted requests (back at the head of the queue), newest first; [] when a block was free."""
+        preempted = []
         while self.cache.blocks_needed([lv.req.rid], 1) > self.cache.allocator.num_free:
             victim = self.running.pop()
             self.cache.free(victim.req.rid)
             victim.preemptions += 1
             self.preemptions += 1
             self.waiting.appendleft(victim)
-            if victim in decoding:
-                decoding.remove(victim)
+            preempted.append(victim)
             if victim is lv:
-                return
+                return preempted
         self.cache.reserve(lv.req.rid, self.cache.lengths[lv.req.rid] + 1)  # the block now, before the next request
+        return preempted
 
     def decode(self, decoding: list[_Live]) -> list[tuple[_Live, int]]:
         """One decode step of every request in `decoding`: (request, its next token) pairs."""
@@ -343,9 +342,10 @@ def serve_continuous(model, requests: Sequence[Request], *, num_blocks: int = 64
         while s.next_fits(held):  # every iteration: a free place and free blocks for what its prefill writes
             produced.append(s.admit(reserve=None))  # nothing reserved ahead: blocks come as the tokens do
         decoding = s.decoding(produced)
-        for lv in list(decoding):  # a token that starts a block needs a free one: preempt the newest if none
-            if lv in decoding:  # not preempted for an earlier one
-                s.preempt_for(lv, decoding)
+        for lv in list(decoding):  # oldest first: a token that starts a block needs a free one
+            if lv in decoding:  # skip a request already preempted for an older one in this loop
+                preempted = s.preempt_for(lv)  # the newest running requests freed until lv has its block
+                decoding = [d for d in decoding if d not in preempted]  # they decode no token this iteration
         produced += s.decode(decoding)
         s.end(produced)
         s.release([lv for lv in s.running if lv.done])  # a finished request leaves now; its blocks are free

@@ -153,8 +153,11 @@ def compare_policies(model, *, n_requests: int = 16, max_batch: int = 8, block_s
     # each round serves both policies back to back: the per-round ratio leaves out what a round's load does to both
     speedup, r_lo, r_hi = bench.quartiles([c.tokens_per_s / s.tokens_per_s
                                            for c, s in zip(tries["continuous"], tries["static"])])
-    noise = (f"Median of {repeats} interleaved runs per policy; their tokens/s varied by up to {100 * spread:.0f}% "
-             f"of the median; continuous / static per round {speedup:.2f}x (IQR {r_lo:.2f}-{r_hi:.2f}x)."
+    side = ("lies above 1: continuous was faster" if r_lo > 1 else "lies below 1: static was faster" if r_hi < 1
+            else "holds 1: this run cannot rank the policies")
+    noise = (f"Median of {repeats} interleaved runs per policy; a policy's tokens/s varied by up to {100 * spread:.0f}% "
+             f"of its median across rounds, and a round's load slows both policies alike, so they are ranked on the "
+             f"per-round ratio: continuous / static {speedup:.2f}x, whose IQR {r_lo:.2f}-{r_hi:.2f}x {side}."
              if repeats > 1 else "One run per policy (repeats=1), so this run's noise is not measured.")
     same = sum(runs["static"].tokens[r.rid] == runs["continuous"].tokens[r.rid] for r in reqs)
     record = {f"{p}_{k}": v for p in POLICIES for k, v in
@@ -196,7 +199,7 @@ def batching_report(batching: dict, tight: ServeRun | None = None, solo: dict | 
         kept = sum(tight.tokens[r.rid] == runs["continuous"].tokens[r.rid] for r in reqs)
         tight_note = (f" With {batching['tight_blocks']} blocks instead of {batching['num_blocks']}, continuous "
                       f"batching preempted {tight.preemptions} time(s) and {kept} of {n} requests produced the same "
-                      f"tokens as with the full pool.")
+                      f"tokens as with the full pool. {tight_speed(tight, runs['continuous'], batching['spread'])}")
         record |= {"tight_num_blocks": batching["tight_blocks"], "tight_preemptions": tight.preemptions,
                    "tight_same_tokens": kept}
     if solo is not None:
@@ -211,14 +214,36 @@ def batching_report(batching: dict, tight: ServeRun | None = None, solo: dict | 
     record["policies_separated"] = batching["separated"]
     st, co, speedup = runs["static"], runs["continuous"], batching["speedup"]
     faster = ("faster" if speedup > 1 else "slower") if batching["separated"] else "within the noise of each other"
+    why_tpot = ("continuous iterations decode more requests at once, and a bigger batch's step takes longer"
+                if co.percentile("tpot", 50) > st.percentile("tpot", 50) else "a continuous iteration cost no more per token")
     sentence = (f"Same {n} requests, same {batching['num_blocks']} blocks of {batching['block_size']} tokens: continuous "
                 f"batching generates {co.tokens_per_s:.0f} tokens/s against static batching's {st.tokens_per_s:.0f} "
-                f"({speedup:.2f}x, {faster}); median time to first token {1e3 * co.percentile('ttft', 50):.0f} ms "
+                f"({speedup:.2f}x, {faster}) in {co.iterations} iterations against {st.iterations}, with a median time per "
+                f"output token of {1e3 * co.percentile('tpot', 50):.3f} ms against {1e3 * st.percentile('tpot', 50):.3f} "
+                f"ms (p99 {1e3 * co.percentile('tpot', 99):.3f} against {1e3 * st.percentile('tpot', 99):.3f} ms: "
+                f"{why_tpot}); median time to first token {1e3 * co.percentile('ttft', 50):.0f} ms "
                 f"against {1e3 * st.percentile('ttft', 50):.0f} ms, p99 {1e3 * co.percentile('ttft', 99):.0f} against "
                 f"{1e3 * st.percentile('ttft', 99):.0f} ms; KV waste {100 * co.waste_fraction:.0f}% against "
                 f"{100 * st.waste_fraction:.0f}%, with {co.preemptions} preemption(s). {batching['same_tokens']} of {n} "
                 f"requests produced identical tokens under both policies.{tight_note}{solo_note} {batching['noise']}")
     return {"rows": rows, "sentence": sentence, "record": record}
+
+
+def tight_speed(tight: ServeRun, full: ServeRun, spread: float) -> str:
+    """A sentence on the continuous run with fewer blocks (`tight`, one run) against the full pool's median run
+    (`full`), whose tokens/s varied by up to `spread` (a fraction of the median) across rounds."""
+    diff = tight.tokens_per_s / full.tokens_per_s - 1
+    said = (f"Its tokens/s ({tight.tokens_per_s:.0f}, one run, {tight.iterations} iterations) against the full pool's "
+            f"{full.tokens_per_s:.0f} ({full.iterations} iterations)")
+    if abs(diff) <= spread:
+        return (f"{said} differ by {100 * abs(diff):.0f}%, within the up to {100 * spread:.0f}% the full-pool runs "
+                f"varied across rounds: this run cannot tell whether the smaller pool cost throughput.")
+    if diff < 0:
+        return (f"{said} are {100 * -diff:.0f}% lower, beyond the rounds' spread: with fewer blocks fewer requests "
+                f"run at once, and each preempted one recomputes its prefill.")
+    more = ", though it ran more iterations" if tight.iterations > full.iterations else ""
+    return (f"{said} are {100 * diff:.0f}% higher, beyond the rounds' spread{more}: a single run's timing this "
+            f"notebook cannot explain; rerun before reading anything into it.")
 
 
 # ---------------------------------------------------------------- the claim at this run's scale
@@ -241,17 +266,16 @@ def continuous_batching_verdict(speedup: float, speedup_range: tuple[float, floa
     verdict, reason when not testable) for `claims.verdict`}."""
     a, b = min(speedup_range[0], speedup), max(speedup_range[1], speedup)
     kwargs = {"value": speedup, "spread": (a, b), "claimed": (lo, hi), "unit": "x"}
-    measured = f"measured continuous / static {speedup:.2f}x (IQR {a:.2f}-{b:.2f}x) at up to {max_batch} requests"
     why = None
     if batch_gain < lo:
-        why = (f"on this device a bigger batch gave only {batch_gain:.2f}x the tokens/s of batch 1 (the batch sweep), "
-               f"so serving more requests per step, continuous batching's gain, cannot reach {lo:g}x here; {measured}")
+        why = (f"on this device a bigger batch gave only {batch_gain:.2f}x the tokens/s of batch 1 in the batch sweep, "
+               f"so serving more requests per step, continuous batching's gain, cannot reach {lo:g}x here")
     elif device != "cuda":
         top = f"batch {top_batch}" if top_batch else "the largest batch"
-        why = (f"on a {device} a step costs more the bigger its batch ({top} gave {batch_gain:.2f}x the tokens/s of "
-               "batch 1, not its size), and how much more moves with other work's memory traffic, which the "
-               "thread's clock does not leave out; so the ratio follows the machine's load as much as the scheduler, "
-               f"while the paper's GPUs serve at a step cost nearly flat in the batch; {measured}")
+        why = (f"on a {device} a step costs more the bigger its batch: {top} gave {batch_gain:.2f}x the tokens/s of "
+               "batch 1, not its size; how much more moves with other work's memory traffic, which the thread's "
+               "clock does not leave out, so the ratio follows the machine's load as much as the scheduler, while "
+               "the paper's GPUs serve at a step cost nearly flat in the batch")
     if why:
         return {"verdict": "not testable", "reason": why, "kwargs": {**kwargs, "verdict": "not testable", "reason": why}}
     verdict, why = claims.judge_interval(speedup, a, b, lo, hi, unit="x")

@@ -139,12 +139,15 @@ def cached_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) 
 @torch.no_grad()
 def prefill(model: GPT, tokens: torch.Tensor, cache) -> torch.Tensor:
     """Run the prompt tokens (B, T) through the model, filling `cache`; logits of the last position (B, vocab)."""
+    # every layer writes all T keys and values and attends causally over them; only the last position's
+    # logits predict the first new token
     return model(tokens, cache=cache)[0][:, -1]
 
 
 @torch.no_grad()
 def decode_one(model: GPT, token: torch.Tensor, cache) -> torch.Tensor:
     """Run one new token per sequence, token (B,) or (B, 1), against the cache; logits (B, vocab)."""
+    # the same forward with T = 1: each layer computes one query, key and value and reads the rest from the cache
     return model(token.reshape(-1, 1), cache=cache)[0][:, -1]
 
 
@@ -241,15 +244,16 @@ def generate(model: GPT, prompt: torch.Tensor, n: int, sampler: Sampler | None =
     out = []
     if cache:
         p = next(model.parameters())
+        # one cache for the whole generation, the prompt plus the n new tokens, allocated once
         kv = (make_cache or KVCache)(model.config, B, T + n, dtype=dtype or p.dtype, device=p.device)
-        logits = prefill(model, prompt, kv)
+        logits = prefill(model, prompt, kv)  # the prompt once, all T tokens in parallel: the cache holds T
         for i in range(n):
-            out.append(sampler(logits))
-            if i < n - 1:
-                logits = decode_one(model, out[-1], kv)
+            out.append(sampler(logits))  # new token i, from the last position's logits
+            if i < n - 1:  # the last token needs no forward: nothing is generated after it
+                logits = decode_one(model, out[-1], kv)  # one token against the cache, which then holds T + i + 1
     else:
         seq = prompt
-        for _ in range(n):
+        for _ in range(n):  # the quadratic baseline: every step reruns the whole sequence so far
             out.append(sampler(model(seq)[0][:, -1]))
             seq = torch.cat([seq, out[-1][:, None]], dim=1)
     return torch.stack(out, dim=1)

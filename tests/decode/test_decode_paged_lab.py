@@ -86,3 +86,15 @@ def test_paged_waste_verdict_is_not_testable_on_short_requests(results_tmp):
     assert row["verdict"] == "contradicted" and row["claimed"] == {"lo": None, "hi": 4.0, "above": "contradicted"}
     with pytest.raises(ValueError):
         paged_lab.paged_waste_verdict(0.1, 0, 100)
+
+
+def test_the_waste_sentence_names_every_other_mix_beside_the_judged_row():
+    real = paged_lab.realistic_waste(block_sizes=[16, 32], n=300, seed=0)
+    alpaca = [r for r in real["rows"] if r["workload"] == "Alpaca-like" and r["scheme"] == "paged"]
+    at16 = next(r for r in alpaca if r["block size"] == 16)
+    assert [o["workload"] for o in real["others"]] == ["Alpaca-like"]
+    assert f"{100 * at16['fraction']:.2f}% in blocks of 16" in real["sentence"]
+    assert ("Not on every mix" in real["sentence"]) == (100 * at16["fraction"] > paged_lab.WASTE_CLAIM_PCT)
+    said = paged_lab.paged_waste_claim(real)
+    assert said["value"] == 100 * real["row16"]["fraction"]  # the judged row is still ShareGPT-like's
+    assert "Alpaca-like" in said["measured"]
