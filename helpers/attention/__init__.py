@@ -7,6 +7,9 @@ Imports `gpt`, `measure` and `show`.
                 of HBM traffic
 `flash_triton`  FlashAttention-2 as Triton kernels (a forward, a backward in two kernels; autotuned on a
                 GPU, in Triton's interpreter without one) and their autograd Function
+`flash_v1`      FlashAttention-1's loop order (key tiles outside, O, m and l re-read and re-written per key
+                tile), its HBM-traffic model and the GPU programs each order launches
+`sdpa_choice`   which backend SDPA picks by itself for a call, read from the profiler's operators
 `triton_aot`    the Triton kernels compiled for a GPU that need not be here (sm_90) and the compiler's
                 report: registers, spills, shared memory, tensor-core instructions
 `flash_lab`     notebook 06's measurements: its parameters, correctness by flash-attn's rule, the generated
