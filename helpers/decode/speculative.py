@@ -391,9 +391,9 @@ def speculative_generate(target: GPT, draft, prompt: torch.Tensor, n: int, *, ga
         # 4. roll both caches back to the committed sequence: the current token and the kept proposals stay
         rollback(tcache, committed + 1 + kept)
         if dcache is not None:
-            # the draft cached the current token and x_0 .. x_{γ-2}; after a full acceptance x_{γ-1} is missing
-            rollback(dcache, min(dcache.length, committed + 1 + kept))
-            pending = seq[dcache.length:]  # [current], or [x_{γ-1}, current] after a full acceptance
+            # its cache: committed, then the old current token and x_0 .. x_{γ-2} (it drew x_{γ-1} but never fed it)
+            rollback(dcache, min(dcache.length, committed + 1 + kept))  # keep old current + kept x's, if it holds them
+            pending = seq[dcache.length:]  # what it lacks: [new current], or [x_{γ-1}, new current] if all γ were kept
     res.tokens = torch.tensor(out[:n], dtype=torch.long)
     if return_caches:
         return res, tcache, dcache, seq[:-1]

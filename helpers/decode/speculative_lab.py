@@ -9,7 +9,9 @@
 * `decode_costs(target, draft, prompt, gammas, reps, device)`: one decode step of each model and the target's
   verification pass of γ + 1 tokens, timed by the protocol; c and the verification cost as `paired_ratio`s.
 * `speed_grid(...)`: every (draft, γ, temperature) timed round-robin beside plain decoding, with α, tokens per
-  pass, measured and predicted speedup; `position_rows` (α by window index and by position), `cost_warnings`.
+  pass, measured speedup and the formula's; `position_rows` (α by window index and by position), `cost_warnings`;
+  `trend`, `kept_share` and `kept_sentence` read α along the window and against the share of tokens kept;
+  `alpha_estimate` (α with its standard error) and `alpha_sentence` (α against temperature).
 
 `greedy_rows` and `speed_grid` run `generate_fn` (default `speculative.speculative_generate`), so the notebook
 checks and times the definition its own cells hold.
@@ -174,18 +176,72 @@ def decode_costs(target: GPT, draft: GPT, prompt: torch.Tensor, gammas: list[int
 
 def position_rows(runs: list, gamma: int, n: int, bins: int = 4) -> tuple[list[list], list[list]]:
     """From SpecResults at one γ: rows [window index i, positions verified, mean Σ min(p, q), acceptance rate
-    given i was reached] and rows [generated positions lo-hi, verified, mean Σ min(p, q)] in `bins` equal bins."""
+    given i was reached, the standard errors of those two] and rows [generated positions lo-hi, verified, mean
+    Σ min(p, q)] in `bins` equal bins."""
     by_i, by_pos = [], []
     for i in range(gamma):
         sel = [(b, ok) for x in runs for b, w, ok in zip(x.betas, x.window, x.accepted_at) if w == i]
         if sel:
-            by_i.append([i, len(sel), sum(b for b, _ in sel) / len(sel), sum(ok for _, ok in sel) / len(sel)])
+            m, k = len(sel), sum(ok for _, ok in sel) / len(sel)
+            se = statistics.stdev(b for b, _ in sel) / math.sqrt(m) if m > 1 else 0.0
+            by_i.append([i, m, sum(b for b, _ in sel) / m, k, se, math.sqrt(k * (1 - k) / m)])
     edges = [round(k * n / bins) for k in range(bins + 1)]
     for lo, hi in zip(edges[:-1], edges[1:]):
         sel = [b for x in runs for b, p in zip(x.betas, x.positions) if lo <= p < hi]
         if sel:
             by_pos.append([f"{lo}-{hi - 1}", len(sel), sum(sel) / len(sel)])
     return by_i, by_pos
+
+
+def trend(values: list[float], ses: list[float]) -> str:
+    """How a sequence moved from its first value to its last, said only where the difference exceeds twice its
+    standard error (sqrt(se_first² + se_last²)): 'rose from a to b', 'fell from a to b', else that it cannot tell."""
+    a, b = values[0], values[-1]
+    if abs(b - a) > 2 * math.hypot(ses[0], ses[-1]):
+        return f"{'rose' if b > a else 'fell'} from {a:.2f} to {b:.2f}"
+    return f"went from {a:.2f} to {b:.2f}, within twice the standard error of the difference: cannot tell which way"
+
+
+def kept_share(alpha: float, gamma: int) -> float:
+    """The share of γ proposals a round keeps when each index is kept with probability α, independently, and the
+    first rejection ends the round: (α + α² + … + α^γ) / γ = α(1 − α^γ) / (γ(1 − α)); 1 at α = 1."""
+    return 1.0 if alpha >= 1 else alpha * (1 - alpha ** gamma) / (gamma * (1 - alpha))
+
+
+def kept_sentence(rows: list[dict]) -> str:
+    """Why α (mean Σ min(p, q)) and the share of draft tokens kept differ, from one draft's grid rows: the first
+    rejection ends a round, so the kept share is the expected accepted prefix over γ; quoted at the smallest and
+    the largest γ, at the highest temperature."""
+    T = max(r["temperature"] for r in rows)
+    lo, hi = (min((r for r in rows if r["temperature"] == T), key=lambda r: r["gamma"] * s) for s in (1, -1))
+    at = [f"at γ={r['gamma']}, T={T:g}: α = {r['alpha']:.2f}, so {kept_share(r['alpha'], r['gamma']):.2f} kept by that "
+          f"formula, {r['acceptance']:.2f} measured" for r in (lo, hi)]
+    return ("α is the chance that the rule keeps a draft token once it judges it; the share of draft tokens kept is lower "
+            "because the first rejection ends the round and the proposals after it are never judged. With every index "
+            "kept at rate α, a round keeps α + α² + … + α^γ of its γ proposals on average: a share of "
+            f"α(1 − α^γ)/(γ(1 − α)), equal to α only at γ = 1 ({at[0]}; {at[1]}).")
+
+
+def alpha_estimate(runs: list) -> tuple[float, float, int]:
+    """(mean, standard error, count) of Σ min(p, q) over every verified position of the SpecResults `runs`
+    (nan, nan, 0 when none was verified; standard error 0 for a single position)."""
+    betas = [b for x in runs for b in x.betas]
+    if not betas:
+        return float("nan"), float("nan"), 0
+    se = statistics.stdev(betas) / math.sqrt(len(betas)) if len(betas) > 1 else 0.0
+    return min(statistics.fmean(betas), 1.0), se, len(betas)
+
+
+def alpha_sentence(estimates: dict, low: float, high: float) -> str:
+    """How α moved between two temperatures, from `alpha_estimate`s {temperature: (mean, se, count)}: 'rises' or
+    'falls' only when the difference exceeds twice its standard error (sqrt(se_low² + se_high²)), else that the
+    two are within sampling noise of each other."""
+    (a0, s0, n0), (a1, s1, n1) = estimates[low], estimates[high]
+    both = f"α is {a0:.2f} ± {s0:.2f} at T={low:g} ({n0} positions) and {a1:.2f} ± {s1:.2f} at T={high:g} ({n1})"
+    if abs(a1 - a0) > 2 * math.hypot(s0, s1):
+        return both + (": it rises with temperature" if a1 > a0 else ": it falls with temperature") + \
+            " (the difference is more than twice its standard error)"
+    return both + ": within twice the standard error of each other, so this run cannot say which way temperature moves it"
 
 
 def cost_warnings(timings: dict, verify: dict, max_spread: float = 0.15) -> list[str]:

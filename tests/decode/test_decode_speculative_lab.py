@@ -67,6 +67,8 @@ def test_speed_grid_rows_are_consistent(models):
     by_i, by_pos = speculative_lab.position_rows(rows[0]["runs"], 2, 12, bins=3)
     assert [row[0] for row in by_i] == [0, 1][:len(by_i)] and sum(row[1] for row in by_pos) == sum(
         len(x.betas) for x in rows[0]["runs"])
+    for row in by_i:  # standard errors of the mean Σ min(p, q) and of the share kept
+        assert len(row) == 6 and row[4] >= 0 and row[5] == pytest.approx((row[3] * (1 - row[3]) / row[1]) ** 0.5)
     for r in rows:  # the ceiling: tokens per pass over at least one decode step; noise flags a speedup above it
         assert r["ceiling"] == pytest.approx(r["tokens_per_pass"])
         assert r["noise"] == (r["speedup"] > r["ceiling"]) and r["baseline_drift"] >= 0

@@ -42,9 +42,9 @@ def test_formula_rows_with_planted_alpha_and_c():
 def test_alpha_estimate():
     runs = [speculative.SpecResult(tokens=torch.zeros(3), betas=[1.0, 0.0]),
             speculative.SpecResult(tokens=torch.zeros(3), betas=[1.0, 0.0])]
-    mean, se, n = speculative_report_lab.alpha_estimate(runs)
+    mean, se, n = speculative_lab.alpha_estimate(runs)
     assert (mean, n) == (0.5, 4) and se == pytest.approx((1 / 3) ** 0.5 / 2)
-    assert speculative_report_lab.alpha_estimate([speculative.SpecResult(tokens=torch.zeros(1))])[2] == 0
+    assert speculative_lab.alpha_estimate([speculative.SpecResult(tokens=torch.zeros(1))])[2] == 0
 
 
 def _evidence(value, lo, hi, basis="formula"):
@@ -148,10 +148,10 @@ def test_prediction_sentence_ranks_only_disjoint_ranges():
 
 
 def test_alpha_and_bound_sentences_follow_the_numbers():
-    rises = speculative_report_lab.alpha_sentence({0.0: (0.70, 0.01, 400), 1.0: (0.80, 0.01, 400)}, 0.0, 1.0)
+    rises = speculative_lab.alpha_sentence({0.0: (0.70, 0.01, 400), 1.0: (0.80, 0.01, 400)}, 0.0, 1.0)
     assert "rises with temperature" in rises and "0.70 ± 0.01" in rises
-    assert "falls with temperature" in speculative_report_lab.alpha_sentence({0.0: (0.85, 0.01, 600), 1.0: (0.76, 0.01, 600)}, 0.0, 1.0)
-    close = speculative_report_lab.alpha_sentence({0.0: (0.70, 0.02, 100), 1.0: (0.74, 0.02, 100)}, 0.0, 1.0)
+    assert "falls with temperature" in speculative_lab.alpha_sentence({0.0: (0.85, 0.01, 600), 1.0: (0.76, 0.01, 600)}, 0.0, 1.0)
+    close = speculative_lab.alpha_sentence({0.0: (0.70, 0.02, 100), 1.0: (0.74, 0.02, 100)}, 0.0, 1.0)
     assert "cannot say" in close and "rises" not in close
     assert speculative_report_lab.against_plain(1.1, 1.3) == "faster than" and speculative_report_lab.against_plain(0.7, 0.9) == "slower than"
     assert speculative_report_lab.against_plain(0.9, 1.1) == "within the noise of"
@@ -181,8 +181,17 @@ def _row(draft, speedup, noise, gamma=1, other=0.0):
 
 
 def test_lab_sentences_follow_the_numbers():
-    assert speculative_report_lab.trend([0.71, 0.75, 0.80, 0.77]) == "roughly flat"
-    assert speculative_report_lab.trend([0.68, 0.68, 0.82, 0.93]) == "rises" and speculative_report_lab.trend([0.9, 0.7]) == "falls"
+    # a trend is named only where the ends differ by more than twice their standard error
+    assert speculative_lab.trend([0.73, 0.77, 0.79], [0.02, 0.02, 0.03]).startswith("went from 0.73 to 0.79")
+    assert "cannot tell" in speculative_lab.trend([0.73, 0.77, 0.79], [0.02, 0.02, 0.03])
+    assert speculative_lab.trend([0.68, 0.82, 0.93], [0.02, 0.02, 0.02]) == "rose from 0.68 to 0.93"
+    assert speculative_lab.trend([0.9, 0.7], [0.01, 0.01]) == "fell from 0.90 to 0.70"
+    # the share kept: the expected accepted prefix over γ, α only at γ = 1
+    assert speculative_lab.kept_share(0.76, 1) == pytest.approx(0.76) and speculative_lab.kept_share(1.0, 4) == 1.0
+    assert speculative_lab.kept_share(0.5, 2) == pytest.approx((0.5 + 0.25) / 2)
+    grid = [{"temperature": 1.0, "gamma": g, "alpha": 0.76, "acceptance": k} for g, k in ((1, 0.76), (4, 0.48))]
+    text = speculative_lab.kept_sentence(grid)
+    assert "first rejection ends the round" in text and "at γ=4, T=1: α = 0.76, so 0.53 kept" in text and "0.48 measured" in text
     quiet, loud = bench.Timing(1.0, 0.95, 1.05, []), bench.Timing(1.0, 0.8, 1.4, [])
     assert speculative_lab.cost_warnings({"a": quiet}, {1: 1.2}) == []
     warn = speculative_lab.cost_warnings({"a": quiet, "b": loud}, {1: 0.8, 2: 1.1})
@@ -206,6 +215,19 @@ def test_slow_lines_count_the_rows_and_name_each_slow_one_s_causes():
     assert "γ=2" in lines[1] and "verification costs 1.50 decode steps" in lines[1] and "low acceptance" not in lines[1]
     slow.update(alpha=0.3)
     assert "low acceptance (α = 0.30)" in speculative_report_lab.slow_lines([slow], {2: 1.0})[1]
+    slow.update(alpha=0.9, tokens_per_pass=2.0)  # no cause reaches its mark alone: the line says so and lists them
+    assert "none of the four causes reaches its mark alone" in speculative_report_lab.slow_lines([slow], {2: 1.0})[1]
+
+
+def test_the_cost_sentence_says_what_the_verification_cost_shows():
+    v = Ratio(1.66, 1.5, 1.8, True)
+    text = speculative_report_lab.cost_sentence(5.0, 10.0, "small10m", (4.0, 6.0), v, 4)
+    assert "reading weights, not per-call" in text and "yet verifying 5 tokens cost 1.66 small10m steps" in text
+    assert "4 extra tokens added 0.66 of a step" in text and "formula here takes this v" in text
+    low = speculative_report_lab.cost_sentence(1.0, 10.0, "small10m", (0.9, 1.1), v, 4)
+    assert "yet" not in low and "only 10%" in low
+    one = speculative_report_lab.verification_clause(Ratio(1.05, 0.95, 1.1, False), 4, "small10m", "bound")
+    assert "about one step" in one and "added" not in one
 
 
 def _gap_rows(ratios, gamma=4):

@@ -74,7 +74,8 @@ register(
     "11.rule", "code",
     prompt="write speculative_rule(p, q): target and draft distributions (..., V) -> (accept, resample), the "
            "probability of keeping a proposed token x (per token, (..., V)) and the distribution to resample from "
-           "after a rejection ((..., V))",
+           "after a rejection ((..., V)); where q = 0, accept must still be finite (never NaN), and where p = q it "
+           "must be 1 wherever q > 0, with resample free of NaN though never drawn from",
     hint="keep x as often as the target allows relative to the draft, never more than always; after a rejection, "
          "draw only where the target has more mass than the draft, in proportion to the difference; guard the "
          "divisions where q or the difference is 0 (torch.where), so that no NaN appears",
