@@ -33,4 +33,6 @@ Notebook 13's labs, one per section, each named after the technique it measures:
 `zero_lab`         memory per ZeRO stage measured on ranks, the formulas' plan and figure
 `pipeline_lab`     tensor parallelism checked against dense layers, the pipeline executed with a fixed
                    compute time, its bubble, where its idle time went, and what the ledger judges of GPipe's formula
+`wording`          sentences printed under the notebook's tables (DDP's speed and ring targets, the sweep's spread,
+                   what each torchrun node did), generated from the same numbers as the tables
 """

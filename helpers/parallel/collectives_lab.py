@@ -154,14 +154,10 @@ def section_collectives(rank: int, world: int, sizes: list[int], reps: int) -> d
 
 
 def collectives_notes(sweep: dict, world: int, alpha: float, beta: float) -> list[str]:
-    """Sentences on the collectives sweep, generated from its numbers: the spread of the all-reduce
-    times, dist.all_reduce's fitted slope against the ring's prediction 2(n-1)/n·β, and our ring's
+    """Sentences on the collectives sweep, generated from its numbers (its spread is `wording.spread_sentence`'s):
+    dist.all_reduce's fitted slope against the ring's prediction 2(n-1)/n·β, and our ring's
     smallest-message time against the α-β model. Causes are given as likely, not as measured."""
     n, notes = world, []
-    spread = max(sweep["torch_iqr"])
-    notes.append(f"spread (IQR/median) of the all-reduce times up to {spread:.0%}: "
-                 + ("noisy, rerun when the machine is idle before trusting small differences" if spread > 0.25
-                    else "steady enough to compare the columns"))
     a_ar, b_ar = collectives.alpha_beta_fit(sweep["sizes"], sweep["torch"])
     pred = 2 * (n - 1) / n * beta
     slope = b_ar / pred if pred > 0 else float("inf")

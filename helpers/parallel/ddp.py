@@ -298,6 +298,9 @@ class DDP(nn.Module):
         """The hook: autograd calls it once p.grad holds this backward's whole gradient for p."""
         if not self._sync:  # inside no_sync(): the gradient only accumulates locally
             return
+        # only with find_unused_parameters: parameters this forward did not use will get no gradient, so no
+        # hook fires for them; the first hook of the backward counts them as ready, or their buckets would wait
+        # forever
         if self._unused:  # the first gradient of this backward: the unused parameters are ready too
             unused, self._unused = self._unused, set()
             for q in self.params:

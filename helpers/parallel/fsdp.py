@@ -67,11 +67,13 @@ class _GatherFull(torch.autograd.Function):
 
 
 class _ShardedLinear(torch.autograd.Function):
+    """A Linear whose weight and bias each rank holds 1/n of: gathered whole for the matmul, then let go."""
+
     @staticmethod
     def forward(ctx, x, w_shard, b_shard, w: _Shard, b: _Shard | None, dtype):
         ctx.meta = (w, b, dtype, x.dtype)
-        ctx.save_for_backward(x)
-        weight = w.gather(dtype)
+        ctx.save_for_backward(x)  # the input only: never the full weight, which would undo the sharding
+        weight = w.gather(dtype)  # all-gather: every rank's slice, the full weight, just before it is used
         bias = b.gather(dtype) if b is not None else None
         return F.linear(x.to(weight.dtype), weight, bias).to(x.dtype)  # the gathered weight is freed here
 
@@ -86,6 +88,8 @@ class _ShardedLinear(torch.autograd.Function):
             weight = w.gather(dtype)  # gathered again: nothing full was kept between forward and backward
             grad_x = (g @ weight).to(xdtype)
         g2 = g.reshape(-1, g.shape[-1])
+        # the full weight's gradient is computed here, then reduce-scattered: each rank keeps only the average
+        # over ranks of its own slice, so no rank holds a full gradient after this layer's backward
         if need_w:
             grad_w = w.scatter_grad(g2.t() @ x.to(g.dtype).reshape(-1, x.shape[-1]))
         if need_b and b is not None:

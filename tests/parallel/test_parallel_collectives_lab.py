@@ -44,10 +44,10 @@ def test_collectives_notes_follow_the_numbers():
     sw = {"sizes": [1024, 2 ** 20], "ping": [1e-4, 1e-3], "ring": [4e-3, 8e-3], "torch": [7e-4, 4e-3],
           "torch_iqr": [0.1, 1.84]}
     notes = L.collectives_notes(sw, 2, 2e-4, 6e-10)
-    assert "184%: noisy" in notes[0] and "likely" in notes[1] and "x the prediction" in notes[1]
-    assert "likely pays Python overhead" in notes[2]
+    assert len(notes) == 2 and "likely" in notes[0] and "x the prediction" in notes[0]
+    assert "likely pays Python overhead" in notes[1]
     calm = L.collectives_notes({**sw, "torch_iqr": [0.1, 0.2], "ring": [4.1e-4, 8e-3]}, 2, 2e-4, 6e-10)
-    assert "steady enough" in calm[0] and "within 2x of its floor" in calm[2]
+    assert "within 2x of its floor" in calm[1]
 
 
 def _budgeted_rounds(rank, world, budget_s):

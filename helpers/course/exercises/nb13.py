@@ -84,9 +84,9 @@ register(
     "13.ring", "code",
     prompt="write ring_schedule(rank, world_size, step, phase) -> (chunk sent to rank+1, chunk received from "
            "rank-1) for phase 'reduce-scatter' and 'all-gather'",
-    hint="in the reduce-scatter a rank first sends its own chunk, then each step passes on the chunk it has just "
-         "added into; after n-1 steps rank r holds the finished sum of one chunk, which the all-gather sends "
-         "first; indices are taken modulo world_size",
+    hint="follow one chunk by hand on 3 ranks: which chunk can rank r send at step 0, and which one does it hold a "
+         "new partial sum of after that step? Which chunk is finished on rank r when the reduce-scatter ends? "
+         "indices are taken modulo world_size",
     solution=_ring_reference,
     wrong=(_wrong_direction, _same_both_phases),
     cases=_ring_cases, run=_run_ring,
@@ -134,8 +134,8 @@ register(
     "13.zero", "code",
     prompt="write zero_bytes(stage, n_params, world_size): bytes per rank of parameters + gradients + AdamW state "
            "for fp32 training at ZeRO stage 0 (plain DDP), 1, 2 or 3",
-    hint="fp32 parameters and gradients take 4 bytes each, AdamW keeps two fp32 moments; stage 1 divides the "
-         "optimizer state by the number of ranks, stage 2 also the gradients, stage 3 also the parameters",
+    hint="the ZeRO section's theory counts bytes per parameter for mixed precision and says which of the three "
+         "parts each stage shards; work out what one parameter, its gradient and AdamW's state take in fp32",
     solution=_zero_reference,
     wrong=(_zero_no_grad_shard, _zero_paper_bytes),
     cases=_zero_cases, run=_run_zero,
@@ -147,8 +147,8 @@ register(
     "13.bubble", "value",
     prompt="a GPipe schedule over 8 stages with 24 micro-batches per step: what fraction of the step is a "
            "stage idle (a number between 0 and 1, as a fraction a/b or to two digits)?",
-    hint="the first stage starts its backward only after the last micro-batch has gone through every stage; "
-         "count the idle slots against all slots",
+    hint="a stage waits while the pipe fills before its first forward and while it drains before its first "
+         "backward; the pipeline section's theory names the fraction once you have counted those slots",
     solution=lambda: (8 - 1) / (24 + 8 - 1),
     wrong=(7 / 24, 8 / 24, 1 / 8, 0.22),
     rtol=0.02,
