@@ -8,7 +8,8 @@ measured rung by rung. It may import every technique package; only `course` impo
           smoke), its table, sentences and waterfall, each technique alone against in the stack, the stack
           without each technique, the panel, the in-stack claims and the H200 targets
 `stack_composition_lab` notebook 14's "where each rung's step goes": each rung's step split by the profiler
-          into the parts a technique acts on, its figure, and why a gain differs alone and in the stack
+          into the parts a technique acts on, its figure, why a gain differs alone and in the stack, and the
+          combination guide (fit memory, reach the batch, raise throughput) read off the measured rungs
 `serve_stack` the serving ladder: the decoding techniques of notebooks 03 and 08-11 as rungs, each on the rung it
           stands on, the decoder each builds from the trained GPT, and the checks of its tokens
 `waterfall` the figure both ladders draw: tokens/s per rung with its spread and its gain over the baseline

@@ -2,7 +2,8 @@
 technique acts on (matmuls, attention, the optimizer, casts, the rest), its figure, and the sentence that says
 why a technique bought more or less in the stack than alone from the share of the step it acts on; and "do the
 gains multiply?": each gain alone beside its gain in the stack (`multiply_rows`), their product against the
-stack's measured gain (`multiply_sentence`)."""
+stack's measured gain (`multiply_sentence`); and the combination guide (`GUIDE`, `guide_rows`): fit memory, reach
+the batch, then raise throughput, each step read off its measured rung."""
 from __future__ import annotations
 
 import math
@@ -174,4 +175,50 @@ def takeaways(rows: list[dict], mult: list[dict], loo: list[dict] | None, servin
                + ("." if batching["separated"] else ", within the runs' spread."))
     if left_out:
         out.append(f"Not on this device's ladder: {', '.join(left_out)} (each said why above).")
+    return out
+
+
+# The combination guide, in the order the source texts give (the first source text, section 7.5, names it; the
+# second's section 4 maps the toolkit): (step, technique, what it changes, the notebook that measured it alone).
+GUIDE = (
+    ("1. fit memory", "bf16", "activations in 2 bytes instead of 4, fp32 master weights kept", "03"),
+    ("1. fit memory", "fp8", "the blocks' linears' operands in 1 byte", "07"),
+    ("2. reach the batch", "checkpoint", "activations recomputed in backward, so the whole batch runs as one "
+     "micro-batch instead of accumulating several", "04, 05"),
+    ("3. raise throughput", "tf32", "fp32 matmuls on TF32 tensor cores", "01, 03"),
+    ("3. raise throughput", "sdpa", "attention in one fused kernel, the scores never written out", "06"),
+    ("3. raise throughput", "fused_adamw", "AdamW in one kernel", "03"),
+    ("3. raise throughput", "compile", "each block compiled, elementwise work fused", "09"),
+    ("3. raise throughput", "data_path", "batches from a loader worker, prefetched", "12"),
+)
+
+
+def guide_rows(rows: list[dict], left_out: dict[str, str]) -> list[dict]:
+    """GUIDE's steps, each read off its rung of the measured training ladder (`stack_lab.rows`): the rung's gain
+    over the rung before it with its spread ("faster"/"slower" only when the spread excludes 1, else "cannot
+    tell"), its peak memory beside the rung before's where the device measured both, or "not run here" with
+    `left_out`'s reason. Raises ValueError for a step with neither a rung nor a reason: the guide never gives a
+    step this run did not measure."""
+    at = {r["rung"]: i for i, r in enumerate(rows)}
+    out = []
+    for step, technique, changes, nb in GUIDE:
+        if technique in at:
+            row, before = rows[at[technique]], rows[at[technique] - 1]
+            g = row["gain"]
+            if g is None:
+                says = f"not ranked here: {row['emulated'] or 'no gain over the rung before was measured'}"
+            elif not g.separated:
+                says = f"cannot tell: {g}, its spread takes in 1"
+            else:
+                says = f"{'faster' if g.value > 1 else 'slower'} than the rung before: {g}"
+            if row["peak_bytes"] and before["peak_bytes"]:
+                says += f"; peak memory {before['peak_bytes'] / 2**20:.0f} -> {row['peak_bytes'] / 2**20:.0f} MiB"
+            elif step.startswith(("1.", "2.")):
+                says += "; peak memory not measured on this device (the CUDA allocator's peak)"
+        elif technique in left_out:
+            says = f"not run here: {left_out[technique]}"
+        else:
+            raise ValueError(f"guide step {technique!r} has no measured rung and no reason it was left out")
+        out.append({"step": step, "technique": technique, "changes": changes, "notebook": nb, "says": says,
+                    "measured": technique in at})
     return out

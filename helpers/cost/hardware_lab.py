@@ -1,5 +1,7 @@
-"""Notebook 00's lab: its parameters, the matmul panel, the copy sweep's table and figure, and the sentences
-generated from its ceiling sweeps.
+"""Notebook 00's lab, over 400 lines because the course map and the reference comparison read the same ceilings.
+
+Its parameters, the matmul panel, the copy sweep's table and figure, the sentences generated from its ceiling
+sweeps, the map of the course along the three axes (`COURSE_MAP`) and this run's ceilings beside a reference GPU's.
 
 The measuring primitives (the timer, the matmul per format, the copy fit, the ceilings) are in
 `helpers.measure` (`ceilings`); this module turns their numbers into the notebook's panel and findings. A
@@ -7,6 +9,9 @@ panel callback is a plain function: the notebook binds the run's context (device
 `functools.partial` and hands it to `helpers.show.widgets.panel`; tests call it directly and inspect the figure.
 """
 from __future__ import annotations
+
+import json
+from pathlib import Path
 
 from helpers.cost.roofline import OPS, count
 from helpers.measure import ceilings, hardware, params
@@ -345,3 +350,88 @@ def half_precision_findings(best: dict[str, float], ridge: dict[str, float], dev
     else:
         out.append(f"This CPU lists half-precision matrix instructions ({', '.join(flags)}).")
     return out
+
+
+# ---------------------------------------------------------------- the three axes, and the course's map of them
+
+AXES = ("memory", "compute", "communication")  # the first source text's three axes of efficiency (section 1.1)
+# (axis, the bottleneck a learner observes, what they would measure, the technique, the notebook that builds and
+# measures it, the key of this run's number that applies there or None)
+COURSE_MAP = (
+    ("compute", "achieved FLOP/s far under the datasheet", "each format's best matmul TFLOP/s", "measured ceilings",
+     "00", "matmul"),
+    ("compute", "an op runs under its roofline", "its FLOP/B against the ridge point", "arithmetic intensity, roofline",
+     "01", "ridge"),
+    ("compute", "a step slower than 6ND predicts", "MFU against the measured ceiling", "exact FLOP counts, MFU", "02",
+     None),
+    ("compute", "fp32 matmuls below the half-precision peak", "step time, loss gap to fp32",
+     "mixed precision, loss scaling", "03", None),
+    ("memory", "activations fill memory at long sequences", "bytes saved for backward, recompute time",
+     "activation checkpointing", "04", None),
+    ("memory", "the batch you want does not fit", "tokens per optimizer step, step time", "gradient accumulation",
+     "05", None),
+    ("memory", "attention slower than its FLOPs say", "bytes to and from memory against the copy bandwidth",
+     "FlashAttention (tiling, online softmax)", "06", "copy"),
+    ("compute", "bf16 matmuls at their peak", "fp8 matmul TFLOP/s, loss gap", "FP8 training", "07", None),
+    ("memory", "the weights do not fit, or decode reads too many bytes", "bytes of weights, tokens/s, loss gap",
+     "int8/int4/NF4 quantization, QLoRA", "08", None),
+    ("compute", "many small kernels, each paying a per-call cost", "kernel count, time with compile time apart",
+     "torch.compile, Triton fusion", "09", "per_call"),
+    ("memory", "decode's tokens/s set by the bytes one step reads", "achieved GB/s against the copy bandwidth",
+     "KV cache, GQA/MQA, paging, continuous batching", "10", "copy"),
+    ("memory", "one pass over the weights per token at batch 1", "tokens per target pass, tokens/s",
+     "speculative decoding", "11", None),
+    ("communication", "the device waits for the next batch", "loader wait's share of the step",
+     "loader workers, prefetch, pinned memory, packing", "12", None),
+    ("communication", "step time grows with the ranks", "all-reduce time against bytes (latency, bandwidth)",
+     "ring all-reduce, DDP overlap, ZeRO/FSDP, TP/PP", "13", None),
+    ("all three", "gains that do not multiply", "a ladder of step times, each technique alone and stacked",
+     "the combination", "14", None),
+)
+MAP_COLUMNS = ["axis", "bottleneck you observe", "what you measure", "technique", "notebook", "this run"]
+
+
+def course_map_rows(measured: dict[str, tuple[float, float, float, str]]) -> list[list]:
+    """COURSE_MAP as table rows, the last column this run's number where one applies: `measured` is {key: (median,
+    low, high, unit and condition)} for the keys COURSE_MAP names ("matmul", "ridge", "copy", "per_call"); a row
+    whose key this run did not measure, or that has none, says which notebook measures it."""
+    rows = []
+    for axis, seen, measure, technique, nb, key in COURSE_MAP:
+        if key in measured:
+            v, lo, hi, unit = measured[key]
+            here = f"{v:.3g} ({lo:.3g}-{hi:.3g}) {unit}"
+        else:
+            here = "measured there" if nb != "00" else "-"
+        rows.append([axis, seen, measure, technique, nb, here])
+    return rows
+
+
+def reference_ceilings(folder) -> dict | None:
+    """The `hardware_ceilings` record in a reference folder (`results/<gpu>/`), or None where there is none."""
+    path = Path(folder) / "hardware_ceilings.json"
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def beside_reference(best: dict[str, float], copy_gbps: float, ref: dict) -> list[list]:
+    """Rows of this run's ceilings beside a reference GPU's recorded ones (`reference_ceilings`): quantity, this run,
+    the reference, the reference's share of its datasheet. Formats missing on either side are left out."""
+    m, sheet = ref["metrics"], ref["metrics"].get("datasheet") or {}
+    share = lambda v, s: "-" if not s else percent(v / s)  # noqa: E731
+    rows = [[f"{d} matmul TFLOP/s", best[d], m["matmul_tflops"][d], share(m["matmul_tflops"][d], sheet.get("tflops", {}).get(d))]
+            for d in best if d in m.get("matmul_tflops", {})]
+    rows.append(["copy GB/s", copy_gbps, m["copy_gbps"], share(m["copy_gbps"], sheet.get("bandwidth_gbs"))])
+    return rows
+
+
+def efficiency_gap_claim(rows: list[list], ref: dict | None, device: str, has_datasheet: bool) -> dict:
+    """`claims.verdict`'s keywords for the second source text's section 5 claim that a modern GPU's efficiency and
+    a mobile GPU's differ little (H100 against Apple M1): "not testable", with why and what stands nearest."""
+    near = "; ".join(f"{q}: {here:.3g} here, {there:.3g} on the reference ({s} of its datasheet)" for q, here, there, s in rows)
+    when = ref["date"][:10] if ref else None
+    why = ("it compares achieved-over-peak efficiency on an H100 and on an M1 GPU measured by the same code; this run has "
+           f"one {device}" + ("" if has_datasheet else " with no datasheet peak in the course's table, so no efficiency of its own")
+           + ", and the course's reference records are an H200's" + (f" (results/nvidia-h200, {when})" if when else ""))
+    return dict(claim_id="gpu-efficiency-gap-small", notebook="00",
+                claim="the efficiency gap between a modern GPU (H100) and a mobile one (M1) is small",
+                source="the second source text, section 5", verdict="not testable", reason=why,
+                measured=near or f"this {device}'s ceilings only", unit="x", claimed=(0.8, 1.25))

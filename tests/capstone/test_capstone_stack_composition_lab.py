@@ -99,3 +99,25 @@ def test_the_takeaways_follow_the_numbers_and_rank_only_what_the_spread_allows()
     first = stack_composition_lab.takeaways(flat, mult, [], serving, {"speedup": 1.0, "separated": False}, {}, "cpu")
     assert "within the baseline's spread, so this run ranks no rung above the baseline" in first[0]
     assert "this run could rank none of them" in first[1] and first[-1].endswith("within the runs' spread.")
+
+
+def test_the_combination_guide_reads_every_step_off_its_measured_rung():
+    assert {t for _, t, _, _ in stack_composition_lab.GUIDE} == set(stack.TECHNIQUES)  # every rung has its step
+    assert [s for s, *_ in stack_composition_lab.GUIDE] == sorted(s for s, *_ in stack_composition_lab.GUIDE)
+
+    def row(name, gain, peak=None, emulated=None):
+        return {"rung": name, "gain": gain, "peak_bytes": peak, "emulated": emulated}
+
+    rows = [row("baseline", None, 4 * 2**20), row("bf16", protocol.Ratio(1.5, 1.4, 1.6, True), 3 * 2**20),
+            row("sdpa", protocol.Ratio(1.02, 0.9, 1.1, False)), row("fused_adamw", protocol.Ratio(0.8, 0.7, 0.9, True)),
+            row("checkpoint", None, emulated="bf16 is emulated here")]
+    left = {t: f"{t} needs a GPU" for t in ("tf32", "fp8", "compile", "data_path")}
+    guide = {g["technique"]: g for g in stack_composition_lab.guide_rows(rows, left)}
+    assert guide["bf16"]["says"] == ("faster than the rung before: 1.50x (IQR-bounded 1.40-1.60x); "
+                                     "peak memory 4 -> 3 MiB")
+    assert guide["sdpa"]["says"].startswith("cannot tell: 1.02x") and "peak memory" not in guide["sdpa"]["says"]
+    assert guide["fused_adamw"]["says"].startswith("slower than the rung before: 0.80x")
+    assert guide["checkpoint"]["says"].startswith("not ranked here: bf16 is emulated here; peak memory not measured")
+    assert guide["fp8"]["says"] == "not run here: fp8 needs a GPU" and not guide["fp8"]["measured"]
+    with pytest.raises(ValueError, match="compile"):  # a step with neither a rung nor a reason
+        stack_composition_lab.guide_rows(rows, {t: "x" for t in ("tf32", "fp8", "data_path")})

@@ -177,3 +177,39 @@ def test_copy_sweep_adds_a_copy_past_the_cache_when_none_was_asked_for(monkeypat
         sizes, timings, fit = hardware_lab.copy_sweep([0.25], "cpu", 3, per_call)
     assert sizes == [MIB // 4, 2 * MIB] and fit is not None and fit.sizes == (2 * MIB,) and fit.clock == "thread"
     assert "is added to the sweep" in capsys.readouterr().out
+
+
+# ---------------------------------------------------------------- the map of the course along the three axes
+
+NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
+
+
+def test_course_map_names_every_notebook_and_each_technique_its_own():
+    stems = {p.name[:2]: p for p in NOTEBOOKS.glob("[0-9][0-9]_*.ipynb")}
+    named = [row[4] for row in hardware_lab.COURSE_MAP]
+    assert {f"{k:02d}" for k in range(1, 15)} <= set(named)  # every notebook 01-14 is on the map
+    for axis, seen, measure, technique, nb, key in hardware_lab.COURSE_MAP:
+        assert axis in (*hardware_lab.AXES, "all three") and seen and measure and technique
+        assert nb in stems, f"{technique} names notebook {nb}, which does not exist"
+        assert key in (None, "matmul", "ridge", "copy", "per_call")
+    assert {row[0] for row in hardware_lab.COURSE_MAP} >= set(hardware_lab.AXES)  # every axis has a notebook
+
+
+def test_course_map_rows_fill_this_runs_numbers_where_they_apply():
+    rows = hardware_lab.course_map_rows({"ridge": (5.0, 4.5, 5.5, "FLOP/B"), "copy": (10.0, 9.0, 11.0, "GB/s")})
+    assert len(rows) == len(hardware_lab.COURSE_MAP) and all(len(r) == len(hardware_lab.MAP_COLUMNS) for r in rows)
+    by_nb = {r[4]: r[-1] for r in rows}
+    assert by_nb["01"] == "5 (4.5-5.5) FLOP/B" and by_nb["06"] == by_nb["10"] == "10 (9-11) GB/s"
+    assert by_nb["02"] == "measured there" and by_nb["00"] == "-"  # 00's matmul not passed in: nothing invented
+
+
+def test_the_efficiency_gap_claim_is_not_testable_beside_the_h200_record():
+    ref = hardware_lab.reference_ceilings(NOTEBOOKS.parent / "results" / "nvidia-h200")
+    assert ref is not None and ref["date"].startswith("20")
+    rows = hardware_lab.beside_reference({"fp32": 0.05, "fp8": 1.0}, 12.0, ref)
+    assert [r[0] for r in rows] == ["fp32 matmul TFLOP/s", "fp8 matmul TFLOP/s", "copy GB/s"]
+    assert rows[0][3] == "80%" and rows[-1][3] == "89%"  # 53.7 of 67 TFLOP/s, 4274 of 4800 GB/s
+    kw = hardware_lab.efficiency_gap_claim(rows, ref, "cpu", has_datasheet=False)
+    assert kw["verdict"] == "not testable" and kw["claimed"] == (0.8, 1.25)
+    assert "no datasheet peak" in kw["reason"] and ref["date"][:10] in kw["reason"]
+    assert hardware_lab.reference_ceilings(NOTEBOOKS) is None
