@@ -12,6 +12,10 @@ Technique modules:
 `quant_linear`      LLM.int8's outlier decomposition, weight-only int8 / int4 linears, the Triton int4
                     kernel (it switches Triton's interpreter on for itself without a GPU), torchao's
                     weight-only configs
+`w8a8`              int8 activation scales (static, calibrated, against dynamic), W8A8 matmuls through
+                    torch._int_mm, PyTorch's CPU int4 weight kernels' layout
+`qat`               quantization-aware training: the straight-through fake quantizer on the block linears,
+                    against post-training quantization by held-out loss
 `gptq`              GPTQ and AWQ against round-to-nearest, on one layer or the whole GPT, with their
                     calibration data and layer inputs
 `lora`              LoRA and QLoRA adapters and their merges, the fine-tuning loop, the fine-tuning memory

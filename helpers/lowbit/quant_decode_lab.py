@@ -27,7 +27,7 @@ from torch import nn
 from helpers.gpt import footprint
 from helpers.gpt.generation import KVCache, prefill, rewound_step
 from helpers.gpt.model import GPT, GPTConfig
-from helpers.lowbit import quant_linear
+from helpers.lowbit import quant_linear, w8a8
 from helpers.measure import bench, clock as clocks, protocol
 from helpers.measure.params import positive
 from helpers.show import tables
@@ -156,8 +156,11 @@ def decode_speed(preset: str = "1.3b", batches=(1, 32), prompt: int = 64, reps: 
 
 # ---------------------------------------------------------------- decode speed on a CPU, as bandwidth
 
-CPU_DECODE_VARIANTS = ("fp32", "int8 weight-only, fused kernel", "int8 weight-only, dequantize then matmul", "bf16")
-CPU_DECODE_DEFAULT = CPU_DECODE_VARIANTS[:3]  # bf16 left out by default: CPUs without bf16 dot products emulate it
+CPU_DECODE_VARIANTS = ("fp32", "int8 weight-only, fused kernel", "int8 weight-only, dequantize then matmul", "bf16",
+                       "int4 weight-only, CPU kernel")
+# bf16 left out by default: CPUs without bf16 dot products emulate it; int4 where this torch has the CPU kernels
+CPU_DECODE_DEFAULT = CPU_DECODE_VARIANTS[:3] + ((CPU_DECODE_VARIANTS[4],) if w8a8.int4_cpu_available() else ())
+CPU_INT4_GROUP = 64  # group size of the int4 variant's zero-point scales
 
 
 def _cache_bytes(cfg, batch: int, length: int, dtype: torch.dtype) -> int:
@@ -169,7 +172,8 @@ def cpu_decode(preset: str = "small10m", prompt: int = 64, *, variants=CPU_DECOD
                max_reps: int = 30, max_warmup: int = 10, threads: int = 1, seed: int = 0, timer=None) -> dict:
     """Batch-1 decode steps of a randomly initialised `preset` GPT on the CPU, its block linears in each of
     `variants` (fp32; bf16; int8 weight-only with one scale per output row, run by PyTorch's fused kernel
-    `quant_linear.int8_fused_linear` or by converting the whole weight to fp32 before the matmul), timed by
+    `quant_linear.int8_fused_linear` or by converting the whole weight to fp32 before the matmul; int4 zero-point
+    weight-only run by PyTorch's CPU int4 kernel, its logits first checked by `checked_copy`), timed by
     `helpers.measure.protocol.compare` (warm-up until steady, interleaved rounds, medians with IQR).
 
     Bytes read per token = `footprint.decode_step_bytes` (every weight as stored, one row of the position
@@ -192,6 +196,8 @@ def cpu_decode(preset: str = "small10m", prompt: int = 64, *, variants=CPU_DECOD
             model, dtype = base, torch.float32
         elif name == "bf16":
             model, dtype = copy.deepcopy(base).to(torch.bfloat16), torch.bfloat16
+        elif name.startswith("int4"):  # checked against dequantize-then-matmul before it is timed
+            model, dtype = checked_copy(base, 4, "cpu_int4", CPU_INT4_GROUP), torch.float32
         else:
             model, dtype = weight_only_copy(base, 8, "fused" if "fused" in name else "torch"), torch.float32
         fns[name] = _decode_step(model, 1, prompt, "cpu", dtype)
@@ -256,6 +262,21 @@ def cpu_decode_sentences(result: dict, copy_gbps: float, int8: str = CPU_DECODE_
         out.append(f"So on this CPU int8 weight-only {verb}, although it reads {b['bytes'] / a['bytes']:.1f}x fewer "
                    f"bytes.{why}")
     return out
+
+
+def cpu_int4_sentence(result: dict, base: str = "fp32", int8: str = CPU_DECODE_VARIANTS[1]) -> str:
+    """One sentence on the int4 variant of `cpu_decode`'s result beside `base` and `int8` (ranked only where IQRs
+    separate), or why there is none: this torch build lacks the CPU int4 kernels, or the variant was not run."""
+    rows = {r["variant"]: r for r in result["rows"]}
+    name = CPU_DECODE_VARIANTS[4]
+    if name not in rows:
+        return ("This torch build has no CPU int4 kernels (torch.ops.aten._weight_int4pack_mm_for_cpu), so int4 is not "
+                "timed here." if not w8a8.int4_cpu_available() else f"The {name} variant was not run.")
+    a = rows[name]
+    parts = [protocol.rank_sentence(name, a["timing"], other, rows[other]["timing"], what="time per token")
+             for other in (base, int8) if other in rows]
+    return (f"int4 ({a['bytes'] / 1e6:.1f} MB read per token, {a['tokens_per_s']:.0f} tokens/s): " + "; ".join(parts)
+            + ". Its logits were checked against dequantize-then-matmul on the same codes before it was timed.")
 
 
 # ---------------------------------------------------------------- the ledger's verdict

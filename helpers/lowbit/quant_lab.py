@@ -108,7 +108,7 @@ def _threshold(seed: int):
 
 
 def resolve_parameters(S: params.Setup, *, MODEL, GROUPS, BLOCKSIZE, THRESHOLD, EVAL_BATCHES, DECODE_BATCHES, REPS,
-                       FT_STEPS) -> dict:
+                       FT_STEPS, QAT_STEPS) -> dict:
     """Notebook 08's parameters, validated at once and with the profile's defaults filled in: {name: value}.
 
     Raises ValueError naming the first bad parameter, and where a later cell could not use a value: a
@@ -126,7 +126,8 @@ def resolve_parameters(S: params.Setup, *, MODEL, GROUPS, BLOCKSIZE, THRESHOLD, 
             "EVAL_BATCHES": R("EVAL_BATCHES", EVAL_BATCHES, smoke=2, full=8, check=params.positive),
             "DECODE_BATCHES": R("DECODE_BATCHES", DECODE_BATCHES, smoke=[1, 32], full=[1, 64], check=params.positives),
             "REPS": R("REPS", REPS, smoke=5, full=30, check=params.positive),
-            "FT_STEPS": R("FT_STEPS", FT_STEPS, smoke=10, full=100, check=params.positive)}
+            "FT_STEPS": R("FT_STEPS", FT_STEPS, smoke=10, full=100, check=params.positive),
+            "QAT_STEPS": R("QAT_STEPS", QAT_STEPS, smoke=30, full=200, check=params.positive)}
 
 
 # ---------------------------------------------------------------- weights and activations

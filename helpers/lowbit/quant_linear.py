@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from helpers.lowbit import quant
+from helpers.lowbit import quant, w8a8
 from helpers.measure import triton_mode
 
 INTERPRETED = not torch.cuda.is_available()
@@ -124,7 +124,8 @@ class WeightOnlyLinear(nn.Module):
     packed), dequantised inside the matmul. Build it with `WeightOnlyLinear.from_linear(linear, bits,
     group_size)`. forward(x (..., in)) -> (..., out) in x's dtype. `backend`: "torch" (int4: unpack,
     dequantise, F.linear; int8: convert inside F.linear, scale the output), "triton" (int4: `int4_matmul`),
-    "compile" (int8: the same under torch.compile) or "fused" (int8: `int8_fused_linear`, PyTorch's
+    "compile" (int8: the same under torch.compile), "cpu_int4" (int4: PyTorch's CPU int4 kernel,
+    `w8a8.int4_cpu_matmul`) or "fused" (int8: `int8_fused_linear`, PyTorch's
     int8 weight-only kernel, which reads each int8 weight once with no float copy of the weight)."""
 
     def __init__(self, in_features: int, out_features: int, bits: int, group_size: int, bias: torch.Tensor | None):
@@ -170,6 +171,12 @@ class WeightOnlyLinear(nn.Module):
             fn = (_compiled_int8() if self.backend == "compile" else
                   int8_fused_linear if self.backend == "fused" else _int8_linear)
             y = fn(x, self.qweight, self.scale)
+        elif self.backend == "cpu_int4":  # PyTorch's CPU int4 kernel on the same codes, packed on first use
+            if getattr(self, "_cpu_int4", None) is None:
+                codes = quant.unpack_int4(self.qweight).reshape(self.out_features, self.in_features)
+                self._cpu_int4 = w8a8.int4_cpu_pack(codes, self.scale, self.zero)
+            y = w8a8.int4_cpu_matmul(x.reshape(-1, self.in_features).float(), *self._cpu_int4,
+                                     self.group_size).reshape(*x.shape[:-1], self.out_features).to(x.dtype)
         elif self.backend == "triton":
             y = int4_matmul(x.reshape(-1, self.in_features), self.qweight, self.scale, self.zero,
                             self.group_size).reshape(*x.shape[:-1], self.out_features)
