@@ -20,7 +20,7 @@ from helpers.cost.flops import COMPONENTS, SECONDS_PER_DAY, matmul_params, six_n
 from helpers.gpt.model import GPT, GPTConfig
 from helpers.measure import hardware
 from helpers.measure.claims import judge_interval
-from helpers.measure.params import positive
+from helpers.measure.params import positive, positive_number
 
 SECONDS_PER_HOUR = 3_600
 ATTENTION_PARTS = ("qkv", "attn_scores", "attn_values", "attn_out")
@@ -226,3 +226,72 @@ def step_headline(steps: Sequence[dict]) -> tuple[str, dict]:
         out["MFU vs measured ceiling, largest model and batch"] = (
             100 * r["mfu_ceiling"], "%", (100 * r["mfu_ceiling_lo"], 100 * r["mfu_ceiling_hi"]))
     return f"{r['model']} B={r['batch_size']} T={r['seq_len']}", out
+
+
+# ---------------------------------------------------------------- a throughput "measurement" that measures nothing
+
+A100_PEAK_TFLOPS = 312.0  # the A100's dense bf16 datasheet figure, the one such recipes hard-code
+FIXED_RATES = {"ideal": 1.0, "with overhead": 0.70, "realistic": 0.50}  # chosen, never timed
+UTILIZATION_CLAIMED = (0.50, 0.75)  # the second source text, section 2: GPU utilisation, of the theoretical peak
+
+
+def fixed_rate_estimate(n_params: int, batch_size: int, seq_len: int, *, peak_tflops: float = A100_PEAK_TFLOPS,
+                        rates: dict[str, float] = FIXED_RATES) -> dict[str, dict[str, float]]:
+    """What a "throughput measurement" returns when it never runs the model: {scenario: numbers}.
+
+    Each scenario's TFLOP/s is a chosen rate times a hard-coded peak, so it is the same for every model, batch
+    and device. The step time is 6 * n_params * batch_size * seq_len over that rate (6N per token, with the
+    parameter count standing in for FLOPs), the one number that depends on the model, and it is still an
+    assumption: nothing here is timed. Raises ValueError for a non-positive size, peak or rate.
+    """
+    for name, v in (("n_params", n_params), ("batch_size", batch_size), ("seq_len", seq_len)):
+        positive(name, v)
+    for name, v in (("peak_tflops", peak_tflops), *rates.items()):
+        positive_number(name, v)
+    step_flops = 6 * n_params * batch_size * seq_len  # FLOPs the recipe assumes one step does
+    return {name: {"rate": rate, "tflops": peak_tflops * rate,  # an assumption written as a result
+                   "step_seconds": step_flops / (peak_tflops * rate * 1e12)}  # what the recipe computes, then drops
+            for name, rate in rates.items()}
+
+
+def fixed_rate_rows(row: dict, est: dict[str, dict[str, float]], *, peak: float | None, ceiling: float,
+                    device_name: str) -> list[list[str]]:
+    """The recipe's numbers `est` (`fixed_rate_estimate` for the shape of `row`, a timed `measure_train_step` row)
+    beside what that step measured: rows of [quantity, what the recipe reports, what this run measured].
+    peak: this device's datasheet TFLOP/s (None when it has no row); ceiling: its measured matmul ceiling (TFLOP/s)."""
+    rate = lambda s: row["flops"] / s / 1e12  # noqa: E731
+    got = f"{rate(row['seconds']):.3g} TFLOP/s (IQR {rate(row['q75']):.3g}-{rate(row['q25']):.3g}), timed"
+    out = [["'model FLOPs'", f"{row['params']:,} (the parameter count)",
+            f"{row['flops']:.4g} FLOPs counted per step ({row['flops'] / row['params']:.3g}x the parameter count)"],
+           ["peak", f"{A100_PEAK_TFLOPS:g} TFLOP/s (an A100, whatever runs)",
+            f"{device_name}: " + (f"datasheet {peak:g} TFLOP/s, " if peak else "no datasheet row, ")
+            + f"measured matmul ceiling {ceiling:.3g} TFLOP/s"]]
+    for name, e in est.items():
+        out.append([f"'{name}' throughput", f"{e['tflops']:.3g} TFLOP/s ({e['rate']:.0%} of the peak, chosen)", got])
+    slowest = max(est.values(), key=lambda e: e["step_seconds"])
+    out.append(["iteration time", f"{slowest['step_seconds'] * 1e3:.3g} ms at {slowest['rate']:.0%} (computed, never "
+                "returned)", f"{row['seconds'] * 1e3:.4g} ms (IQR {row['q25'] * 1e3:.4g}-{row['q75'] * 1e3:.4g}), timed"])
+    return out
+
+
+def utilization_claim(row: dict, *, peak: float | None, why_withheld: str | None, device_kind: str) -> dict:
+    """`claims.verdict`'s keyword arguments for "GPU utilisation is 50-75% of the theoretical peak" (the second
+    source text, section 2), judged at one fixed point (a `measure_train_step` row with step_fractions' numbers:
+    the largest model and batch that ran, never the best of a sweep) against the datasheet peak. Not testable on a
+    device that is not a GPU, on a GPU without a datasheet row, or where the format is emulated; the claimed
+    range is recorded either way."""
+    lo, hi = UTILIZATION_CLAIMED
+    where = f"{row['model']} B={row['batch_size']} T={row['seq_len']}"
+    kw = {"notebook": "02", "claim": "GPU utilisation runs at 50-75% of the theoretical peak",
+          "source": "the second source text, section 2", "claimed": (100 * lo, 100 * hi), "unit": "%"}
+    if device_kind != "cuda" or not peak or why_withheld:
+        why = ("the claim is about a GPU's datasheet peak and this run is on a CPU, which has no datasheet row and "
+               "whose fp32 step is not what a GPU's 16-bit tensor cores run" if device_kind != "cuda" else
+               why_withheld or "this GPU has no datasheet row to take the theoretical peak from")
+        return kw | {"claim_id": "gpu-utilization-range", "verdict": "not testable", "reason": why,
+                     "measured": f"training step {where}: {row['tflops']:.3g} TFLOP/s, no datasheet peak to divide by"}
+    rate = lambda s: row["flops"] / s / 1e12 / peak * 100  # noqa: E731
+    return kw | {"claim_id": "gpu-utilization-range", "value": rate(row["seconds"]),
+                 "spread": (rate(row["q75"]), rate(row["q25"])), "above": "exceeded",
+                 "measured": f"MFU vs the {peak:g} TFLOP/s datasheet peak at {where}: {rate(row['seconds']):.1f}% "
+                             f"(IQR {rate(row['q75']):.1f}-{rate(row['q25']):.1f}%)"}

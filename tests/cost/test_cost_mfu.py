@@ -3,7 +3,7 @@ import pytest
 
 from helpers.cost import flops, mfu
 from helpers.gpt.model import GPTConfig
-from helpers.measure import hardware
+from helpers.measure import claims, hardware
 
 
 def small(**overrides) -> GPTConfig:
@@ -79,3 +79,42 @@ def test_intensity_bounds_by_hand():
     assert lo == pytest.approx(4 * 128**2 * 64 / (4 * (6 * 128 * 64 + 6 * 128 * 128)))  # 64/9 FLOP/B
     assert hi == pytest.approx(128 / 4)  # T / bytes per element
     assert b["mlp_up"] == pytest.approx(2 * 128 * 64 * 256 / (4 * (128 * 64 + 64 * 256 + 128 * 256)))
+
+
+# ---------------------------------------------------------------- the fixed-rate recipe and the utilisation claim
+
+STEP_ROW = {"model": "tiny", "params": 1_000, "batch_size": 2, "seq_len": 8, "flops": 1e6, "seconds": 1e-3,
+            "q25": 0.9e-3, "q75": 1.2e-3, "tflops": 1e-3}
+
+
+def test_fixed_rate_estimate_is_the_same_for_every_model_and_counts_params_as_flops():
+    small = mfu.fixed_rate_estimate(10, 1, 1)
+    big = mfu.fixed_rate_estimate(10**9, 64, 2048)
+    assert [e["tflops"] for e in small.values()] == [e["tflops"] for e in big.values()] == [312.0, 312.0 * 0.7, 156.0]
+    assert big["realistic"]["step_seconds"] == pytest.approx(6 * 10**9 * 64 * 2048 / 156e12)
+    with pytest.raises(ValueError, match="batch_size"):
+        mfu.fixed_rate_estimate(10, 0, 1)
+    with pytest.raises(ValueError, match="realistic"):
+        mfu.fixed_rate_estimate(10, 1, 1, rates={"realistic": 0.0})
+
+
+def test_fixed_rate_rows_put_the_recipe_beside_the_timed_step():
+    est = mfu.fixed_rate_estimate(STEP_ROW["params"], 2, 8)
+    rows = mfu.fixed_rate_rows(STEP_ROW, est, peak=None, ceiling=0.5, device_name="a CPU")
+    assert [r[0] for r in rows] == ["'model FLOPs'", "peak", "'ideal' throughput", "'with overhead' throughput",
+                                    "'realistic' throughput", "iteration time"]
+    assert "1,000 (the parameter count)" in rows[0][1] and "1e+03x the parameter count" in rows[0][2]
+    assert "no datasheet row" in rows[1][2] and "0.5 TFLOP/s" in rows[1][2]
+    assert "156 TFLOP/s" in rows[4][1] and "0.001 TFLOP/s" in rows[4][2]
+    assert "1 ms" in rows[5][2]
+
+
+def test_utilization_claim_is_not_testable_off_a_gpu_and_judged_on_one():
+    off = mfu.utilization_claim(STEP_ROW, peak=None, why_withheld=None, device_kind="cpu")
+    assert off["verdict"] == "not testable" and "CPU" in off["reason"] and off["claimed"] == (50.0, 75.0)
+    emulated = mfu.utilization_claim(STEP_ROW, peak=1.0, why_withheld="bf16 is emulated", device_kind="cuda")
+    assert emulated["verdict"] == "not testable" and emulated["reason"] == "bf16 is emulated"
+    on = mfu.utilization_claim(STEP_ROW, peak=0.002, why_withheld=None, device_kind="cuda")  # 1e-3 / 2e-3 = 50%
+    assert "verdict" not in on and on["value"] == pytest.approx(50.0)
+    assert on["spread"] == pytest.approx((100 / 1.2 / 2, 100 / 0.9 / 2))
+    assert claims.judge_interval(on["value"], *on["spread"], *on["claimed"])[0] == "supported"
