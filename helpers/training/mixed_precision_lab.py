@@ -6,7 +6,8 @@
   from the paired rounds, whether its format is emulated here, and bytes in one row;
 * the sentences on training, memory and speed (`training_sentences`, `bytes_per_parameter`,
   `memory_sentences`, `speed_sentence`), each built from the summary's numbers;
-* the two claims (`speed_variant`, `claim_rows`): memory and speed, as `claims.verdict` judges them;
+* the two claims (`speed_variant`, `claim_rows`): memory and speed, as `claims.verdict` judges them, and the
+  third, `accuracy_claim`: the final loss's gap to fp32's against a stated tolerance;
 * `takeaway_sentences`: the notebook's closing bullets, from the numbers above.
 
 A format this device emulates (`hardware.emulated`: fp16 on a CPU without fp16 units, bf16 on one without
@@ -209,6 +210,34 @@ def claim_rows(summary: dict[str, dict[str, Any]], mem_variant: str, device: str
                            "them")
     return [memory, speed]
 
+
+ACCURACY_TOLERANCE_PCT = 1.0  # "nearly kept": a final loss within 1% of fp32's (a stated reading; the text gives none)
+RECIPES = ("fp16 + GradScaler", "bf16 autocast", "bf16 weights + fp32 master")  # mixed precision as it is used
+
+
+def accuracy_claim(summary: dict[str, dict[str, Any]], fp32_losses: list[float],
+                   tolerance_pct: float = ACCURACY_TOLERANCE_PCT) -> dict[str, Any]:
+    """`claims.verdict`'s keyword arguments for "accuracy is nearly kept" (the first source text, section 2.4): the
+    largest |final loss - fp32's| / fp32's, in %, over the RECIPES that ran (fp16 without a scaler is not one),
+    against at most `tolerance_pct`. The runs see the same weights and batches, so the gap is a count of this
+    run (no spread), not a timing; fp32_losses (fp32's loss per step) says how far one step of fp32's own
+    training moved the loss over the same last steps, for scale. Raises ValueError when no recipe ran."""
+    ran = [n for n in RECIPES if n in summary]
+    if not ran:
+        raise ValueError(f"none of {RECIPES} is in the summary")
+    l32 = summary["fp32"]["final_loss"]
+    gaps = {n: 100 * (summary[n]["final_loss"] - l32) / l32 for n in ran}
+    worst = max(ran, key=lambda n: abs(gaps[n]))
+    tail = fp32_losses[-6:]
+    per_step = 100 * (tail[0] - tail[-1]) / (len(tail) - 1) / l32 if len(tail) > 1 else float("nan")
+    return dict(claim_id="mixed-precision-accuracy", notebook="03", claim="mixed precision keeps accuracy nearly "
+                "unchanged", source="the first source text, section 2.4", value=abs(gaps[worst]), unit="%",
+                claimed=(None, tolerance_pct), above="contradicted",
+                measured=f"final loss (mean of the last 5 steps) against fp32's {l32:.4f}: "
+                         + ", ".join(f"{n} {gaps[n]:+.2f}%" for n in ran) + f"; the largest, {worst}, is judged",
+                reason=f"'nearly' read as within {tolerance_pct:g}% of fp32's loss; fp32's own loss fell "
+                       f"{per_step:.2f}% of its value per step over its last steps; same weights and batches, so the "
+                       "gap is exact for this run, while another seed could move it")
 
 def takeaway_sentences(*, last: dict[str, torch.Tensor], underflow: dict[str, float],
                        scaled_underflow: dict[str, dict[str, float]], init_scale: float,

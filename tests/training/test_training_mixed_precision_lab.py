@@ -1,3 +1,4 @@
+import pytest
 """helpers.training.mixed_precision_lab: the sentences on the six training variants follow their numbers."""
 from helpers.training import mixed_precision_lab
 
@@ -109,3 +110,19 @@ def test_the_takeaways_follow_the_numbers_and_name_an_emulated_format():
     assert text[5] == "fp16 is emulated on this CPU." and len(text) == 6
     kwargs["vanished"] = None
     assert len(mixed_precision_lab.takeaway_sentences(**kwargs)) == 5
+
+
+def test_the_accuracy_claim_judges_the_largest_recipe_gap_against_the_stated_tolerance():
+    from helpers.measure import claims
+    summary = {"fp32": {"final_loss": 4.0}, "fp16 no scaling": {"final_loss": 5.0},
+               "fp16 + GradScaler": {"final_loss": 4.02}, "bf16 autocast": {"final_loss": 3.96}}
+    row = mixed_precision_lab.accuracy_claim(summary, [5.0, 4.5, 4.4, 4.3, 4.2, 4.1, 4.0])
+    assert row["value"] == pytest.approx(1.0) and row["claimed"] == (None, 1.0) and "spread" not in row
+    assert "bf16 autocast -1.00%" in row["measured"] and "fp16 no scaling" not in row["measured"]
+    assert "2.50% of its value per step" in row["reason"]  # (4.5 - 4.0) / 5 steps / 4.0
+    assert claims.judge_interval(row["value"], row["value"], row["value"], *row["claimed"], above=row["above"])[0] == "supported"
+    far = mixed_precision_lab.accuracy_claim(summary | {"bf16 autocast": {"final_loss": 4.2}}, [4.0])
+    assert far["value"] == pytest.approx(5.0)
+    assert claims.judge_interval(far["value"], far["value"], far["value"], *far["claimed"], above=far["above"])[0] == "contradicted"
+    with pytest.raises(ValueError, match="none of"):
+        mixed_precision_lab.accuracy_claim({"fp32": {"final_loss": 4.0}}, [4.0])
