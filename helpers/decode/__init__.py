@@ -7,6 +7,8 @@ Technique modules:
 `kv_cache`         the static cache and decode step for compiled decode (with their Inductor options),
                    the MLA-style latent cache on a factorised k/v projection, KV bytes per token,
                    published models' caches, and what each attention variant's cache holds in a budget
+`kv_quant`         the int8 and fp8 KV cache (per-token, per-head scales), its bytes per token and budget
+                   rows, greedy agreement and validation loss through it
 `paged`            the paged KV cache (vLLM): free list with reference counts, block tables, prefix
                    sharing with copy-on-write (`fork`), the cache GPT.forward runs on, waste against
                    preallocation
