@@ -12,10 +12,13 @@ gradient accumulation (05). Imports `gpt`, `measure` and `show`.
                      summary row of each, and the sentences on training, memory and speed
 `checkpointing`      activation checkpointing strategies applied to a live course GPT, and the
                      arithmetic of what they keep and recompute (Korthikanti et al.'s formula, the
-                     course block term by term, the activation peak, the largest batch in a budget)
+                     length where activations outgrow the weights, the course block term by term, the
+                     activation peak, the largest batch in a budget)
 `checkpointing_lab`  notebook 04's measurements: saved bytes, step time, recomputed FLOPs, the
                      noise-aware Pareto front, the profiler's view of the overhead, the CUDA batch
                      fit, the strategy panel and the generated verdicts
+`activation_bytes_lab` notebook 04's activations against weights (the crossover length, its claim) and
+                     Hugging Face's gradient_checkpointing_enable beside the course's "every" policy
 `accumulation`       gradient accumulation (notebook 05): micro-batches, loss weights (1/k or
                      token-weighted), the accumulated step, gradient comparisons, effective batch
 `accumulation_lab`   notebook 05's measurements: the micro-batch sweep, the profiled splits, their

@@ -194,6 +194,17 @@ def korthikanti_bytes(s: int, b: int, h: int, a: int) -> int:
     return 34 * s * b * h + 5 * a * s * s * b
 
 
+def activation_crossover(h: int, a: int, layer_param_bytes: int, b: int = 1) -> float:
+    """The sequence length s at which one layer's activations (`korthikanti_bytes`, 16-bit) equal
+    `layer_param_bytes`, the bytes of that layer's weights: the positive root of
+    5·a·b·s² + 34·b·h·s - layer_param_bytes = 0. Below it the weights are the larger, above it the activations,
+    and the s² term makes the gap grow fast. A larger micro-batch b moves the crossover down. Raises ValueError
+    for a non-positive size."""
+    for name, v in (("h", h), ("a", a), ("layer_param_bytes", layer_param_bytes), ("b", b)):
+        positive(name, v)
+    qa, qb = 5 * a * b, 34 * b * h
+    return (-qb + math.sqrt(qb * qb + 4 * qa * layer_param_bytes)) / (2 * qa)
+
 def course_block_terms(cfg: GPTConfig, b: int, s: int, *, attn: str, autocast: bool,
                        device: str = "cpu") -> dict[str, int]:
     """The bytes one course-GPT block keeps for backward, term by term (dropout 0, as the course trains).

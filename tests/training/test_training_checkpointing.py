@@ -194,3 +194,13 @@ def test_selective_exercise_accepts_other_right_answers_and_names_what_is_wrong(
     check.exercise("04.selective", lambda block, x: checkpoint(type(block).forward, block, x, use_reentrant=False))
     out = capsys.readouterr().out
     assert "recomputes" in out and "of forward FLOPs" in out  # whole block: right gradients, not selective
+
+
+def test_activation_crossover_is_where_the_formula_meets_the_weights():
+    h, a, weight_bytes = 768, 12, 2 * 12 * 768**2
+    s = checkpointing.activation_crossover(h, a, weight_bytes)
+    assert 34 * s * h + 5 * a * s * s == pytest.approx(weight_bytes)
+    assert checkpointing.korthikanti_bytes(int(s), 1, h, a) < weight_bytes < checkpointing.korthikanti_bytes(int(s) + 1, 1, h, a)
+    assert checkpointing.activation_crossover(h, a, weight_bytes, b=4) < s  # a larger micro-batch crosses earlier
+    with pytest.raises(ValueError, match="layer_param_bytes"):
+        checkpointing.activation_crossover(h, a, 0)
