@@ -5,6 +5,7 @@
   setting), `sweep_micro_batches` (micro-batch sizes at one effective batch, by the course's protocol);
 * what the sweep says: `fastest`, `sweep_summary` (a size is recommended only when its IQR clears the others';
   differences inside the IQRs are noise), `memory_of`;
+* the source text's claim on efficiency: `efficiency_claim`;
 * the profiler's view: `profile_splits` (matmul calls and time per split), `split_profile_lines`;
 * figures: `draw_sweep`, `plot_sweep`, and the panel `accumulation_panel`;
 * `takeaway_lines`: the notebook's closing bullets, from the numbers above.
@@ -21,7 +22,7 @@ import torch
 from helpers.gpt import footprint
 from helpers.gpt.model import PRESETS, GPTConfig
 from helpers.measure import clock, params, profiling, protocol
-from helpers.measure.bench import benchmark
+from helpers.measure.bench import benchmark, quartiles
 from helpers.measure.memory import peak_cuda_memory, release_memory, saved_tensor_bytes
 from helpers.show import plots
 from helpers.training.accumulation import accumulation_step, effective_batch
@@ -84,7 +85,7 @@ def _row(model, step, mbs, timing, seq_len, device, autocast_dtype, flops_per_to
     out = {"micro_batch": micro_batch, "accum_steps": accum_steps, "seconds": med, "spread": timing.spread,
            "seconds_q25": timing.q25, "seconds_q75": timing.q75, "tokens_per_s": tokens / med,
            "tokens_per_s_q25": tokens / timing.q75, "tokens_per_s_q75": tokens / timing.q25,  # slow step = low rate
-           "peak_bytes": peak, "saved_bytes": saved}
+           "peak_bytes": peak, "saved_bytes": saved, "seconds_samples": list(timing.samples)}
     if flops_per_token is not None:
         out["tflops"] = flops_per_token * tokens / med / 1e12
     return out
@@ -208,6 +209,37 @@ def sweep_summary(rows: Sequence[dict], effective_batch: int) -> tuple[dict, lis
                      f"or repetitions, or a busier machine when it was measured), not beaten")
     return out, lines
 
+
+def efficiency_claim(rows: Sequence[dict]) -> dict:
+    """`claims.verdict`'s keyword arguments for "gradient accumulation raises compute efficiency" (the second source
+    text, section 4), read as: k accumulated micro-batches of b run at the efficiency of one batch of k·b. Measured
+    as the tokens/s of the most-accumulated row (smallest b) over the least-accumulated one's (largest b), at the
+    same effective batch: the median and quartiles of the per-round ratios where both rows hold the step times of
+    the same interleaved rounds ("seconds_samples", as `sweep_micro_batches` records them; pairing cancels what a
+    round's load does to both), else the ratio of medians bounded by the rows' opposite quartiles. Raises
+    ValueError below two rows."""
+    if len(rows) < 2:
+        raise ValueError("the claim needs at least two micro-batch sizes")
+    rows = sorted(rows, key=lambda r: r["micro_batch"])
+    most, least = rows[0], rows[-1]
+    a, b = most.get("seconds_samples"), least.get("seconds_samples")
+    if a and b and len(a) == len(b):  # same tokens per step, so the tokens/s ratio of a round is its time ratio inverted
+        ratio, lo, hi = quartiles([t_least / t_most for t_most, t_least in zip(a, b)])
+        how = f"median of {len(a)} paired rounds"
+    else:
+        ratio = most["tokens_per_s"] / least["tokens_per_s"]
+        lo, hi = most["tokens_per_s_q25"] / least["tokens_per_s_q75"], most["tokens_per_s_q75"] / least["tokens_per_s_q25"]
+        how = "ratio of medians, bounded by the opposite quartiles"
+    curve = ", ".join(f"b={r['micro_batch']}: {r['tokens_per_s'] / least['tokens_per_s']:.2f}x" for r in rows)
+    return dict(claim_id="accumulation-efficiency", notebook="05", claim="gradient accumulation raises compute "
+                "efficiency when the batch cannot grow", source="the second source text, section 4", value=ratio,
+                spread=(lo, hi), claimed=(1.0, None), unit="x",
+                measured=f"tokens/s of b={most['micro_batch']} x k={most['accum_steps']} over b={least['micro_batch']} x "
+                         f"k={least['accum_steps']}, same update: {ratio:.2f}x ({lo:.2f}-{hi:.2f}, {how}); medians of "
+                         f"every size over the "
+                         f"largest: {curve}",
+                reason="" if hi >= 0.9 else "accumulation reaches the large batch's update, while each matmul still "
+                       f"runs at the size of b={most['micro_batch']}, which sets the efficiency")
 
 def profile_splits(model: torch.nn.Module, optimizer: torch.optim.Optimizer, splits: Sequence[tuple[int, int]],
                    seq_len: int, *, device: str = "cpu", autocast_dtype: torch.dtype | None = None,

@@ -243,3 +243,26 @@ def test_notebook_parameters_resolve_none_to_the_profile_default(results_tmp, ca
     assert scope["MICRO_BATCHES"] == [1, 2, 4, 8, 16]
     assert (scope["CHECK_MICRO_BATCH"], scope["CHECK_ACCUM_STEPS"]) == (2, 4)
     assert _validate(REPS=7, MICRO_BATCHES=[8, 2])["MICRO_BATCHES"] == [2, 8]  # smallest first
+
+
+def test_efficiency_claim_sets_the_most_accumulated_row_against_the_least_with_paired_quartiles():
+    from helpers.measure import claims
+    rows = [_row(4, 1, 200, 190, 210, 4), _row(1, 4, 100, 95, 105, 1), _row(2, 2, 150, 140, 160, 2)]
+    row = accumulation_lab.efficiency_claim(rows)
+    assert row["value"] == pytest.approx(0.5) and row["spread"] == pytest.approx((95 / 210, 105 / 190))
+    assert "b=1 x k=4 over b=4 x k=1" in row["measured"] and "b=2: 0.75x" in row["measured"]
+    assert "size of b=1" in row["reason"]
+    assert claims.judge_interval(row["value"], *row["spread"], *row["claimed"])[0] == "contradicted"
+    flat = accumulation_lab.efficiency_claim([_row(1, 4, 198, 190, 205, 1), _row(4, 1, 200, 190, 210, 4)])
+    assert flat["reason"] == "" and claims.judge_interval(flat["value"], *flat["spread"], *flat["claimed"])[0] == "supported"
+    with pytest.raises(ValueError, match="two micro-batch sizes"):
+        accumulation_lab.efficiency_claim(rows[:1])
+
+
+def test_efficiency_claim_pairs_the_rounds_when_both_rows_hold_them():
+    most = _row(1, 4, 100, 95, 105, 1) | {"seconds_samples": [2.0, 4.0, 2.2]}  # a busy second round slows both
+    least = _row(4, 1, 200, 190, 210, 4) | {"seconds_samples": [1.0, 2.0, 1.0]}
+    row = accumulation_lab.efficiency_claim([most, least])
+    assert row["value"] == pytest.approx(0.5) and row["spread"][1] == pytest.approx(0.5)
+    assert row["spread"][0] == pytest.approx(0.5 - 0.5 * (0.5 - 1 / 2.2))  # numpy's linear quartile of the three ratios
+    assert "3 paired rounds" in row["measured"]
