@@ -105,6 +105,50 @@ def ring_all_reduce(tensor: torch.Tensor, group=None, schedule: Callable = ring_
     return tensor
 
 
+def recursive_doubling_all_reduce(tensor: torch.Tensor, group=None) -> torch.Tensor:
+    """Sum `tensor` over all ranks in place by recursive doubling: at step k every rank swaps its whole buffer
+    with the rank whose number differs in bit k, and adds what it receives.
+
+    log2(n) messages of the whole tensor: fewer latencies than the ring's 2(n-1), more bytes (log2(n) x the
+    tensor against the ring's 2(n-1)/n x), so it wins on small messages and the ring on large ones. A world
+    that is not a power of two first folds each extra rank into a partner (one message before, one after).
+    Exact for integers; floats agree with `dist.all_reduce` to rounding, the same bits on every rank. Returns
+    `tensor`.
+    """
+    n, rank = dist.get_world_size(group), dist.get_rank(group)
+    if n == 1:
+        return tensor  # alone, the sum is already here
+
+    def world_rank(r: int) -> int:  # send and recv want ranks in the whole world, not in the group
+        return r if group is None else dist.get_global_rank(group, r)
+
+    flat = tensor.view(-1) if tensor.is_contiguous() else tensor.reshape(-1)
+    incoming = torch.empty_like(flat)
+    p2 = 1 << (n.bit_length() - 1)  # the largest power of two <= n: the ranks that do the doubling
+    if rank >= p2:  # an extra rank: hands its buffer to rank - p2, then receives the finished sum from it
+        dist.isend(flat, world_rank(rank - p2), group=group).wait()
+        dist.recv(flat, world_rank(rank - p2), group=group)
+    else:
+        if rank + p2 < n:  # first fold in the extra rank's share
+            dist.recv(incoming, world_rank(rank + p2), group=group)
+            flat.add_(incoming)
+        mask = 1
+        while mask < p2:
+            partner = world_rank(rank ^ mask)
+            # swap whole buffers, both at once: a blocking send would wait for the partner's receive,
+            # which waits for the partner's own send
+            reqs = [dist.isend(flat, partner, group=group), dist.irecv(incoming, partner, group=group)]
+            for r in reqs:
+                r.wait()
+            flat.add_(incoming)  # now the sum over 2 * mask ranks: this rank's group and the partner's
+            mask <<= 1
+        if rank + p2 < n:  # hand the finished sum back to the extra rank
+            dist.isend(flat, world_rank(rank + p2), group=group).wait()
+    if flat.data_ptr() != tensor.data_ptr():  # a non-contiguous tensor was reduced in a copy
+        tensor.copy_(flat.view_as(tensor))
+    return tensor
+
+
 # ---------------------------------------------------------------- the alpha-beta model
 
 def alpha_beta_fit(nbytes: Sequence[float], seconds: Sequence[float]) -> tuple[float, float]:
@@ -126,6 +170,29 @@ def ring_model_time(nbytes: float, world_size: int, alpha: float, beta: float) -
     """Predicted ring all-reduce seconds: 2(n-1) messages of nbytes/n, each alpha + size*beta."""
     n = world_size
     return 2 * (n - 1) * (alpha + nbytes / n * beta)
+
+
+def doubling_steps(world_size: int) -> int:
+    """Messages one rank's recursive doubling sends in sequence: log2 of the largest power of two <= n, plus
+    the fold before and after when n is not a power of two."""
+    p2 = 1 << (world_size.bit_length() - 1)
+    return p2.bit_length() - 1 + (2 if p2 != world_size else 0)
+
+
+def doubling_model_time(nbytes: float, world_size: int, alpha: float, beta: float) -> float:
+    """Predicted recursive-doubling all-reduce seconds: `doubling_steps` messages of the whole nbytes."""
+    return doubling_steps(world_size) * (alpha + nbytes * beta)
+
+
+def ring_doubling_crossover(world_size: int, alpha: float, beta: float) -> float:
+    """The message size in bytes above which the α-β model prices the ring below recursive doubling: where
+    2(n-1)(α + Nβ/n) = s(α + Nβ), s = `doubling_steps`. inf where doubling is never dearer (n = 2: one message
+    of N against two of N/2), 0 where it never is cheaper."""
+    n, s = world_size, doubling_steps(world_size)
+    fewer_latencies, extra_bytes = (2 * (n - 1) - s) * alpha, (s - 2 * (n - 1) / n) * beta
+    if extra_bytes <= 0:
+        return float("inf")
+    return max(0.0, fewer_latencies / extra_bytes)
 
 
 def bus_bandwidth(nbytes: float, seconds: float, world_size: int) -> float:

@@ -63,20 +63,22 @@ def ping_pong(nbytes: int, reps: int) -> float | None:
 
 
 def comm_sweep(rank: int, world_size: int, sizes: Sequence[int], reps: int) -> dict[str, Any] | None:
-    """On ranks: ping-pong and all-reduce (ours and dist.all_reduce) for each size in bytes; the two
-    all-reduces by `rounds` (warm-up, interleaved rotated rounds, at least `reps` and at most 2 * reps,
-    until their IQRs separate).
+    """On ranks: ping-pong and all-reduce (our ring, our recursive doubling and dist.all_reduce) for each size in
+    bytes; the all-reduces by `rounds` (warm-up, interleaved rotated rounds, at least `reps` and at most 2 * reps,
+    until ring and torch, and doubling and ring, separate).
 
-    Returns, on rank 0, {"sizes", "ping", "ring", "torch" (medians, s), "ring_iqr", "torch_iqr" (IQR / median),
-    "ring_t", "torch_t" (bench.Timing per size)}; None elsewhere.
+    Returns, on rank 0, {"sizes", "ping", "ring", "doubling", "torch" (medians, s), "<name>_iqr" (IQR / median),
+    "<name>_t" (bench.Timing per size)}; None elsewhere.
     """
-    rows: dict[str, list] = {k: [] for k in ("ping", "ring", "torch", "ring_iqr", "torch_iqr", "ring_t", "torch_t")}
+    names = ("ring", "doubling", "torch")
+    rows: dict[str, list] = {"ping": [], **{k + e: [] for k in names for e in ("", "_iqr", "_t")}}
     for nbytes in sizes:
         x = torch.ones(max(1, nbytes // 4), device=_device())
         rows["ping"].append(ping_pong(nbytes, reps))
-        t = rounds({"ring": lambda: collectives.ring_all_reduce(x), "torch": lambda: dist.all_reduce(x)}, reps,
-                   [("ring", "torch")], warmup=2, max_reps=2 * reps)
-        for name in ("ring", "torch"):
+        t = rounds({"ring": lambda: collectives.ring_all_reduce(x), "torch": lambda: dist.all_reduce(x),
+                    "doubling": lambda: collectives.recursive_doubling_all_reduce(x)}, reps,
+                   [("ring", "torch"), ("doubling", "ring")], warmup=2, max_reps=2 * reps)
+        for name in names:
             rows[name].append(t[name].median)
             rows[name + "_iqr"].append(t[name].q75 / t[name].median - t[name].q25 / t[name].median)
             rows[name + "_t"].append(t[name])
@@ -84,18 +86,24 @@ def comm_sweep(rank: int, world_size: int, sizes: Sequence[int], reps: int) -> d
 
 
 def check_collectives(rank: int, world: int, seed: int = 0) -> dict:
-    """Our ring all-reduce against dist.all_reduce: integer (exact) and float tensors of awkward sizes."""
-    out = {"int exact": True, "float max err": 0.0}
+    """Our ring and recursive-doubling all-reduces against dist.all_reduce: integer (exact) and float tensors of
+    awkward sizes."""
+    out = {"int exact": True, "float max err": 0.0, "doubling int exact": True, "doubling float max err": 0.0}
     g = torch.Generator().manual_seed(seed + rank)
     for n in (1, world - 1 if world > 1 else 1, 7, 1000, 4099):
         x = torch.randint(-1000, 1000, (n,), generator=g)
         ours, ref = collectives.ring_all_reduce(x.clone()), x.clone()
         dist.all_reduce(ref)
         out["int exact"] &= bool(torch.equal(ours, ref))
+        ref_int = ref
         y = torch.randn(3, n, generator=g)
         ours, ref = collectives.ring_all_reduce(y.clone()), y.clone()
         dist.all_reduce(ref)
         out["float max err"] = max(out["float max err"], float((ours - ref).abs().max()))
+        dbl = collectives.recursive_doubling_all_reduce(x.clone())
+        out["doubling int exact"] &= bool(torch.equal(dbl, ref_int))
+        dbl = collectives.recursive_doubling_all_reduce(y.clone())
+        out["doubling float max err"] = max(out["doubling float max err"], float((dbl - ref).abs().max()))
     return out if rank == 0 else {}
 
 
@@ -304,3 +312,20 @@ def resolve_parameters(S: params.Setup, *, WORLD_SIZE, MEMORY_RANKS, MSG_SIZES, 
     if min(out["MEMORY_RANKS"]) < 2:
         raise ValueError(f"MEMORY_RANKS={out['MEMORY_RANKS']!r}: every world size must be >= 2")
     return out
+
+
+def doubling_rows(sweep: dict, world: int, alpha: float, beta: float) -> tuple[list[list], list[str]]:
+    """Per size of the sweep: our ring and recursive doubling measured, doubling / ring round by round, both α-β
+    predictions (µs) and the model's pick; and per size "faster", "slower" or "not separated" (doubling against
+    the ring: their IQRs apart and the round-by-round ratio's IQR on one side of 1)."""
+    rows, verdicts = [], []
+    for n, r, d in zip(sweep["sizes"], sweep["ring_t"], sweep["doubling_t"]):
+        paired = protocol.paired_ratio(d, r)
+        v = ("not separated" if not (protocol.separated(d, r) and paired.separated)
+             else "faster" if paired.hi < 1 else "slower")
+        ring_m = collectives.ring_model_time(n, world, alpha, beta)
+        dbl_m = collectives.doubling_model_time(n, world, alpha, beta)
+        rows.append([n / 2 ** 10, str(r), str(d), f"{paired.value:.2f}x (IQR {paired.lo:.2f}-{paired.hi:.2f}x)",
+                     1e6 * ring_m, 1e6 * dbl_m, "doubling" if dbl_m < ring_m else "ring"])
+        verdicts.append(v)
+    return rows, verdicts

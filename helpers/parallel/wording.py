@@ -3,6 +3,7 @@ under it quote the same quantity in the same direction)."""
 from __future__ import annotations
 
 from helpers.measure import bench, protocol
+from helpers.parallel import collectives
 
 
 def speed_sentence(rows: int, speed: protocol.Ratio, compute_over_comm: float, target: float, withheld: str | None,
@@ -74,3 +75,26 @@ def torchrun_node_line(node: int, returncode: int, output: str, steps: int) -> s
 def iqr_percent(t: bench.Timing) -> float:
     """A timing's IQR as a percentage of its median."""
     return 100 * (t.q75 - t.q25) / t.median if t.median else float("inf")
+
+
+def _size(nbytes: float) -> str:
+    return f"{nbytes / 2 ** 20:.2g} MiB" if nbytes >= 2 ** 20 else f"{nbytes / 2 ** 10:.3g} KiB"
+
+
+def doubling_sentence(sizes: list[int], verdicts: list[str], world: int, alpha: float, beta: float,
+                      withheld: str | None) -> str:
+    """Recursive doubling against our ring: what this run measured at each size (`verdicts`, per size "faster",
+    "slower" or "not separated", doubling's time against the ring's) and what the α-β model with this run's α and
+    β (s, s/byte) predicts, at this world size and at 8 ranks."""
+    def crossover(n: int) -> str:
+        n_star = collectives.ring_doubling_crossover(n, alpha, beta)
+        if n_star == float("inf"):
+            return f"on {n} ranks doubling is never dearer (one message of N against the ring's two of N/2)"
+        return f"on {n} ranks the ring is cheaper above {_size(n_star)}"
+    model = (f"the α-β model with this run's α = {1e6 * alpha:.0f} µs and 1/β = {1e-9 / beta:.2f} GB/s: "
+             f"{crossover(world)}" + ("" if world == 8 else f"; {crossover(8)}"))
+    if withheld:
+        return f"recursive doubling against our ring: not ranked by this run ({withheld}); {model}"
+    by = {v: [_size(s) for s, w in zip(sizes, verdicts) if w == v] for v in ("faster", "slower", "not separated")}
+    measured = "; ".join(f"{v} at {', '.join(s)}" for v, s in by.items() if s)
+    return f"recursive doubling against our ring on {world} ranks, measured: {measured}. Predicted by {model}"

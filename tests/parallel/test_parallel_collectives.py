@@ -58,3 +58,25 @@ def test_ring_exercise_refuses_the_course_function(capsys):
         assert "FAIL" in out and "write it yourself" in out, out
     check.exercise("13.ring", own_ring)
     assert "PASS" in capsys.readouterr().out
+
+
+def test_recursive_doubling_sums_on_any_world_size_and_every_rank_gets_the_same_bits():
+    from helpers.parallel import in_process
+    for n in (1, 2, 3, 4, 5, 6, 8):
+        xs = [torch.randint(-100, 100, (7,)) for _ in range(n)]
+        outs = in_process.on_threads(D.recursive_doubling_all_reduce, [(x.clone(),) for x in xs])
+        assert all(torch.equal(o, sum(xs)) for o in outs), n
+        fs = [torch.randn(3, 4).t() for _ in range(n)]  # non-contiguous: reduced in a copy, written back
+        outs = in_process.on_threads(D.recursive_doubling_all_reduce, [(f.clone(),) for f in fs])
+        torch.testing.assert_close(outs[0], sum(fs), rtol=1e-5, atol=1e-5)
+        assert all(torch.equal(o, outs[0]) for o in outs), n
+
+
+def test_doubling_model_and_its_crossover_with_the_ring():
+    assert [D.doubling_steps(n) for n in (2, 3, 4, 5, 8)] == [1, 3, 2, 4, 3]
+    assert D.ring_doubling_crossover(2, 1e-4, 1e-9) == float("inf")  # one message of N against two of N/2
+    a, b = 1e-4, 1e-9
+    n_star = D.ring_doubling_crossover(8, a, b)
+    assert abs(D.ring_model_time(n_star, 8, a, b) - D.doubling_model_time(n_star, 8, a, b)) < 1e-12
+    assert D.doubling_model_time(n_star / 2, 8, a, b) < D.ring_model_time(n_star / 2, 8, a, b)
+    assert D.doubling_model_time(2 * n_star, 8, a, b) > D.ring_model_time(2 * n_star, 8, a, b)

@@ -19,6 +19,12 @@ def test_ring_all_reduce_on_four_ranks():
     assert out["int exact"] and out["float max err"] <= 1e-5
 
 
+@pytest.mark.ranks
+def test_recursive_doubling_equals_dist_all_reduce_on_three_ranks():  # not a power of two: the fold runs
+    out = launch.run_on_ranks(L.check_collectives, 3)[0]
+    assert out["doubling int exact"] and out["doubling float max err"] <= 1e-5
+
+
 def _resolve(**given):
     names = ("WORLD_SIZE", "MEMORY_RANKS", "MSG_SIZES", "REPS", "DDP_WIDTH", "DDP_ROWS", "MICROS", "STAGE_MS",
              "MEMORY_MODEL", "TORCHRUN")

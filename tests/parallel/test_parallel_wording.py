@@ -37,3 +37,19 @@ def test_torchrun_node_line():
     quiet = W.torchrun_node_line(1, 0, "", 2)
     assert "trained 2 steps" in quiet and "global rank 0 only" in quiet
     assert "failed" in W.torchrun_node_line(1, 1, "", 2)
+
+
+def test_doubling_sentence_keeps_measured_and_predicted_apart():
+    s = W.doubling_sentence([1024, 2 ** 22], ["faster", "not separated"], 2, 1e-4, 5e-10, None)
+    assert "faster at 1 KiB; not separated at 4 MiB" in s and "on 2 ranks doubling is never dearer" in s
+    assert "on 8 ranks the ring is cheaper above" in s
+    assert "not ranked by this run (busy)" in W.doubling_sentence([1024], ["faster"], 2, 1e-4, 5e-10, "busy")
+
+
+def test_doubling_rows_judge_by_separation():
+    from helpers.measure.bench import Timing
+    from helpers.parallel import collectives_lab as L
+    fast, slow = Timing(1.0, 0.9, 1.1, [0.9, 1.0, 1.1]), Timing(2.0, 1.9, 2.1, [1.9, 2.0, 2.1])
+    sweep = {"sizes": [1024, 2048], "ring_t": [slow, fast], "doubling_t": [fast, fast]}
+    rows, verdicts = L.doubling_rows(sweep, 2, 1e-4, 5e-10)
+    assert verdicts == ["faster", "not separated"] and rows[0][-1] == "doubling" and len(rows[0]) == 7
