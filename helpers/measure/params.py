@@ -196,7 +196,7 @@ def free_bytes(device: str) -> int:
     """Memory free for this process's tensors now: the GPU's free bytes on CUDA, the machine's available RAM else."""
     import torch
 
-    if device == "cuda":
+    if device == "cuda" and torch.cuda.is_available():  # a CUDA setup without a GPU (a test's) falls back to RAM
         return int(torch.cuda.mem_get_info()[0])
     import psutil
 
