@@ -20,23 +20,25 @@ panels and sentences. Notebook by notebook (lab first, then the technique module
 02  FLOPs and MFU      cost/mfu_lab; cost/flops, cost/mfu
 03  mixed precision    training/precision_lab, training/mixed_precision_lab; training/precision,
                        training/mixed_precision
-04  checkpointing      training/checkpointing_lab; training/checkpointing
+04  checkpointing      training/checkpointing_lab, training/activation_bytes_lab; training/checkpointing
 05  accumulation       training/accumulation_lab; training/accumulation
-06  FlashAttention     attention/flash_lab, attention/flash_speed_lab; attention/kernels, attention/flash_triton, attention/triton_aot
+06  FlashAttention     attention/flash_lab, attention/flash_speed_lab; attention/kernels, attention/flash_v1,
+                       attention/flash_triton, attention/triton_aot, attention/sdpa_choice
 07  FP8 training       lowbit/fp8_lab, lowbit/fp8_train_lab; lowbit/fp8, lowbit/fp8_linear
 08  quantisation       lowbit/quant_lab, lowbit/gptq_lab, lowbit/quant_decode_lab, lowbit/lora_lab,
                        lowbit/peft_lab, lowbit/optim8bit_lab; lowbit/quant, lowbit/quant_linear, lowbit/gptq,
-                       lowbit/lora
+                       lowbit/lora, lowbit/w8a8, lowbit/qat
 09  torch.compile      fusion/compiler_lab, fusion/compiler_model_lab; fusion/compiler, fusion/dynamo,
                        fusion/triton_softmax
 10  KV cache, serving  decode/kv_cache_lab, decode/kv_decode_lab, decode/paged_lab, decode/serving_lab;
                        gpt/generation, decode/kv_cache, decode/paged, decode/paged_attention, decode/serving,
-                       decode/prefill
+                       decode/prefill, decode/kv_quant
 11  speculative        decode/speculative_lab, decode/speculative_report_lab; decode/speculative
 12  data loading       dataload/loading_lab, dataload/loading_sweep_lab, dataload/packing_lab; dataload/loading, dataload/packing
 13  distributed        parallel/collectives_lab, parallel/ddp_lab, parallel/zero_lab, parallel/pipeline_lab;
                        parallel/collectives, parallel/ddp, parallel/zero, parallel/fsdp, parallel/tensor_parallel,
-                       parallel/pipeline, parallel/launch, parallel/payload, parallel/torchrun
+                       parallel/pipeline, parallel/launch, parallel/payload, parallel/torchrun,
+                       parallel/in_process, parallel/wording
 14  capstone           capstone/stack_lab; capstone/stack (every technique above, stacked)
 
 Every notebook also uses `measure/params`, `measure/results`, `measure/claims`, `show/` and its exercises
