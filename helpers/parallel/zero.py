@@ -51,22 +51,23 @@ class ShardedOptimizer:
         A gradient some ranks lack counts as zeros there; one that no rank has stays None (unchanged).
         """
         for p, anywhere in zip(self.params, has_grad_on_any_rank(self.params)):
-            if not anywhere:
+            if not anywhere:  # no rank computed this gradient: nothing to average
                 continue
-            if p.grad is None:
+            if p.grad is None:  # this rank did not use p, others did: its share of the sum is zeros
                 p.grad = torch.zeros_like(p)
-            p.grad.div_(self.world)
-            dist.reduce(p.grad, dst=self.owner[id(p)])
+            p.grad.div_(self.world)  # each rank's share of the mean
+            dist.reduce(p.grad, dst=self.owner[id(p)])  # summed onto the one rank that updates p
             if self.owner[id(p)] != self.rank:
-                p.grad = None
+                p.grad = None  # ZeRO-2's saving: every other rank frees its copy of this gradient
 
     def step(self) -> None:
         """Update the owned parameters, then broadcast every parameter from its owner."""
-        self.optimizer.step()
+        self.optimizer.step()  # AdamW's state exists for the owned parameters only: ZeRO-1's saving
         with torch.no_grad():
+            # every parameter travels from the rank that updated it to all the others, all at once
             works = [dist.broadcast(p, src=self.owner[id(p)], async_op=True) for p in self.params]
             for w in works:
-                w.wait()
+                w.wait()  # after this, every rank holds the same updated weights
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         for p in self.params:
