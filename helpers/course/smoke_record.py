@@ -8,8 +8,9 @@ whether, and when, it has run on that GPU. `SMOKE_FILE` is the record's name, `l
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
+
+from helpers.measure.params import is_finite_number
 
 SMOKE_FILE = "gpu-smoke.json"
 
@@ -40,8 +41,8 @@ def load(reference_dir: Path, problems: list | None = None) -> dict | None:
                 problems.append((path, f"notebook {nb!r}: {o!r} is not a smoke-pass entry"))
             continue
         seconds = o.get("seconds")
-        ok_number = isinstance(seconds, (int, float)) and not isinstance(seconds, bool) and math.isfinite(seconds)
-        notebooks[str(nb)] = {**o, "status": str(o.get("status") or "?"), "seconds": seconds if ok_number else None}
+        notebooks[str(nb)] = {**o, "status": str(o.get("status") or "?"),
+                              "seconds": seconds if is_finite_number(seconds) else None}
     return {**doc, "started": str(doc.get("started") or "?"), "notebooks": notebooks}
 
 

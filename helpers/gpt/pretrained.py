@@ -51,7 +51,7 @@ import torch
 from helpers.gpt import data
 from helpers.gpt.checkpoint_file import checkpoint_lock, listed_sums, read_error, weights_digest
 from helpers.gpt.model import GPT, GPTConfig
-from helpers.measure.params import positive
+from helpers.measure.params import is_finite_number, positive
 from helpers.measure.results import write_atomic
 from helpers.show import widgets
 
@@ -177,7 +177,7 @@ def _loop(model, opt, tokens, schedule, warm, g, device, use_bf16, progress, con
 
 def _number(value) -> float | None:
     """`value` as a finite float, or None (missing, not a number, NaN or infinite)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    if not is_finite_number(value):
         return None
     return float(value)
 

@@ -29,6 +29,11 @@ def positive(name: str, value: Any, kind: type = int) -> Any:
     return value
 
 
+def is_finite_number(value: Any) -> bool:
+    """True for an int or float that is finite and not a bool: what a number read from a JSON record must be."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
 def positive_number(name: str, value: Any) -> float:
     """A finite positive int or float, returned as a float; else a ValueError naming the parameter."""
     value = positive(name, float(value) if type(value) is int else value, float)

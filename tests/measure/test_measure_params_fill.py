@@ -27,3 +27,8 @@ def test_fill_names_a_missing_parameter_and_passes_a_bad_value_on(tmp_path):
         params.fill({"N": None}, _resolver, S)
     with pytest.raises(ValueError, match="REPS=0"):
         params.fill({"N": None, "REPS": 0}, _resolver, S)
+
+
+def test_a_finite_number_is_an_int_or_float_and_not_a_bool_nan_or_text():
+    assert params.is_finite_number(3) and params.is_finite_number(2.5)
+    assert not any(params.is_finite_number(v) for v in (True, float("nan"), float("inf"), "1", None))

@@ -40,7 +40,6 @@ import datetime as _dt
 import functools
 import io
 import json
-import math
 import re
 import signal
 import subprocess
@@ -55,6 +54,7 @@ from typing import Callable, Iterable
 
 from helpers.course.processes import (Descendants, OneLineParser, Stop, end_group, folder_problem, positive_argument,
                                       write_problem)
+from helpers.measure.params import is_finite_number
 from helpers.measure.results import REPO_ROOT, device_slug, slug, write_atomic
 from helpers.show.tables import table
 
@@ -553,7 +553,7 @@ def checked_manifest(manifest: dict, where: str) -> dict:
             raise BadPack(f"{where}: manifest.json names {nb!r}, not a notebook's two digits; nothing imported")
         if info.get("status") != "ok":
             continue
-        number = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)  # noqa: E731
+        number = is_finite_number
         if not number(info.get("seconds")) or not (info.get("estimate_s") is None or number(info["estimate_s"])):
             raise BadPack(f"{where}: manifest.json gives notebook {nb} no 'seconds' (or a bad 'estimate_s'); "
                           "nothing imported")

@@ -21,7 +21,6 @@ import datetime as _dt
 import functools
 import io
 import json
-import math
 import sys
 import tarfile
 import tempfile
@@ -31,6 +30,7 @@ from typing import Callable, Iterable
 
 from helpers.course.smoke_record import SMOKE_FILE
 from helpers.course.processes import OneLineParser, Stop, folder_problem, positive_argument, write_problem
+from helpers.measure.params import is_finite_number
 from helpers.measure.results import REPO_ROOT, write_atomic
 from helpers.show.tables import table
 from tools.capture.capture import (SMOKE_MARK, BadPack, available_notebooks, gpu_facts, read_pack, run_notebook,
@@ -163,7 +163,7 @@ def read_smoke_pack(pack: Path) -> dict:
     for nb, o in doc["notebooks"].items():
         seconds = o.get("seconds") if isinstance(o, dict) else None
         if not isinstance(o, dict) or not isinstance(o.get("status"), str) or not (
-                isinstance(seconds, (int, float)) and not isinstance(seconds, bool) and math.isfinite(seconds)):
+                is_finite_number(seconds)):
             raise BadPack(f"{pack}: {SMOKE_FILE}'s entry for notebook {nb} is {o!r}, not a status with its seconds")
     return doc
 
