@@ -25,6 +25,8 @@ which imports this package like any user.
                 ladders, tokens/s per rung beside each reference GPU's, one sentence per ladder
 `smoke_record`  a reference GPU's smoke-pass record (gpu-smoke.json in results/<gpu>/) as the report reads
                 it: its name, its reader, and the report's sentence per notebook
+`bootstrap`     the first code cell of every notebook: it installs the course where it is not installed (Colab,
+                Kaggle), keeping the platform's torch; the repository's address and the README's Colab links
 `strip`         `python -m helpers.course.strip`: notebooks without outputs, execution counts or widget state
 `on_stage`      the technique on stage: a notebook cell marked `# on stage: helpers.<module>[.<name>]` and
                 its twin in helpers/, compared line for line, comments included

@@ -172,10 +172,11 @@ def _validate_04(tmp_path, **overrides):
     """Run notebook 04's parameters cell, the overrides, then its validation cell, in a plain namespace."""
     nb = Path(__file__).resolve().parents[2] / "notebooks" / "04_activation_checkpointing.ipynb"
     cells = [c for c in json.loads(nb.read_text())["cells"] if c["cell_type"] == "code"]
+    i = next(i for i, c in enumerate(cells) if "parameters" in c["metadata"].get("tags", []))  # after the start cell
     ns = {}
-    exec("".join(cells[0]["source"]), ns)
+    exec("".join(cells[i]["source"]), ns)
     ns.update(RESULTS_DIR=str(tmp_path), INTERACTIVE=False, **overrides)
-    exec("".join(cells[1]["source"]), ns)
+    exec("".join(cells[i + 1]["source"]), ns)
     return ns
 
 
