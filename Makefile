@@ -3,6 +3,7 @@
 #   make test-fast  the unit tier alone: no notebook, browser, process-launching, tooling or slow test (under 2 minutes)
 #   make lab    bootstrap .venv (once) and start JupyterLab on notebooks/
 #   make run    bootstrap .venv (once) and execute every notebook headlessly, with a report
+#   make site   run the course in smoke (or take RUN=runs/<folder>) and build it as a website, offline, in runs/site/html
 # The profile is picked by the device: "full" on CUDA, "smoke" on CPU (override: make run PROFILE=smoke).
 
 PYTHON ?= python3
@@ -16,7 +17,7 @@ ARGS   ?=
 PY    := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: test test-fast lab run strip clean-venv
+.PHONY: test test-fast lab run site strip clean-venv
 
 # The marker alone does not prove the environment works: if .venv/bin/python is gone or broken (deleted,
 # or the system Python it links to was upgraded), the marker is treated as stale and the venv rebuilt.
@@ -54,6 +55,21 @@ lab: $(STAMP)
 
 run: $(STAMP)
 	$(PY) -m helpers.course.run $(if $(filter-out auto,$(PROFILE)),--profile $(PROFILE)) $(ARGS)
+
+# The course as a static website (Sphinx + myst-nb, nothing fetched): a fresh smoke run of every notebook (ARGS picks
+# some; PROFILE=full on a GPU), or the run folder RUN=runs/<folder>; pages in $(SITE)/html. A run in which a notebook
+# failed still gets its site (that page says so); a usage error or an interrupted run does not.
+SITE ?= runs/site
+RUN  ?=
+
+site: $(STAMP)
+ifeq ($(RUN),)
+	@$(PY) -m helpers.course.run --profile $(if $(filter-out auto,$(PROFILE)),$(PROFILE),smoke) $(ARGS); code=$$?; \
+	  if [ $$code -gt 1 ]; then exit $$code; fi; \
+	  $(PY) -m helpers.course.site --out $(SITE)
+else
+	$(PY) -m helpers.course.site --run $(RUN) --out $(SITE)
+endif
 
 # before committing a notebook: outputs, execution counts and widget state out
 strip: $(STAMP)

@@ -27,6 +27,10 @@ which imports this package like any user.
                 it: its name, its reader, and the report's sentence per notebook
 `bootstrap`     the first code cell of every notebook: it installs the course where it is not installed (Colab,
                 Kaggle), keeping the platform's torch; the repository's address and the README's Colab links
+`site`          `python -m helpers.course.site`: the course as a static website built offline (Sphinx, myst-nb)
+                from a run folder: a page per executed notebook, the ledger, your device vs the reference
+`site_pages`    the website's pages as Sphinx sources: the notebooks (or their committed source, said so),
+                the ledger and the device page cut from the report's blocks, the index
 `strip`         `python -m helpers.course.strip`: notebooks without outputs, execution counts or widget state
 `on_stage`      the technique on stage: a notebook cell marked `# on stage: helpers.<module>[.<name>]` and
                 its twin in helpers/, compared line for line, comments included
