@@ -19,6 +19,12 @@ from helpers.measure.hardware import cpu_model, library_versions
 REPO_ROOT = Path(__file__).resolve().parents[2]
 ENV_VAR = "COURSE_RESULTS_DIR"
 
+
+def runs_root(repo_root: Path = REPO_ROOT) -> Path:
+    """Where runs go: the clone's runs/ folder, or runs/ in the working folder where the course is an installed
+    package (a notebook opened alone on Colab or Kaggle), never inside site-packages."""
+    return repo_root / "runs" if (repo_root / "pyproject.toml").is_file() else Path.cwd() / "runs"
+
 _state: dict[str, Any] = {"dir": None, "profile": None}
 
 
@@ -43,7 +49,7 @@ def device_slug() -> str:
 def configure(results_dir: str | os.PathLike | None = None, profile: str | None = None) -> Path:
     """Set where `record` writes (default: $COURSE_RESULTS_DIR or runs/interactive-<device>)."""
     if results_dir is None:
-        results_dir = os.environ.get(ENV_VAR) or REPO_ROOT / "runs" / f"interactive-{device_slug()}"
+        results_dir = os.environ.get(ENV_VAR) or runs_root() / f"interactive-{device_slug()}"
     folder = Path(results_dir)
     folder.mkdir(parents=True, exist_ok=True)
     _state["dir"], _state["profile"] = folder, profile

@@ -126,3 +126,17 @@ def test_write_atomic_sets_the_mode_asked_for_whatever_the_umask(tmp_path):
     finally:
         os.umask(umask)
     assert path.stat().st_mode & 0o777 == 0o644 and path.read_bytes() == b"x"
+
+
+def test_runs_go_to_the_clone_or_to_the_working_folder_of_an_installed_course(tmp_path, monkeypatch):
+    clone = tmp_path / "clone"
+    clone.mkdir()
+    (clone / "pyproject.toml").write_text("[project]\n")
+    assert results.runs_root(clone) == clone / "runs"
+    installed = tmp_path / "site-packages"   # no pyproject.toml beside an installed package
+    installed.mkdir()
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    assert results.runs_root(installed) == work / "runs"
+    assert results.runs_root() == results.REPO_ROOT / "runs"   # this clone
