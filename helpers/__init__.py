@@ -28,8 +28,8 @@ panels and sentences. Notebook by notebook (lab first, then the technique module
 08  quantisation       lowbit/quant_lab, lowbit/gptq_lab, lowbit/quant_decode_lab, lowbit/lora_lab,
                        lowbit/peft_lab, lowbit/optim8bit_lab; lowbit/quant, lowbit/quant_linear, lowbit/gptq,
                        lowbit/lora, lowbit/w8a8, lowbit/qat
-09  torch.compile      fusion/compiler_lab, fusion/compiler_model_lab; fusion/compiler, fusion/dynamo,
-                       fusion/triton_softmax
+09  torch.compile      fusion/compiler_lab, fusion/compiler_model_lab, fusion/compiler_modes_lab; fusion/compiler,
+                       fusion/dynamo, fusion/triton_softmax, fusion/onnx_backend
 10  KV cache, serving  decode/kv_cache_lab, decode/kv_decode_lab, decode/paged_lab, decode/serving_lab;
                        gpt/generation, decode/kv_cache, decode/paged, decode/paged_attention, decode/serving,
                        decode/prefill, decode/kv_quant

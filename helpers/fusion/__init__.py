@@ -13,4 +13,8 @@ Imports `gpt`, `cost`, `measure` and `show`.
 `compiler_model_lab`  notebook 09's cost of compiling (cold, warm, break-even) and the course GPT compiled: its
                      training step, its one-token forward under each mode, whole model vs by block, the claim
 `compiler_takeaways_lab`  notebook 09's closing sentences, generated from the run's numbers
+`compiler_modes_lab`  notebook 09's one-token forward under each torch.compile mode, and CUDA graphs two ways:
+                     mode="reduce-overhead" (Inductor's kernels) and backend="cudagraphs" (no fusion)
+`onnx_backend`       the course GPT exported to ONNX and run in ONNX Runtime on one thread, beside eager and
+                     Inductor: the export, ORT's graph rewrites and node counts, the three-way check and timing
 """

@@ -1,12 +1,12 @@
 """Notebook 09's measurements of what compiling costs and what it buys on a model: the compile seconds of a
-function cold and warm and the calls it takes to pay back, the course GPT's training step and one-token
-forward compiled (each torch.compile mode), regional compilation (whole model vs each block), the sentences
-built from those numbers and the PyTorch 2 training claim judged against them.
+function cold and warm and the calls it takes to pay back, the course GPT's training step compiled (its
+one-token forward under each mode, and CUDA graphs, are `compiler_modes_lab`), regional compilation (whole model
+vs each block), the sentences built from those numbers and the PyTorch 2 training claim judged against them.
 
 The timings are `helpers.fusion.compiler_lab.timed`'s (the protocol's warm-up and interleaved rounds, on one
 thread on a CPU), their ratios paired round by round; a compile is timed by `first_call` on the CPU clock, this
 thread's time plus that of the compiler processes it waited for (`clock.Stopwatch(children=True)`), with the wall
-time beside it. The GPT's training step and one-token forward are compiled with plain torch.compile, regional
+time beside it. The GPT's training step is compiled with plain torch.compile, regional
 compilation with `helpers.fusion.compiler.compile_blocks`.
 """
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any, Callable
 import torch
 
 from helpers.cost.flops import transformer_flops
-from helpers.fusion import compiler_lab, compiler, dynamo
+from helpers.fusion import compiler_lab, compiler_modes_lab, compiler, dynamo
 from helpers.gpt.model import GPT
 from helpers.measure import bench, clock, profiling, protocol
 from helpers.measure.params import choices, positive
@@ -243,54 +243,10 @@ def training_claim(speedup: protocol.Ratio, device: str, first_step_s: float) ->
     return kw | {"reason": "one model on this GPU, against a geomean over the paper's suites on an A100"}
 
 
-def modes_note(modes: list[str], device: str) -> str:
-    """The sentence saying which of `compiler_lab.ALL_MODES` a CUDA run does not time on the one-token forward,
-    why the full profile leaves max-autotune out, and how to time them all; "" when every mode runs, or off CUDA
-    (where only "default" can run)."""
-    left = [m for m in compiler_lab.ALL_MODES if m not in modes]
-    if device != "cuda" or not left:
-        return ""
-    text = f"Not timed in this run: {', '.join(left)}."
-    if "max-autotune" in left:
-        text += (" The full profile, sized for a few minutes of one GPU, leaves max-autotune out: its compile also "
-                 "benchmarks Triton matmul templates for every matrix shape of the model (torch.compile's documentation: "
-                 "it \"leverages Triton or template based matrix multiplications\").")
-    return text + f" MODES={list(compiler_lab.ALL_MODES)!r} times all {len(compiler_lab.ALL_MODES)}."
-
-
-def one_token_forward(config, modes: list[str], *, device: str = "cpu", reps: int = 20,
-                      seed: int = 0) -> dict[str, dict]:
-    """A batch-1, one-token forward of the course GPT (the shape of a decode step; no KV cache here),
-    eager and under each torch.compile mode: {mode: {"compile_s" (the first three calls' CPU seconds, `first_call`'s
-    clock), "compile_wall_s", "timing"}} with "eager" first.
-
-    "reduce-overhead" (CUDA graphs) and "max-autotune" need CUDA: asked for on a CPU they raise ValueError.
-    """
-    for mode in modes:
-        if mode not in ("default", "reduce-overhead", "max-autotune"):
-            raise ValueError(f"mode {mode!r}; choose 'default', 'reduce-overhead' or 'max-autotune'")
-        if mode != "default" and device != "cuda":
-            raise ValueError(f"mode {mode!r} needs CUDA (CUDA graphs / GPU autotuning)")
-    torch.manual_seed(seed)
-    model = GPT(config).to(device).eval()
-    idx = torch.zeros(1, 1, dtype=torch.long, device=device)  # (B=1, T=1)
-    fns: dict[str, Callable] = {"eager": model}
-    out: dict[str, dict] = {"eager": {"compile_s": 0.0, "compile_wall_s": 0.0}}
-    with torch.no_grad():
-        want = model(idx)[0]
-        for mode in modes:
-            fn = torch.compile(model, mode=mode, dynamic=False)  # one shape: no symbolic sizes in the graph
-            with clock.Stopwatch(children=True) as sw:
-                for _ in range(3):  # CUDA graphs record on a later call than the first
-                    got = fn(idx)[0]
-                bench.sync(device)
-            out[mode] = {"compile_s": sw.cpu, "compile_wall_s": sw.wall}
-            torch.testing.assert_close(got.float(), want.float(), rtol=1e-4, atol=1e-4)
-            fns[mode] = fn
-        timings = compiler_lab.timed({k: (lambda f=f: f(idx)) for k, f in fns.items()}, device=device, reps=reps).timings
-    for k, t in timings.items():
-        out[k]["timing"] = t
-    return out
+# The one-token forward under each mode and CUDA graphs live in `compiler_modes_lab`; the names stay readable here,
+# where the maintainers' goals (tools/capture/goals_train.py) look them up.
+one_token_forward = compiler_modes_lab.one_token_forward
+modes_note = compiler_modes_lab.modes_note
 
 
 # ------------------------------------------------------------------------------------------ regional compilation
