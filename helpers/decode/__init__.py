@@ -7,6 +7,8 @@ Technique modules:
 `kv_cache`         the static cache and decode step for compiled decode (with their Inductor options),
                    the MLA-style latent cache on a factorised k/v projection, KV bytes per token,
                    published models' caches, and what each attention variant's cache holds in a budget
+`gqa_uptrain`      GQA and MQA made from a trained multi-head model: each group's key and value heads
+                   mean-pooled into one, then uptrained with the pre-training's recipe (Ainslie et al., 2023)
 `kv_quant`         the int8 and fp8 KV cache (per-token, per-head scales), its bytes per token and budget
                    rows, greedy agreement and validation loss through it
 `paged`            the paged KV cache (vLLM): free list with reference counts, block tables, prefix
@@ -26,7 +28,7 @@ Labs (each notebook's measurements, by the technique they measure):
 `kv_cache_lab`            notebook 10's parameters and one sequence's cache: with and without it, prefill
                           against decode on the roofline; the timing helpers both KV labs use
 `kv_decode_lab`           notebook 10's decode speed: bandwidth and batching, attention variants, compiled
-                          decode
+                          decode; GQA and MQA uptrained from the trained MHA model, by held-out loss
 `paged_lab`               notebook 10's paged cache: waste (the course's mix and vLLM-like workloads) and
                           decode-attention speed, the KV-memory panel, the verdict on paged waste
 `serving_lab`             notebook 10's serving: prefix sharing, chunked prefill, static against continuous

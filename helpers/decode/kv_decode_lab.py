@@ -1,6 +1,7 @@
 """Notebook 10's decode-speed measurements on the KV cache: batch-1 decode as a bandwidth problem and batch size
-against tokens/s, the attention variants (MHA, GQA, MQA, an MLA-style latent) timed, and compiled decode on a
-static cache.
+against tokens/s, the attention variants (MHA, GQA, MQA, an MLA-style latent) timed, compiled decode on a
+static cache, and GQA and MQA made from the trained MHA model (`helpers.decode.gqa_uptrain`) by held-out loss,
+before and after uptraining, beside an MHA control uptrained alike (`gqa_sweep`, its sentences and ledger row).
 
 Timed by the course's protocol through `helpers.decode.kv_cache_lab` (`compare`, `timed`), bytes counted by
 `helpers.gpt.footprint.decode_step_bytes` (the weights once, one position row, every sequence's K/V), FLOPs by
@@ -11,16 +12,19 @@ from __future__ import annotations
 
 import torch
 
+from helpers.decode.gqa_uptrain import convert, uptrain
 from helpers.decode.kv_cache import (LatentKVCache, StaticKVCache, decode_compile_options, factorise_kv,
                                      kv_bytes_per_token, static_step)
 from helpers.decode.kv_cache_lab import (FULL_BUDGET_S, SMOKE_BUDGET_S, compare, counted_flops, decode_step_fn,
                                          filled_cache, first_parameter, random_tokens, timed)
+from helpers.gpt import heldout
 from helpers.gpt.footprint import decode_step_bytes
 from helpers.gpt.generation import rewound_step
 from helpers.gpt.model import GPT, GPTConfig
 from helpers.gpt.pretrained import validation_loss
 from helpers.measure import bench, protocol
 from helpers.measure.params import positive
+from helpers.show.units import percent
 
 
 def random_model(preset: str, dtype: torch.dtype, device: str, **overrides) -> GPT:
@@ -130,6 +134,93 @@ def variant_speeds(models: dict[str, GPT], latent: tuple[str, GPT] | None, conte
     with torch.no_grad():
         c = compare(fns, dev, reps, budget_s)
     return [timed({"variant": k, "kv_share": shares[k]}, c[k]) for k in fns]
+
+
+# ---------------------------------------------------------------- GQA and MQA uptrained from the MHA model
+
+
+def gqa_sweep(model: GPT, kv_heads: list[int], schedule: dict, val_tokens: torch.Tensor, val_batches: int,
+              val_batch: int, *, seed: int = 0, convert_fn=convert) -> dict:
+    """For each number of kv heads in `kv_heads` (each a divisor of n_head): the trained multi-head `model`
+    mean-pooled to that many kv heads (`gqa_uptrain.convert`; n_head itself is the model unchanged) and the same
+    model uptrained (`gqa_uptrain.uptrain` with `schedule`, from `uptrain_schedule`, and `seed`, the same batches for every
+    variant: at n_head this is the MHA control), each scored on the same held-out windows
+    (`heldout.window_losses`, `val_batches` batches of `val_batch`). Returns {"rows": one dict per variant (kv
+    heads, name, bytes per token of its cache in the model's dtype (`kv_bytes_per_token`), pooled and
+    uptrained validation loss, nats/byte), "windows": {kv heads: (pooled, uptrained) per-window losses},
+    "steps", "batch": the schedule's}. Rows in the order of `kv_heads`; raises ValueError when n_head is not among them (no control).
+    `convert_fn(model, n_kv_head)` makes each variant: the notebook passes the `convert` it defines on stage."""
+    cfg = model.config
+    if cfg.n_head not in kv_heads:
+        raise ValueError(f"kv_heads={kv_heads} must include n_head={cfg.n_head}: the multi-head model uptrained "
+                         f"alike is the control every variant is compared with")
+    size = first_parameter(model).element_size()
+    rows, windows = [], {}
+    for kv in kv_heads:
+        pooled = convert_fn(model, kv)
+        up = uptrain(pooled, schedule, seed=seed)
+        w = tuple(heldout.window_losses(m, val_tokens, batches=val_batches, batch=val_batch) for m in (pooled, up))
+        windows[kv] = w
+        name = "MHA" if kv == cfg.n_head else "MQA" if kv == 1 else "GQA"
+        rows.append({"kv heads": kv, "variant": f"{name} ({kv} kv head{'s' if kv > 1 else ''})",
+                     "bytes per token": kv_bytes_per_token(cfg.n_layer, kv, cfg.head_dim, size),
+                     "pooled": float(w[0].mean()), "uptrained": float(w[1].mean())})
+    return {"rows": rows, "windows": windows, "steps": schedule["steps"], "batch": schedule["batch"]}
+
+
+def gqa_sentences(sweep: dict, n_head: int, share: float) -> list[str]:
+    """Sentences on `gqa_sweep`'s result: what uptraining did to the MHA model itself (the control), then for each
+    GQA/MQA variant what pooling cost against the trained MHA model, where uptraining left it against the
+    control uptrained alike, and the share of the gap it closed. Every comparison is `heldout.compare_losses`
+    (a gap within twice its standard error: cannot be told apart). `share`: the uptraining steps as a share
+    of the pre-training's."""
+    rows = {r["kv heads"]: r for r in sweep["rows"]}
+    base, control = sweep["windows"][n_head]
+    steps = f"{sweep['steps']} uptraining steps ({percent(share)} of the pre-training's)"
+    out = [f"Control, MHA after {steps}: " + heldout.compare_losses("the uptrained MHA", control, "the trained MHA", base)
+           + "."]
+    for kv, (pooled, up) in sweep["windows"].items():
+        if kv == n_head:
+            continue
+        name = rows[kv]["variant"]
+        cost, left = float((pooled - base).mean()), float((up - control).mean())
+        text = (f"{name}, {rows[n_head]['bytes per token'] / rows[kv]['bytes per token']:.0f}x fewer cache bytes: pooled, "
+                + heldout.compare_losses(f"pooled {name.split()[0]}", pooled, "the trained MHA", base)
+                + f"; after {sweep['steps']} steps, "
+                + heldout.compare_losses(f"uptrained {name.split()[0]}", up, "the MHA control", control))
+        if heldout.gap_separated(pooled, base) and cost > 0:
+            text += f"; uptraining closed {percent(1 - left / cost)} of the {cost:.3f} nats/byte gap pooling opened"
+        out.append(text + ".")
+    return out
+
+
+def gqa_claim(sweep: dict, n_head: int, share: float) -> dict:
+    """`claims.verdict`'s keyword arguments for the second source text's section 4 ("GQA balances quality and
+    efficiency"), judged on the GQA variant with the most kv heads below n_head: its uptrained held-out loss over
+    the MHA control's (uptrained alike) as a ratio, with bounds from the paired per-window gap plus and minus
+    `heldout.NOISE_K` standard errors, against "at most 1x" (a ceiling: the whole range above it contradicts).
+    "not testable" when the sweep has no GQA variant (n_head has no divisor between 1 and itself there)."""
+    base = {"notebook": "10", "source": "the second source text, section 4", "unit": "x", "claimed": (None, 1.0),
+            "above": "contradicted",
+            "claim": "GQA balances quality and efficiency: grouped kv heads keep multi-head attention's quality "
+                     "(held-out loss no higher than MHA's) while caching n_head / n_kv_head times fewer bytes"}
+    gqa = [r for r in sweep["rows"] if 1 < r["kv heads"] < n_head]
+    if not gqa:
+        why = f"this model's {n_head} query heads leave no GQA between MQA and MHA"
+        return {**base, "measured": why, "verdict": "not testable", "reason": why}
+    row = max(gqa, key=lambda r: r["kv heads"])
+    _, control = sweep["windows"][n_head]
+    gap, se = heldout.loss_gap(sweep["windows"][row["kv heads"]][1], control)
+    ref = float(control.mean())
+    lo, hi = (ref + gap - heldout.NOISE_K * se) / ref, (ref + gap + heldout.NOISE_K * se) / ref
+    fewer = sweep["rows"][0]["bytes per token"] / row["bytes per token"] if sweep["rows"][0]["kv heads"] == n_head else None
+    return {**base, "value": row["uptrained"] / ref, "spread": (lo, hi),
+            "measured": f"uptrained {row['variant']} held-out loss {row['uptrained']:.4f} against the MHA control's "
+                        f"{ref:.4f} nats/byte (both {sweep['steps']} uptraining steps of {sweep['batch']} windows, {percent(share)} "
+                        f"of the pre-training's steps; "
+                        f"pooled before uptraining {row['pooled']:.4f}): {row['uptrained'] / ref:.4f}x "
+                        f"({lo:.4f}-{hi:.4f}, the paired gap +/- {heldout.NOISE_K:g} standard errors)"
+                        + (f", caching {fewer:.0f}x fewer bytes per token" if fewer else "")}
 
 
 # ---------------------------------------------------------------- compiled decode
