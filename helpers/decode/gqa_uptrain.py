@@ -28,6 +28,7 @@ from helpers.measure.params import positive
 
 BETAS, WEIGHT_DECAY = (0.9, 0.95), 0.1  # pretrained.train's AdamW
 WARMUP_SHARE, FINAL_LR_SHARE = 0.05, 0.1  # pretrained.train's schedule: 5% warm-up, cosine down to 10% of the peak
+PAPER_SHARE = 0.05  # Ainslie et al. (2023) uptrain for 5% of the pre-training steps
 
 
 def check_kv_heads(n_head: int, n_kv_head: int) -> int:

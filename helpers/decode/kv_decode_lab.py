@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from helpers.decode.gqa_uptrain import convert, uptrain
+from helpers.decode.gqa_uptrain import PAPER_SHARE, convert, uptrain
 from helpers.decode.kv_cache import (LatentKVCache, StaticKVCache, decode_compile_options, factorise_kv,
                                      kv_bytes_per_token, static_step)
 from helpers.decode.kv_cache_lab import (FULL_BUDGET_S, SMOKE_BUDGET_S, compare, counted_flops, decode_step_fn,
@@ -199,7 +199,8 @@ def gqa_claim(sweep: dict, n_head: int, share: float) -> dict:
     efficiency"), judged on the GQA variant with the most kv heads below n_head: its uptrained held-out loss over
     the MHA control's (uptrained alike) as a ratio, with bounds from the paired per-window gap plus and minus
     `heldout.NOISE_K` standard errors, against "at most 1x" (a ceiling: the whole range above it contradicts).
-    "not testable" when the sweep has no GQA variant (n_head has no divisor between 1 and itself there)."""
+    "not testable" when the sweep has no GQA variant (n_head has no divisor between 1 and itself there). A
+    `share` below the paper's (PAPER_SHARE) is named in the reason: the verdict is on this run's uptraining."""
     base = {"notebook": "10", "source": "the second source text, section 4", "unit": "x", "claimed": (None, 1.0),
             "above": "contradicted",
             "claim": "GQA balances quality and efficiency: grouped kv heads keep multi-head attention's quality "
@@ -220,7 +221,9 @@ def gqa_claim(sweep: dict, n_head: int, share: float) -> dict:
                         f"of the pre-training's steps; "
                         f"pooled before uptraining {row['pooled']:.4f}): {row['uptrained'] / ref:.4f}x "
                         f"({lo:.4f}-{hi:.4f}, the paired gap +/- {heldout.NOISE_K:g} standard errors)"
-                        + (f", caching {fewer:.0f}x fewer bytes per token" if fewer else "")}
+                        + (f", caching {fewer:.0f}x fewer bytes per token" if fewer else ""),
+            "reason": "" if share >= PAPER_SHARE else (f"judged after uptraining for {percent(share)} of the "
+                                                       f"pre-training's steps, less than the paper's {percent(PAPER_SHARE)}")}
 
 
 # ---------------------------------------------------------------- compiled decode
