@@ -29,7 +29,7 @@ panels and sentences. Notebook by notebook (lab first, then the technique module
                        lowbit/peft_lab, lowbit/optim8bit_lab; lowbit/quant, lowbit/quant_linear, lowbit/gptq,
                        lowbit/lora, lowbit/w8a8, lowbit/qat
 09  torch.compile      fusion/compiler_lab, fusion/compiler_model_lab, fusion/compiler_modes_lab; fusion/compiler,
-                       fusion/dynamo, fusion/triton_softmax, fusion/onnx_backend
+                       fusion/dynamo, fusion/triton_softmax, fusion/onnx_backend, fusion/xla, fusion/graph_passes
 10  KV cache, serving  decode/kv_cache_lab, decode/kv_decode_lab, decode/paged_lab, decode/serving_lab;
                        gpt/generation, decode/kv_cache, decode/paged, decode/paged_attention, decode/serving,
                        decode/prefill, decode/kv_quant

@@ -17,4 +17,8 @@ Imports `gpt`, `cost`, `measure` and `show`.
                      mode="reduce-overhead" (Inductor's kernels) and backend="cudagraphs" (no fusion)
 `onnx_backend`       the course GPT exported to ONNX and run in ONNX Runtime on one thread, beside eager and
                      Inductor: the export, ORT's graph rewrites and node counts, the three-way check and timing
+`xla`                the course GPT's forward written in JAX and compiled by XLA (jax.jit) on the CPU, on one
+                     thread; the fusions of its optimized HLO (jax is imported inside the functions that need it)
+`graph_passes`       dead-code elimination and constant folding written over a torch.fx graph, each checked
+                     against torch's own pass
 """
