@@ -1,6 +1,6 @@
 """The course's start where it is not installed: the first code cell of every notebook, and the links that open a
 notebook on Colab. One home for both: the repository's address (`REPOSITORY`), the cell's text (`CELL`), built
-from it, and the README's Colab links (`colab_url`); `tests/tree/test_course_bootstrap_cell.py` holds every
+from it, and the README's Colab links (`colab_url`); `tests/course/test_course_bootstrap.py` holds every
 notebook and the README to them.
 
 The cell runs before anything of the course is importable, so it uses the standard library only. Where the course
@@ -12,8 +12,9 @@ it on PATH (faster), pip otherwise.
 """
 from __future__ import annotations
 
-# The course's public repository. It must be set to the real address when the course is published: the cell's
-# default install and the README's "Open in Colab" links are built from it.
+# The course's public repository, as pyproject.toml's [project.urls] names it (a test keeps them equal). It must be
+# set to the real address, in both places, when the course is published: the cell's default install and the
+# README's "Open in Colab" links are built from it (then `python -m helpers.course.bootstrap notebooks/*.ipynb`).
 REPOSITORY = "https://github.com/llm-efficiency-measured/course"
 SOURCE = f"git+{REPOSITORY}"   # the pip requirement the cell installs when $COURSE_SOURCE is unset
 BRANCH = "main"
