@@ -31,7 +31,7 @@ nb_ipywidgets_js = {{}}             # widget scripts come from a CDN: none
 myst_enable_extensions = ["dollarmath", "amsmath"]
 html_theme = "alabaster"
 html_theme_options = {{"show_powered_by": False, "github_button": False, "github_banner": False,
-                      "show_relbars": True, "page_width": "1400px", "body_max_width": "none",
+                      "show_relbars": True, "page_width": "1180px", "body_max_width": "none",
                       "sidebar_width": "250px"}}
 html_title = project
 html_static_path = ["_static"]
