@@ -32,7 +32,7 @@ panels and sentences. Notebook by notebook (lab first, then the technique module
                        fusion/dynamo, fusion/triton_softmax, fusion/onnx_backend, fusion/xla, fusion/graph_passes
 10  KV cache, serving  decode/kv_cache_lab, decode/kv_decode_lab, decode/paged_lab, decode/serving_lab;
                        gpt/generation, decode/kv_cache, decode/paged, decode/paged_attention, decode/serving,
-                       decode/prefill, decode/kv_quant
+                       decode/prefill, decode/kv_quant, decode/gqa_uptrain
 11  speculative        decode/speculative_lab, decode/speculative_report_lab; decode/speculative
 12  data loading       dataload/loading_lab, dataload/loading_sweep_lab, dataload/packing_lab; dataload/loading, dataload/packing
 13  distributed        parallel/collectives_lab, parallel/ddp_lab, parallel/zero_lab, parallel/pipeline_lab;
