@@ -37,7 +37,7 @@ except ModuleNotFoundError:
     subprocess.run(installer + ["--quiet", source, *keep], check=True)
     importlib.invalidate_caches()
     kept = f", keeping {{keep[0]}}" if keep else ""
-    print(f"installed the course from {{source}} with {{os.path.basename(installer[0])}}{{kept}}")'''
+    print(f"installed the course from {{source}} with {{'uv' if uv else 'pip'}}{{kept}}")'''
 
 
 def colab_url(notebook: str) -> str:

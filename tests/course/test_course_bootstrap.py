@@ -66,7 +66,7 @@ def test_without_it_the_cell_installs_the_source_keeping_torch_at_its_version(mo
     torch = f"torch=={importlib.metadata.version('torch')}"
     head = [uv, "pip", "install", "--python", sys.executable] if uv else [sys.executable, "-m", "pip", "install"]
     assert calls == [head + ["--quiet", "/some/clone", torch]]
-    assert out == [f"installed the course from /some/clone with {'uv' if uv else Path(sys.executable).name}, keeping {torch}"]
+    assert out == [f"installed the course from /some/clone with {'uv' if uv else 'pip'}, keeping {torch}"]
 
 
 def test_the_writer_puts_the_cell_first_once_and_touches_nothing_else(tmp_path):
