@@ -22,8 +22,11 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import json
 import os
 import re
+import subprocess
+import sys
 import time
 from typing import Any, Callable
 
@@ -253,3 +256,51 @@ def fusion_sentence(found: list[dict[str, Any]], inductor_kernels: int | None) -
     return (text + f". Inductor generated {inductor_kernels} kernels for the same forward and calls a library for its "
             f"matmuls without counting them as kernels, so its {inductor_kernels} kernels compare with XLA's {own} "
             f"generated loops (plus the {len(lib) - dots} reductions XLA gives its library).")
+
+
+# ------------------------------------------------------------------------------------------ sharding: the all-reduce
+
+_SHARDED_MLP = """
+import json, sys
+import numpy as np
+import jax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+n, rows, d, hidden = map(int, sys.argv[1:5])
+mesh = Mesh(np.array(jax.devices("cpu")[:n]), ("tp",))
+rng = np.random.default_rng(0)
+x = rng.standard_normal((rows, d), dtype=np.float32)
+w_up = rng.standard_normal((d, hidden), dtype=np.float32) / d ** 0.5
+w_down = rng.standard_normal((hidden, d), dtype=np.float32) / hidden ** 0.5
+def mlp(x, w_up, w_down):
+    return jax.nn.gelu(x @ w_up, approximate=True) @ w_down
+whole = NamedSharding(mesh, P())
+split = jax.jit(mlp, in_shardings=(whole, NamedSharding(mesh, P(None, "tp")), NamedSharding(mesh, P("tp", None))),
+                out_shardings=whole).lower(x, w_up, w_down).compile()
+got, want = np.asarray(split(x, w_up, w_down)), np.asarray(jax.jit(mlp)(x, w_up, w_down))
+print(json.dumps({"devices": len(jax.devices("cpu")), "hlo": split.as_text(),
+                  "max_abs_err": float(np.abs(got - want).max())}))
+"""
+
+
+def sharded_mlp(devices: int, rows: int, d: int, hidden: int, timeout_s: float = 120.0) -> dict[str, Any]:
+    """An MLP y = gelu(x W_up) W_down with its hidden dimension split over `devices` host CPU devices by
+    jax.sharding (W_up by columns, W_down by rows, x and y whole: Megatron's split), compiled by XLA in a child
+    process, since XLA_FLAGS=--xla_force_host_platform_device_count must be set before jax starts and this process's
+    jax keeps its one device. Returns {"devices", "collectives": the all-reduce lines of the compiled HLO,
+    "local": the per-device shapes of the entry's parameters, "max_abs_err" (against the unsplit MLP),
+    "cpu_s": the child's CPU seconds}. Raises ValueError when hidden is not divisible by devices, RuntimeError
+    when the child fails."""
+    positive("devices", devices)
+    if hidden % devices:
+        raise ValueError(f"hidden={hidden} must be divisible by devices={devices}")
+    env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}", "JAX_PLATFORMS": "cpu"}
+    with clock.Stopwatch(children=True, tally=False) as sw:
+        done = subprocess.run([sys.executable, "-c", _SHARDED_MLP, str(devices), str(rows), str(d), str(hidden)],
+                              env=env, capture_output=True, text=True, timeout=timeout_s)
+    if done.returncode:
+        raise RuntimeError(f"the sharded MLP's process failed: {done.stderr.strip()[-500:]}")
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    entry = out["hlo"].split("ENTRY", 1)[1].split("\n", 1)[0]
+    return {"devices": out["devices"], "max_abs_err": out["max_abs_err"], "cpu_s": sw.cpu,
+            "collectives": [ln.strip() for ln in out["hlo"].splitlines() if re.search(r" all-reduce(-start)?\(", ln)],
+            "local": re.findall(r"\w+\[[\d,]*\]", entry.split("->")[0])}

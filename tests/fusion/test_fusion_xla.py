@@ -136,3 +136,17 @@ def test_thread_share_refuses_no_calls():
         xla.thread_share(lambda: None, calls=0)
     with pytest.raises(ValueError):
         xla.time_calls({"fn": lambda: None}, 0, on_thread=True)
+
+
+@pytest.mark.ranks  # a child process with 4 host devices
+def test_a_split_mlp_compiles_with_the_all_reduce_xla_inserts():
+    pytest.importorskip("jax")
+    out = xla.sharded_mlp(4, rows=8, d=16, hidden=32)
+    assert out["devices"] == 4 and out["max_abs_err"] <= 1e-5
+    assert len(out["collectives"]) == 1 and "all-reduce" in out["collectives"][0] and "f32[8,16]" in out["collectives"][0]
+    assert out["local"] == ["f32[8,16]", "f32[16,8]", "f32[8,16]"]  # W_up by columns, W_down by rows: 32 / 4 each
+
+
+def test_a_split_that_does_not_divide_is_refused():
+    with pytest.raises(ValueError, match="divisible"):
+        xla.sharded_mlp(8, rows=4, d=16, hidden=12)
