@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import shutil
 import sys
-import time
 from pathlib import Path
 
 from helpers.course import site_pages
 from helpers.course.processes import OneLineParser
+from helpers.measure import clock
 from helpers.measure.results import REPO_ROOT
 
 # The Sphinx configuration written to <out>/src/conf.py. Every setting that could reach the network is set here:
@@ -105,17 +105,17 @@ def build(run_dir: Path, out: Path, references: Path = REPO_ROOT / "results",
         raise SiteError(f"--out {out} holds the run folder; give a folder of its own")
     shutil.rmtree(src, ignore_errors=True)
     src.mkdir(parents=True)
-    started = time.perf_counter()
     say(f"site of {run_dir} -> {html}")
-    pages = site_pages.write_sources(run_dir, src, Path(references), Path(notebooks_dir), say=say)
-    write_conf(src)
-    from sphinx.cmd.build import build_main  # heavy: only a build needs Sphinx
+    with clock.Stopwatch(tally=False) as took:  # its wall seconds: what the person waiting for the build sees
+        pages = site_pages.write_sources(run_dir, src, Path(references), Path(notebooks_dir), say=say)
+        write_conf(src)
+        from sphinx.cmd.build import build_main  # heavy: only a build needs Sphinx
 
-    shutil.rmtree(html, ignore_errors=True)
-    code = build_main(["-b", "html", "-q", "-E", "-w", str(log), "-d", str(out / "doctrees"), str(src), str(html)])
+        shutil.rmtree(html, ignore_errors=True)
+        code = build_main(["-b", "html", "-q", "-E", "-w", str(log), "-d", str(out / "doctrees"), str(src), str(html)])
     if code != 0:
         raise RuntimeError(f"Sphinx failed (exit {code}); its messages are in {log}")
-    say(f"built {len(pages)} pages in {time.perf_counter() - started:.1f} s: {html / 'index.html'}\n"
+    say(f"built {len(pages)} pages in {took.wall:.1f} s: {html / 'index.html'}\n"
         f"open it: python -m http.server -d {html}  (then http://localhost:8000), or file://{html / 'index.html'}")
     return html / "index.html"
 
