@@ -1,5 +1,5 @@
 # LLM efficiency, measured: one environment, three commands.
-#   make test   bootstrap .venv (once) and run the whole test suite (what CI runs)
+#   make test   bootstrap .venv (once) and run the whole test suite (what CI runs), on two workers
 #   make test-fast  the unit tier alone: no notebook, browser, process-launching, tooling or slow test (under 2 minutes)
 #   make lab    bootstrap .venv (once) and start JupyterLab on notebooks/
 #   make run    bootstrap .venv (once) and execute every notebook headlessly, with a report
@@ -37,9 +37,21 @@ $(STAMP): pyproject.toml
 # The browser suite (tests/browser) drives JupyterLab in Debian's Chromium; without it, it is skipped.
 CHROMIUM ?= $(or $(COURSE_CHROMIUM),/usr/bin/chromium)
 
+# Two parts: the suite on JOBS workers (pytest-xdist, a file per worker at a time: the notebooks run on one torch
+# thread each, so two cores run two files), then the tests marked `serial` alone, since they load the cores
+# themselves. Both parts keep their quiet smoke records in one folder (tests/conftest.py: quiet_smoke).
+# Exit 5 ("no test collected": ARGS picked no serial test) counts as a pass.
+JOBS ?= 2
+QUIET_SMOKE := $(CURDIR)/runs/.quiet-smoke
+
 test: $(STAMP)
 	@test -x "$(CHROMIUM)" || echo "make test: no Chromium at $(CHROMIUM), so the browser suite (tests/browser) is SKIPPED; install it with 'apt-get install --no-install-recommends chromium' (or set COURSE_CHROMIUM) to run it"
-	COURSE_CHROMIUM="$(CHROMIUM)" $(PY) -m pytest $(ARGS)
+	@rm -rf "$(QUIET_SMOKE)"
+	COURSE_CHROMIUM="$(CHROMIUM)" COURSE_QUIET_SMOKE="$(QUIET_SMOKE)" $(PY) -m pytest -n $(JOBS) --dist loadfile -m "not serial" $(ARGS); \
+	  first=$$?; \
+	  COURSE_CHROMIUM="$(CHROMIUM)" COURSE_QUIET_SMOKE="$(QUIET_SMOKE)" $(PY) -m pytest -m serial $(ARGS); \
+	  second=$$?; [ $$second -eq 5 ] && second=0; \
+	  exit $$(( first != 0 ? first : second ))
 
 # the unit tier: what a contributor runs after each change; the markers are declared in pyproject.toml
 FAST := not notebook and not browser and not ranks and not tooling and not slow

@@ -67,6 +67,7 @@ def _run(notebooks, out: Path, jobs: int) -> None:
 
 @pytest.mark.notebook
 @pytest.mark.slow
+@pytest.mark.serial
 def test_headlines_and_verdicts_hold_with_two_busy_processes_on_the_cores(tmp_path, quiet_smoke):
     have = {p.stem.split("-")[1] for p in quiet_smoke.glob("summary-*.json")}
     missing = [nb for nb in UNDER_LOAD if nb not in have]

@@ -11,7 +11,7 @@ from helpers.measure import triton_mode
 
 def _fresh(code: str) -> str:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)  # ~30 s alone; a generous limit beside the other worker
     assert done.returncode == 0, done.stderr[-2000:]
     return done.stdout.strip()
 
