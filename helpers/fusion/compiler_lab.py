@@ -23,7 +23,7 @@ import torch
 from helpers.fusion import compiler, dynamo, triton_softmax
 from helpers.gpt import footprint
 from helpers.gpt.model import PRESETS, GPTConfig
-from helpers.measure import bench, params, protocol
+from helpers.measure import bench, hardware, params, protocol
 from helpers.measure.params import choices, positive
 from helpers.show import plots, units
 
@@ -71,7 +71,7 @@ def resolve_parameters(S: params.Setup, *, ROWS, COLS, DTYPE, REPS, SOFTMAX_COLS
     cuda, every = S.device == "cuda", list(ALL_MODES)  # the parameter MODES hides the module's constant here
     out = {"ROWS": R("ROWS", ROWS, smoke=256, full=8192, check=params.positive),
            "COLS": R("COLS", COLS, smoke=1024, full=4096, check=params.positive),
-           "DTYPE": R("DTYPE", DTYPE, smoke="bf16" if cuda else "fp32", full="bf16" if cuda else "fp32",
+           "DTYPE": R("DTYPE", DTYPE, smoke=hardware.default_dtype(S.device), full=hardware.default_dtype(S.device),
                       check=lambda n, v: params.choose(n, v, ("fp32", "fp16", "bf16"))),
            "REPS": R("REPS", REPS, smoke=30, full=50, check=params.positive)}
     # full: short rows, the workloads' own (timed once, reused) and rows past one Triton block; each new length

@@ -181,6 +181,14 @@ def emulated(dtype: str, device: str = "cpu") -> str | None:
     return _EMULATED[dtype]
 
 
+def default_dtype(device: str) -> str:
+    """The format a notebook times by default: "bf16" on a GPU with bf16 units, "fp16" on one without (a T4, where
+    bf16 would be emulated), "fp32" on a CPU (where the course measures 16-bit formats apart: `emulated`)."""
+    if not str(device).startswith("cuda"):
+        return "fp32"
+    return "bf16" if emulated("bf16", "cuda") is None else "fp16"
+
+
 def capabilities() -> dict[str, bool]:
     """What this machine can run: native bf16/fp16 (measured on a CPU: `emulated`), tf32/fp8 units, flash-attn,
     triton (compiled or interpreted)."""

@@ -195,8 +195,10 @@ def test_timing_threads_sets_one_thread_on_a_cpu_and_restores_the_count():
     assert c.rounds == 12  # a fixed number of rounds: no stop at the first separated one
 
 
-def test_smoke_on_cuda_runs_bf16_and_a_softmax_row_past_one_block(tmp_path):
-    from helpers.measure import params
+def test_smoke_on_cuda_runs_bf16_and_a_softmax_row_past_one_block(tmp_path, monkeypatch):
+    from helpers.measure import hardware, params
+
+    monkeypatch.setattr(hardware, "emulated", lambda dtype, device="cpu": None)  # a GPU with bf16 units
 
     base = dict(ROWS=None, COLS=None, DTYPE=None, REPS=None, SOFTMAX_COLS=None, MODEL=None, N_LAYER=None, BATCH=None,
                 SEQ_LEN=None, MODES=None, REGIONAL_LAYERS=None, REGIONAL_BACKEND=None)
@@ -205,6 +207,8 @@ def test_smoke_on_cuda_runs_bf16_and_a_softmax_row_past_one_block(tmp_path):
     assert (P["DTYPE"], P["SOFTMAX_COLS"], P["MODES"]) == ("bf16", [1024, 8192], list(compiler_lab.ALL_MODES))
     P = compiler_lab.resolve_parameters(smoke("cpu"), **base)
     assert (P["DTYPE"], P["SOFTMAX_COLS"], P["MODES"]) == ("fp32", [1024], [])
+    monkeypatch.setattr(hardware, "emulated", lambda dtype, device="cpu": "no bf16 units" if dtype == "bf16" else None)
+    assert compiler_lab.resolve_parameters(smoke("cuda"), **base)["DTYPE"] == "fp16"   # a T4: fp16, not emulated bf16
 
 
 def test_compile_on_one_thread_sets_inductor_to_compile_here_only_on_a_cpu():

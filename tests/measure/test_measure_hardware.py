@@ -129,3 +129,11 @@ def test_last_level_cache_is_a_size_or_unknown(monkeypatch):
     monkeypatch.setattr(hardware.os, "sysconf", lambda key: 0)  # no sysconf answer: the sysfs tree decides
     size2, name2 = hardware.last_level_cache("cpu")
     assert (size2 is None and name2 == "") or (size2 > 0 and name2.startswith("L"))
+
+
+def test_the_default_format_is_bf16_with_bf16_units_fp16_without_and_fp32_on_a_cpu(monkeypatch):
+    assert hardware.default_dtype("cpu") == "fp32"
+    monkeypatch.setattr(hardware, "emulated", lambda dtype, device="cpu": None)
+    assert hardware.default_dtype("cuda") == "bf16"
+    monkeypatch.setattr(hardware, "emulated", lambda dtype, device="cpu": "no bf16 units" if dtype == "bf16" else None)
+    assert hardware.default_dtype("cuda") == "fp16"
