@@ -2,6 +2,7 @@
 tests/parallel_support.py: every pair either matches torch after two steps (parameters, gradients, which
 parameters train, replicas equal) or is refused with one sentence. All the pairs run in one start of 2 gloo
 ranks. Also DDP's refusals, its bucket rule (torch's) and the overlap prediction."""
+import gc
 import re
 
 import pytest
@@ -200,6 +201,10 @@ def test_find_unused_parameters_sees_the_tensors_inside_a_dataclass_output():
         wrapped.finish_gradient_synchronization()
         reference = torch.nn.parallel.DistributedDataParallel(theirs, find_unused_parameters=True)
         reference(x).y.sum().backward()
+        # Both wrappers go while their group is alive: torch's Reducer holds the gloo group, and destroying that
+        # group after one_rank() closed it can hang in its destructor, which joins gloo's threads.
+        del wrapped, reference
+        gc.collect()
     for (name, a), b in zip(ours.named_parameters(), theirs.parameters()):
         assert (a.grad is None) == (b.grad is None) or name.startswith("spare"), name
         if b.grad is not None:
