@@ -16,9 +16,10 @@ def takeaways(*, results: list[dict], pred: dict[str, dict], ratios: dict[str, A
               copy_source: str, llc: int | None, cold: dict[str, Any], gpt_step: dict[str, Any], gpt_even_text: str,
               regional: dict[str, Any], regional_layers: int, regional_backend: str, recompiles: dict[str, dict],
               sizes: list[int], refused: list[str], n_breaks: int, claim_rows: dict[str, dict], device: str,
-              checks: list[str], shape: str) -> list[str]:
+              checks: list[str], shape: str, compilers: list[dict] | None = None) -> list[str]:
     """The closing sentences of notebook 09, one a line, from the notebook's globals of the same names (upper-case
-    there); `shape` is "ROWS x COLS DTYPE", `n_breaks` the number of planted graph breaks."""
+    there); `shape` is "ROWS x COLS DTYPE", `n_breaks` the number of planted graph breaks; `compilers` the rows of
+    "The same model, three compilers" (FWD_ROWS, and XLA's row where it ran)."""
     names = ", ".join(f"{r['name']} {r['kernels']['eager']} -> {r['kernels']['compiled']}" for r in results)
     best = max(results, key=lambda r: r["gbps"]["compiled"])
     out = [f"- Fusion is fewer kernels and fewer bytes: kernels per call {names}; the counted bytes predicted up to "
@@ -46,6 +47,11 @@ def takeaways(*, results: list[dict], pred: dict[str, dict], ratios: dict[str, A
         for cid, row in claim_rows.items())
         + f". Measured on this {device} for the training step: {gpt_step['speedup']}, beside the PyTorch 2 paper's A100 "
         "geomeans of 2.27x (inference) and 1.41x (training).")
+    if compilers:
+        out.append(f"- One forward, {len(compilers)} ways, on one thread: "
+                   + ", ".join(f"{r['backend']} {r['timing'].ms:.3g} ms ({r['units']} {r['unit_kind']})" for r in compilers)
+                   + f"; every output within {max(r['max_abs_err'] for r in compilers):.1e} of eager's. The counts compare "
+                   "each compiler with itself, and the table above ranks only variants whose IQRs are apart.")
     if not checks:
         out.append("- The Triton softmax did not run in this process (why: printed where it is checked).")
     else:

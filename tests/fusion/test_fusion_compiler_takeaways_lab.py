@@ -38,3 +38,17 @@ def test_the_sentences_carry_the_numbers_given():
 
 def test_a_triton_softmax_that_did_not_run_says_so():
     assert "did not run" in compiler_takeaways_lab.takeaways(**_inputs(checks=[]))[-1]
+
+
+def test_the_compilers_line_carries_each_backend_and_the_largest_error():
+    from helpers.measure.bench import Timing
+
+    timing = lambda s: Timing(median=s, q25=s, q75=s, samples=[s, s, s])  # noqa: E731
+    rows = [{"backend": "eager", "timing": timing(1e-3), "units": 21, "unit_kind": "aten ops", "max_abs_err": 0.0},
+            {"backend": "ONNX Runtime", "timing": timing(5e-4), "units": 38, "unit_kind": "ORT nodes after optimization",
+             "max_abs_err": 6e-7}]
+    lines = compiler_takeaways_lab.takeaways(**_inputs(compilers=rows))
+    line = next(x for x in lines if x.startswith("- One forward"))
+    assert "2 ways" in line and "eager 1 ms (21 aten ops)" in line and "ONNX Runtime 0.5 ms (38 ORT nodes" in line
+    assert "within 6.0e-07 of eager's" in line
+    assert not any(x.startswith("- One forward") for x in compiler_takeaways_lab.takeaways(**_inputs()))
