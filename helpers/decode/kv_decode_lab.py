@@ -194,6 +194,19 @@ def gqa_sentences(sweep: dict, n_head: int, share: float) -> list[str]:
     return out
 
 
+def gqa_takeaway(sweep: dict, share: float, claim_row: dict) -> str:
+    """One closing line on `gqa_sweep`: each variant's cache bytes and held-out loss after uptraining beside the MHA
+    control's, the uptraining's length, and the ledger's verdict (`claim_row`, as `claims.verdict` recorded it)."""
+    rows = sweep["rows"]
+    control = rows[0]["uptrained"]
+    parts = [f"{r['variant'].split(' (')[0]} with {r['kv heads']} kv head{'s' * (r['kv heads'] != 1)} {r['bytes per token']} B/token, loss "
+             f"{r['uptrained']:.3f}" for r in rows[1:]]
+    verdict = claim_row["verdict"] + (f" ({claim_row['reason'].split(';')[0]})" if claim_row.get("reason") else "")
+    return (f"- GQA and MQA from the trained MHA model, key and value heads mean-pooled and uptrained {sweep['steps']} "
+            f"steps ({percent(share)} of the pre-training's): MHA control {rows[0]['bytes per token']} B/token, loss "
+            f"{control:.3f} nats/byte; " + "; ".join(parts) + f". 'GQA balances quality and efficiency': {verdict}.")
+
+
 def gqa_claim(sweep: dict, n_head: int, share: float) -> dict:
     """`claims.verdict`'s keyword arguments for the second source text's section 4 ("GQA balances quality and
     efficiency"), judged on the GQA variant with the most kv heads below n_head: its uptrained held-out loss over

@@ -157,6 +157,9 @@ def test_the_sweep_its_sentences_and_its_claim(corpus, results_tmp, capsys):
     assert short["verdict"] == "not testable" and "less than the paper's 5%" in short["reason"]
     assert short["value"] == kwargs["value"]   # measured and recorded all the same
     assert claims.verdict("gqa-quality-near-mha", quiet=True, **short)["verdict"] == "not testable"
+    line = kv_decode_lab.gqa_takeaway(sweep, 0.01, claims.verdict("gqa-quality-near-mha", quiet=True, **short))
+    assert "uptrained 2 steps (1% of" in line and "GQA with 2 kv heads" in line and "MQA with 1 kv head " in line
+    assert f"loss {rows[0]['uptrained']:.3f}" in line and "not testable (this run uptrained" in line
     assert capsys.readouterr().out == ""  # the lab measures and returns; the notebook prints
     with pytest.raises(ValueError, match="must include n_head=4"):
         kv_decode_lab.gqa_sweep(model, [2, 1], sched, val, 2, 4)
