@@ -39,17 +39,15 @@ CHROMIUM ?= $(or $(COURSE_CHROMIUM),/usr/bin/chromium)
 
 # Two parts: the suite on JOBS workers (pytest-xdist, a file per worker at a time: the notebooks run on one torch
 # thread each, so two cores run two files), then the tests marked `serial` alone, since they load the cores
-# themselves. Both parts keep their quiet smoke records in one folder (tests/conftest.py: quiet_smoke).
-# Exit 5 ("no test collected": ARGS picked no serial test) counts as a pass.
+# themselves. The under-load comparison runs its quiet side there too, alone: a notebook run beside the other
+# worker is not a quiet run. Exit 5 ("no test collected": ARGS picked no serial test) counts as a pass.
 JOBS ?= 2
-QUIET_SMOKE := $(CURDIR)/runs/.quiet-smoke
 
 test: $(STAMP)
 	@test -x "$(CHROMIUM)" || echo "make test: no Chromium at $(CHROMIUM), so the browser suite (tests/browser) is SKIPPED; install it with 'apt-get install --no-install-recommends chromium' (or set COURSE_CHROMIUM) to run it"
-	@rm -rf "$(QUIET_SMOKE)"
-	COURSE_CHROMIUM="$(CHROMIUM)" COURSE_QUIET_SMOKE="$(QUIET_SMOKE)" $(PY) -m pytest -n $(JOBS) --dist loadfile -m "not serial" $(ARGS); \
+	COURSE_CHROMIUM="$(CHROMIUM)" $(PY) -m pytest -n $(JOBS) --dist loadfile -m "not serial" $(ARGS); \
 	  first=$$?; \
-	  COURSE_CHROMIUM="$(CHROMIUM)" COURSE_QUIET_SMOKE="$(QUIET_SMOKE)" $(PY) -m pytest -m serial $(ARGS); \
+	  COURSE_CHROMIUM="$(CHROMIUM)" $(PY) -m pytest -m serial $(ARGS); \
 	  second=$$?; [ $$second -eq 5 ] && second=0; \
 	  exit $$(( first != 0 ? first : second ))
 
