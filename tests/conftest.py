@@ -44,8 +44,8 @@ def check_keeps_only_qkv_o_lse():
 def quiet_smoke(tmp_path_factory):
     """A folder where each notebook test that runs a notebook in smoke keeps its headline and claim records
     (`notebook_support.keep_quiet`), so that tests/course/test_course_under_load.py compares a loaded run with
-    them instead of running every notebook quietly a second time. `make test` runs the suite in two parts (two
-    workers, then the tests marked `serial` alone) and names one folder for both in $COURSE_QUIET_SMOKE."""
+    them instead of running every notebook quietly a second time. $COURSE_QUIET_SMOKE names a folder to share
+    between two pytest runs instead (make test leaves it unset: its serial part runs the quiet side alone)."""
     shared = os.environ.get("COURSE_QUIET_SMOKE")
     if shared:
         Path(shared).mkdir(parents=True, exist_ok=True)
