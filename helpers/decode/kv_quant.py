@@ -139,7 +139,10 @@ def cached_loss(model: GPT, tokens: torch.Tensor, fmt: str, batches: int, seed: 
 def quant_rows(model: GPT, prompts: list[torch.Tensor], n: int, tokens: torch.Tensor, batches: int,
                formats=("fp32", "bf16", "int8", "fp8")) -> list[dict]:
     """Per format: bytes per token of `model`'s cache, greedy tokens (n after each of `prompts`) identical to the
-    fp32 cache's, the first position where a prompt's tokens differ (None: none did), and `cached_loss`."""
+    fp32 cache's, "divergences": per prompt the first new token's index (0-based) where its greedy tokens differ
+    from the fp32 cache's (None: none differs), "first divergence": the earliest of them over the prompts (None:
+    no prompt's differ), and `cached_loss`. Past a prompt's first difference every greedy token is predicted
+    after a different prefix, so the identical count falls from there whatever the cache's error."""
     cfg = model.config
     ref = [generate(model, p, n, make_cache=make_cache("fp32")) for p in prompts]
     rows = []
@@ -148,8 +151,9 @@ def quant_rows(model: GPT, prompts: list[torch.Tensor], n: int, tokens: torch.Te
                    2 * cfg.n_layer * cfg.n_kv_head * cfg.head_dim * (4 if fmt == "fp32" else 2))
         got = ref if fmt == "fp32" else [generate(model, p, n, make_cache=make_cache(fmt)) for p in prompts]
         same = [(a == b)[0] for a, b in zip(got, ref)]
-        first = [int((~s).nonzero()[0]) for s in same if not bool(s.all())]
+        each = [None if bool(s.all()) else int((~s).nonzero()[0]) for s in same]
+        first = [d for d in each if d is not None]
         rows.append({"format": fmt, "bytes per token": per_tok, "identical": int(sum(int(s.sum()) for s in same)),
-                     "of": n * len(prompts), "first divergence": min(first) if first else None,
+                     "of": n * len(prompts), "divergences": each, "first divergence": min(first) if first else None,
                      "val loss": cached_loss(model, tokens, fmt, batches)})
     return rows

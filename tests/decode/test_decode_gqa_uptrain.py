@@ -1,5 +1,5 @@
 """GQA and MQA made from a multi-head model (helpers.decode.gqa_uptrain) and notebook 10's sweep of them
-(kv_decode_lab.gqa_sweep, gqa_sentences, gqa_claim): exact where the pooling must be exact, the shapes, the
+(kv_decode_lab.gqa_sweep, gqa_recovery, gqa_sentences, gqa_takeaway, gqa_claim): exact where the pooling must be exact, the shapes, the
 errors, and the uptraining loop on a few random tokens (no corpus, no checkpoint: seconds)."""
 import copy
 
@@ -145,6 +145,7 @@ def test_the_sweep_its_sentences_and_its_claim(corpus, results_tmp, capsys):
     assert torch.equal(sweep["windows"][4][0], base) and rows[0]["pooled"] == float(base.mean())
     sentences = kv_decode_lab.gqa_sentences(sweep, H, 0.05)
     assert len(sentences) == 3 and sentences[0].startswith("Control, MHA after 2 uptraining steps (5% of")
+    assert f"{rows[0]['pooled']:.3f} to {rows[0]['uptrained']:.3f} nats/byte" in sentences[0]
     assert "GQA (2 kv heads), 2x fewer cache bytes" in sentences[1] and "MQA (1 kv head), 4x" in sentences[2]
     kwargs = kv_decode_lab.gqa_claim(sweep, H, 0.05)
     lo, hi = kwargs["spread"]
@@ -152,6 +153,7 @@ def test_the_sweep_its_sentences_and_its_claim(corpus, results_tmp, capsys):
     assert kwargs["value"] == pytest.approx(rows[1]["uptrained"] / rows[0]["uptrained"])
     row = claims.verdict("gqa-quality-near-mha", quiet=True, **kwargs)
     assert row["verdict"] in claims.VERDICTS and "2x fewer bytes" in row["measured"]
+    assert f"GQA's loss over the control's {kwargs['value']:.4f} ({lo:.4f}-{hi:.4f}" in row["measured"]
     short = kv_decode_lab.gqa_claim(sweep, H, 0.01)
     assert kwargs["reason"] == "" and "verdict" not in kwargs
     assert short["verdict"] == "not testable" and "less than the paper's 5%" in short["reason"]
@@ -159,7 +161,8 @@ def test_the_sweep_its_sentences_and_its_claim(corpus, results_tmp, capsys):
     assert claims.verdict("gqa-quality-near-mha", quiet=True, **short)["verdict"] == "not testable"
     line = kv_decode_lab.gqa_takeaway(sweep, 0.01, claims.verdict("gqa-quality-near-mha", quiet=True, **short))
     assert "uptrained 2 steps (1% of" in line and "GQA with 2 kv heads" in line and "MQA with 1 kv head " in line
-    assert f"loss {rows[0]['uptrained']:.3f}" in line and "not testable (this run uptrained" in line
+    assert f"loss {rows[1]['uptrained']:.3f}" in line
+    assert f"to {rows[0]['uptrained']:.3f} nats/byte" in line and "not testable (this run uptrained" in line
     assert capsys.readouterr().out == ""  # the lab measures and returns; the notebook prints
     with pytest.raises(ValueError, match="must include n_head=4"):
         kv_decode_lab.gqa_sweep(model, [2, 1], sched, val, 2, 4)
@@ -170,3 +173,45 @@ def test_a_model_without_a_gqa_between_mqa_and_mha_is_not_testable():
              "batch": 2, "windows": {}}
     kwargs = kv_decode_lab.gqa_claim(sweep, 2, 0.05)
     assert kwargs["verdict"] == "not testable" and "no GQA" in kwargs["reason"]
+
+
+def synthetic_sweep(control_shift: float) -> dict:
+    """A gqa_sweep-shaped result with chosen per-window losses: MHA 1.0 (+ control_shift after uptraining), GQA
+    pooled 2.0 and uptrained 1.5 + control_shift, MQA pooled 3.0 and uptrained 2.0 + control_shift; small per-window
+    noise so that the standard errors are not zero."""
+    noise = torch.tensor([0.01, -0.01, 0.02, -0.02], dtype=torch.float64)
+    w = {4: (1.0, 1.0 + control_shift), 2: (2.0, 1.5 + control_shift), 1: (3.0, 2.0 + control_shift)}
+    windows = {kv: (a + noise, b + noise.flip(0)) for kv, (a, b) in w.items()}
+    rows = [{"kv heads": kv, "variant": v, "bytes per token": 8 * kv, "pooled": float(windows[kv][0].mean()),
+             "uptrained": float(windows[kv][1].mean())}
+            for kv, v in ((4, "MHA (4 kv heads)"), (2, "GQA (2 kv heads)"), (1, "MQA (1 kv head)"))]
+    return {"rows": rows, "windows": windows, "steps": 3, "batch": 2}
+
+
+@pytest.mark.parametrize("shift, word", [(0.2, "rose from 1.000 to 1.200"), (-0.2, "fell from 1.000 to 0.800"),
+                                         (0.0, "did not move beyond the noise")])
+def test_the_control_is_described_by_its_measured_direction_and_the_shares_closed_are_against_it(shift, word):
+    sweep = synthetic_sweep(shift)
+    rec = kv_decode_lab.gqa_recovery(sweep)
+    assert rec["control"]["change"] == pytest.approx(shift) and rec["control"]["separated"] == (shift != 0)
+    assert rec[2]["cost"] == pytest.approx(1.0) and rec[2]["left"] == pytest.approx(0.5)
+    assert rec[2]["closed"] == pytest.approx(0.5) and rec[1]["closed"] == pytest.approx(0.5)
+    sentences = kv_decode_lab.gqa_sentences(sweep, H, 0.01)
+    assert word in sentences[0] and "yardstick" in sentences[0]
+    assert ("not free" in sentences[0]) == (shift > 0)  # reasons offered only for a rise
+    assert "closed 50% of the 1.000 nats/byte gap" in sentences[1] and "closed 50% of the 2.000" in sentences[2]
+    row = {"verdict": "not testable", "reason": "too short; more"}
+    line = kv_decode_lab.gqa_takeaway(sweep, 0.01, row)
+    assert f"its loss {word}" in line and "the yardstick for the others" in line
+    assert "GQA with 2 kv heads (16 B/token): pooling cost 1.000 nats/byte, uptraining closed 50% of it" in line
+    assert "MQA with 1 kv head (8 B/token): pooling cost 2.000" in line and "+0.500 against the control" in line
+    assert line.endswith("not testable (too short).")
+
+
+def test_a_pooling_cost_within_the_noise_gets_no_share_closed():
+    sweep = synthetic_sweep(0.0)
+    sweep["windows"][2] = (sweep["windows"][4][0] + torch.tensor([0.01, -0.01, 0.0, 0.0], dtype=torch.float64),
+                           sweep["windows"][2][1])
+    assert kv_decode_lab.gqa_recovery(sweep)[2]["closed"] is None
+    assert "no share closed" in kv_decode_lab.gqa_takeaway(sweep, 0.01, {"verdict": "not testable"})
+    assert "gap pooling opened" not in kv_decode_lab.gqa_sentences(sweep, H, 0.01)[1]

@@ -59,3 +59,25 @@ def test_rows_put_the_fp32_cache_first_and_its_loss_is_validation_loss():
     assert [r["format"] for r in rows] == ["fp32", "bf16", "int8", "fp8"]
     assert rows[0]["identical"] == rows[0]["of"] == 4 and rows[0]["first divergence"] is None
     assert [r["bytes per token"] for r in rows] == [2 * 2 * 4 * 32 * 4, 2 * 2 * 4 * 32 * 2] + [2 * 2 * 4 * (32 + 4)] * 2
+    assert rows[0]["divergences"] == [None]
+
+
+def test_divergences_are_each_prompts_first_different_token_and_the_earliest_is_their_minimum(monkeypatch):
+    ref = torch.arange(6)[None]
+    flips = {"bf16": {}, "int8": {0: 4, 2: 1}, "fp8": {1: 0}}  # per format: prompt -> first token that differs
+
+    def fake_generate(model, prompt, n, make_cache):
+        out = ref.clone()
+        at = flips.get(make_cache, {}).get(int(prompt[0]))
+        if at is not None:
+            out[0, at:] += 100  # every token from the first difference on differs, as greedy decoding does
+        return out
+    monkeypatch.setattr(kv_quant, "make_cache", lambda fmt: fmt)
+    monkeypatch.setattr(kv_quant, "generate", fake_generate)
+    monkeypatch.setattr(kv_quant, "cached_loss", lambda *a, **k: 1.0)
+    model = GPT(GPTConfig.preset("tiny"))
+    rows = {r["format"]: r for r in kv_quant.quant_rows(model, [torch.tensor([i]) for i in range(3)], 6, ref, 1)}
+    assert rows["fp32"]["divergences"] == rows["bf16"]["divergences"] == [None, None, None]
+    assert rows["int8"]["divergences"] == [4, None, 1] and rows["int8"]["first divergence"] == 1
+    assert rows["int8"]["identical"] == 4 + 6 + 1
+    assert rows["fp8"]["divergences"] == [None, 0, None] and rows["fp8"]["first divergence"] == 0
