@@ -8,6 +8,8 @@
                the wall time the thread ran, and a probe of the machine's contention
 `bench`        the one timer on that clock (CUDA events on a GPU): warm-up, median and IQR, interleaved
                comparisons, plausibility bounds
+`heap`         freed memory kept in the process (glibc's malloc thresholds), so a CPU timing pays no page
+               faults for the tensors it frees and allocates again
 `memory`       peak CUDA memory, bytes autograd saves for backward, freeing what a failed step left
 `protocol`     the protocol for a headline: warm up until steady, interleaved rounds until the spread
                can rank the variants, ratios with IQR bounds, sentences that rank only separated timings

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from helpers.measure import clock, results
+from helpers.measure import clock, heap, results
 from helpers.show import widgets
 
 PROFILES = ("auto", "smoke", "full")
@@ -142,7 +142,8 @@ def setup(profile: str = "auto", seed: int = 0, interactive: bool = True,
           results_dir: str | None = None, device: str = "auto") -> Setup:
     """Validate the common parameters, seed every RNG and point `record` at the results folder. On a CPU, torch is
     set to one thread: the course times CPU work on the thread's own clock (`measure.clock`), which counts one
-    thread only, and the thread's tally of timed seconds starts over."""
+    thread only, and the thread's tally of timed seconds starts over; freed memory stays in the process
+    (`heap.keep_freed_memory`), so a timed call does not pay the kernel's page faults for its tensors."""
     import torch  # heavy: the runner imports this module for PROFILES without needing torch
 
     resolved = resolve_profile(profile)
@@ -157,6 +158,7 @@ def setup(profile: str = "auto", seed: int = 0, interactive: bool = True,
         raise ValueError("DEVICE='cuda' was asked for but no CUDA device is visible; use 'auto' or 'cpu'")
     if device == "cpu":
         torch.set_num_threads(1)
+        heap.keep_freed_memory()  # a freed tensor's pages stay for the next one: no page faults in a timed call
     clock.reset()
     random.seed(seed)
     torch.manual_seed(seed)

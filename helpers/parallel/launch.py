@@ -42,6 +42,7 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
+from helpers.measure import heap
 from helpers.measure.params import positive
 from helpers.parallel.payload import fn_name, rank_payload, result_bytes
 
@@ -148,6 +149,7 @@ def _worker(rank: int, world_size: int, port: int, backend: str, threads: int, p
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size),
                       LOCAL_RANK=str(rank))
     torch.set_num_threads(threads)
+    heap.keep_freed_memory()  # as in a notebook's process: a rank's timed steps pay no page faults for freed tensors
     try:
         fn, args = pickle.loads(payload)
     except BaseException as e:  # noqa: BLE001  a module or name the ranks cannot import
