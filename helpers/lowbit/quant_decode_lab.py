@@ -297,8 +297,8 @@ def decode_claim(ratio: "protocol.Ratio", what: str, bits: int = 8) -> dict:
     """The ledger's keyword arguments (`claims.verdict(**...)`) for the decode speed-up claim from a measured
     tokens/s ratio (quantised over 16/32-bit, `protocol.Ratio`: median and IQR bounds) of `bits`-bit weights:
     value the median, spread the IQR bounds, claimed "at least" gpt-fast's speed-up at those bits
-    (`CLAIMED_SPEEDUP`), and `claims.judge_interval` decides: a spread wider than half the ratio is "not
-    testable", a whole range below the (widened) claim "contradicted", else "supported". `what` names the
+    (`CLAIMED_SPEEDUP`), and `claims.judge_interval` decides: a spread wider than half the ratio that reaches
+    across the (widened) claim is "not testable", a median below it "contradicted", else "supported". `what` names the
     measurement ("batch-1 decode of the small10m GPT on this CPU: int8 weight-only over fp32"). Raises
     ValueError for bits other than 8 or 4."""
     if bits not in CLAIMED_SPEEDUP:

@@ -9,9 +9,10 @@ A notebook that tests a claim (from the source texts or a paper) records one ver
                    spread=(lo, hi), claimed=(1.7 / 1.25, 1.7 * 1.25))
 
 The notebook gives the number, its spread and the claimed range; `judge_interval`, the course's one verdict
-rule, decides: a spread too wide to judge is "not testable" (never support), a measurement close to the claim
-is never against it, the whole spread above a claimed gain is "exceeded" (an H200's 4.60x bf16 step is not
-"supported" by a claim of 1.5-2x), below it "contradicted". Only "not testable" is passed in, with the reason
+rule, decides: a spread so wide that it reaches both sides of a claimed bound is "not testable" (never support),
+a measurement close to the claim is never against it, and otherwise the median, the headline the notebook prints,
+decides: above a claimed gain it is "exceeded" (an H200's 4.60x bf16 step is not "supported" by a claim of
+1.5-2x), below it "contradicted". Only "not testable" is passed in, with the reason
 (e.g. "needs FP8 tensor cores"). A verdict computed from formulas, not timed or counted (QLoRA's "65B on one
 48 GB GPU"), passes basis="formula" and the ledger shows it as, say, "supported (by formula)".
 It is written as an ordinary record named `claim-<id>` with its value, spread and claimed range, so it travels
@@ -31,7 +32,7 @@ PREFIX = "claim-"
 
 
 CLOSE = 0.10  # a measurement within 10% of a claimed bound is close to the claim: that gap never decides a verdict
-MAX_SPREAD = 0.5  # a measured range wider than half its value is too wide to judge any claim with
+MAX_SPREAD = 0.5  # a measured range wider than half its value is too wide to judge a claim whose bound it reaches across
 
 
 def _finite(name: str, x: Any) -> float:
@@ -45,12 +46,15 @@ def judge_interval(value: float, lo: float, hi: float, claim_lo: float | None, c
     """The course's one verdict rule: (verdict, reason) on a claim of claim_lo to claim_hi for a measurement whose
     median is `value` and whose spread (an IQR, a ratio's IQR bounds, or value, value for a count) is lo to hi.
 
-    1. A spread wider than MAX_SPREAD of the value is "not testable": noise that wide can neither support nor
-       contradict a claim, whatever the median says.
-    2. The claimed range is widened by CLOSE at each bound (a measurement that close to a claim is not against it).
-    3. The whole spread above the widened range is `above` ("exceeded" for a claimed gain; pass "contradicted"
-       for a claimed ceiling such as "fits in 48 GB"), the whole spread below it "contradicted", and a spread
-       that meets it "supported".
+    1. The claimed range is widened by CLOSE at each bound (a measurement that close to a claim is not against it).
+    2. A spread wider than MAX_SPREAD of the value that reaches across a widened bound is "not testable": noise
+       that wide could carry the median to either side, so it can neither support nor contradict the claim,
+       whatever the median says. A spread wholly on one side of each bound decides, however wide: every value
+       in it gives the same verdict.
+    3. Otherwise the median decides, so that the verdict agrees with the headline the notebook prints: inside
+       the widened range "supported", above it `above` ("exceeded" for a claimed gain; pass "contradicted" for a
+       claimed ceiling such as "fits in 48 GB"), below it "contradicted". A spread whose edge alone reaches the
+       widened range does not decide: its quartiles move from run to run far more than its median does.
     claim_lo None: "at most claim_hi"; claim_hi None: "at least claim_lo" (never exceeded). Raises ValueError
     for non-finite numbers, value outside lo..hi, no bound at all, claim_hi < claim_lo or an unknown `above`.
     """
@@ -70,15 +74,17 @@ def judge_interval(value: float, lo: float, hi: float, claim_lo: float | None, c
     claimed = (f"{c_lo:g}-{c_hi:g}{unit}" if c_lo is not None and c_hi is not None
                else f"at least {c_lo:g}{unit}" if c_lo is not None else f"at most {c_hi:g}{unit}")
     measured = f"{value:.3g}{unit} ({lo:.3g}-{hi:.3g})" if hi > lo else f"{value:.3g}{unit}"
-    if spread > MAX_SPREAD:
-        return "not testable", (f"this run's spread {lo:.3g}-{hi:.3g}{unit} is {100 * spread:.0f}% of its value, too "
-                                f"wide to judge a claim of {claimed}")
     wide_lo = None if c_lo is None else c_lo - CLOSE * abs(c_lo)
     wide_hi = None if c_hi is None else c_hi + CLOSE * abs(c_hi)
-    if wide_hi is not None and lo > wide_hi:
-        return above, f"the whole measured range {measured} lies above the claimed {claimed}"
-    if wide_lo is not None and hi < wide_lo:
-        return "contradicted", f"the whole measured range {measured} lies below the claimed {claimed}"
+    crosses = any(b is not None and lo < b < hi for b in (wide_lo, wide_hi))
+    if spread > MAX_SPREAD and crosses:
+        return "not testable", (f"this run's spread {lo:.3g}-{hi:.3g}{unit} is {100 * spread:.0f}% of its value and "
+                                f"reaches both sides of the claimed {claimed}: too wide to judge it")
+    whole = "the whole measured range" if not crosses else "the median of"
+    if wide_hi is not None and value > wide_hi:
+        return above, f"{whole} {measured} lies above the claimed {claimed}"
+    if wide_lo is not None and value < wide_lo:
+        return "contradicted", f"{whole} {measured} lies below the claimed {claimed}"
     return "supported", ""
 
 

@@ -286,8 +286,9 @@ def every_claim(low: float, mid: float, high: float, flop_overhead: float, devic
     """`claims.verdict`'s keyword arguments for the "+33%" claim on checkpointing every block: the step-time
     overhead as a fraction (`overhead_range`'s low, median and high; a fraction, as the reference GPUs recorded
     it, so that the report judges their rows on the same scale) against EVERY_CLAIM, judged by
-    the course's one rule (a spread wider than half the overhead is "not testable", a measurement close to the
-    claim is never against it; an overhead well above the claimed one is "contradicted": the claim is a cost). With `emulated` (the sentence `hardware.emulated` gives for the 16-bit format
+    the course's one rule (a spread wider than half the overhead that reaches across the claim is "not testable", a
+    measurement close to the claim is never against it; a median overhead well above the claimed one is
+    "contradicted": the claim is a cost). With `emulated` (the sentence `hardware.emulated` gives for the 16-bit format
     the steps ran in) the claim is "not testable": the times measure the emulation."""
     out = dict(claim_id="checkpoint-every-33", notebook="04",
                claim='recomputing every layer adds one forward pass: about "+33%" per training step',

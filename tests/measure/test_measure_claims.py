@@ -68,6 +68,27 @@ def test_a_wide_spread_is_never_support_and_a_close_precise_one_never_a_contradi
     assert claims.judge_interval(0.10, 0.09, 0.11, 0.33, 0.33)[0] == "contradicted"
 
 
+def test_the_median_decides_where_only_a_quartile_reaches_the_claim():
+    # two runs of one CPU's checkpointing overhead against "+30% to +33.3%" (a cost): medians +44% and +45%, the
+    # first run's lower quartile just inside the widened claim. The edge of a spread does not decide: both say
+    # what their medians say, and the reason names the median.
+    first = claims.judge_interval(0.437, 0.363, 0.486, 0.30, 0.333, above="contradicted")
+    second = claims.judge_interval(0.451, 0.406, 0.487, 0.30, 0.333, above="contradicted")
+    assert first[0] == second[0] == "contradicted"
+    assert "the median of 0.437 (0.363-0.486)" in first[1] and "the whole measured range" in second[1]
+    # a median inside the widened claim with a quartile outside it is support, as before
+    assert claims.judge_interval(0.36, 0.30, 0.45, 0.30, 0.333)[0] == "supported"
+
+
+def test_a_wide_spread_wholly_on_one_side_still_decides():
+    # an efficiency of 0.29 (IQR 0.25-0.40, 52% of its value) against "at most 1": every value in it is at most 1
+    assert claims.judge_interval(0.293, 0.248, 0.401, None, 1.0, above="contradicted")[0] == "supported"
+    # as wide, wholly above a claimed 1.5-2x gain: exceeded; reaching across its top: not testable
+    assert claims.judge_interval(4.0, 2.5, 5.5, 1.5, 2.0)[0] == "exceeded"
+    verdict, reason = claims.judge_interval(2.4, 1.8, 4.2, 1.5, 2.0)
+    assert verdict == "not testable" and "reaches both sides" in reason
+
+
 @pytest.mark.parametrize("args, kw, match", [((float("nan"), 1.0, 2.0, 1.0), {}, "value"),
                                              ((1.0, 1.0, 1.0, 2.0, 1.0), {}, "below"),
                                              ((1.0, 1.0, 1.0, float("inf")), {}, "claim_lo"),
