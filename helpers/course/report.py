@@ -68,7 +68,7 @@ def _text(value: Any, width: int | None = None) -> str:
     return text[:width] if width else text
 
 
-def _origin(rec: dict) -> str:
+def record_origin(rec: dict) -> str:
     """'device, profile P, torch V, date' for one record."""
     versions = rec.get("versions") if isinstance(rec.get("versions"), dict) else {}
     return (f"{_text(rec.get('device'))}, profile {_text(rec.get('profile'))}, torch {_text(versions.get('torch'))}, "
@@ -84,8 +84,8 @@ def _record_blocks(name: str, rec: dict, refs: dict, run_device: str, run_profil
               + f" (file results/{rec['_file'].name}).")
     if rec.get("device") != run_device or rec.get("profile") != run_profile:
         origin += f" Not this run's device and profile ({run_device}, {run_profile})."
-    header = ["metric", _origin(rec)]
-    header += [f"{gpu} ({_origin(r)})" for gpu, r in ref_cols]
+    header = ["metric", record_origin(rec)]
+    header += [f"{gpu} ({record_origin(r)})" for gpu, r in ref_cols]
     mine_flat = flatten(rec["metrics"])
     ref_flats = [flatten(r["metrics"]) for _, r in ref_cols]
     keys = list(dict.fromkeys(list(mine_flat) + [k for f in ref_flats for k in f]))
@@ -200,7 +200,7 @@ def _summaries(mine: dict, problems: list) -> dict[str, dict]:
     return out
 
 
-def _value(v: dict) -> str:
+def headline_value(v: dict) -> str:
     """A headline value with its unit and, where recorded, its spread: "4.10 GB/s (IQR 3.9-4.3)"."""
     text = f"{_fmt(v.get('value'))} {v.get('unit') or ''}".strip()
     spread = v.get("spread")
@@ -241,11 +241,11 @@ def _versus_blocks(summaries: dict, refs: dict) -> list[Block]:
             if s["_record"] not in sums:
                 missing.append(f"{s['_record']} on {gpu}")
         for label, v in s["headline"].items():
-            row = [nb, label, _value(v)]
+            row = [nb, label, headline_value(v)]
             for gpu, sums in ref_sums.items():
                 ref = sums.get(s["_record"], {}).get("headline", {}).get(label)
                 if isinstance(ref, dict):
-                    row += [_value(ref), _ratio(v, ref)]
+                    row += [headline_value(ref), _ratio(v, ref)]
                 else:
                     row += ["no reference" if s["_record"] not in sums else "not in the reference", "-"]
             rows.append(row)
@@ -281,7 +281,7 @@ def _notebook_blocks(stem: str, executed: Path | None, outcome, summary: dict | 
     if summary:
         blocks.append(("p", f"{summary.get('sentence') or '?'} {status}".strip()))
         blocks.append(("table", ["headline number", "this run"],
-                       [[label, _value(v)] for label, v in summary["headline"].items()]))
+                       [[label, headline_value(v)] for label, v in summary["headline"].items()]))
         if summary.get("noise"):
             blocks.append(("p", f"Noise: {summary['noise']}."))
         if _clock_share(summary) is not None:

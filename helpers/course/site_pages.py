@@ -90,7 +90,7 @@ def _reference_rows(number: str, versus: list, refs: dict) -> tuple[list, list] 
     if not sums:
         return None
     labels = list(dict.fromkeys(label for h in sums.values() for label in h))
-    rows = [[label] + [report._value(h[label]) if isinstance(h.get(label), dict) else "-" for h in sums.values()]
+    rows = [[label] + [report.headline_value(h[label]) if isinstance(h.get(label), dict) else "-" for h in sums.values()]
             for label in labels]
     return ["headline number", *sums], rows
 
@@ -102,7 +102,7 @@ def reference_cell(number: str, versus: list, refs: dict, executed: bool) -> str
         return ("**Beside the reference GPU.** No reference GPU in results/ has recorded this notebook's headline "
                 "numbers yet.")
     header, rows = found
-    where = ", ".join(f"{gpu} ({report._origin(recs[SUMMARY_PREFIX + number])})" for gpu, recs in refs.items()
+    where = ", ".join(f"{gpu} ({report.record_origin(recs[SUMMARY_PREFIX + number])})" for gpu, recs in refs.items()
                       if SUMMARY_PREFIX + number in recs)
     lead = ("this run's headline numbers beside the same record on" if executed else
             "this run did not execute the notebook; the headline numbers recorded on")
