@@ -1,16 +1,14 @@
 """Notebook 09's parameters (`resolve_parameters`) and its measurements of the three workloads: each eager,
 compiled and library (time, GB/s, kernels; the GB/s set against `helpers.measure.ceilings.bandwidth_ceiling`),
-the softmax sweep with the Triton kernel, the sentences each generated from the run's numbers, and the
-instructor panel.
+the softmax sweep with the Triton kernel, the sentences each generated from the run's numbers, and the panel.
 
 Every timing is `helpers.measure.protocol`'s (warm-up until steady, interleaved rounds until the variants
 separate or the budget runs out), made by `timed`, and each quantity is measured once: the softmax at the
 workloads' size is the workload table's measurement, reused by the sweep and the panel.
 
-The workloads and Inductor's kernels are `helpers.fusion.compiler`; the Triton softmax is
-`helpers.fusion.triton_softmax`; the cost of compiling and the course GPT compiled are
-`helpers.fusion.compiler_model_lab`. Compiled functions are kept in `COMPILED`, one per workload, so a notebook
-(or a test) compiles each workload once and every later call reuses it. The workloads are compiled with
+The workloads and Inductor's kernels are `helpers.fusion.compiler`; the Triton softmax, `triton_softmax`; the cost
+of compiling and the course GPT compiled, `compiler_model_lab`. Compiled functions are kept in `COMPILED`, one per
+workload, so a notebook (or a test) compiles each once and every later call reuses it, compiled with
 `compiler.compile_counted` (their C++ kernels visible to the profiler, so they can be counted).
 """
 from __future__ import annotations
@@ -64,9 +62,7 @@ def full_layers(preset: str) -> int:
 def resolve_parameters(S: params.Setup, *, ROWS, COLS, DTYPE, REPS, SOFTMAX_COLS, MODEL, N_LAYER, BATCH, SEQ_LEN,
                        MODES, REGIONAL_LAYERS, REGIONAL_BACKEND) -> dict:
     """Notebook 09's parameters, validated at once and with the profile's defaults filled in: {name: value}.
-
-    Raises ValueError naming the first bad parameter, and for what this device cannot run (`check_for_device`).
-    """
+    Raises ValueError naming the first bad parameter, and for what this device cannot run (`check_for_device`)."""
     R = S.resolve
     cuda, every = S.device == "cuda", list(ALL_MODES)  # the parameter MODES hides the module's constant here
     out = {"ROWS": R("ROWS", ROWS, smoke=256, full=8192, check=params.positive),
@@ -119,8 +115,7 @@ def verify_output(fn: Callable, got: torch.Tensor, args: tuple, name: str = "com
 
     fp32 inputs: against eager `fn(*args)` with TOLERANCES[fp32]. fp16/bf16: against `fn` run in fp32, allowed
     twice the error of eager in the low precision plus 1e-6 (flash-attn's test rule), because eager rounds every
-    intermediate to the dtype while a fused kernel keeps them in fp32. Raises AssertionError when outside.
-    """
+    intermediate to the dtype while a fused kernel keeps them in fp32. Raises AssertionError when outside."""
     dtype = args[0].dtype
     if dtype == torch.float32:
         want = fn(*args)
@@ -147,16 +142,14 @@ TIMING_THREADS = 1  # torch threads while timing on a CPU (see `timing_threads`)
 
 
 def timing_threads(device: str):
-    """`bench.cpu_threads(device, TIMING_THREADS)`: the notebook's timings on a CPU run on one thread. At its
-    smoke sizes a call takes well under a millisecond, so a 2-thread timing on a shared CPU counts the
-    parallel loops a variant runs (eager one per op, compiled one), not the work they do."""
+    """`bench.cpu_threads(device, TIMING_THREADS)`: the notebook's timings on a CPU run on one thread. At its smoke sizes
+    a call takes well under a ms, so 2 threads on a shared CPU would count the parallel loops' stalls, not the work."""
     return bench.cpu_threads(device, TIMING_THREADS)
 
 
 def compile_on_one_thread(device: str) -> str:
     """On a CPU, make Inductor compile on this process's thread for the rest of the process
     (`torch._inductor.config.compile_threads = 1`) and return the sentence that says so; "" on CUDA (left as is).
-
     With more compile threads Inductor starts a pool of worker processes on its first compile (seconds of start-up
     on a small machine) that outlive every compile, so no clock of this process sees their work. On one thread the
     C++ compiler still runs as a child process, but one this process waits for, so `clock.Stopwatch(children=True)`
@@ -231,18 +224,25 @@ def fused_kernel_share(rows: list[tuple[str, float, float, float]]) -> float:
     return sum(share for op, _, _, share in rows if "cpp_fused" in op or op.startswith("triton_"))
 
 
-def profile_sentence(share: float, compiled_ms: float, eager_ms: float) -> str:
+def profile_sentence(share: float, compiled_ms: float, eager_ms: float, timed: tuple[float, float] | None = None) -> str:
     """What the compiled call's profile says (`fused_kernel_share`'s share of a call's profiled time), conditional on
     the number: almost all work (>= 80% in the fused kernel), work and overhead both (30-80%), or mostly
-    overhead (the wrapper: guards, the cache lookup)."""
+    overhead (the wrapper: guards, the cache lookup). timed: (compiled, eager) ms of the unprofiled timing table."""
     where = ("a compiled call is almost all the fused kernel's own work: per-call overhead is not what limits it"
              if share >= 0.8 else
              f"the wrapper around the kernel (guards, the cache lookup) took the other {1 - share:.0%}: at this size "
              "both the kernel and the per-call overhead count" if share >= 0.3 else
              "most of a compiled call is overhead around the kernel (guards, the cache lookup, the wrapper): per-call "
              "costs limit it at this size")
-    return (f"The fused kernel took {share:.0%} of the compiled call's profiled time ({compiled_ms:.3f} ms of profiled self time "
+    text = (f"The fused kernel took {share:.0%} of the compiled call's profiled time ({compiled_ms:.3f} ms of profiled self time "
             f"per call, eager {eager_ms:.3f} ms): {where}.")
+    if timed:
+        r = (compiled_ms / timed[0], eager_ms / timed[1])
+        text += (f" Timed without the profiler (the table above) the calls took {timed[0]:.3f} ms and {timed[1]:.3f} ms; the "
+                 f"profiled self times are {r[0]:.2f}x and {r[1]:.2f}x those. They include the profiler's own cost for each op "
+                 "it records, and the profiled steps ran at another moment than the timed rounds" + ("; here the two agree "
+                 "within 25%." if 0.8 <= min(r) and max(r) <= 1.25 else ", so read the profile for shares, the table for times."))
+    return text
 
 
 def busy_warning(cores: int | None = None, load: float | None = None) -> bool:
@@ -284,8 +284,7 @@ def measure_workload(name: str, rows: int, cols: int, *, dtype: torch.dtype = to
     Returns {"name", "shape", "bytes_eager", "bytes_fused", "timings" {impl: Timing}, "gbps" {impl: GB/s
     of the fused bytes, i.e. the useful traffic}, "speedup" (the protocol Ratio eager/compiled), "ratio"
     (its value, lo, hi), "note" (how the timings were made), "kernels" {"eager": n, "compiled": n} (None
-    without `kernels`), "max_error"}.
-    """
+    without `kernels`), "max_error"}."""
     w = compiler.WORKLOADS[name] if name in compiler.WORKLOADS else None
     args = compiler.make_inputs(name, rows, cols, dtype=dtype, device=device, seed=seed)
     fn, comp = w.fn, comp or compiled(name)
@@ -346,8 +345,9 @@ def plot_workloads(results: list[dict], copy_gbps: float):
         ax.set_xticks([j + 0.3 for j in range(len(results))], [r["name"] for r in results])
         ax.set_ylabel(label)
     ax2.axhline(copy_gbps, ls="--", color="gray", label=f"copy bandwidth {copy_gbps:.3g} GB/s")
-    ax1.legend()
-    ax2.legend(fontsize=8)
+    ax1.legend(), ax2.legend(fontsize=8)
+    none = ", ".join(r["name"] for r in results if "library" not in r["timings"])  # no torch op computes it whole
+    fig.suptitle("eager vs compiled vs library kernel" + (f" ({none}: no library kernel, so no bar)" if none else ""))
     fig.tight_layout()
     return fig
 
@@ -362,9 +362,7 @@ def softmax_sweep(cols_list: list[int], rows: int, *, dtype: torch.dtype = torch
     like the workloads (`compiler.compile_counted`), so that its ratio at the workloads' size compares like with like.
 
     known: measurements already made (`measure_workload` dicts): a row length whose softmax of this many rows
-    and dtype is among them is reused, not timed again (one quantity, measured once per run); "reused" lists
-    those row lengths.
-    """
+    and dtype is among them is reused, not timed again (one quantity, measured once per run); "reused" lists them."""
     out: dict[str, list] = {"cols": list(cols_list), "eager": [], "compiled": [], "library": [], "triton": [],
                             "reused": []}
     dname = str(dtype).replace("torch.", "")
@@ -393,8 +391,9 @@ def panel_figure(workload: str, cols: int, rows: int, *, device: str = "cpu", re
     reused = r is not None
     r = r or measure_workload(workload, rows, cols, device=device, reps=reps)
     k = r["kernels"]
+    n = {v: f"{k[v]} kernel" + "s" * (k[v] != 1) for v in ("eager", "compiled")}
     print(f"{workload} ({rows} x {cols}){' (measured above, reused)' if reused else ''}: eager {r['timings']['eager']}, "
-          f"{k['eager']} kernels; compiled {r['timings']['compiled']}, {k['compiled']} kernels; eager/compiled "
+          f"{n['eager']}; compiled {r['timings']['compiled']}, {n['compiled']}; eager/compiled "
           f"{r['speedup']}; compiled {r['gbps']['compiled']:.3g} GB/s of the fused bytes")
     plots.bars({impl: t.ms for impl, t in r["timings"].items()}, ylabel="ms per call", title=f"{workload}, {rows}x{cols}")
     return r

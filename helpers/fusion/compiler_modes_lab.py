@@ -55,8 +55,10 @@ def cuda_graphs_note(modes: list[str], device: str) -> str:
             "as one CUDA graph) nor backend=\"cudagraphs\" (the same recording around AOTAutograd's unfused ATen ops, "
             "no Inductor) can run")
     if not modes:
-        return text + ", and this profile does not compile the one-token forward (set MODES=['default'] to time it)."
-    return text + "; only the default mode is timed."
+        return text + (", and this profile times no mode, so nothing is measured in this section. MODES=['default'] "
+                       "would time eager against Inductor's default mode on the one-token forward: fused kernels, "
+                       "no CUDA graphs.")
+    return text + "; only the default mode is timed (fused kernels, no CUDA graphs)."
 
 
 def modes_note(modes: list[str], device: str) -> str:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from helpers.measure import claims
+from helpers.measure import claims, protocol
 from helpers.show import units
 
 
@@ -16,10 +16,13 @@ def takeaways(*, results: list[dict], pred: dict[str, dict], ratios: dict[str, A
               copy_source: str, llc: int | None, cold: dict[str, Any], gpt_step: dict[str, Any], gpt_even_text: str,
               regional: dict[str, Any], regional_layers: int, regional_backend: str, recompiles: dict[str, dict],
               sizes: list[int], refused: list[str], n_breaks: int, claim_rows: dict[str, dict], device: str,
-              checks: list[str], shape: str, compilers: list[dict] | None = None) -> list[str]:
+              checks: list[str], shape: str, compilers: list[dict] | None = None, xla_pair: Any = None,
+              pass_nodes: dict[str, int] | None = None) -> list[str]:
     """The closing sentences of notebook 09, one a line, from the notebook's globals of the same names (upper-case
     there); `shape` is "ROWS x COLS DTYPE", `n_breaks` the number of planted graph breaks; `compilers` the rows of
-    "The same model, three compilers" (FWD_ROWS, and XLA's row where it ran)."""
+    "Eager and three compilers" (FWD_ROWS, and XLA's row where it ran), eager first; `xla_pair` XLA's timing beside
+    eager in its own rounds (XLA_PAIR, a protocol.Comparison, or {"eager": Timing, backend: Timing}); `pass_nodes` the graph's node counts
+    before and after dead-code elimination and constant folding (PASS_NODES: {stage: nodes}, in order)."""
     names = ", ".join(f"{r['name']} {r['kernels']['eager']} -> {r['kernels']['compiled']}" for r in results)
     best = max(results, key=lambda r: r["gbps"]["compiled"])
     out = [f"- Fusion is fewer kernels and fewer bytes: kernels per call {names}; the counted bytes predicted up to "
@@ -37,6 +40,9 @@ def takeaways(*, results: list[dict], pred: dict[str, dict], ratios: dict[str, A
                f"{regional['repeats']} fresh compiles: first step {regional['each block']['first_step_s']:.2f} s vs "
                f"{regional['whole model']['first_step_s']:.2f} s whole; whole / block {regional['ratio']}"
                + ("" if regional["ratio"].separated else ", which this run cannot rank") + ").")
+    if pass_nodes:
+        out.append("- Before fusing, a compiler shrinks the graph: " + ", ".join(f"{k} {v} nodes" for k, v in pass_nodes.items())
+                   + " (the planted module's torch.fx graph; each pass matched torch's own).")
     auto = recompiles["automatic dynamic (default)"]["compiles"]
     out.append(f"- Each planted graph break split its function into 2 graphs, each fix gave 1; automatic dynamic shapes "
                f"compiled {auto} times for {len(set(sizes))} sizes, dynamic=False {recompiles['dynamic=False']['compiles']}, "
@@ -48,10 +54,19 @@ def takeaways(*, results: list[dict], pred: dict[str, dict], ratios: dict[str, A
         + f". Measured on this {device} for the training step: {gpt_step['speedup']}, beside the PyTorch 2 paper's A100 "
         "geomeans of 2.27x (inference) and 1.41x (training).")
     if compilers:
-        out.append(f"- One forward, {len(compilers)} ways, on one thread: "
-                   + ", ".join(f"{r['backend']} {r['timing'].ms:.3g} ms ({r['units']} {r['unit_kind']})" for r in compilers)
+        pair = dict(getattr(xla_pair, "timings", xla_pair) or {})  # a protocol.Comparison, or {name: Timing}
+
+        def said(r):
+            text = f"{r['backend']} {r['timing'].ms:.3g} ms ({r['units']} {r['unit_kind']}"
+            if r["backend"] in pair and r["backend"] != compilers[0]["backend"]:
+                text += (f"; timed in rounds of its own, beside eager at {pair[compilers[0]['backend']].ms:.3g} ms: "
+                         f"eager/XLA {protocol.paired_ratio(pair[compilers[0]['backend']], pair[r['backend']])} "
+                         "in those rounds, the median of per-round ratios")
+            return text + ")"
+        out.append(f"- One forward, eager and {len(compilers) - 1} compiler(s), on one thread: "
+                   + ", ".join(said(r) for r in compilers)
                    + f"; every output within {max(r['max_abs_err'] for r in compilers):.1e} of eager's. The counts compare "
-                   "each compiler with itself, and the table above ranks only variants whose IQRs are apart.")
+                   "each compiler with itself, and the tables above rank only variants whose IQRs are apart.")
     if not checks:
         out.append("- The Triton softmax did not run in this process (why: printed where it is checked).")
     else:

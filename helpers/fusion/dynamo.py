@@ -181,6 +181,17 @@ def log_entries(lines: list[str]) -> dict[str, list[str]]:
     return out
 
 
+def clip(text: str, width: int = 110) -> str:
+    """`text` cut to at most `width` characters at a word boundary, with " …" where it was cut (a text with no space
+    before `width` is cut at `width`); a shorter text is returned as it is. Raises ValueError for width < 1."""
+    if width < 1:
+        raise ValueError(f"width must be >= 1, got {width}")
+    if len(text) <= width:
+        return text
+    head = text[:width - 2]
+    return (head.rsplit(" ", 1)[0] if " " in head.strip() else head).rstrip() + " …"
+
+
 def fullgraph_refusal(fn: Callable, *args) -> str | None:
     """The first line of the error torch.compile(fn, fullgraph=True) raises on `fn(*args)` (a graph break is
     refused rather than split around), or None when fn compiles as one graph. Dynamo only (backend="eager")."""

@@ -129,14 +129,31 @@ def op_counts(path: str) -> Counter:
 def graph_counts(exported: str, optimized: str) -> dict[str, Any]:
     """The nodes of the exported graph and of ORT's optimized one: {"exported", "optimized": node counts;
     "exported_ops", "optimized_ops": Counters by op type; "introduced": {op type: nodes} of the types ORT's
-    rewrites put in that the export did not have (its fused ops); "removed": the types it took out entirely}."""
+    rewrites put in that the export did not have (its fused ops); "removed": the types it took out entirely;
+    "put_in", "took_out": {op type: nodes} of every type whose count rose, or fell, and by how many, so that
+    exported + sum(put_in) - sum(took_out) == optimized}."""
     before, after = op_counts(exported), op_counts(optimized)
     return {"exported": sum(before.values()), "optimized": sum(after.values()), "exported_ops": before,
             "optimized_ops": after, "introduced": {k: v for k, v in after.items() if k not in before},
-            "removed": sorted(k for k in before if k not in after)}
+            "removed": sorted(k for k in before if k not in after),
+            "put_in": dict(sorted(((k, after[k] - before[k]) for k in after if after[k] > before[k]), key=lambda kv: -kv[1])),
+            "took_out": dict(sorted(((k, before[k] - after[k]) for k in before if before[k] > after[k]), key=lambda kv: -kv[1]))}
+
+
+def change_sentence(counts: dict[str, Any]) -> str:
+    """ORT's rewrite both ways, from `graph_counts`: the nodes it put in and took out, by op type, adding up from
+    the exported count to the optimized one."""
+    put, took = counts["put_in"], counts["took_out"]
+
+    def listed(d: dict[str, int]) -> str:
+        return ", ".join(f"{k} {v}" for k, v in d.items()) or "none"
+    return (f"ONNX Runtime's rewrites changed the exported graph's {counts['exported']} nodes to {counts['optimized']}: "
+            f"they put in {sum(put.values())} node(s) ({listed(put)}) and took out {sum(took.values())} ({listed(took)}); "
+            f"{counts['exported']} + {sum(put.values())} - {sum(took.values())} = {counts['optimized']}.")
 
 
 _LIBRARY_CALL = re.compile(r"extern_kernels\.\w+\(")
+_ATEN_CALL = re.compile(r"= torch\.ops\.aten\.(\w+)\.\w+\(")  # an ATen op the wrapper calls as it is (not compiled)
 
 
 def inductor_forward(model: torch.nn.Module, tokens: torch.Tensor) -> dict[str, Any]:
@@ -144,17 +161,19 @@ def inductor_forward(model: torch.nn.Module, tokens: torch.Tensor) -> dict[str, 
     both clocks with the compiler processes it waited for: {"fn": a call returning the logits, "logits",
     "first_call": clock.Reading, "kernels": the kernels Inductor wrote (C++ on a CPU, Triton on a GPU),
     "kernel_names", "library_calls": the calls to library kernels (extern_kernels.mm, addmm...: the matmuls
-    Inductor leaves to BLAS) in its wrapper code}."""
+    Inductor leaves to BLAS) in its wrapper code, "aten_calls": the names of the ATen ops its wrapper calls as
+    they are, neither compiled nor a library matmul (on a CPU the attention, `_scaled_dot_product_flash_attention_for_cpu`)}."""
     compiled = torch.compile(model, dynamic=False)
     with clock.Stopwatch(children=True) as sw:
         out, codes = compiler.generated_code(compiled, tokens)
     names = [name for code in codes for name in compiler.fused_kernels(code)]
     calls = sum(len(_LIBRARY_CALL.findall(code)) for code in codes)
+    aten = [name for code in codes for name in _ATEN_CALL.findall(code)]
 
     def run() -> torch.Tensor:
         return compiled(tokens)[0]
     return {"fn": run, "logits": out[0].detach(), "first_call": sw.reading, "kernels": len(names),
-            "kernel_names": names, "library_calls": calls}
+            "kernel_names": names, "library_calls": calls, "aten_calls": aten}
 
 
 def eager_ops(model: torch.nn.Module, tokens: torch.Tensor) -> int:

@@ -184,7 +184,9 @@ def paired_sentence(comparison: protocol.Comparison, eager: str = "eager", other
     """One sentence on `other` against `eager` timed in the same rounds: the median of the per-round ratios of
     eager's time to other's, with their quartiles, ranked only when that range leaves out 1."""
     r = protocol.paired_ratio(comparison[eager], comparison[other])
-    head = f"Timed again beside {eager} in the same {comparison.rounds} rounds, {eager}'s time over {other}'s was {r}"
+    of_medians = comparison[eager].median / comparison[other].median
+    head = (f"Timed again beside {eager} in the same {comparison.rounds} rounds, {eager}'s time over {other}'s was {r} "
+            f"(the median of the {comparison.rounds} per-round ratios; the ratio of the two medians is {of_medians:.2f}x)")
     if not r.separated:
         return head + ": within the noise, so this run cannot rank the two."
     return head + f": {other} was {'faster' if r.value > 1 else 'slower'} than {eager} round by round."
@@ -242,8 +244,11 @@ def fusion_rows(found: list[dict[str, Any]], most: int = 6) -> list[list]:
     return rows
 
 
-def fusion_sentence(found: list[dict[str, Any]], inductor_kernels: int | None) -> str:
-    """XLA's fusion count beside Inductor's kernel count, generated from the counts, with what each counts."""
+def fusion_sentence(found: list[dict[str, Any]], inductor_kernels: int | None, library_calls: int | None = None,
+                    aten_calls: list[str] | None = None) -> str:
+    """XLA's fusion count beside Inductor's kernel count, generated from the counts, with what each counts; with
+    Inductor's library matmul calls and the ATen ops its wrapper calls as they are (`inductor_forward`), the
+    matmuls of the two are set side by side."""
     lib = [f for f in found if f["library"]]
     own, dots = len(found) - len(lib), sum(1 for f in lib if "dot" in f["ops"])
     mixed = sum(1 for f in lib if set(f["ops"]) - {"dot", "reduce", *_PLUMBING})
@@ -253,9 +258,62 @@ def fusion_sentence(found: list[dict[str, Any]], inductor_kernels: int | None) -
             "work fused in)")
     if inductor_kernels is None:
         return text + "."
-    return (text + f". Inductor generated {inductor_kernels} kernels for the same forward and calls a library for its "
-            f"matmuls without counting them as kernels, so its {inductor_kernels} kernels compare with XLA's {own} "
-            f"generated loops (plus the {len(lib) - dots} reductions XLA gives its library).")
+    text += (f". Inductor generated {inductor_kernels} kernel{'s' * (inductor_kernels != 1)} for the same forward and "
+             f"calls a library for its matmuls without counting them as kernels, so its {inductor_kernels} compare with "
+             f"XLA's {own} generated loops (plus the {len(lib) - dots} reductions XLA gives its library)")
+    if library_calls is None:
+        return text + "."
+    text += f". Matmuls: Inductor's wrapper calls the library {library_calls} time(s) (extern_kernels), XLA's HLO {dots}"
+    if aten_calls:
+        text += (f"; Inductor's wrapper also makes {len(aten_calls)} call(s) to ATen ops as they are, uncompiled "
+                 f"({', '.join(dict.fromkeys(aten_calls))}): "
+                 "its attention, whose matmuls run inside that op, while the JAX forward writes attention's two "
+                 "matmuls (q kᵀ, then the weights times v) as ops of its own, which XLA then counts")
+    return text + "."
+
+
+def across_rounds_sentence(xla_row: dict[str, Any], others: list[dict[str, Any]]) -> str:
+    """XLA's row against rows timed in other rounds (the three-compiler table's), each ranked only where the IQRs
+    do not overlap (`protocol.rank_sentence`); said to be across rounds, so that it is read as weaker than the
+    paired ratio of `paired_sentence`."""
+    if not others:
+        return ""
+    return ("Across rounds (XLA's median from its own rounds, each other's from the table above's rounds): "
+            + "; ".join(protocol.rank_sentence(xla_row["backend"], xla_row["timing"], r["backend"], r["timing"],
+                                               "time per forward") for r in others) + ".")
+
+
+def measured_sentence(rows: list[dict[str, Any]], pair: protocol.Comparison | None, library_calls: int,
+                      aten_calls: int = 0, eager: str = "eager", xla: str = "XLA (jax.jit)") -> str:
+    """What the three-compiler comparison measured, and only that: each compiler's work units against its time
+    beside eager in the same rounds (ONNX Runtime and Inductor: the table's rounds, its medians' IQR-bounded ratio,
+    as `onnx_backend.rank_sentence`; XLA: its own rounds, the paired ratio, as `paired_sentence`),
+    and that the counts do not say where the time went (this run does not profile the three forwards).
+
+    rows: the table's rows (backend, timing, units, unit_kind), eager first; pair: XLA's paired timing with eager,
+    or None where XLA did not run; library_calls, aten_calls: Inductor's library matmul calls and its calls to ATen
+    ops it did not compile (`onnx_backend.inductor_forward`)."""
+    base = next(r for r in rows if r["backend"] == eager)
+    said = []
+    for r in rows:
+        if r["backend"] == eager:
+            continue
+        ratio = protocol.ratio(base["timing"], r["timing"])  # as the table's rank sentence computes it
+        extra = (f" plus {library_calls} library matmul call(s)" + (f" and {aten_calls} call(s) to uncompiled ATen ops"
+                 if aten_calls else "")) if r["backend"] == "Inductor" else ""
+        where = ("its time was within the noise of eager's" if not ratio.separated else
+                 f"it was {'faster' if ratio.value > 1 else 'slower'} than eager ({eager}/{r['backend']} {ratio})")
+        said.append(f"{r['backend']} ran {r['units']} {r['unit_kind']}{extra}, and {where}")
+    if pair is not None:
+        ratio = protocol.paired_ratio(pair[eager], pair[xla])
+        where = ("within the noise of eager's time" if not ratio.separated else
+                 f"{'faster' if ratio.value > 1 else 'slower'} than eager ({eager}/{xla} {ratio}, the median of its own "
+                 "rounds' per-round ratios)")
+        said.append(f"{xla} was {where}")
+    return (f"What this run measured: eager called {base['units']} {base['unit_kind']}; " + "; ".join(said)
+            + ". A work unit is not the same amount of work in each compiler, so fewer units need not mean less "
+            "time. This run times the forwards and counts their units; it does not profile where each one's time "
+            "goes, so it does not say why one is faster than another.")
 
 
 # ------------------------------------------------------------------------------------------ sharding: the all-reduce

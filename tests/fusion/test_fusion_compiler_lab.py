@@ -164,6 +164,26 @@ def test_profile_sentence_and_fused_kernel_share():
     assert "not what limits it" in compiler_lab.profile_sentence(0.95, 0.13, 0.35)
     assert "both" in compiler_lab.profile_sentence(0.4, 0.13, 0.35)
     assert "overhead around the kernel" in compiler_lab.profile_sentence(0.2, 0.13, 0.35)
+    assert "profiler" not in middle  # no timed medians given: nothing to set the profile against
+    against = compiler_lab.profile_sentence(0.84, 0.276, 0.410, timed=(0.122, 0.222))
+    assert "0.122 ms and 0.222 ms" in against and "2.26x and 1.85x those" in against
+    assert "include the profiler's own cost for each op it records" in against and "for shares" in against
+    close = compiler_lab.profile_sentence(0.71, 0.080, 0.160, timed=(0.084, 0.153))
+    assert "0.95x and 1.05x those" in close and "agree within 25%" in close and "for shares" not in close
+
+
+def test_the_workload_figure_has_a_title_naming_the_workloads_without_a_library_bar():
+    import matplotlib.pyplot as plt
+
+    def row(name, library):
+        r = _planted(name, T(0.3), T(0.1), library=T(0.05) if library else None)
+        return r | {"gbps": {k: 1.0 for k in r["timings"]}}
+    fig = compiler_lab.plot_workloads([row("pointwise", False), row("softmax", True)], copy_gbps=10.0)
+    title = fig._suptitle.get_text()
+    assert title.startswith("eager vs compiled vs library kernel") and "(pointwise: no library kernel" in title
+    both = compiler_lab.plot_workloads([row("softmax", True)], copy_gbps=10.0)._suptitle.get_text()
+    assert "no library kernel" not in both
+    plt.close("all")
 
 
 def test_the_sweep_and_the_panel_reuse_the_tables_measurement(measured, monkeypatch, capsys):
@@ -177,7 +197,9 @@ def test_the_sweep_and_the_panel_reuse_the_tables_measurement(measured, monkeypa
     sweep = compiler_lab.softmax_sweep([COLS], ROWS, reps=2, known=known)
     assert sweep["reused"] == [COLS] and sweep["compiled"] == [measured["softmax"]["gbps"]["compiled"]]
     r = compiler_lab.panel_figure("softmax", COLS, ROWS, reps=2, known=known)
-    assert r is measured["softmax"] and "reused" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert r is measured["softmax"] and "reused" in out
+    assert "1 kernels" not in out and f"{r['kernels']['compiled']} kernel" in out  # "1 kernel", "5 kernels"
     plt.close("all")
 
 

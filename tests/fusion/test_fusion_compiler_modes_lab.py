@@ -31,8 +31,9 @@ def test_variants_refuse_unknown_modes_and_cuda_graphs_on_a_cpu():
 def test_the_cpu_sentence_names_both_ways_to_cuda_graphs():
     none = compiler_modes_lab.cuda_graphs_note([], "cpu")
     assert none.startswith("CUDA graphs need CUDA") and 'mode="reduce-overhead"' in none and 'backend="cudagraphs"' in none
-    assert none.endswith("(set MODES=['default'] to time it).")
-    assert compiler_modes_lab.cuda_graphs_note(["default"], "cpu").endswith("only the default mode is timed.")
+    assert "nothing is measured in this section" in none and none.endswith("fused kernels, no CUDA graphs.")
+    assert compiler_modes_lab.cuda_graphs_note(["default"], "cpu").endswith(
+        "only the default mode is timed (fused kernels, no CUDA graphs).")
     assert compiler_modes_lab.cuda_graphs_note(["default"], "cuda") == ""
 
 

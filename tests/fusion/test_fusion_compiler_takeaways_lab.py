@@ -49,6 +49,24 @@ def test_the_compilers_line_carries_each_backend_and_the_largest_error():
              "max_abs_err": 6e-7}]
     lines = compiler_takeaways_lab.takeaways(**_inputs(compilers=rows))
     line = next(x for x in lines if x.startswith("- One forward"))
-    assert "2 ways" in line and "eager 1 ms (21 aten ops)" in line and "ONNX Runtime 0.5 ms (38 ORT nodes" in line
-    assert "within 6.0e-07 of eager's" in line
+    assert "eager and 1 compiler(s)" in line and "eager 1 ms (21 aten ops)" in line and "ONNX Runtime 0.5 ms (38 ORT nodes" in line
+    assert "within 6.0e-07 of eager's" in line and "rounds of its own" not in line
     assert not any(x.startswith("- One forward") for x in compiler_takeaways_lab.takeaways(**_inputs()))
+    xla = {"backend": "XLA (jax.jit)", "timing": timing(4e-4), "units": 37, "unit_kind": "XLA fusions", "max_abs_err": 6e-7}
+    pair = {"eager": Timing(median=1.2e-3, q25=1.2e-3, q75=1.2e-3, samples=[1.2e-3] * 3), "XLA (jax.jit)": xla["timing"]}
+    line = next(x for x in compiler_takeaways_lab.takeaways(**_inputs(compilers=rows + [xla], xla_pair=pair))
+                if x.startswith("- One forward"))
+    assert "eager and 2 compiler(s)" in line
+    assert "XLA (jax.jit) 0.4 ms (37 XLA fusions; timed in rounds of its own, beside eager at 1.2 ms: eager/XLA 3.00x" in line
+    from helpers.measure.protocol import Comparison
+
+    compared = Comparison(timings=pair, warmup_calls={k: 1 for k in pair}, rounds=3, stopped="max_reps")
+    assert line in compiler_takeaways_lab.takeaways(**_inputs(compilers=rows + [xla], xla_pair=compared))
+
+
+def test_the_graph_passes_line_carries_the_node_counts():
+    nodes = {"traced": 11, "after dead-code elimination": 9, "after constant folding": 4}
+    lines = compiler_takeaways_lab.takeaways(**_inputs(pass_nodes=nodes))
+    assert len(lines) == 7
+    line = next(x for x in lines if "shrinks the graph" in x)
+    assert "traced 11 nodes, after dead-code elimination 9 nodes, after constant folding 4 nodes" in line

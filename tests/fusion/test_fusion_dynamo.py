@@ -58,3 +58,14 @@ def test_fullgraph_refuses_a_data_dependent_branch_and_passes_its_fix():
     err = dynamo.fullgraph_refusal(dynamo.with_branch, torch.randn(4, 4))
     assert err is not None and err.startswith("Unsupported") and "branch" in err.lower()
     assert dynamo.fullgraph_refusal(dynamo.fixed_branch, torch.randn(4, 4)) is None
+
+
+def test_clip_cuts_at_a_word_boundary_and_marks_the_cut():
+    text = "Detected data-dependent branching (e.g. if my_tensor.sum() > 0:). Dynamo does not support tracing it"
+    assert dynamo.clip(text, 200) == text
+    cut = dynamo.clip(text, 80)
+    assert len(cut) <= 80 and cut.endswith(" …") and text.startswith(cut[:-2])
+    assert cut[:-2].split()[-1] in text.split()  # the last word kept is a whole word
+    assert dynamo.clip("x" * 50, 20) == "x" * 18 + " …"  # no space: cut at the width
+    with pytest.raises(ValueError, match="width"):
+        dynamo.clip(text, 0)

@@ -37,6 +37,7 @@ def test_export_equals_eager_on_one_thread_and_ort_rewrites_the_graph(tmp_path, 
     assert counts["optimized"] <= counts["exported"]
     assert sum(counts["optimized_ops"].values()) == counts["optimized"]
     assert counts["introduced"] and all(k not in counts["exported_ops"] for k in counts["introduced"])
+    assert counts["exported"] + sum(counts["put_in"].values()) - sum(counts["took_out"].values()) == counts["optimized"]
     rows = onnx_backend.compare_forwards({"eager": lambda: model(tokens)[0], "ONNX Runtime": onnx_backend.ort_runner(session, tokens)},
                                          eager, {"eager": (3, "aten ops"), "ONNX Runtime": (counts["optimized"], "ORT nodes")},
                                          device="cpu", reps=2)
@@ -80,3 +81,27 @@ def test_the_optional_packages_are_imported_only_inside_functions():
     top = [a.name for n in tree.body if isinstance(n, ast.Import) for a in n.names]
     top += [n.module for n in tree.body if isinstance(n, ast.ImportFrom)]
     assert not [m for m in top if m and m.split(".")[0] in onnx_backend.PACKAGES]
+
+
+def test_graph_counts_show_the_rewrite_both_ways_and_add_up(monkeypatch):
+    from collections import Counter
+
+    graphs = {"exported": Counter({"MatMul": 7, "Add": 12, "Mul": 4, "Slice": 2, "Softmax": 1}),
+              "optimized": Counter({"MatMul": 2, "Gemm": 5, "Add": 7, "Mul": 3, "Split": 1, "Softmax": 1})}
+    monkeypatch.setattr(onnx_backend, "op_counts", lambda path: graphs[path])
+    counts = onnx_backend.graph_counts("exported", "optimized")
+    assert (counts["exported"], counts["optimized"]) == (26, 19)
+    assert counts["put_in"] == {"Gemm": 5, "Split": 1}
+    assert counts["took_out"] == {"MatMul": 5, "Add": 5, "Slice": 2, "Mul": 1}
+    assert counts["introduced"] == {"Gemm": 5, "Split": 1} and counts["removed"] == ["Slice"]
+    said = onnx_backend.change_sentence(counts)
+    assert "put in 6 node(s) (Gemm 5, Split 1)" in said and "took out 13 (MatMul 5, Add 5, Slice 2, Mul 1)" in said
+    assert said.endswith("26 + 6 - 13 = 19.")
+
+
+def test_the_wrapper_attention_call_is_found_and_its_checks_are_not():
+    code = ("        buf6 = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default(buf4, buf5)\n"
+            "        assert_size_stride(buf7, (2, 4), (4, 1), 'torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default')\n"
+            "        extern_kernels.addmm(arg6_1, buf3, arg5_1, alpha=1, beta=1, out=buf4)\n")
+    assert onnx_backend._ATEN_CALL.findall(code) == ["_scaled_dot_product_flash_attention_for_cpu"]
+    assert len(onnx_backend._LIBRARY_CALL.findall(code)) == 1

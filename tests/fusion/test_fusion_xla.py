@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from helpers.fusion import xla
+from helpers.measure import bench
 from helpers.gpt.model import GPT, GPTConfig
 
 FUSION = Path(xla.__file__).parent
@@ -72,6 +73,7 @@ def test_one_thread_keeps_the_work_on_the_calling_thread(started, capsys):
     timed = xla.time_calls({"eager": lambda: torch.ones(8).sum(), "XLA (jax.jit)": call}, 3, on_thread=True)
     assert timed["XLA (jax.jit)"].clock == "thread" and timed.rounds == 3
     assert xla.paired_sentence(timed).startswith("Timed again beside eager in the same 3 rounds")
+    assert "(the median of the 3 per-round ratios; the ratio of the two medians is" in xla.paired_sentence(timed)
     assert xla.one_thread() == {"started_here": False, "pinned": False}  # once started, nothing changes
     assert capsys.readouterr().out == ""
 
@@ -113,6 +115,46 @@ def test_fusions_are_read_from_the_hlo_text():
     said = xla.fusion_sentence(found, None)
     assert "3 fusions: 2 are loops" in said and "1 matmuls and 0 reductions" in said
     assert xla.fusions("HloModule empty") == []
+    paired = xla.fusion_sentence(found, 4, library_calls=6, aten_calls=["sdpa_for_cpu", "sdpa_for_cpu"])
+    assert "Matmuls: Inductor's wrapper calls the library 6 time(s) (extern_kernels), XLA's HLO 1" in paired
+    assert "2 call(s) to ATen ops as they are, uncompiled (sdpa_for_cpu)" in paired
+    assert "ATen ops" not in xla.fusion_sentence(found, 4, 6, [])
+    assert "4 kernels" in paired and "1 kernel " in xla.fusion_sentence(found, 1)
+
+
+def _timing(ms, spread=0.1, samples=None):
+    s = ms / 1e3
+    return bench.Timing(s, s * (1 - spread / 2), s * (1 + spread / 2), samples or [s] * 5)
+
+
+def test_across_rounds_and_measured_sentences_label_their_rounds():
+    rows = [{"backend": "eager", "timing": _timing(0.59), "units": 21, "unit_kind": "aten ops"},
+            {"backend": "Inductor", "timing": _timing(0.587), "units": 4, "unit_kind": "Inductor kernels"},
+            {"backend": "ONNX Runtime", "timing": _timing(0.31), "units": 38, "unit_kind": "ORT nodes"}]
+    xla_row = {"backend": "XLA (jax.jit)", "timing": _timing(0.285, samples=[2.85e-4] * 5)}
+    across = xla.across_rounds_sentence(xla_row, rows[1:])
+    assert across.startswith("Across rounds (XLA's median from its own rounds")
+    assert "XLA (jax.jit) was 2.06x" in across and "eager" not in across
+    assert xla.across_rounds_sentence(xla_row, []) == ""
+    pair = {"eager": _timing(0.684, samples=[6.84e-4] * 5), "XLA (jax.jit)": xla_row["timing"]}
+    said = xla.measured_sentence(rows, pair, library_calls=6)
+    assert said.startswith("What this run measured: eager called 21 aten ops; Inductor ran 4 Inductor kernels plus 6 "
+                           "library matmul call(s), and its time was within the noise of eager's;")
+    assert "ONNX Runtime ran 38 ORT nodes, and it was faster than eager (eager/ONNX Runtime 1.90x" in said
+    assert "XLA (jax.jit) was faster than eager (eager/XLA (jax.jit) 2.40x" in said and "own rounds' per-round ratios" in said
+    assert "and 1 call(s) to uncompiled ATen ops" in xla.measured_sentence(rows, pair, library_calls=6, aten_calls=1)
+    assert "ATen" not in said
+    assert "does not say why" in said
+    assert "XLA" not in xla.measured_sentence(rows, None, library_calls=6)
+
+
+def test_the_paired_sentence_names_both_ratios():
+    from helpers.measure.protocol import Comparison
+
+    eager = _timing(0.8, samples=[8e-4, 9e-4, 6e-4])
+    fast = _timing(0.4, samples=[3e-4, 4e-4, 4e-4])
+    said = xla.paired_sentence(Comparison({"eager": eager, "XLA (jax.jit)": fast}, {}, 3, "max_reps"))
+    assert "was 2.25x" in said and "the ratio of the two medians is 2.00x" in said and "faster than eager" in said
 
 
 def test_missing_jax_is_one_sentence(monkeypatch):
