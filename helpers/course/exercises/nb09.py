@@ -170,8 +170,8 @@ register(
     "09.residual_bytes", "value",
     prompt="eager bias + GELU + scale + residual add on (4096, 4096) fp16 (the residual another (4096, 4096) "
            "tensor; the bias read is negligible): how many MiB does eager mode move?",
-    hint="each of the four ops reads its full-size tensor inputs once and writes its output once; count how "
-         "many full-size inputs the last add has; one (4096, 4096) fp16 tensor is 32 MiB",
+    hint="go op by op: which full-size tensors does each read, and which does it write? (the bias is too small "
+         "to count); then work out how many MiB one (4096, 4096) fp16 tensor is",
     solution=lambda: (2 + 2 + 2 + 3) * 4096 * 4096 * 2 / 2**20,
     wrong=(6 * 32.0, 3 * 32.0, 8 * 32.0),
     rtol=1e-3,
