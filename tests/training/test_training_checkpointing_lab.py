@@ -195,7 +195,7 @@ def test_notebook_parameters_none_means_the_profile_default(tmp_path):
     finally:
         torch.set_num_threads(threads)
     assert (ns["MODEL"], ns["N_LAYER"], ns["BATCH"], ns["SEQ_LEN"], ns["REPS"], ns["PROFILE_STEPS"]) == \
-        ("tiny", 4, 4, 64, 20, 2)
+        ("tiny", 4, 4, 64, 60, 2)
     assert ns["BUDGET_MB"] == 48.0 and ns["DTYPE"] == ("fp32" if not torch.cuda.is_available() else ns["HALF"])
     assert ns["CPU_THREADS"] == 1
 
