@@ -145,7 +145,7 @@ class Comparison:
 
     def note(self) -> str:
         """How the numbers were made, for a table's caption or a summary's noise field."""
-        warm = ", ".join(f"{k} {v}" for k, v in self.warmup_calls.items())
+        warm = ", ".join(f"{k} ×{v}" for k, v in self.warmup_calls.items())  # ×: a name may end in a number
         return (f"medians and IQRs of {self.rounds} interleaved rounds after warm-up until steady ({warm} calls); "
                 f"stopped: {self.stopped}")
 

@@ -100,6 +100,13 @@ def test_the_budget_stops_a_noisy_run_and_says_so():
     assert "stopped: budget" in c.note() and f"{c.rounds} interleaved rounds" in c.note()
 
 
+def test_the_note_keeps_a_name_that_ends_in_a_number_apart_from_its_count():
+    m = FakeMachine({"paged 4": noisy(1.0, 0.01, 1), "paged 16": noisy(2.0, 0.01, 2)})
+    c = run(m, min_reps=5, max_reps=50, budget_s=20.0)
+    warm = c.warmup_calls
+    assert f"(paged 4 ×{warm['paged 4']}, paged 16 ×{warm['paged 16']} calls)" in c.note()
+
+
 def test_rounds_are_interleaved_in_rotating_order():
     order = []
     m = FakeMachine({"a": noisy(0.01, 0.0, 0), "b": noisy(0.01, 0.0, 0), "c": noisy(0.01, 0.0, 0)})
