@@ -86,25 +86,41 @@ def uptrain_schedule(schedule: dict, share: float, batch: int | None = None) -> 
             "batch": positive("batch", batch) if batch is not None else schedule["batch"]}
 
 
+def warmup_steps(steps: int) -> int:
+    """The steps of `uptrain`'s linear warm-up: WARMUP_SHARE of `steps`, rounded, at least one."""
+    return max(1, round(WARMUP_SHARE * positive("steps", steps)))
+
+
+def learning_rate(schedule: dict, step: int) -> float:
+    """The rate `uptrain` sets for step `step` (0-based) of `schedule`: (step + 1) / w of the peak schedule['lr'] over
+    the w = `warmup_steps` first steps (so the last of them, and the very first step when w is 1, runs at the
+    peak), then a cosine from the peak toward FINAL_LR_SHARE of it, which it would reach one step after the last.
+    Raises ValueError for a step outside 0 .. steps - 1."""
+    steps = schedule["steps"]
+    warm = warmup_steps(steps)
+    if not 0 <= step < steps:
+        raise ValueError(f"step={step!r} must be from 0 to steps - 1 = {steps - 1}")
+    decay = 0.5 * (1 + math.cos(math.pi * (step - warm) / max(1, steps - warm)))
+    share = (step + 1) / warm if step < warm else FINAL_LR_SHARE + (1 - FINAL_LR_SHARE) * decay
+    return schedule["lr"] * share
+
+
 def uptrain(model: GPT, schedule: dict, *, seed: int = 0) -> GPT:
     """A copy of `model` trained schedule['steps'] more steps (`uptrain_schedule`) with `helpers.gpt.pretrained.train`'s recipe: AdamW (betas
     0.9/0.95, weight decay 0.1), gradients clipped to norm 1, batches of schedule['batch'] windows of
-    schedule['seq_len'] tokens from the training split, a linear warm-up over 5% of the steps then a cosine
-    decay to 10% of the peak, schedule['lr']; bf16 autocast on CUDA, fp32 elsewhere. The batches come from a
+    schedule['seq_len'] tokens from the training split, each step at `learning_rate`'s rate (a linear warm-up over 5%
+    of the steps, at least one, to the peak schedule['lr'], then a cosine decay toward 10% of it); bf16 autocast on CUDA, fp32 elsewhere. The batches come from a
     generator seeded with `seed`, so every model uptrained with the same seed sees the same text. Returns the
     copy in eval mode; `model` is left as it was."""
     steps = positive("steps", schedule["steps"])
     out = copy.deepcopy(model).train()
     p = next(out.parameters())
     opt = torch.optim.AdamW(out.parameters(), lr=schedule["lr"], betas=BETAS, weight_decay=WEIGHT_DECAY)
-    warm = max(1, round(WARMUP_SHARE * steps))
     tokens = data.load_corpus("train")
     g = torch.Generator().manual_seed(seed)
     for step in range(steps):
-        decay = 0.5 * (1 + math.cos(math.pi * (step - warm) / max(1, steps - warm)))
-        share = (step + 1) / warm if step < warm else FINAL_LR_SHARE + (1 - FINAL_LR_SHARE) * decay
         for group in opt.param_groups:
-            group["lr"] = schedule["lr"] * share
+            group["lr"] = learning_rate(schedule, step)
         x, y = data.get_batch(tokens, schedule["batch"], schedule["seq_len"], p.device, generator=g)
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=p.device.type == "cuda"):
             loss = out(x, y)[1]

@@ -84,22 +84,20 @@ def compare(fns: dict, device: str, reps: int, budget_s: float) -> protocol.Comp
 
 def per_position(model: GPT, positions: list[int], reps: int, progress=iter,
                  budget_s: float = SMOKE_BUDGET_S) -> dict[str, list[bench.Timing]]:
-    """The next token's time at each context length in `positions`: with a cache (one decode step) and
-    without (a forward over the whole context + 1 tokens), compared by the protocol at each position (at
-    least `reps` rounds). Returns {"with cache": [Timing per position], "without cache": [...]}."""
+    """The next token's time at each context length in `positions`: with a cache (one decode step, each position
+    its own cache) and without (a forward over the whole context + 1 tokens). Every case is set up first and all
+    are compared in one protocol run (`compare`, at least `reps` rounds, its order rotated each round), so that
+    no position is timed first or alone under a spell of other work. Returns {"with cache": [Timing per
+    position], "without cache": [...]}."""
     dev = first_parameter(model).device.type
-    out = {"with cache": [], "without cache": []}
-    cache = filled_cache(model, 1, max(positions), max(positions) + 1)
     seq = random_tokens(1, max(positions) + 1, first_parameter(model).device)
+    fns = {}
     for p in progress(positions):
-        cache.length = p
-        step = decode_step_fn(model, cache, 1)
-        fns = {"with cache": step, "without cache": lambda p=p: model(seq[:, :p + 1])[0][:, -1]}
-        with torch.no_grad():
-            c = compare(fns, dev, reps, budget_s)
-        for k in out:
-            out[k].append(c[k])
-    return out
+        fns[f"with cache {p}"] = decode_step_fn(model, filled_cache(model, 1, p), 1)
+        fns[f"without cache {p}"] = lambda p=p: model(seq[:, :p + 1])[0][:, -1]
+    with torch.no_grad():
+        c = compare(fns, dev, reps, budget_s)
+    return {k: [c[f"{k} {p}"] for p in positions] for k in ("with cache", "without cache")}
 
 
 def position_report(positions: list[int], timings: dict[str, list[bench.Timing]], title: str) -> dict:
@@ -131,7 +129,7 @@ def position_report(positions: list[int], timings: dict[str, list[bench.Timing]]
         sentences.append(f"At {', '.join(map(str, slower))} tokens the cached step was measurably slower: at so short a "
                          f"context a forward of a few tokens costs about one step, and the cached step pays its "
                          f"cache bookkeeping on top.")
-    sentences.append(growth_sentence(positions, timings))
+    sentences += [growth_sentence(positions, timings), cached_sentence(positions, timings["with cache"])]
     return {"rows": rows, "figure": fig, "sentences": sentences, "ratio": last}
 
 
@@ -151,6 +149,20 @@ def growth_sentence(positions: list[int], timings: dict[str, list[bench.Timing]]
     return head + (": its time did not grow beyond the noise, because at these lengths a fixed per-call cost (Python, "
                    "kernel launches, the weights read once) dominates the work that grows with context; the O(n^2) "
                    "cost of generating without a cache only shows at longer contexts or larger models.")
+
+
+def cached_sentence(positions: list[int], cached: list[bench.Timing]) -> str:
+    """The cached step's time from the first to the last of `positions`, in words: longer or shorter only where
+    the two IQRs are separated, else within the noise."""
+    a, b = cached[0], cached[-1]
+    head = f"The cached step took {a} at {positions[0]} tokens of context and {b} at {positions[-1]}"
+    if not protocol.separated(a, b):
+        return head + ": the IQRs overlap, so this run cannot tell whether the step grew with the cached keys it reads."
+    if b.median > a.median:
+        return head + (f" ({b.median / a.median:.2f}x): it grows with the cached keys and values it reads, far slower "
+                       "than the uncached forward.")
+    return head + (f" ({a.median / b.median:.2f}x shorter at the longer context, though it reads more keys there; every "
+                   "position was timed in the same interleaved rounds, and this run does not say why).")
 
 
 def prefill_decode(model: GPT, prompt_len: int, reps: int, budget_s: float = SMOKE_BUDGET_S) -> list[dict]:

@@ -64,16 +64,21 @@ def bandwidth_row(model: GPT, context: int, batch: int, reps: int, name: str = "
 
 def bandwidth_rows(cases: list[tuple[str, GPT, int, int]], reps: int, interleave: bool,
                    budget_s: float = SMOKE_BUDGET_S) -> list[dict]:
-    """`bandwidth_row` for each (name, model, context, batch). With `interleave` (for a CPU shared with other
-    work) every case is set up first and all are compared by the protocol in interleaved rounds, so a burst of
-    other work slows all alike; otherwise one after another, each case's cache freed before the next (for
-    large models on a GPU)."""
+    """`bandwidth_row` for each (name, model, context, batch), in the order given. With `interleave` (for a CPU
+    shared with other work) the cases of each model are set up first and compared by the protocol in interleaved
+    rounds, so a burst of other work slows them alike; each model gets a comparison of its own, so that every
+    step of a model follows steps of that model, as it does in generation, never a larger model's step.
+    Otherwise one after another, each case's cache freed before the next (for large models on a GPU)."""
     if not interleave:
         return [bandwidth_row(m, ctx, b, reps, name, budget_s) for name, m, ctx, b in cases]
-    built = [decode_case(m, ctx, b, name) for name, m, ctx, b in cases]
-    with torch.no_grad():
-        c = compare({i: fn for i, (fn, _) in enumerate(built)}, first_parameter(cases[0][1]).device.type, reps, budget_s)
-    return [_rates(row, c[i]) for i, (_, row) in enumerate(built)]
+    rows: list[dict] = [{} for _ in cases]
+    for model in {id(m): m for _, m, _, _ in cases}.values():  # each model once, in the order it first appears
+        built = {i: decode_case(m, ctx, b, name) for i, (name, m, ctx, b) in enumerate(cases) if m is model}
+        with torch.no_grad():
+            c = compare({i: fn for i, (fn, _) in built.items()}, first_parameter(model).device.type, reps, budget_s)
+        for i, (_, row) in built.items():
+            rows[i] = _rates(row, c[i])
+    return rows
 
 
 def decode_sweep(models: dict[str, GPT], context: int, batches: list[int], reps: int, interleave: bool,

@@ -10,7 +10,8 @@ The cache is `helpers.decode.paged`, its attention `helpers.decode.paged_attenti
   course model's request mix, counted from block tables (`table_waste`).
 * `decode_speed(model, block_sizes, batch=..., context=..., reps=...)`: decode-attention time per block size,
   paged against contiguous SDPA in one protocol comparison (Triton's kernel timed only on CUDA); its rows hold
-  paged vs contiguous times for the "within 10% at 4k" goal. `paged_sentence` says what both measured.
+  paged vs contiguous times for the "within 10% at 4k" goal. `paged_sentence` says what both measured,
+  `speed_note` how the comparison was made.
 * `realistic_waste(...)`: that waste counted from block tables on request lengths drawn like the vLLM paper's
   workloads (ShareGPT-like and Alpaca-like, `workload_lengths`), at serving scale, in milliseconds on any machine.
 * `serving_panel(kv_heads, block, mix, budget_gb, weight_bytes_=..., gbps=...)`: the instructor-panel
@@ -110,6 +111,21 @@ def decode_speed(model, block_sizes: Sequence[int], *, batch: int, context: int,
 def us(t) -> str:
     """A timing in microseconds with its IQR, the unit of the paged decode table: '315 us (IQR ±4%, n=30)'."""
     return f"{1e6 * t.median:.0f} us (IQR ±{50 * t.spread:.0f}%, n={len(t.samples)})"
+
+
+STOPPED = {"separated": "every pair stayed separated", "steady": "every IQR was within its target",
+           "max_reps": "they reached the most allowed", "budget": "its time budget ran out"}
+
+
+def speed_note(c: protocol.Comparison) -> str:
+    """How `decode_speed`'s comparison was made, in words: its rounds, each variant's warm-up calls (a paged variant
+    named by its block size) and why it stopped."""
+    def name(k: str) -> str:  # "paged torch 16": the PyTorch paged decode at block size 16
+        return "contiguous SDPA" if k == "contiguous" else "{} at block size {}".format(*k.rsplit(" ", 1))
+
+    warm = ", ".join(f"{n}{' calls' * (i == 0)} for {name(k)}" for i, (k, n) in enumerate(c.warmup_calls.items()))
+    return (f"medians and IQRs of {c.rounds} interleaved rounds, after a warm-up until steady that took {warm}; "
+            f"the rounds stopped when {STOPPED.get(c.stopped, c.stopped)}")
 
 
 def speed_sentence(c: protocol.Comparison, block_sizes: Sequence[int], batch: int, context: int) -> str:

@@ -117,6 +117,22 @@ def test_the_uptraining_schedule_is_a_share_of_the_pretraining_at_its_final_rate
         gqa_uptrain.uptrain_schedule(sched, 0.05, 0)
 
 
+def test_the_learning_rate_warms_up_to_the_peak_then_decays_toward_a_tenth_of_it():
+    lr = gqa_uptrain.learning_rate
+    short = {"steps": 15, "lr": 6e-4}  # 5% of 15 rounds to 1: no step below the peak
+    assert gqa_uptrain.warmup_steps(15) == 1 and lr(short, 0) == pytest.approx(6e-4)
+    rates = [lr(short, s) for s in range(15)]
+    assert rates[1] == rates[0] and all(a > b for a, b in zip(rates[1:], rates[2:])) and rates[-1] > 0.1 * 6e-4
+    long = {"steps": 100, "lr": 1e-3}  # 5 warm-up steps: a fifth of the peak, then up to it
+    assert gqa_uptrain.warmup_steps(100) == 5
+    assert [lr(long, s) for s in range(5)] == pytest.approx([2e-4, 4e-4, 6e-4, 8e-4, 1e-3])
+    assert lr(long, 5) == pytest.approx(1e-3) and lr(long, 99) == pytest.approx(1e-4, rel=0.01)
+    assert max(lr(long, s) for s in range(100)) == pytest.approx(1e-3)
+    for step in (-1, 100):
+        with pytest.raises(ValueError, match="step="):
+            lr(long, step)
+
+
 @pytest.mark.slow  # AdamW's first steps in a process: seconds on 2 busy cores
 def test_uptraining_trains_a_copy_the_same_way_for_the_same_seed(corpus):
     model = gqa_uptrain.convert(mha(), 2)

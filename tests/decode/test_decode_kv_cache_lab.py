@@ -23,10 +23,26 @@ def test_prefill_decode_counts_both_phases():
     assert rows[0]["intensity"] > rows[1]["intensity"]  # prefill reuses every weight 12 times
 
 
-def test_per_position_returns_protocol_timings():
+def test_per_position_times_every_position_in_one_interleaved_comparison(monkeypatch):
+    calls = []
+    real = kv_cache_lab.compare
+
+    def spy(fns, *args):
+        calls.append(list(fns))
+        return real(fns, *args)
+    monkeypatch.setattr(kv_cache_lab, "compare", spy)
     out = kv_cache_lab.per_position(small_gpt(2), [4, 8], 2, budget_s=0.01)
+    assert calls == [["with cache 4", "without cache 4", "with cache 8", "without cache 8"]]  # one run, not one a position
     assert set(out) == {"with cache", "without cache"} and all(len(v) == 2 for v in out.values())
+    assert len({len(t.samples) for v in out.values() for t in v}) == 1  # the same rounds for every case
     assert all(len(t.samples) >= 2 and t.q25 <= t.median <= t.q75 for v in out.values() for t in v)
+
+
+def test_the_cached_sentence_says_longer_or_shorter_only_beyond_the_noise():
+    said = kv_cache_lab.cached_sentence
+    assert "1.50x): it grows" in said([8, 96], [_timing(1.0), _timing(1.5)])
+    assert "1.50x shorter at the longer context" in said([8, 96], [_timing(1.5), _timing(1.0)])
+    assert "cannot tell" in said([8, 96], [_timing(1.0, 0.3), _timing(1.2, 0.3)])
 
 
 def _timing(median, spread=0.02):

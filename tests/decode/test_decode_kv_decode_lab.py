@@ -1,6 +1,6 @@
 """Notebook 10's decode-speed measurements (helpers.decode.kv_decode_lab): bytes and FLOPs counted per decode step,
 interleaved and sequential timing agreeing on the counts, the attention variants timed round-robin, and every
-headline from one protocol comparison."""
+headline from the protocol, one comparison per model."""
 from __future__ import annotations
 
 import pytest
@@ -49,9 +49,9 @@ def test_headlines_come_from_the_protocol_and_one_measurement(monkeypatch):
     monkeypatch.setattr(kv_cache_lab.protocol, "compare", spy)
     models = {"a": small_gpt(2), "b": small_gpt(1)}
     bw, batches = kv_decode_lab.decode_sweep(models, 8, [1, 3], 2, True, budget_s=0.01)
-    assert len(calls) == 1 and len(calls[0]) == 3  # a@1, b@1, b@3: one interleaved comparison, b@1 once
+    assert [len(c) for c in calls] == [1, 2]  # a@1, then b@1 and b@3 interleaved: one comparison a model, b@1 once
     assert batches[0] is bw[-1] and [r["batch"] for r in batches] == [1, 3]
     assert kv_cache_lab.timing(bw[0]).median == bw[0]["seconds"] and len(bw[0]["samples"]) >= 2
     kv_cache_lab.prefill_decode(small_gpt(2), 6, 2, budget_s=0.01)
     kv_cache_lab.per_position(small_gpt(2), [4], 2, budget_s=0.01)
-    assert calls[1:] == [["decode", "prefill"], ["with cache", "without cache"]]
+    assert calls[2:] == [["decode", "prefill"], ["with cache 4", "without cache 4"]]

@@ -98,3 +98,16 @@ def test_the_waste_sentence_names_every_other_mix_beside_the_judged_row():
     said = paged_lab.paged_waste_claim(real)
     assert said["value"] == 100 * real["row16"]["fraction"]  # the judged row is still ShareGPT-like's
     assert "Alpaca-like" in said["measured"]
+
+
+def test_the_speed_note_names_each_variant_by_its_block_size_apart_from_its_warm_up_calls():
+    from helpers.measure.bench import Timing
+    from helpers.measure.protocol import Comparison
+
+    t = Timing(1e-4, 9e-5, 1.1e-4, [1e-4] * 3)
+    c = Comparison({"contiguous": t, "paged torch 4": t, "paged torch 16": t},
+                   {"contiguous": 4, "paged torch 4": 6, "paged torch 16": 3}, 30, "max_reps")
+    note = paged_lab.speed_note(c)
+    assert ("30 interleaved rounds, after a warm-up until steady that took 4 calls for contiguous SDPA, 6 for paged torch "
+            "at block size 4, 3 for paged torch at block size 16;") in note
+    assert note.endswith("the rounds stopped when they reached the most allowed")

@@ -61,6 +61,9 @@ def test_compare_policies_serves_both_on_the_same_mix_and_the_report_adds_every_
     assert rec["tight_preemptions"] == tight.preemptions and tight.peak_blocks <= rec["tight_num_blocks"]
     assert rec["solo_checked"] == 5 and rec["solo_matches_continuous_tight"] == solo["matches"]["continuous, tight"]
     assert list(rec)[-1] == "policies_separated" and "Against each request served alone" in report["sentence"]
+    runs = run["runs"]  # the two numbers quoted first, their ratio, then the median of the paired ratios, each named
+    assert (f"the ratio of the two policies' median runs {runs['continuous'].tokens_per_s / runs['static'].tokens_per_s:.2f}x; "
+            f"the median of the rounds' paired continuous / static ratios {run['speedup']:.2f}x") in report["sentence"]
     assert "tight_num_blocks" not in serving_lab.batching_report(run)["record"]  # only the checks that ran
     with pytest.raises(ValueError, match="max_batch"):
         serving_lab.compare_policies(model, max_batch=0)
@@ -120,7 +123,7 @@ def test_continuous_batching_verdict_is_judged_by_the_one_rule_where_batching_pa
     batching = {"speedup": 3.0, "speedup_range": (2.5, 3.5), "repeats": 5, "n_requests": 48}
     said = serving_lab.continuous_batching_claim(batching, v(3.0, (2.5, 3.5), 8.0, 32), "small10m", "cuda")
     assert said["value"] == 3.0 and said["claimed"] == (2.0, 4.0)
-    assert "3.00x tokens/s (IQR 2.50-3.50x over 5 paired rounds) on 48 requests" in said["measured"]
+    assert "3.00x tokens/s (the median of 5 paired rounds' ratios, IQR 2.50-3.50x) on 48 requests" in said["measured"]
 
 
 def test_the_tight_pool_sentence_ranks_only_beyond_the_rounds_spread():
@@ -131,3 +134,20 @@ def test_the_tight_pool_sentence_ranks_only_beyond_the_rounds_spread():
     assert "50% lower" in lower and "recomputes" in lower
     higher = serving_lab.tight_speed(NS(tokens_per_s=1500.0, iterations=60), full, 0.2)
     assert "50% higher" in higher and "more iterations" in higher and "rerun" in higher
+
+
+def test_the_batching_figure_gives_each_policy_one_colour_in_every_panel():
+    from types import SimpleNamespace as NS
+
+    import matplotlib.pyplot as plt
+
+    runs = {"static": NS(tokens_per_s=100.0, percentile=lambda metric, q: q / 1e3),
+            "continuous": NS(tokens_per_s=200.0, percentile=lambda metric, q: q / 2e3)}
+    fig = serving_lab.batching_figure(runs)
+    throughput, *latency = fig.axes
+    static, continuous = (bar.get_facecolor() for bar in throughput.patches)
+    assert static != continuous
+    for ax in latency:  # static p50, static p99, continuous p50, continuous p99
+        assert [bar.get_facecolor() for bar in ax.patches] == [static, static, continuous, continuous]
+        assert [bar.get_hatch() for bar in ax.patches] == [None, "//", None, "//"]
+    plt.close(fig)
