@@ -12,6 +12,8 @@ Imports `gpt`, `cost`, `measure` and `show`.
                      library against the copy ceiling, the softmax sweep, the generated sentences, the panel
 `compiler_model_lab`  notebook 09's cost of compiling (cold, warm, break-even) and the course GPT compiled: its
                      training step, its one-token forward under each mode, whole model vs by block, the claim
+`compiler_profile_lab`  notebook 09's profile of a compiled call, read: the fused kernel's share, Inductor's
+                     record names labelled, the sentence built from them
 `compiler_takeaways_lab`  notebook 09's closing sentences, generated from the run's numbers
 `compiler_modes_lab`  notebook 09's one-token forward under each torch.compile mode, and CUDA graphs two ways:
                      mode="reduce-overhead" (Inductor's kernels) and backend="cudagraphs" (no fusion)

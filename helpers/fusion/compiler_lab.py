@@ -7,7 +7,8 @@ separate or the budget runs out), made by `timed`, and each quantity is measured
 workloads' size is the workload table's measurement, reused by the sweep and the panel.
 
 The workloads and Inductor's kernels are `helpers.fusion.compiler`; the Triton softmax, `triton_softmax`; the cost
-of compiling and the course GPT compiled, `compiler_model_lab`. Compiled functions are kept in `COMPILED`, one per
+of compiling and the course GPT compiled, `compiler_model_lab`; the profile of a compiled call, read,
+`compiler_profile_lab`. Compiled functions are kept in `COMPILED`, one per
 workload, so a notebook (or a test) compiles each once and every later call reuses it, compiled with
 `compiler.compile_counted` (their C++ kernels visible to the profiler, so they can be counted).
 """
@@ -218,33 +219,6 @@ def workload_sentence(r: dict, llc: int | None, llc_name: str = "last-level") ->
     return text + "."
 
 
-def fused_kernel_share(rows: list[tuple[str, float, float, float]]) -> float:
-    """Share (0..1) of a profile's self time spent in the kernels Inductor wrote (rows named *cpp_fused* on a
-    CPU, triton_* on a GPU); `profiling.Profile.rows` as input."""
-    return sum(share for op, _, _, share in rows if "cpp_fused" in op or op.startswith("triton_"))
-
-
-def profile_sentence(share: float, compiled_ms: float, eager_ms: float, timed: tuple[float, float] | None = None) -> str:
-    """What the compiled call's profile says (`fused_kernel_share`'s share of a call's profiled time), conditional on
-    the number: almost all work (>= 80% in the fused kernel), work and overhead both (30-80%), or mostly
-    overhead (the wrapper: guards, the cache lookup). timed: (compiled, eager) ms of the unprofiled timing table."""
-    where = ("a compiled call is almost all the fused kernel's own work: per-call overhead is not what limits it"
-             if share >= 0.8 else
-             f"the wrapper around the kernel (guards, the cache lookup) took the other {1 - share:.0%}: at this size "
-             "both the kernel and the per-call overhead count" if share >= 0.3 else
-             "most of a compiled call is overhead around the kernel (guards, the cache lookup, the wrapper): per-call "
-             "costs limit it at this size")
-    text = (f"The fused kernel took {share:.0%} of the compiled call's profiled time ({compiled_ms:.3f} ms of profiled self time "
-            f"per call, eager {eager_ms:.3f} ms): {where}.")
-    if timed:
-        r = (compiled_ms / timed[0], eager_ms / timed[1])
-        text += (f" Timed without the profiler (the table above) the calls took {timed[0]:.3f} ms and {timed[1]:.3f} ms; the "
-                 f"profiled self times are {r[0]:.2f}x and {r[1]:.2f}x those. They include the profiler's own cost for each op "
-                 "it records, and the profiled steps ran at another moment than the timed rounds" + ("; here the two agree "
-                 "within 25%." if 0.8 <= min(r) and max(r) <= 1.25 else ", so read the profile for shares, the table for times."))
-    return text
-
-
 def busy_warning(cores: int | None = None, load: float | None = None) -> bool:
     """Print one line and return True when the 1-minute load average >= the core count (other processes then
     share the cores: the thread's clock leaves out their turns, not their cache and memory traffic). cores/load default to os.cpu_count() and os.getloadavg()[0] (0 where absent)."""
@@ -345,7 +319,7 @@ def plot_workloads(results: list[dict], copy_gbps: float):
         ax.set_xticks([j + 0.3 for j in range(len(results))], [r["name"] for r in results])
         ax.set_ylabel(label)
     ax2.axhline(copy_gbps, ls="--", color="gray", label=f"copy bandwidth {copy_gbps:.3g} GB/s")
-    ax1.legend(), ax2.legend(fontsize=8)
+    ax1.legend(), ax2.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))  # outside: clear of the line
     none = ", ".join(r["name"] for r in results if "library" not in r["timings"])  # no torch op computes it whole
     fig.suptitle("eager vs compiled vs library kernel" + (f" ({none}: no library kernel, so no bar)" if none else ""))
     fig.tight_layout()

@@ -80,11 +80,13 @@ def cold_and_warm(fn: Callable, args_for: Callable[[int], tuple], *, repeats: in
     each time with `args_for(i)`: arguments this process has not compiled `fn` for (e.g. a new Python constant,
     which Inductor bakes into the kernel): kernels built earlier in this process stay in memory, and a cold compile
     would find them there. Dynamo traces afresh every time (a fresh copy of the function); only Inductor's caches
-    differ. First `warmup` untimed cold compiles (with `args_for(-1)`, `args_for(-2)`...): the first compile of a
-    process also pays for loading Inductor's code and the C++ toolchain's headers, once, which no later compile does.
+    differ. First `warmup` untimed cold compiles (with `args_for(-1)`, `args_for(-2)`...), to keep what only a
+    process's first compile pays (Inductor's modules loaded, say) out of the samples; `first_sample_sentence` says
+    whether the first timed sample still stands apart from the others.
 
     Returns {"cold_s", "warm_s": medians; "cold", "warm": (median, q25, q75); "cold_samples", "warm_samples":
-    seconds on COMPILE_CLOCK; "cold_wall", "warm_wall": the same compiles' wall seconds; "clock": COMPILE_CLOCK}.
+    seconds on COMPILE_CLOCK; "cold_wall", "warm_wall": the same compiles' wall seconds; "clock": COMPILE_CLOCK;
+    "warmup": the untimed compiles before them}.
     Raises ValueError for repeats < 1 or warmup < 0.
     """
     positive("repeats", repeats)
@@ -99,7 +101,7 @@ def cold_and_warm(fn: Callable, args_for: Callable[[int], tuple], *, repeats: in
         with tempfile.TemporaryDirectory(prefix="inductor-cold-") as folder:
             samples["cold"].append(compile_seconds(fn, *args, cache_dir=folder)[0])
             samples["warm"].append(compile_seconds(fn, *args, cache_dir=folder)[0])
-    out: dict[str, Any] = {"clock": COMPILE_CLOCK}
+    out: dict[str, Any] = {"clock": COMPILE_CLOCK, "warmup": warmup}
     for k, readings in samples.items():
         cpu = [r.cpu for r in readings]
         out[k] = bench.quartiles(cpu)
@@ -120,10 +122,12 @@ def break_even_steps(compile_s: float, eager_s: float, compiled_s: float) -> flo
     return compile_s / saved if saved > 0 else None
 
 
-def break_even_sentence(compile_s: float, eager: bench.Timing, speedup: protocol.Ratio, what: str = "calls") -> str:
+def break_even_sentence(compile_s: float, eager: bench.Timing, speedup: protocol.Ratio, what: str = "calls",
+                        saving: bool = True) -> str:
     """When a compile of `compile_s` seconds pays for itself, from eager's timing and the eager/compiled
-    `speedup` (a protocol Ratio): a count (with the range its IQR bounds give) only when the ratio is
-    separated from 1; "never" when compiled is separated and slower; else that this run cannot tell."""
+    `speedup` (a protocol Ratio): a count (with the range its IQR bounds give, and with `saving` the time saved
+    per call) only when the ratio is separated from 1; "never" when compiled is separated and slower; else that
+    this run cannot tell."""
     if not speedup.separated:
         return (f"this run cannot tell whether it pays back: eager/compiled {speedup} straddles 1 (the IQRs overlap), "
                 f"so any break-even count would be noise")
@@ -133,7 +137,39 @@ def break_even_sentence(compile_s: float, eager: bench.Timing, speedup: protocol
     lo = break_even_from_ratio(compile_s, eager.median, speedup.hi)
     hi = break_even_from_ratio(compile_s, eager.median, speedup.lo) if speedup.lo > 1 else None
     span = f" (between {lo:,.0f} and {hi:,.0f} from the IQR bounds)" if lo and hi else ""
-    return f"it pays back after about {n:,.0f} {what}{span}, saving {units.fmt_seconds(saved_per_call(eager.median, speedup.value))} per call"
+    saved = f", saving {units.fmt_seconds(saved_per_call(eager.median, speedup.value))} per call" if saving else ""
+    return f"it pays back after about {n:,.0f} {what}{span}{saved}"
+
+
+def break_even_pair_sentence(cold_s: float, warm_s: float, eager: bench.Timing, speedup: protocol.Ratio,
+                             what: str = "calls") -> str:
+    """`break_even_sentence` for a cold and a warm compile of the same function, the ratio said once: when the
+    ratio gives no count (compiled slower, or not separated from 1) the verdict is the same for both, so one
+    sentence covers both; otherwise a count for each, the time saved per call given with the cold one."""
+    if not speedup.separated or speedup.value <= 1:
+        return f"Cold or warm, {break_even_sentence(cold_s, eager, speedup, what)}."
+    return (f"Cold, {break_even_sentence(cold_s, eager, speedup, what)}. "
+            f"Warm, {break_even_sentence(warm_s, eager, speedup, what, saving=False)}.")
+
+
+def first_sample_sentence(samples: list[float], what: str = "cold compile", warmup: int = 1) -> str:
+    """What the first of `samples` (seconds, in the order they were taken, after `warmup` untimed ones) shows
+    beside the others: above all of them (how many times their median, and the median of all with and without
+    it), or within or below their range. It names no cause: the samples do not measure one. Raises ValueError
+    for fewer than 2 samples."""
+    if len(samples) < 2:
+        raise ValueError(f"need at least 2 samples, got {len(samples)}")
+    first, rest = samples[0], samples[1:]
+    rest_median = bench.quartiles(rest)[0]
+    if first > max(rest):
+        return (f"The first timed {what} took {first:.2f} s, {first / rest_median:.2g}x the median of the {len(rest)} after "
+                f"it ({rest_median:.2f} s) and slower than each of them" + (f", although {warmup} untimed {what}(s) ran before "
+                f"it" if warmup else "") + ": these "
+                "samples show a cost the first timed one paid and the later ones did not, and do not say what it is. The "
+                f"median of all {len(samples)}, {bench.quartiles(samples)[0]:.2f} s, is the number quoted ({rest_median:.2f} s "
+                "without the first).")
+    return (f"The first timed {what}, {first:.2f} s, is {'within' if first >= min(rest) else 'below'} the range of the "
+            f"{len(rest)} after it ({min(rest):.2f}-{max(rest):.2f} s): no cost of coming first shows in these samples.")
 
 
 def saved_per_call(eager_s: float, ratio: float) -> float:

@@ -182,14 +182,17 @@ def log_entries(lines: list[str]) -> dict[str, list[str]]:
 
 
 def clip(text: str, width: int = 110) -> str:
-    """`text` cut to at most `width` characters at a word boundary, with " …" where it was cut (a text with no space
-    before `width` is cut at `width`); a shorter text is returned as it is. Raises ValueError for width < 1."""
+    """`text` cut to at most `width` characters at a word boundary, with " […]" where it was cut (the editor's mark
+    for words left out, so that a clipped line does not read as the whole message; a text with no space before
+    `width` is cut at `width`); a shorter text is returned as it is. Raises ValueError for width < 1."""
     if width < 1:
         raise ValueError(f"width must be >= 1, got {width}")
     if len(text) <= width:
         return text
-    head = text[:width - 2]
-    return (head.rsplit(" ", 1)[0] if " " in head.strip() else head).rstrip() + " …"
+    if width <= len(" […]"):  # no room for the mark: the first `width` characters
+        return text[:width]
+    head = text[:width - 4]
+    return (head.rsplit(" ", 1)[0] if " " in head.strip() else head).rstrip() + " […]"
 
 
 def fullgraph_refusal(fn: Callable, *args) -> str | None:

@@ -111,7 +111,8 @@ def jax_causal_attention(q, k, v):
     import jax  # here, not at the top: see the module's docstring
 
     T = q.shape[-2]
-    scores = (q * q.shape[-1] ** -0.5) @ k.swapaxes(-1, -2)     # (B, H, T, T): q scaled first, as SDPA does
+    # q is scaled before q kᵀ, as SDPA (scaled dot-product attention, torch's F.scaled_dot_product_attention) does
+    scores = (q * q.shape[-1] ** -0.5) @ k.swapaxes(-1, -2)     # (B, H, T, T)
     keep = jax.numpy.tril(jax.numpy.ones((T, T), dtype=bool))   # (T, T): the lower triangle
     scores = jax.numpy.where(keep, scores, -jax.numpy.inf)      # masked scores get no weight
     return jax.nn.softmax(scores, axis=-1) @ v                  # (B, H, T, head_dim)
@@ -288,7 +289,8 @@ def measured_sentence(rows: list[dict[str, Any]], pair: protocol.Comparison | No
     """What the three-compiler comparison measured, and only that: each compiler's work units against its time
     beside eager in the same rounds (ONNX Runtime and Inductor: the table's rounds, its medians' IQR-bounded ratio,
     as `onnx_backend.rank_sentence`; XLA: its own rounds, the paired ratio, as `paired_sentence`),
-    and that the counts do not say where the time went (this run does not profile the three forwards).
+    and that the counts do not say where the time went (this run does not profile the three forwards), with the
+    profilers that would say it, for the compilers that ran.
 
     rows: the table's rows (backend, timing, units, unit_kind), eager first; pair: XLA's paired timing with eager,
     or None where XLA did not run; library_calls, aten_calls: Inductor's library matmul calls and its calls to ATen
@@ -310,10 +312,17 @@ def measured_sentence(rows: list[dict[str, Any]], pair: protocol.Comparison | No
                  f"{'faster' if ratio.value > 1 else 'slower'} than eager ({eager}/{xla} {ratio}, the median of its own "
                  "rounds' per-round ratios)")
         said.append(f"{xla} was {where}")
+    tools = ["torch.profiler over eager's and Inductor's calls, as for the layernorm above"]  # what would say why
+    if any(r["backend"] == "ONNX Runtime" for r in rows):
+        tools.append("ONNX Runtime's SessionOptions.enable_profiling for its time per node")
+    if pair is not None:
+        tools.append("jax.profiler for the jitted forward")
     return (f"What this run measured: eager called {base['units']} {base['unit_kind']}; " + "; ".join(said)
             + ". A work unit is not the same amount of work in each compiler, so fewer units need not mean less "
             "time. This run times the forwards and counts their units; it does not profile where each one's time "
-            "goes, so it does not say why one is faster than another.")
+            "goes, so it does not say why one is faster than another. To find out, profile each forward at this size "
+            f"({'; '.join(tools)}) and set the matmuls' and the attention's times side by side, then time them again "
+            "at more sequences or tokens, where any fixed cost per call weighs less.")
 
 
 # ------------------------------------------------------------------------------------------ sharding: the all-reduce

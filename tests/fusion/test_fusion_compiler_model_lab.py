@@ -69,6 +69,33 @@ def test_break_even_is_printed_only_when_the_ratio_is_separated_from_1():
     assert "never pays back" in compiler_model_lab.break_even_sentence(5.0, eager, slower, "steps")
 
 
+def test_cold_and_warm_break_even_says_a_shared_verdict_once():
+    eager = T(0.010)
+    slower = protocol.ratio(T(0.005), T(0.010))
+    both = compiler_model_lab.break_even_pair_sentence(0.7, 0.02, eager, slower)
+    assert both.startswith("Cold or warm, it never pays back") and both.count("eager/compiled") == 1
+    straddles = protocol.ratio(T(0.010, 0.5), T(0.009, 0.5))
+    assert compiler_model_lab.break_even_pair_sentence(0.7, 0.02, eager, straddles).count("eager/compiled") == 1
+    faster = protocol.ratio(T(0.010), T(0.005))  # saves 5 ms per call
+    each = compiler_model_lab.break_even_pair_sentence(5.0, 0.5, eager, faster)
+    assert each.startswith("Cold, it pays back after about 1,000 calls") and "Warm, it pays back after about 100 calls" in each
+    assert each.count("saving") == 1 and each.endswith(".")
+
+
+def test_the_first_compile_sample_is_set_beside_the_others_without_a_cause():
+    said = compiler_model_lab.first_sample_sentence([1.28, 0.78, 0.71, 0.73, 0.69])
+    assert said.startswith("The first timed cold compile took 1.28 s, 1.8x the median of the 4 after it (0.72 s)")
+    assert "slower than each of them, although 1 untimed cold compile(s) ran before it" in said
+    assert "do not say what it is" in said
+    assert "untimed" not in compiler_model_lab.first_sample_sentence([1.28, 0.78, 0.71], warmup=0)
+    assert "median of all 5, 0.73 s, is the number quoted (0.72 s without the first)" in said
+    inside = compiler_model_lab.first_sample_sentence([0.72, 0.78, 0.71, 0.73, 0.69])
+    assert "within the range of the 4 after it (0.69-0.78 s)" in inside and "no cost of coming first" in inside
+    assert "below the range" in compiler_model_lab.first_sample_sentence([0.60, 0.78, 0.71])
+    with pytest.raises(ValueError, match="2 samples"):
+        compiler_model_lab.first_sample_sentence([1.0])
+
+
 def test_training_claim_is_judged_by_the_ledger_from_the_measured_step_and_not_testable_on_a_cpu(results_tmp):
     from helpers.measure import claims
 

@@ -64,8 +64,9 @@ def test_clip_cuts_at_a_word_boundary_and_marks_the_cut():
     text = "Detected data-dependent branching (e.g. if my_tensor.sum() > 0:). Dynamo does not support tracing it"
     assert dynamo.clip(text, 200) == text
     cut = dynamo.clip(text, 80)
-    assert len(cut) <= 80 and cut.endswith(" …") and text.startswith(cut[:-2])
-    assert cut[:-2].split()[-1] in text.split()  # the last word kept is a whole word
-    assert dynamo.clip("x" * 50, 20) == "x" * 18 + " …"  # no space: cut at the width
+    assert len(cut) <= 80 and cut.endswith(" […]") and text.startswith(cut[:-4])  # marked as clipped
+    assert cut[:-4].split()[-1] in text.split()  # the last word kept is a whole word
+    assert dynamo.clip("x" * 50, 20) == "x" * 16 + " […]"  # no space: cut at the width
+    assert dynamo.clip(text, 4) == text[:4]  # no room for the mark
     with pytest.raises(ValueError, match="width"):
         dynamo.clip(text, 0)

@@ -146,6 +146,11 @@ def test_across_rounds_and_measured_sentences_label_their_rounds():
     assert "ATen" not in said
     assert "does not say why" in said
     assert "XLA" not in xla.measured_sentence(rows, None, library_calls=6)
+    # what a learner could measure to find out, naming only the profilers of the compilers that ran
+    assert "To find out, profile each forward" in said and "enable_profiling" in said and "jax.profiler" in said
+    no_xla = xla.measured_sentence(rows, None, library_calls=6)
+    assert "torch.profiler" in no_xla and "enable_profiling" in no_xla and "jax.profiler" not in no_xla
+    assert "enable_profiling" not in xla.measured_sentence(rows[:2], None, library_calls=6)
 
 
 def test_the_paired_sentence_names_both_ratios():
