@@ -26,7 +26,7 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from helpers.measure import bench, clock as clocks
 from helpers.measure.bench import Timing
@@ -102,9 +102,15 @@ def paired_ratio(num: Timing, den: Timing) -> Ratio:
     the per-round ratios, with their quartiles as lo and hi. Pairing cancels what a round's load does to both
     calls alike, so the range is the ratio's own noise; separated: the range excludes 1. Raises ValueError for
     timings with different sample counts or none."""
-    if not num.samples or len(num.samples) != len(den.samples):
-        raise ValueError(f"paired timings need the same rounds: {len(num.samples)} and {len(den.samples)} samples")
-    med, q25, q75 = bench.quartiles([a / b for a, b in zip(num.samples, den.samples)])
+    return paired_samples_ratio(num.samples, den.samples)
+
+
+def paired_samples_ratio(num: Sequence[float], den: Sequence[float]) -> Ratio:
+    """`paired_ratio` of two lists of seconds from the same interleaved rounds (a record keeps its samples, not its
+    Timing). Raises ValueError for lists of different lengths or empty ones."""
+    if not num or len(num) != len(den):
+        raise ValueError(f"paired timings need the same rounds: {len(num)} and {len(den)} samples")
+    med, q25, q75 = bench.quartiles([a / b for a, b in zip(num, den)])
     return Ratio(med, q25, q75, not q25 <= 1 <= q75)
 
 

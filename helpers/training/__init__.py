@@ -21,6 +21,8 @@ gradient accumulation (05). Imports `gpt`, `measure` and `show`.
                      Hugging Face's gradient_checkpointing_enable beside the course's "every" policy
 `accumulation`       gradient accumulation (notebook 05): micro-batches, loss weights (1/k or
                      token-weighted), the accumulated step, gradient comparisons, effective batch
-`accumulation_lab`   notebook 05's measurements: the micro-batch sweep, the profiled splits, their
-                     figures, the panel and the generated sentences
+`accumulation_lab`   notebook 05's measurements: the micro-batch sweep, its figures, the panel and the
+                     generated sentences
+`accumulation_profile_lab` notebook 05's profiled splits: one step at the smallest and the largest
+                     micro-batch, matmul calls and time, and the sentences comparing them
 """

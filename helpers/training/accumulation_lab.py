@@ -3,26 +3,26 @@
 * the parameters: `resolve_parameters` validates all of them at once and fills in the profile's defaults;
 * timing optimizer steps of random micro-batches: `prepared_step`, `measure_accumulation` (one
   setting), `sweep_micro_batches` (micro-batch sizes at one effective batch, by the course's protocol);
-* what the sweep says: `fastest`, `sweep_summary` (a size is recommended only when its IQR clears the others';
-  differences inside the IQRs are noise), `memory_of`;
+* what the sweep says: `fastest`, `sweep_summary` (a size is recommended only when it is faster than every other
+  beyond the noise, judged round by round where the sizes share their rounds; differences within it are noise),
+  `memory_of`;
 * the source text's claim on efficiency: `efficiency_claim`;
-* the profiler's view: `profile_splits` (matmul calls and time per split), `split_profile_lines`;
 * figures: `draw_sweep`, `plot_sweep`, and the panel `accumulation_panel`;
 * `takeaway_lines`: the notebook's closing bullets, from the numbers above.
 
-The accumulation itself (loss weights, the step, effective batch arithmetic) is in `accumulation`.
+The accumulation itself (loss weights, the step, effective batch arithmetic) is in `accumulation`; the profiler's
+view of a small and a large split in `accumulation_profile_lab`.
 """
 from __future__ import annotations
 
-import dataclasses
 from typing import Sequence
 
 import torch
 
 from helpers.gpt import footprint
 from helpers.gpt.model import PRESETS, GPTConfig
-from helpers.measure import clock, params, profiling, protocol
-from helpers.measure.bench import benchmark, quartiles
+from helpers.measure import params, protocol
+from helpers.measure.bench import benchmark
 from helpers.measure.memory import peak_cuda_memory, release_memory, saved_tensor_bytes
 from helpers.show import plots
 from helpers.training.accumulation import accumulation_step, effective_batch
@@ -54,7 +54,7 @@ def resolve_parameters(S: params.Setup, *, PRESET, SEQ_LEN, EFFECTIVE_BATCH, MIC
         raise ValueError(f"CHECK_ACCUM_STEPS={check_steps} must be at least 2 (one micro-batch accumulates nothing)")
     return {"PRESET": preset, "SEQ_LEN": seq_len, "EFFECTIVE_BATCH": effective, "MICRO_BATCHES": micro,
             "CHECK_MICRO_BATCH": check_micro, "CHECK_ACCUM_STEPS": check_steps,
-            "REPS": R("REPS", REPS, smoke=5, full=7, check=params.positive)}
+            "REPS": R("REPS", REPS, smoke=7, full=7, check=params.positive)}
 
 
 # ---------------------------------------------------------------- timing optimizer steps
@@ -141,16 +141,35 @@ def sweep_micro_batches(model: torch.nn.Module, optimizer: torch.optim.Optimizer
             for i, (step, mbs) in enumerate(runs)]
 
 
-# ---------------------------------------------------------------- what the sweep and the profile say
+# ---------------------------------------------------------------- what the sweep says
 
 def _overlap(a: dict, b: dict) -> bool:
-    """True when the IQRs of tokens/s of two rows overlap (their difference is within this run's noise)."""
+    """True when this run cannot tell the tokens/s of two rows apart. Rows timed in the same interleaved rounds
+    (equal-length "seconds_samples", as `sweep_micro_batches` records them) are compared round by round: the
+    quartiles of the per-round time ratio include 1 (`protocol.paired_samples_ratio`; each row's step handles the
+    same tokens, so the time ratio is the tokens/s ratio inverted, and a round's load slows both alike). Otherwise
+    their tokens/s IQRs overlap."""
+    sa, sb = a.get("seconds_samples"), b.get("seconds_samples")
+    if sa and sb and len(sa) == len(sb):
+        return not protocol.paired_samples_ratio(sa, sb).separated
     return a["tokens_per_s_q25"] <= b["tokens_per_s_q75"] and b["tokens_per_s_q25"] <= a["tokens_per_s_q75"]
 
 
+def _noise_words(a: dict, b: dict) -> str:
+    """How `_overlap` compared rows a and b, in words: a's step time over b's round by round (median and quartiles)
+    where they share their rounds, else their tokens/s IQRs."""
+    sa, sb = a.get("seconds_samples"), b.get("seconds_samples")
+    if sa and sb and len(sa) == len(sb):
+        r = protocol.paired_samples_ratio(sa, sb)
+        return (f"b={a['micro_batch']}'s step took {r.value:.2f}x b={b['micro_batch']}'s round by round "
+                f"(quartiles {r.lo:.2f}-{r.hi:.2f} over {len(sa)} interleaved rounds)")
+    return (f"b={a['micro_batch']}'s tokens/s IQR {a['tokens_per_s_q25']:.4g}-{a['tokens_per_s_q75']:.4g} against "
+            f"b={b['micro_batch']}'s {b['tokens_per_s_q25']:.4g}-{b['tokens_per_s_q75']:.4g}")
+
+
 def fastest(rows: Sequence[dict]) -> tuple[dict, list[dict]]:
-    """The row with the highest median tokens/s and the other rows whose tokens/s IQRs overlap its own: the sizes
-    this run cannot tell from it (empty when it is separated from every other size)."""
+    """The row with the highest median tokens/s and the other rows this run cannot tell from it (`_overlap`;
+    empty when it is separated from every other size)."""
     top = max(rows, key=lambda r: r["tokens_per_s"])
     return top, [r for r in rows if r is not top and _overlap(r, top)]
 
@@ -159,9 +178,10 @@ def sweep_summary(rows: Sequence[dict], effective_batch: int) -> tuple[dict, lis
     """The sweep's verdict from its own numbers: (numbers to record, sentences to print).
 
     rows: `sweep_micro_batches` rows (in any order), each with "of_ceiling" (achieved over the measured matmul
-    ceiling). A micro-batch is recommended only when its tokens/s IQR clears every other size's
+    ceiling). A micro-batch is recommended only when it is faster than every other size beyond the noise
     ("recommended_micro_batch"; else None, and "tied_micro_batches" names the sizes that cannot be told from the
-    fastest median); differences whose IQRs overlap are called noise, not a trend. Raises ValueError for no rows.
+    fastest median); differences within the noise are called noise, not a trend. Both are judged round by round
+    where the rows share their rounds (`_overlap`). Raises ValueError for no rows.
     """
     if not rows:
         raise ValueError("no rows: every micro-batch size ran out of memory")
@@ -185,15 +205,16 @@ def sweep_summary(rows: Sequence[dict], effective_batch: int) -> tuple[dict, lis
     elif best is first:
         lines.append("the smallest micro-batch had the fastest median: splitting cost nothing measurable in this run")
     elif out["first_vs_best_within_noise"]:
-        lines.append(f"their IQRs overlap, so this run cannot tell b={first['micro_batch']} from "
-                     f"b={best['micro_batch']}: the difference is within the timing noise")
+        lines.append(f"this run cannot tell b={first['micro_batch']} from b={best['micro_batch']}: "
+                     f"{_noise_words(first, best)}, within the timing noise")
     else:
-        lines.append(f"their IQRs do not overlap: b={first['micro_batch']} is slower beyond this run's noise")
+        lines.append(f"b={first['micro_batch']} is slower beyond this run's noise: {_noise_words(first, best)}")
     if len(rows) > 1:
-        lines.append(f"recommended: b={best['micro_batch']}, the fastest, its tokens/s IQR clear of every other size's"
+        lines.append(f"recommended: b={best['micro_batch']}, the fastest, clear of every other size beyond the noise"
                      if out["recommended_micro_batch"] is not None else
-                     f"no micro-batch is recommended: this run cannot tell which is fastest, since the tokens/s IQRs "
-                     f"of b={', '.join(map(str, tied_bs))} overlap the fastest median's (b={best['micro_batch']})")
+                     f"no micro-batch is recommended: this run cannot tell which is fastest, since "
+                     f"b={', '.join(map(str, tied_bs))} are within the noise of each other ("
+                     + "; ".join(_noise_words(r, best) for r in tied) + ")")
     lines.append(f"the smallest micro-batch whose IQR reaches within 10% of the fastest median: b={enough['micro_batch']}")
     if abs(mem_ratio / b_ratio - 1) < 0.1:
         shape = "in proportion to b"
@@ -224,7 +245,8 @@ def efficiency_claim(rows: Sequence[dict]) -> dict:
     most, least = rows[0], rows[-1]
     a, b = most.get("seconds_samples"), least.get("seconds_samples")
     if a and b and len(a) == len(b):  # same tokens per step, so the tokens/s ratio of a round is its time ratio inverted
-        ratio, lo, hi = quartiles([t_least / t_most for t_most, t_least in zip(a, b)])
+        paired = protocol.paired_samples_ratio(b, a)
+        ratio, lo, hi = paired.value, paired.lo, paired.hi
         how = f"median of {len(a)} paired rounds"
     else:
         ratio = most["tokens_per_s"] / least["tokens_per_s"]
@@ -240,63 +262,6 @@ def efficiency_claim(rows: Sequence[dict]) -> dict:
                          f"largest: {curve}",
                 reason="" if hi >= 0.9 else "accumulation reaches the large batch's update, while each matmul still "
                        f"runs at the size of b={most['micro_batch']}, which sets the efficiency")
-
-def profile_splits(model: torch.nn.Module, optimizer: torch.optim.Optimizer, splits: Sequence[tuple[int, int]],
-                   seq_len: int, *, device: str = "cpu", autocast_dtype: torch.dtype | None = None,
-                   seed: int = 0, warmup: int = 1) -> list[dict]:
-    """Profile one optimizer step for each (micro_batch, accum_steps); where its op self time goes.
-
-    `warmup` unprofiled steps come first (0 when these shapes already ran). Each row: micro_batch,
-    accum_steps, the Profile of its top 8 ops (`.table()`, trace saved for
-    Perfetto), total_ms (self time of every op in the step), matmul_ms, matmul_calls and
-    matmul_share (the matrix multiplies among all ops, see `profiling.is_matmul`; attention kernels such as SDPA
-    are not counted as matmuls) and ran_share (the share of the profiling's wall time the thread ran: the profiler
-    times ops on the wall clock). Raises ValueError for no splits.
-    """
-    if not splits:
-        raise ValueError("splits is empty: give at least one (micro_batch, accum_steps)")
-    rows = []
-    for micro_batch, accum_steps in splits:
-        step, _ = prepared_step(model, optimizer, micro_batch, accum_steps, seq_len, device, autocast_dtype, seed)
-        with clock.Stopwatch(tally=False) as sw:  # the profiler reads the wall clock: how much of it the thread ran
-            prof = profiling.profile(step, steps=1, warmup=warmup, top=1000, name=f"accumulation_b{micro_batch}_k{accum_steps}")
-        mm = [r for r in prof.rows if profiling.is_matmul(r[0])]
-        rows.append({"micro_batch": micro_batch, "accum_steps": accum_steps, "device": prof.device,
-                     "total_ms": prof.total_ms,
-                     "matmul_ms": sum(r[1] for r in mm), "matmul_calls": sum(r[2] for r in mm),
-                     "matmul_share": sum(r[3] for r in mm), "ran_share": sw.reading.share,
-                     "profile": dataclasses.replace(prof, rows=prof.rows[:8])})
-    return rows
-
-
-def split_profile_lines(rows: Sequence[dict]) -> list[str]:
-    """Sentences comparing the first and last profiled split, generated from their numbers; where the extra time
-    went is withheld when either profiled step ran on a shared core (its "ran_share" below `clock.SHARED_BELOW`)."""
-    small, big = rows[0], rows[-1]
-    what = "GPU kernel time" if small.get("device") == "cuda" else "op self time"
-    lines = [f"b={r['micro_batch']} (k={r['accum_steps']}): {r['matmul_calls']:.0f} matmul calls per step, "
-             f"{r['matmul_ms']:.1f} ms in them = {r['matmul_share']:.0%} of the {r['total_ms']:.1f} ms "
-             f"of {what}" for r in ((small, big) if len(rows) > 1 else (small,))]
-    if len(rows) > 1 and big["matmul_calls"] > 0:
-        calls = small["matmul_calls"] / big["matmul_calls"]
-        mm, rest = small["matmul_ms"] / big["matmul_ms"], \
-            (small["total_ms"] - small["matmul_ms"]) / max(big["total_ms"] - big["matmul_ms"], 1e-9)
-        lines.append(f"the same FLOPs in x{calls:.1f} as many matmul calls: matmul time x{mm:.2f}, "
-                     f"the other ops' time x{rest:.2f} at b={small['micro_batch']} against b={big['micro_batch']}")
-        shared = [r["ran_share"] for r in (small, big) if r.get("ran_share") is not None and r["ran_share"] < clock.SHARED_BELOW]
-        if shared:
-            lines.append(f"the profiler times ops on the wall clock, and the thread ran only {min(shared):.0%} of a profiled "
-                         "step's wall time (the machine was shared), so where the extra time went is not said from this "
-                         "profile; the call counts hold")
-        elif max(mm, rest) < 1.1:
-            lines.append("neither grew by 10%: in this profile the small micro-batch paid no visible price")
-        else:
-            extra_mm = small["matmul_ms"] - big["matmul_ms"]
-            extra_rest = (small["total_ms"] - small["matmul_ms"]) - (big["total_ms"] - big["matmul_ms"])
-            where = "the matmuls themselves (small matmuls run further below the ceiling)" if extra_mm >= extra_rest else \
-                "the ops around the matmuls (per-call overheads, elementwise and normalisation ops)"
-            lines.append(f"most of the extra time is in {where}; one profiled step each, so read it as a sketch")
-    return lines
 
 
 def memory_of(row: dict) -> tuple[float, str]:
@@ -378,11 +343,12 @@ def accumulation_panel(micro_batch: int, accum_steps: int, *, model: torch.nn.Mo
 
 def takeaway_lines(*, accum_steps: int, equal_error: float, counts: Sequence[int], wrong: float, wrong_cosine: float,
                    token_error: float, empty_error: float, summary: dict, sweep: Sequence[dict],
-                   sweep_lines: Sequence[str], splits: Sequence[dict]) -> list[str]:
+                   sweep_lines: Sequence[str], split_lines: Sequence[str]) -> list[str]:
     """Notebook 05's closing bullets, generated from its numbers: the equivalence check (`equal_error` with
     `accum_steps` equal micro-batches; with padding, `counts` counted tokens, 1/k's `wrong` error and
     `wrong_cosine`, the token-weighted `token_error` and `empty_error`), the sweep (its rows, `summary` and
-    `sweep_lines` from `sweep_summary`) and the profiled `splits`."""
+    `sweep_lines` from `sweep_summary`) and the profiled splits (`split_lines`, as
+    `accumulation_profile_lab.split_profile_lines` wrote them)."""
     out = [f"{accum_steps} micro-batches scaled by 1/k gave the one-batch gradient to a relative error of "
            f"{equal_error:.1e} (fp32 rounding) because each held the same number of counted tokens.",
            f"With padding (counted tokens {list(counts)}) the same 1/k scaling was off by {wrong:.1%} (cosine "
@@ -392,6 +358,6 @@ def takeaway_lines(*, accum_steps: int, equal_error: float, counts: Sequence[int
            f"b={sweep[0]['micro_batch']} to b={sweep[-1]['micro_batch']} for the same update. Under DDP, without "
            f"no_sync() each of the k backwards all-reduces.",
            f"Throughput: {sweep_lines[0]}; {sweep_lines[1]}" + (f"; {sweep_lines[2]}." if len(sweep) > 1 else ".")]
-    if len(splits) > 1:
-        out.append(f"Profile of one step each: {split_profile_lines(splits)[2]}.")
+    if len(split_lines) > 2:  # two splits compared
+        out.append(f"Profile of one step each: {split_lines[2]}.")
     return out

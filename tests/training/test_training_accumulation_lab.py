@@ -7,7 +7,7 @@ import matplotlib.pyplot as plt
 import pytest
 import torch
 
-from helpers.training import accumulation_lab
+from helpers.training import accumulation_lab, accumulation_profile_lab
 from test_training_accumulation import model_and_batch
 
 
@@ -116,7 +116,8 @@ def test_sweep_summary_recommends_only_a_size_whose_iqr_clears_the_others_and_fl
     out, lines = accumulation_lab.sweep_summary(close, 4)
     assert out["first_vs_best_within_noise"] and "cannot tell b=1 from b=2" in lines[1]
     assert out["recommended_micro_batch"] is None and out["tied_micro_batches"] == [1, 2]
-    assert "no micro-batch is recommended" in lines[2] and "b=1, 2 overlap" in lines[2]
+    assert "no micro-batch is recommended" in lines[2] and "b=1, 2 are within the noise of each other" in lines[2]
+    assert "(b=1's tokens/s IQR 150-230 against b=2's 160-240)" in lines[2]
     assert out["smallest_b_within_10pct"] == 1
     assert out["memory_ratio_last_first"] == pytest.approx(3.0) and "more than in proportion to b (x2)" in lines[4]
     assert "b=[2] ran above 100%" in lines[-1] and "under-measured" in lines[-1]
@@ -149,12 +150,12 @@ def test_the_sweep_withholds_a_recommendation_when_planted_step_times_overlap(mo
         return step, mbs
     monkeypatch.setattr(accumulation_lab, "prepared_step", remember)
     median = {1: 1.0, 2: 0.5, 4: b4_seconds}
-    calls = {b: 0 for b in median}
+    calls, phase = {b: 0 for b in median}, {1: 0, 2: 0, 4: 1}
 
-    def planted(fn):  # each size cycles through -10%, 0, +10% of its median
+    def planted(fn):  # each size cycles through -10%, 0, +10% of its median; b=4 a round out of step with b=2
         b = size_of[fn]
         calls[b] += 1
-        return median[b] * (0.9, 1.0, 1.1)[calls[b] % 3]
+        return median[b] * (0.9, 1.0, 1.1)[(calls[b] + phase[b]) % 3]
     rows = [r | {"of_ceiling": 0.1} for r in accumulation_lab.sweep_micro_batches(m, opt, [1, 2, 4], 4, 16, reps=5, timer=planted)]
     assert [r["seconds"] for r in rows] == pytest.approx([1.0, 0.5, b4_seconds])
     out, lines = accumulation_lab.sweep_summary(rows, 4)
@@ -162,34 +163,55 @@ def test_the_sweep_withholds_a_recommendation_when_planted_step_times_overlap(mo
     assert ("no micro-batch is recommended" in lines[2]) == (recommended is None)
 
 
+def test_a_load_that_slows_every_size_of_a_round_alike_does_not_hide_the_fastest():
+    """Rows timed in the same rounds are ranked round by round: b=8's IQR overlaps b=16's because some rounds ran
+    on a loaded machine, yet b=16 was faster in every round, so it is recommended; the same medians and IQRs without
+    the rounds' samples are not ranked."""
+    load = [1.0, 1.3, 1.0, 1.6, 1.1, 1.0, 1.4]  # what other work did to each round, alike for both sizes
+    rows = []
+    for b, seconds in ((8, 0.105), (16, 0.100)):
+        samples = [seconds * x for x in load]
+        q = sorted(samples)
+        tokens = 16 * 64
+        rows.append({**_row(b, 16 // b, tokens / seconds, tokens / q[5], tokens / q[1], b * 2**20),
+                     "seconds_samples": samples})
+    assert rows[0]["tokens_per_s_q75"] > rows[1]["tokens_per_s_q25"]  # the IQRs overlap
+    out, lines = accumulation_lab.sweep_summary(rows, 16)
+    assert out["recommended_micro_batch"] == 16 and not out["first_vs_best_within_noise"]
+    assert "b=8's step took 1.05x b=16's round by round (quartiles 1.05-1.05 over 7 interleaved rounds)" in lines[1]
+    unpaired = [{k: v for k, v in r.items() if k != "seconds_samples"} for r in rows]
+    out, lines = accumulation_lab.sweep_summary(unpaired, 16)
+    assert out["recommended_micro_batch"] is None and "b=8's tokens/s IQR" in lines[2]
+
+
 @pytest.mark.slow
 def test_profile_splits_counts_k_times_the_matmul_calls(results_tmp):
     m, _, _ = model_and_batch()
     opt = torch.optim.AdamW(m.parameters())
-    rows = accumulation_lab.profile_splits(m, opt, [(1, 4), (4, 1)], 16)
+    rows = accumulation_profile_lab.profile_splits(m, opt, [(1, 4), (4, 1)], 16)
     small, big = rows
     assert small["matmul_calls"] == 4 * big["matmul_calls"] > 0  # the same FLOPs in k times the calls
     assert 0 < small["matmul_share"] <= 1 and small["matmul_ms"] <= small["total_ms"]
     assert len(small["profile"].rows) == 8 and small["profile"].trace_path.exists()
     assert small["profile"].trace_path.parent == results_tmp / "traces" and 0 < small["ran_share"] <= 1
     with pytest.raises(ValueError, match="splits"):
-        accumulation_lab.profile_splits(m, opt, [], 16)
+        accumulation_profile_lab.profile_splits(m, opt, [], 16)
 
 
 def test_split_profile_lines_follow_the_numbers():
     def row(b, k, calls, mm, total, ran=1.0):
         return {"micro_batch": b, "accum_steps": k, "matmul_calls": calls, "matmul_ms": mm, "total_ms": total,
                 "matmul_share": mm / total, "ran_share": ran}
-    lines = accumulation_lab.split_profile_lines([row(1, 16, 320, 30.0, 60.0), row(16, 1, 20, 10.0, 30.0)])
+    lines = accumulation_profile_lab.split_profile_lines([row(1, 16, 320, 30.0, 60.0), row(16, 1, 20, 10.0, 30.0)])
     assert lines[0] == "b=1 (k=16): 320 matmul calls per step, 30.0 ms in them = 50% of the 60.0 ms of op self time"
     assert "x16.0 as many matmul calls: matmul time x3.00, the other ops' time x1.50" in lines[2]
     assert "the matmuls themselves" in lines[3]
-    lines = accumulation_lab.split_profile_lines([row(1, 16, 320, 11.0, 60.0), row(16, 1, 20, 10.0, 30.0)])
+    lines = accumulation_profile_lab.split_profile_lines([row(1, 16, 320, 11.0, 60.0), row(16, 1, 20, 10.0, 30.0)])
     assert "the ops around the matmuls" in lines[3]
-    lines = accumulation_lab.split_profile_lines([row(1, 16, 320, 10.5, 31.0), row(16, 1, 20, 10.0, 30.0)])
+    lines = accumulation_profile_lab.split_profile_lines([row(1, 16, 320, 10.5, 31.0), row(16, 1, 20, 10.0, 30.0)])
     assert "paid no visible price" in lines[3]
-    assert len(accumulation_lab.split_profile_lines([row(4, 4, 80, 10.0, 30.0)])) == 1  # one split: described, not compared
-    lines = accumulation_lab.split_profile_lines([row(1, 16, 320, 30.0, 60.0, ran=0.4), row(16, 1, 20, 10.0, 30.0)])
+    assert len(accumulation_profile_lab.split_profile_lines([row(4, 4, 80, 10.0, 30.0)])) == 1  # one split: described, not compared
+    lines = accumulation_profile_lab.split_profile_lines([row(1, 16, 320, 30.0, 60.0, ran=0.4), row(16, 1, 20, 10.0, 30.0)])
     assert "ran only 40%" in lines[3] and "not said" in lines[3] and "the matmuls themselves" not in "".join(lines)
 
 
@@ -200,7 +222,8 @@ def test_the_takeaways_follow_the_numbers():
     kwargs = dict(accum_steps=4, equal_error=3e-8, counts=[64, 20, 31, 9], wrong=0.123, wrong_cosine=0.98765,
                   token_error=4e-8, empty_error=5e-8, summary={"memory_ratio_last_first": 7.96},
                   sweep=[{"micro_batch": 1}, {"micro_batch": 8}], sweep_lines=["first", "second", "third"],
-                  splits=[split(1, 16, 320, 30.0, 60.0), split(16, 1, 20, 10.0, 30.0)])
+                  split_lines=accumulation_profile_lab.split_profile_lines([split(1, 16, 320, 30.0, 60.0),
+                                                                             split(16, 1, 20, 10.0, 30.0)]))
     lines = accumulation_lab.takeaway_lines(**kwargs)
     assert lines[0].startswith("4 micro-batches scaled by 1/k gave the one-batch gradient to a relative error of "
                                "3.0e-08")
@@ -209,7 +232,7 @@ def test_the_takeaways_follow_the_numbers():
     assert "Memory followed b: x8.0 from b=1 to b=8" in lines[2]
     assert lines[3] == "Throughput: first; second; third."
     assert lines[4].startswith("Profile of one step each: the same FLOPs in x16.0 as many matmul calls")
-    one = accumulation_lab.takeaway_lines(**{**kwargs, "sweep": [{"micro_batch": 4}], "splits": kwargs["splits"][:1]})
+    one = accumulation_lab.takeaway_lines(**{**kwargs, "sweep": [{"micro_batch": 4}], "split_lines": kwargs["split_lines"][:1]})
     assert one[3] == "Throughput: first; second." and len(one) == 4
 
 
@@ -240,7 +263,7 @@ def test_notebook_parameters_fail_at_once_naming_the_parameter(results_tmp, name
 
 def test_notebook_parameters_resolve_none_to_the_profile_default(results_tmp, capsys):
     scope = _validate()
-    assert (scope["PRESET"], scope["SEQ_LEN"], scope["EFFECTIVE_BATCH"], scope["REPS"]) == ("tiny", 64, 16, 5)
+    assert (scope["PRESET"], scope["SEQ_LEN"], scope["EFFECTIVE_BATCH"], scope["REPS"]) == ("tiny", 64, 16, 7)
     assert scope["MICRO_BATCHES"] == [1, 2, 4, 8, 16]
     assert (scope["CHECK_MICRO_BATCH"], scope["CHECK_ACCUM_STEPS"]) == (2, 4)
     assert _validate(REPS=7, MICRO_BATCHES=[8, 2])["MICRO_BATCHES"] == [2, 8]  # smallest first
