@@ -38,14 +38,15 @@ $(STAMP): pyproject.toml
 CHROMIUM ?= $(or $(COURSE_CHROMIUM),/usr/bin/chromium)
 
 # Two parts: the suite on JOBS workers (pytest-xdist, a file per worker at a time: the notebooks run on one torch
-# thread each, so two cores run two files), then the tests marked `serial` alone, since they load the cores
+# thread each, so two cores run two files; in collection order, which tests/conftest.py begins with the browser
+# suite, the longest file), then the tests marked `serial` alone, since they load the cores
 # themselves. The under-load comparison runs its quiet side there too, alone: a notebook run beside the other
 # worker is not a quiet run. Exit 5 ("no test collected": ARGS picked no serial test) counts as a pass.
 JOBS ?= 2
 
 test: $(STAMP)
 	@test -x "$(CHROMIUM)" || echo "make test: no Chromium at $(CHROMIUM), so the browser suite (tests/browser) is SKIPPED; install it with 'apt-get install --no-install-recommends chromium' (or set COURSE_CHROMIUM) to run it"
-	COURSE_CHROMIUM="$(CHROMIUM)" $(PY) -m pytest -n $(JOBS) --dist loadfile -m "not serial" $(ARGS); \
+	COURSE_CHROMIUM="$(CHROMIUM)" $(PY) -m pytest -n $(JOBS) --dist loadfile --no-loadscope-reorder -m "not serial" $(ARGS); \
 	  first=$$?; \
 	  COURSE_CHROMIUM="$(CHROMIUM)" $(PY) -m pytest -m serial $(ARGS); \
 	  second=$$?; [ $$second -eq 5 ] && second=0; \

@@ -11,6 +11,16 @@ if not torch.cuda.is_available():  # Triton kernels run in its interpreter; set 
 matplotlib.use("Agg")  # tests draw off-screen; notebook kernels choose their own backend
 
 
+def pytest_collection_modifyitems(config, items):
+    """The files of the browser suite first, every other file after them in collection order, each file's tests kept
+    together and in order. `make test` hands whole files to its two workers in collection order (--dist loadfile
+    --no-loadscope-reorder), and a long file that starts late decides when the suite ends: the browser suite runs
+    every notebook with a panel in JupyterLab, about ten minutes on one core, so it starts at once and the other
+    worker takes the rest."""
+    browser = {item.nodeid.split("::")[0] for item in items if item.get_closest_marker("browser")}
+    items.sort(key=lambda item: item.nodeid.split("::")[0] not in browser)  # stable: each file stays in one piece
+
+
 @pytest.fixture
 def results_tmp(tmp_path):
     """Point helpers.measure.results at a fresh folder for the test, and restore the default after."""

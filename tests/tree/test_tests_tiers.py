@@ -48,3 +48,28 @@ def test_test_files_sit_in_the_folder_of_the_package_they_test():
 def test_the_fast_tier_is_documented_where_contributors_look():
     for doc in ("README.md", "CONTRIBUTING.md"):
         assert re.search(r"make test-fast", (ROOT / doc).read_text()), doc
+
+
+class _Item:
+    """What the ordering hook reads of a collected test: its node id and its markers."""
+
+    def __init__(self, nodeid: str, browser: bool = False):
+        self.nodeid, self.browser = nodeid, browser
+
+    def get_closest_marker(self, name: str):
+        return object() if name == "browser" and self.browser else None
+
+
+def test_the_browser_suite_is_handed_out_first_and_every_file_stays_in_one_piece():
+    import conftest  # tests/conftest.py, on the path as pytest's rootdir conftest
+
+    items = [_Item("tests/a/test_a.py::one"), _Item("tests/a/test_a.py::two"),
+             _Item("tests/browser/test_panels.py::skip_check"), _Item("tests/browser/test_panels.py::panel", True),
+             _Item("tests/b/test_b.py::one"), _Item("tests/browser/test_site.py::site", True)]
+    conftest.pytest_collection_modifyitems(None, items)
+    assert [i.nodeid for i in items] == [
+        "tests/browser/test_panels.py::skip_check", "tests/browser/test_panels.py::panel",
+        "tests/browser/test_site.py::site", "tests/a/test_a.py::one", "tests/a/test_a.py::two", "tests/b/test_b.py::one"]
+    # the order only holds if xdist keeps it: make test's parallel part must not let it reorder by test count
+    (line,) = [ln for ln in (ROOT / "Makefile").read_text().splitlines() if "-n $(JOBS)" in ln]
+    assert "--dist loadfile" in line and "--no-loadscope-reorder" in line
