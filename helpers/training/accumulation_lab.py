@@ -210,7 +210,9 @@ def sweep_summary(rows: Sequence[dict], effective_batch: int) -> tuple[dict, lis
     else:
         lines.append(f"b={first['micro_batch']} is slower beyond this run's noise: {_noise_words(first, best)}")
     if len(rows) > 1:
-        lines.append(f"recommended: b={best['micro_batch']}, the fastest, clear of every other size beyond the noise"
+        runner_up = max((r for r in rows if r is not best), key=lambda r: r["tokens_per_s"])
+        lines.append(f"recommended: b={best['micro_batch']}, the fastest, clear of every other size beyond the noise "
+                     f"(the nearest: {_noise_words(runner_up, best)})"
                      if out["recommended_micro_batch"] is not None else
                      f"no micro-batch is recommended: this run cannot tell which is fastest, since "
                      f"b={', '.join(map(str, tied_bs))} are within the noise of each other ("

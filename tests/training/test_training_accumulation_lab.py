@@ -179,6 +179,8 @@ def test_a_load_that_slows_every_size_of_a_round_alike_does_not_hide_the_fastest
     out, lines = accumulation_lab.sweep_summary(rows, 16)
     assert out["recommended_micro_batch"] == 16 and not out["first_vs_best_within_noise"]
     assert "b=8's step took 1.05x b=16's round by round (quartiles 1.05-1.05 over 7 interleaved rounds)" in lines[1]
+    assert lines[2].endswith("beyond the noise (the nearest: b=8's step took 1.05x b=16's round by round "
+                             "(quartiles 1.05-1.05 over 7 interleaved rounds))")
     unpaired = [{k: v for k, v in r.items() if k != "seconds_samples"} for r in rows]
     out, lines = accumulation_lab.sweep_summary(unpaired, 16)
     assert out["recommended_micro_batch"] is None and "b=8's tokens/s IQR" in lines[2]
