@@ -1,5 +1,6 @@
 """The test suite's shape: folders that mirror the packages, tiers by declared markers, and a fast tier that
 leaves every slow tier out."""
+import importlib.util
 import re
 from pathlib import Path
 
@@ -61,8 +62,9 @@ class _Item:
 
 
 def test_the_browser_suite_is_handed_out_first_and_every_file_stays_in_one_piece():
-    import conftest  # tests/conftest.py, on the path as pytest's rootdir conftest
-
+    spec = importlib.util.spec_from_file_location("tests_conftest", ROOT / "tests" / "conftest.py")
+    conftest = importlib.util.module_from_spec(spec)  # by its path: under xdist, `import conftest` finds another
+    spec.loader.exec_module(conftest)
     items = [_Item("tests/a/test_a.py::one"), _Item("tests/a/test_a.py::two"),
              _Item("tests/browser/test_panels.py::skip_check"), _Item("tests/browser/test_panels.py::panel", True),
              _Item("tests/b/test_b.py::one"), _Item("tests/browser/test_site.py::site", True)]
