@@ -167,11 +167,31 @@ def _noise_words(a: dict, b: dict) -> str:
             f"b={b['micro_batch']}'s {b['tokens_per_s_q25']:.4g}-{b['tokens_per_s_q75']:.4g}")
 
 
+def _faster(a: dict, b: dict) -> bool:
+    """Whether row a was faster than row b beyond the noise: round by round, the lower quartile of b's step time
+    over a's above 1, where they share their rounds; else a's tokens/s IQR wholly above b's."""
+    sa, sb = a.get("seconds_samples"), b.get("seconds_samples")
+    if sa and sb and len(sa) == len(sb):
+        return protocol.paired_samples_ratio(sb, sa).lo > 1
+    return a["tokens_per_s_q25"] > b["tokens_per_s_q75"]
+
+
+def _step_ratio(a: dict, b: dict) -> tuple[float, float, float]:
+    """(value, lo, hi) of row a's step time over row b's: the paired rounds' median and quartiles where the rows share
+    their rounds, else the ratio of medians bounded by the opposite quartiles of their tokens/s."""
+    sa, sb = a.get("seconds_samples"), b.get("seconds_samples")
+    if sa and sb and len(sa) == len(sb):
+        r = protocol.paired_samples_ratio(sa, sb)
+        return r.value, r.lo, r.hi
+    return (b["tokens_per_s"] / a["tokens_per_s"], b["tokens_per_s_q25"] / a["tokens_per_s_q75"],
+            b["tokens_per_s_q75"] / a["tokens_per_s_q25"])
+
+
 def fastest(rows: Sequence[dict]) -> tuple[dict, list[dict]]:
-    """The row with the highest median tokens/s and the other rows this run cannot tell from it (`_overlap`;
-    empty when it is separated from every other size)."""
+    """The row with the highest median tokens/s and the other rows it was not faster than beyond the noise
+    (`_faster`; empty when it beat every other size)."""
     top = max(rows, key=lambda r: r["tokens_per_s"])
-    return top, [r for r in rows if r is not top and _overlap(r, top)]
+    return top, [r for r in rows if r is not top and not _faster(top, r)]
 
 
 def sweep_summary(rows: Sequence[dict], effective_batch: int) -> tuple[dict, list[str]]:
@@ -180,8 +200,9 @@ def sweep_summary(rows: Sequence[dict], effective_batch: int) -> tuple[dict, lis
     rows: `sweep_micro_batches` rows (in any order), each with "of_ceiling" (achieved over the measured matmul
     ceiling). A micro-batch is recommended only when it is faster than every other size beyond the noise
     ("recommended_micro_batch"; else None, and "tied_micro_batches" names the sizes that cannot be told from the
-    fastest median); differences within the noise are called noise, not a trend. Both are judged round by round
-    where the rows share their rounds (`_overlap`). Raises ValueError for no rows.
+    fastest median); differences within the noise are called noise, not a trend. "step_first_over_last": the smallest
+    micro-batch's step time over the largest's, (value, lo, hi), for the same update. Both are judged round by round
+    where the rows share their rounds (`_faster`, `_overlap`). Raises ValueError for no rows.
     """
     if not rows:
         raise ValueError("no rows: every micro-batch size ran out of memory")
@@ -196,7 +217,8 @@ def sweep_summary(rows: Sequence[dict], effective_batch: int) -> tuple[dict, lis
            "recommended_micro_batch": None if tied or len(rows) == 1 else best["micro_batch"],
            "tied_micro_batches": tied_bs, "first_fraction_of_best": first["tokens_per_s"] / best["tokens_per_s"],
            "first_vs_best_within_noise": _overlap(first, best), "smallest_b_within_10pct": enough["micro_batch"],
-           "memory_ratio_last_first": mem_ratio, "micro_batch_ratio_last_first": b_ratio}
+           "memory_ratio_last_first": mem_ratio, "micro_batch_ratio_last_first": b_ratio,
+           "step_first_over_last": _step_ratio(first, last)}
     lines = [f"b={first['micro_batch']} (k={first['accum_steps']}): {first['tokens_per_s']:.4g} tokens/s, "
              f"{out['first_fraction_of_best']:.0%} of the fastest median ({best['tokens_per_s']:.4g} tokens/s at "
              f"b={best['micro_batch']}); {first['of_ceiling']:.1%} vs {best['of_ceiling']:.1%} of the ceiling"]
@@ -245,15 +267,10 @@ def efficiency_claim(rows: Sequence[dict]) -> dict:
         raise ValueError("the claim needs at least two micro-batch sizes")
     rows = sorted(rows, key=lambda r: r["micro_batch"])
     most, least = rows[0], rows[-1]
-    a, b = most.get("seconds_samples"), least.get("seconds_samples")
-    if a and b and len(a) == len(b):  # same tokens per step, so the tokens/s ratio of a round is its time ratio inverted
-        paired = protocol.paired_samples_ratio(b, a)
-        ratio, lo, hi = paired.value, paired.lo, paired.hi
-        how = f"median of {len(a)} paired rounds"
-    else:
-        ratio = most["tokens_per_s"] / least["tokens_per_s"]
-        lo, hi = most["tokens_per_s_q25"] / least["tokens_per_s_q75"], most["tokens_per_s_q75"] / least["tokens_per_s_q25"]
-        how = "ratio of medians, bounded by the opposite quartiles"
+    ratio, lo, hi = _step_ratio(least, most)  # same tokens per step: that time ratio is most's tokens/s over least's
+    paired = most.get("seconds_samples") and len(most["seconds_samples"]) == len(least.get("seconds_samples") or [])
+    how = (f"median of {len(most['seconds_samples'])} paired rounds" if paired else
+           "ratio of medians, bounded by the opposite quartiles")
     curve = ", ".join(f"b={r['micro_batch']}: {r['tokens_per_s'] / least['tokens_per_s']:.2f}x" for r in rows)
     return dict(claim_id="accumulation-efficiency", notebook="05", claim="gradient accumulation raises compute "
                 "efficiency when the batch cannot grow", source="the second source text, section 4", value=ratio,

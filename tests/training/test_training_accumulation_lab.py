@@ -1,6 +1,7 @@
 """helpers.training.accumulation_lab: measured rows and their memory, the sweep at one effective batch,
 the panel and the sweep figure, the sweep's and the profile's sentences, and notebook 05's parameters."""
 import json
+import statistics
 from pathlib import Path
 
 import matplotlib.pyplot as plt
@@ -178,12 +179,24 @@ def test_a_load_that_slows_every_size_of_a_round_alike_does_not_hide_the_fastest
     assert rows[0]["tokens_per_s_q75"] > rows[1]["tokens_per_s_q25"]  # the IQRs overlap
     out, lines = accumulation_lab.sweep_summary(rows, 16)
     assert out["recommended_micro_batch"] == 16 and not out["first_vs_best_within_noise"]
+    assert out["step_first_over_last"] == pytest.approx((1.05, 1.05, 1.05))  # the load cancels round by round
     assert "b=8's step took 1.05x b=16's round by round (quartiles 1.05-1.05 over 7 interleaved rounds)" in lines[1]
     assert lines[2].endswith("beyond the noise (the nearest: b=8's step took 1.05x b=16's round by round "
                              "(quartiles 1.05-1.05 over 7 interleaved rounds))")
     unpaired = [{k: v for k, v in r.items() if k != "seconds_samples"} for r in rows]
     out, lines = accumulation_lab.sweep_summary(unpaired, 16)
     assert out["recommended_micro_batch"] is None and "b=8's tokens/s IQR" in lines[2]
+
+
+def test_the_fastest_median_is_not_recommended_when_the_other_size_won_most_rounds():
+    """b=2 has the faster median step, yet b=1 was faster in four rounds of five (one slow round of b=1's moved the
+    medians): the per-round ratio's quartiles lie below 1, on the wrong side for b=2, so nothing is recommended."""
+    times = {2: [2.0, 3.0, 4.0, 5.0, 1.0], 1: [1.9, 2.9, 3.9, 4.9, 10.0]}
+    rates = {b: 1024 / statistics.median(t) for b, t in times.items()}
+    rows = [{**_row(b, 2 // b, rates[b], rates[b], rates[b], b * 2**20), "seconds_samples": t} for b, t in times.items()]
+    out, _ = accumulation_lab.sweep_summary(rows, 2)
+    assert out["fastest_median_micro_batch"] == 2 and out["recommended_micro_batch"] is None
+    assert out["tied_micro_batches"] == [1, 2]
 
 
 @pytest.mark.slow
