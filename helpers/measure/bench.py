@@ -133,11 +133,15 @@ def resolve_clock(device: str, clock: str = "auto") -> str:
     is the thread's CPU clock when torch runs on one thread (as `params.setup` sets it) and the wall clock
     otherwise (the thread's clock would miss the other threads' work); "wall" is the wall clock, for code whose
     waiting is the lesson (loader workers, ranks, queues); "thread" insists on the thread's clock and raises
-    ValueError when torch runs on more than one thread. Raises ValueError for any other name."""
-    if clock not in ("auto", clocks.WALL, clocks.THREAD):
+    ValueError when torch runs on more than one thread. A clock this function returned is accepted back, so a
+    resolved name can be passed on ("cuda events" only on CUDA). Raises ValueError for any other name."""
+    if clock not in ("auto", clocks.WALL, clocks.THREAD, clocks.EVENTS):
         raise ValueError(f"clock={clock!r}; choose 'auto', 'wall' or 'thread'")
     if device == "cuda":
         return clocks.EVENTS
+    if clock == clocks.EVENTS:
+        raise ValueError(f"clock={clock!r} is read on a CUDA GPU only; on device={device!r} "
+                         "choose 'auto', 'wall' or 'thread'")
     if clock == clocks.THREAD and torch.get_num_threads() != 1:
         raise ValueError(f"clock='thread' times one thread, but torch runs on {torch.get_num_threads()}: "
                          "use torch.set_num_threads(1) (or bench.cpu_threads) around the timing, or clock='wall'")

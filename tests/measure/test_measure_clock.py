@@ -61,6 +61,18 @@ def test_bench_reads_the_thread_clock_on_one_thread_and_the_wall_clock_on_more(o
     assert bench.resolve_clock("cuda", "wall") == clock.EVENTS
 
 
+def test_a_resolved_clock_passed_back_resolves_to_itself(one_thread):
+    # protocol.device_timer resolves its clock once and hands the name to bench.benchmark, which resolves it
+    # again: on CUDA that name is "cuda events", so every name resolve_clock returns must be accepted back
+    for device in ("cpu", "cuda"):
+        for asked in ("auto", "wall", "thread"):
+            read = bench.resolve_clock(device, asked)
+            assert bench.resolve_clock(device, read) == read, (device, asked, read)
+    assert bench.resolve_clock("cuda", clock.EVENTS) == clock.EVENTS
+    with pytest.raises(ValueError, match="CUDA GPU only"):
+        bench.resolve_clock("cpu", clock.EVENTS)
+
+
 def test_interleaved_and_protocol_timings_say_which_clock_they_read(one_thread):
     fns = {"a": lambda: _spin(0.001), "b": lambda: _spin(0.002)}
     assert {t.clock for t in bench.benchmark_interleaved(fns, reps=3, device="cpu").values()} == {clock.THREAD}
