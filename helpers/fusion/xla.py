@@ -59,6 +59,9 @@ def one_thread() -> dict[str, Any]:
 
     if _backend_started():
         return {"started_here": False, "pinned": False}
+    # the CPU alone: where jax has a GPU plugin (the H200 image's has CUDA's), its default device is the GPU, where an
+    # fp32 matmul may run in TF32 (logits 5e-4 off eager's there) and jax takes most of the GPU's memory at start
+    jax.config.update("jax_platforms", "cpu")
     jax.config.update("jax_cpu_enable_async_dispatch", False)  # a call returns when its work is done
     can_pin = hasattr(os, "sched_setaffinity")
     saved = os.sched_getaffinity(0) if can_pin else None
@@ -85,6 +88,14 @@ def thread_share(fn: Callable[[], Any], calls: int = 20) -> float:
     return min(1.0, sw.cpu / spent) if spent > 0 else 1.0
 
 
+def _on_cpu(array):
+    """`array` committed to jax's CPU device, so that a jit of it compiles for the CPU even where jax's default
+    device is a GPU (a jax started before `one_thread` could narrow it to the CPU)."""
+    import jax  # here, not at the top: see the module's docstring
+
+    return jax.device_put(array, jax.devices("cpu")[0])
+
+
 def weights(model: torch.nn.Module) -> dict[str, Any]:
     """The model's state_dict as float32 jnp arrays on the CPU, keyed as in the state_dict. A tied head is left out:
     `jax_gpt_forward` reads the token table in its place, as the torch model does."""
@@ -93,7 +104,7 @@ def weights(model: torch.nn.Module) -> dict[str, Any]:
     state = dict(model.state_dict())
     if model.config.tie_embeddings:
         state.pop("lm_head.weight", None)
-    return {k: jnp.asarray(v.detach().to("cpu", torch.float32).numpy()) for k, v in state.items()}
+    return {k: _on_cpu(jnp.asarray(v.detach().to("cpu", torch.float32).numpy())) for k, v in state.items()}
 
 
 def jax_layer_norm(x, weight, bias, eps: float = 1e-5):
@@ -153,7 +164,7 @@ def tokens_for_jax(tokens: torch.Tensor):
     """Token ids as a jnp int32 array on the CPU (jax keeps 32-bit integers unless x64 is switched on)."""
     import jax.numpy as jnp  # here, not at the top: see the module's docstring
 
-    return jnp.asarray(tokens.detach().to("cpu", torch.int32).numpy())
+    return _on_cpu(jnp.asarray(tokens.detach().to("cpu", torch.int32).numpy()))
 
 
 def compile_forward(forward: Callable, w: dict, tokens, cfg) -> dict[str, Any]:

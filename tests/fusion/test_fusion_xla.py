@@ -78,6 +78,20 @@ def test_one_thread_keeps_the_work_on_the_calling_thread(started, capsys):
     assert capsys.readouterr().out == ""
 
 
+@pytest.mark.slow  # starts jax's CPU client: seconds on 2 cores
+def test_jax_runs_on_the_cpu_alone_and_the_arrays_are_committed_there(started):
+    # where jax has a GPU plugin its default device is the GPU (fp32 matmuls there may run in TF32, 5e-4 off eager's
+    # logits on an H200): one_thread narrows jax to the CPU, and weights and tokens are put on the CPU device
+    import jax
+
+    if started["started_here"]:
+        assert jax.config.jax_platforms == "cpu"
+    cfg, model, tokens = _model()
+    placed = [*xla.weights(model).values(), xla.tokens_for_jax(tokens)]
+    assert {d.platform for a in placed for d in a.devices()} == {"cpu"}
+    assert all(a.committed for a in placed)  # a jit of committed arrays compiles for their device, not the default
+
+
 PLANTED_HLO = """HloModule planted
 
 %fused_computation (param_0: f32[4]) -> f32[4] {
