@@ -51,7 +51,7 @@ def line_for(notebook: str, doc: dict | None, gpu: str) -> str | None:
     if doc is None:
         return None
     o = doc["notebooks"].get(notebook)
-    when = str(doc.get("started", "?"))[:10]
+    when = str((o or {}).get("started") or doc.get("started", "?"))[:10]  # merged passes: the notebook's own
     if o is None:
         return f"Not in the smoke pass on {gpu} ({when})."
     took = f" ({o['seconds']:.0f} s)" if o.get("seconds") is not None else ""

@@ -408,3 +408,56 @@ def test_an_unwritable_out_or_cache_dir_is_one_line(tmp_path, capsys, option):
     captured = capsys.readouterr()
     assert code == 2 and captured.err.count("\n") == 1 and option in captured.err and str(blocker) in captured.err
     assert "Traceback" not in captured.err + captured.out and not (tmp_path / "out" / "goals.json").exists()
+
+
+def _goals_doc(started, goals, planned=None):
+    return {"started": started, "machine": {"gpu": "NVIDIA H200"}, "planned": planned or [g["goal"] for g in goals],
+            "goals": goals}
+
+
+def _planted_goal(key, status, ratio=None, met=None, reason=""):
+    return {"notebook": key[:2], "goal": key, "status": status, "ratio": ratio, "met": met, "target": ">= 1.5",
+            "headline": "a / b", "reason": reason}
+
+
+def test_a_later_goals_run_merges_over_the_earlier_and_the_readme_keeps_both_tables(tmp_path):
+    # a first run failed two goals and skipped one on its budget; a second, after a fix, measured the failed ones and
+    # skipped the one the first had measured: every goal keeps its latest started outcome, the replaced one under
+    # "earlier", and the README holds the smoke table and the goals table, each once, whatever the order of imports
+    from tools.capture import capture, goals_record
+
+    first = _goals_doc("2026-12-04T13:16:00+00:00", [_planted_goal("07.scaled_mm", "measured", 1.88, True),
+                                                     _planted_goal("09.train_step", "failed", reason="ValueError: clock"),
+                                                     _planted_goal("11.speculative", "skipped", reason="budget")])
+    second = _goals_doc("2026-12-04T13:28:00+00:00", [_planted_goal("09.train_step", "measured", 1.27, False),
+                                                      _planted_goal("07.scaled_mm", "skipped", reason="budget"),
+                                                      _planted_goal("11.speculative", "stopped", reason="time limit")])
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    (tmp_path / "a" / "goals.json").write_text(json.dumps(first))
+    (tmp_path / "b" / "goals.json").write_text(json.dumps(second))
+    target = tmp_path / "results" / "nvidia-h200"
+    target.mkdir(parents=True)
+    (target / "README.md").write_text(f"# Reference: NVIDIA H200\n\nthe capture's part\n\n{capture.SMOKE_MARK}\n"
+                                      "## The smoke pass on this GPU\n\nsmoke table\n")
+    assert capture.main(["import", str(tmp_path / "a" / "goals.json"), str(tmp_path / "b" / "goals.json"),
+                         "--into", str(tmp_path / "results")]) == 0
+    doc = json.loads((target / "goals.json").read_text())
+    by = {g["goal"]: g for g in doc["goals"]}
+    assert [g["goal"] for g in doc["goals"]] == ["09.train_step", "07.scaled_mm", "11.speculative"]
+    assert by["07.scaled_mm"]["status"] == "measured" and by["07.scaled_mm"]["run_started"] == first["started"]
+    assert by["09.train_step"]["ratio"] == 1.27 and by["09.train_step"]["earlier"]["status"] == "failed"
+    assert by["11.speculative"]["status"] == "stopped" and by["11.speculative"]["earlier"]["status"] == "skipped"
+    assert doc["runs"] == [first["started"], second["started"]]
+    readme = (target / "README.md").read_text()
+    assert readme.startswith("# Reference: NVIDIA H200\n\nthe capture's part") and "smoke table" in readme
+    assert readme.count(capture.GOALS_MARK) == 1 and readme.index(capture.SMOKE_MARK) < readme.index(capture.GOALS_MARK)
+    assert "in 2 run(s): 2 of 3 measured, 1 met" in readme and "1.88 (a / b)" in readme
+    assert "stopped: time limit" in readme
+    # a smoke import after the goals rewrites its own table and keeps the goals'
+    capture.set_section(target / "README.md", capture.SMOKE_MARK, f"{capture.SMOKE_MARK}\nnew smoke table\n", "# x")
+    again = (target / "README.md").read_text()
+    assert "new smoke table" in again and "smoke table\n" not in again.replace("new smoke table\n", "")
+    assert again.count(capture.GOALS_MARK) == 1 and "1.88 (a / b)" in again
+    assert capture.kept_sections(target / "README.md").count(capture.SMOKE_MARK) == 1
+    assert goals_record.merge_goals(None, second)["runs"] == [second["started"]]

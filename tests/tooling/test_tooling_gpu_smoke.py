@@ -1,5 +1,6 @@
 """The GPU smoke pass: every notebook at smoke sizes, several at once, reported per notebook, failures packed,
 imported into results/<gpu>/ and named by the report."""
+import io
 import json
 import os
 import tarfile
@@ -110,6 +111,40 @@ def test_import_puts_the_pass_beside_the_references_and_the_report_names_it(tmp_
     gpu_smoke.import_smoke(tmp_path / "out" / "smoke.tgz", tmp_path / "results")  # a second import replaces the table
     again = (path.parent / "README.md").read_text()
     assert "the capture's part" in again and again.count("## The smoke pass on this GPU") == 1
+
+
+def test_a_later_pass_of_some_notebooks_replaces_their_rows_and_keeps_the_others(tmp_path, monkeypatch):
+    # a pass cut short or a fix re-run on a few notebooks: the record keeps every notebook's latest outcome, when
+    # it ran, and what it replaced
+    monkeypatch.setattr(gpu_smoke, "gpu_facts", lambda: {"gpu": "NVIDIA H200"})
+    for k, rows in enumerate([ROWS[:2], [{**ROWS[1], "ok": True, "status": "ok", "seconds": 41.0, "cell": None,
+                                          "error": ""}]]):
+        runner, _ = _fake_runner(FakeClock(), rows)
+        gpu_smoke.smoke_pass([r["notebook"][:2] for r in rows], tmp_path / f"out{k}", 240.0, runner=runner,
+                             log=lambda s: None, work=tmp_path / f"w{k}")
+        pack = tmp_path / f"out{k}" / "smoke.tgz"
+        if k == 0:  # the first pass ran a day earlier
+            members = gpu_smoke.read_pack(pack)
+            doc = json.loads(members["gpu-smoke.json"])
+            doc["started"] = "2026-12-01T10:00:00+00:00"
+            with tarfile.open(pack, "w:gz") as tar:
+                data = json.dumps(doc).encode()
+                info = tarfile.TarInfo("gpu-smoke.json")
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+        path = gpu_smoke.import_smoke(pack, tmp_path / "results")
+    doc = smoke_record.load(path.parent)
+    assert sorted(doc["notebooks"]) == ["00", "07"]
+    assert doc["notebooks"]["07"]["status"] == "ok"
+    assert doc["notebooks"]["07"]["earlier"] == {"status": "failed", "cell": 14, "started": "2026-12-01T10:00:00+00:00",
+                                                 "error": "RuntimeError: scaled_mm refused\n  more\n  and more"}
+    assert doc["notebooks"]["00"]["started"] == "2026-12-01T10:00:00+00:00" and "earlier" not in doc["notebooks"]["00"]
+    assert smoke_record.line_for("00", doc, "nvidia-h200").startswith("Ran on nvidia-h200 in the smoke profile on 2026-12-01")
+    day = doc["started"][:10]
+    assert day != "2026-12-01" and f"on {day}: every cell ran (41 s)" in smoke_record.line_for("07", doc, "nvidia-h200")
+    readme = (path.parent / "README.md").read_text()
+    assert "2 of 2 ran every cell" in readme and "in 2 passes, started 2026-12-01T10:00:00+00:00, " in readme
+    assert "pass started" in readme and "2026-12-01T10:00" in readme.split("```")[1]
 
 
 def test_import_refuses_a_cpu_pass_and_what_is_not_a_smoke_pack(tmp_path, monkeypatch):

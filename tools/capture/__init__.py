@@ -11,6 +11,8 @@ supervision, `helpers.measure.results`), which never imports this package.
 `goals`         `python -m tools.capture.goals`: the registry of the GPU performance goals (keyed by
                 notebook, e.g. `07.scaled_mm`), their H200 estimates, and the runner (one process per
                 goal, a time limit each, goals.json after every goal)
+`goals_record`  a GPU's goals kept beside its references: goals.json merged run over run (a goal a later
+                run did not start keeps its earlier outcome) and its table in the folder's README.md
 `goal_base`     what every goal function shares: its context (`Ctx`), its checks and result, its guards
                 (no CUDA, no FP8), and the trained models the goals share
 `goals_train`   the goals of notebooks 07 (FP8), 09 (torch.compile), 12 (data loading), 13 (distributed)

@@ -643,33 +643,39 @@ def import_packs(packs: list[Path], into: Path = REPO_ROOT / "results") -> Path:
     return target
 
 
-def import_goals(path: Path, into: Path = REPO_ROOT / "results", device: str | None = None) -> Path:
-    """Copy a `goals.json` (tools.capture.goals) to `into/<device>/goals.json`; returns that path. The device is
-    `device`, else the GPU its run names. Raises ValueError when the file is not a goals.json."""
-    try:
-        doc = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as err:
-        raise ValueError(f"{path}: not readable as JSON ({err})") from err
-    if not isinstance(doc, dict) or not isinstance(doc.get("goals"), list):
-        raise ValueError(f"{path}: not a goals.json (no list of goals)")
-    device = device or doc.get("machine", {}).get("gpu") or "none (CPU)"
-    target = Path(into) / slug_of_gpu("CPU" if device.startswith("none") else device)
-    target.mkdir(parents=True, exist_ok=True)
-    return write_atomic(target / "goals.json", json.dumps(doc, indent=1) + "\n")
-
-
 SMOKE_MARK = "<!-- the smoke pass: tools.capture.gpu_smoke import writes from here on -->"
+GOALS_MARK = "<!-- the goals: tools.capture.capture import writes from here on -->"
+MARKS = (SMOKE_MARK, GOALS_MARK)  # the generated sections at a reference README's end, in this order
+
+
+def _split_sections(text: str) -> tuple[str, dict[str, str]]:
+    """A README's text before its first mark, and each marked section (from its mark to the next mark)."""
+    found = sorted((text.find(m), m) for m in MARKS if m in text)
+    if not found:
+        return text, {}
+    ends = [at for at, _ in found[1:]] + [len(text)]
+    return text[:found[0][0]], {m: text[at:end].rstrip("\n") + "\n" for (at, m), end in zip(found, ends)}
 
 
 def kept_sections(readme: Path) -> str:
-    """What a reference folder's README.md holds from SMOKE_MARK on (the smoke pass's table, which
-    `tools.capture.gpu_smoke.import_smoke` writes), so that rewriting the README keeps it; "" when none."""
+    """What a reference folder's README.md holds from its first mark on (the smoke pass's table, which
+    `tools.capture.gpu_smoke.import_smoke` writes, and the goals', which `goals_record.import_goals` writes), so that
+    rewriting the README keeps them; "" when none."""
     try:
         text = Path(readme).read_text()
     except OSError:
         return ""
-    at = text.find(SMOKE_MARK)
-    return "" if at < 0 else "\n" + text[at:]
+    _, sections = _split_sections(text)
+    return "".join("\n" + sections[m] for m in MARKS if m in sections)
+
+
+def set_section(readme: Path, mark: str, section: str, title: str) -> None:
+    """Write `section` (which starts with `mark`) into README.md at `readme`, in place of the section under that
+    mark, keeping the rest; a README that is not there starts with `title`."""
+    text = readme.read_text() if readme.is_file() else f"{title}\n"
+    head, sections = _split_sections(text)
+    sections[mark] = section
+    write_atomic(readme, head.rstrip("\n") + "\n" + "".join("\n" + sections[m] for m in MARKS if m in sections))
 
 
 def _readme(device: str, facts: dict, manifest: dict, index: dict) -> str:
@@ -784,6 +790,7 @@ def _import(args) -> int:
     except OSError as err:
         print(f"import failed: cannot write {err.filename or args.into}: {err.strerror or err}")
         return 1
+    from tools.capture.goals_record import import_goals  # it imports this module: here, not at the top
     try:
         for g in goals:
             print(f"goals imported into {import_goals(g, args.into, None if target is None else target.name)}")

@@ -12,8 +12,9 @@ not finish ok, into `smoke.tgz` in the output folder (one file for the device to
 budget, the runner is stopped as a capture stops one notebook (SIGTERM to its process group, which stops
 its workers and kernels; then every process seen below it is killed): what finished is reported,
 the notebooks still running are "interrupted", those not started "not run". `import_smoke` copies
-`gpu-smoke.json` into `results/<gpu>/` and writes its table into that folder's README.md, and the report
-says per notebook whether, and when, it has run on that GPU.
+`gpu-smoke.json` into `results/<gpu>/` (a later pass of some notebooks merged over the earlier one) and writes
+its table into that folder's README.md, and the report says per notebook whether, and when, it has run on that
+GPU.
 """
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ from helpers.measure.params import is_finite_number
 from helpers.measure.results import REPO_ROOT, write_atomic
 from helpers.show.tables import table
 from tools.capture.capture import (SMOKE_MARK, BadPack, available_notebooks, gpu_facts, read_pack, run_notebook,
-                                   slug_of_gpu)
+                                   set_section, slug_of_gpu)
 
 NOTEBOOKS_DIR = REPO_ROOT / "notebooks"
 PACK_NAME = "smoke.tgz"
@@ -170,32 +171,65 @@ def read_smoke_pack(pack: Path) -> dict:
 
 def smoke_section(doc: dict) -> str:
     """The smoke pass as a README section: when it ran and, per notebook, its status, seconds, failing cell and
-    the error's first line."""
+    the error's first line; where passes of different days or times are merged, the pass each row comes from."""
+    notebooks = sorted(doc["notebooks"].items())
+    starts = sorted({str(o.get("started") or doc.get("started", "?")) for _, o in notebooks})
     rows = [[nb, o.get("status", "?"), f"{o.get('seconds', 0):.0f}", o.get("cell") or "-",
-             (str(o.get("error") or "").splitlines() or ["-"])[0][:100]] for nb, o in sorted(doc["notebooks"].items())]
-    ok = sum(o.get("status") == "ok" for o in doc["notebooks"].values())
+             (str(o.get("error") or "").splitlines() or ["-"])[0][:100]]
+            + ([str(o.get("started") or doc.get("started", "?"))[:16]] if len(starts) > 1 else [])
+            for nb, o in notebooks]
+    ok = sum(o.get("status") == "ok" for _, o in notebooks)
+    when = (f"started {starts[0]}" if len(starts) == 1 else
+            f"in {len(starts)} passes, started {', '.join(starts)} (a later pass of some notebooks replaces their "
+            "rows; the last column says which pass a row comes from, and the earlier outcome is kept in "
+            f"{SMOKE_FILE} as 'earlier')")
     return (f"{SMOKE_MARK}\n## The smoke pass on this GPU\n\n"
-            f"Every notebook in the smoke profile, {doc.get('jobs', JOBS)} at a time, started {doc.get('started', '?')}: "
+            f"Every notebook in the smoke profile, {doc.get('jobs', JOBS)} at a time, {when}: "
             f"{ok} of {len(rows)} ran every cell (`python -m tools.capture.gpu_smoke`; {SMOKE_FILE} beside this file).\n\n"
-            "```\n" + table(["notebook", "status", "seconds", "cell", "error"], rows) + "\n```\n")
+            "```\n" + table(["notebook", "status", "seconds", "cell", "error"] + (["pass started"] if len(starts) > 1
+                                                                                 else []), rows) + "\n```\n")
+
+
+def merge_passes(earlier: dict | None, later: dict) -> dict:
+    """`later`, a smoke pass (perhaps of some notebooks only), over `earlier` (the record already imported for the
+    same GPU, or None): each notebook keeps its latest outcome, stamped with the start of the pass it comes from;
+    a replaced outcome is kept under the notebook's "earlier" (status, cell, error, started); the doc's own
+    facts are the later pass's."""
+    def stamped(doc: dict) -> dict:
+        return {nb: {**o, "started": o.get("started") or doc.get("started")} for nb, o in doc["notebooks"].items()}
+
+    merged = stamped(earlier) if earlier else {}
+    for nb, o in stamped(later).items():
+        if nb in merged:
+            before = merged[nb]
+            o = {**o, "earlier": {k: before.get(k) for k in ("status", "cell", "error", "started")}}
+        merged[nb] = o
+    return {**later, "notebooks": dict(sorted(merged.items()))}
 
 
 def import_smoke(pack: Path, into: Path = REPO_ROOT / "results") -> Path:
-    """Copy a smoke pass's gpu-smoke.json into `into/<gpu>/` (the GPU its facts name) and write its table into
-    that folder's README.md (`smoke_section`, in place of an earlier pass's; the rest of the README is kept, and
-    a capture's import keeps the table); returns the json file. Raises BadPack for a pack that is not a smoke
-    pass, ValueError for one run without a GPU."""
+    """Copy a smoke pass's gpu-smoke.json into `into/<gpu>/` (the GPU its facts name), merged over the pass
+    already there for that GPU (`merge_passes`: a pass of some notebooks replaces their rows and keeps the
+    others), and write its table into that folder's README.md (`smoke_section`, in place of an earlier pass's;
+    the rest of the README is kept, and a capture's import keeps the table); returns the json file. Raises
+    BadPack for a pack that is not a smoke pass, ValueError for one run without a GPU."""
     doc = read_smoke_pack(pack)
     gpu = str(doc.get("gpu", {}).get("gpu") or "")
     if not gpu or gpu.startswith("none"):
         raise ValueError(f"{pack}: this smoke pass ran without a GPU ({gpu or 'no GPU named'}); nothing to import")
     target = Path(into) / slug_of_gpu(gpu)
     target.mkdir(parents=True, exist_ok=True)
+    earlier = None
+    if (target / SMOKE_FILE).is_file():
+        try:
+            earlier = json.loads((target / SMOKE_FILE).read_text())
+        except ValueError:
+            earlier = None  # a torn record is replaced, not merged
+        if not isinstance(earlier, dict) or not isinstance(earlier.get("notebooks"), dict):
+            earlier = None
+    doc = merge_passes(earlier, doc)
     path = write_atomic(target / SMOKE_FILE, json.dumps(doc, indent=2) + "\n")
-    readme = target / "README.md"
-    head = readme.read_text() if readme.is_file() else f"# Reference: {gpu}\n"
-    head = head.split(SMOKE_MARK)[0].rstrip("\n") + "\n\n"
-    write_atomic(readme, head + smoke_section(doc))
+    set_section(target / "README.md", SMOKE_MARK, smoke_section(doc), f"# Reference: {gpu}")
     return path
 
 
