@@ -261,3 +261,15 @@ def test_a_malformed_smoke_record_is_refused_at_import(tmp_path, odd):
     with pytest.raises(BadPack):
         gpu_smoke.import_smoke(pack, tmp_path / "results")
     assert not (tmp_path / "results").exists()
+
+
+def test_a_pass_starts_what_the_last_pass_did_not_finish_then_its_longest():
+    record = {"notebooks": {"00": {"status": "ok", "seconds": 10.0}, "06": {"status": "ok", "seconds": 106.0},
+                            "07": {"status": "ok", "seconds": 73.0}, "08": {"status": "ok", "seconds": 73.0},
+                            "09": {"status": "failed", "seconds": 112.0}, "14": {"status": "interrupted", "seconds": 47.0},
+                            "13": {"status": "ok", "seconds": None}}}
+    asked = ["00", "06", "07", "08", "09", "12", "13", "14"]
+    # unfinished or unseen first (course order among them), then by seconds, longest first; 07 before 08 on a tie
+    assert gpu_smoke.longest_first(asked, record) == ["09", "12", "13", "14", "06", "07", "08", "00"]
+    assert gpu_smoke.longest_first(asked, None) == asked
+    assert gpu_smoke.longest_first(["07", "06"], {"notebooks": {}}) == ["06", "07"]

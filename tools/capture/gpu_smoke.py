@@ -4,7 +4,8 @@ A lent GPU is rare and brief, and a learner on an H100 must not be the first to 
 paths (fp8 `torch._scaled_mm`, CUDA graphs, compiled Triton kernels, bitsandbytes' CUDA kernels, pinned
 copies, NCCL). So before the performance goals and the full-profile references, one pass runs every
 notebook at smoke sizes on the GPU, `jobs` at a time through the course runner (`helpers.course.run
---jobs`), within `budget_s`. Speed does not matter here, only that every cell runs.
+--jobs`), within `budget_s`, started in `longest_first` order (what the last pass on that GPU did not finish,
+then its longest). Speed does not matter here, only that every cell runs.
 
 `smoke_pass` writes `gpu-smoke.json` (per notebook: ok, failed with its cell and the error's first
 lines, interrupted, or not run) and packs it, with the executed copy and log of every notebook that did
@@ -29,6 +30,7 @@ import time
 from pathlib import Path
 from typing import Callable, Iterable
 
+from helpers.course import smoke_record
 from helpers.course.smoke_record import SMOKE_FILE
 from helpers.course.processes import OneLineParser, Stop, folder_problem, positive_argument, write_problem
 from helpers.measure.params import is_finite_number
@@ -109,6 +111,22 @@ def _pack(out: Path, doc: dict, work: Path, failed: list[str], limit: int = PACK
     return write_atomic(Path(out) / PACK_NAME, buf.getvalue(), mode=0o644)
 
 
+def longest_first(notebooks: list[str], record: dict | None) -> list[str]:
+    """`notebooks` in the order a pass should start them: those the last pass on this GPU (`record`, its
+    gpu-smoke.json as `helpers.course.smoke_record.load` reads it, or None) did not see finish first, since they
+    may be the longest (never run, cut by the budget or failed before their end), then the rest by the seconds
+    they took, longest first; ties keep course order. Started so, the long ones do not begin last and meet the
+    budget's end alone, as 14 did in course order on the H200 (cut after 105 s, while the pass held 227 s)."""
+    seen = (record or {}).get("notebooks", {})
+
+    def key(nb: str):
+        o = seen.get(nb) or {}
+        done = o.get("status") == "ok" and o.get("seconds") is not None
+        return (1, -o["seconds"]) if done else (0, 0.0)
+
+    return sorted(sorted(notebooks), key=key)  # stable: course order among equals
+
+
 def smoke_pass(notebooks: list[str], out: Path, budget_s: float = BUDGET_S, *, jobs: int = JOBS,
                runner: Callable[..., tuple[str, str]] = run_notebook, clock: Callable[[], float] = time.monotonic,
                log: Callable[[str], None] = print, work: Path | None = None, margin_s: float = MARGIN_S,
@@ -130,7 +148,7 @@ def smoke_pass(notebooks: list[str], out: Path, budget_s: float = BUDGET_S, *, j
     status, note = runner(list(notebooks), work, "smoke", budget_s - margin_s, log=log, jobs=jobs,
                           notebooks_dir=notebooks_dir, stop=stop)
     seconds = round(clock() - t0, 1)
-    per_nb = outcomes(notebooks, _summary_rows(work), status, note)
+    per_nb = outcomes(sorted(notebooks), _summary_rows(work), status, note)  # course order, whatever the start order
     doc = {"started": started, "budget_s": budget_s, "jobs": jobs, "gpu": gpu_facts(), "seconds": seconds,
            "runner": {"status": status, "note": note}, "notebooks": per_nb}
     failed = [nb for nb, o in per_nb.items() if o["status"] != "ok"]
@@ -278,9 +296,14 @@ def main(argv: list[str] | None = None) -> int:
     if problem:
         print(f"{prog} run: --out {args.out} cannot be written: {problem}", file=sys.stderr)
         return 2
+    gpu = str(gpu_facts().get("gpu") or "")
+    record = None if not gpu or gpu.startswith("none") else smoke_record.load(REPO_ROOT / "results" / slug_of_gpu(gpu))
+    order = longest_first(args.notebooks or known, record)
+    print(f"{prog} run: starting order {' '.join(order)} (the last pass on this GPU's unfinished first, then its "
+          "longest)" if record else f"{prog} run: no earlier pass on this GPU; course order")
     with Stop("the runner, its workers and kernels") as stop:
         runner = functools.partial(run_notebook, stop=stop)
-        doc = smoke_pass(args.notebooks or known, args.out, args.budget_s, jobs=args.jobs, runner=runner,
+        doc = smoke_pass(order, args.out, args.budget_s, jobs=args.jobs, runner=runner,
                          notebooks_dir=args.notebooks_dir, stop=stop)
     ok = all(o["status"] == "ok" for o in doc["notebooks"].values()) and not doc.get("pack_error")
     return stop.code(0 if ok else 1)
