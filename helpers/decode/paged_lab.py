@@ -137,11 +137,16 @@ def speed_sentence(c: protocol.Comparison, block_sizes: Sequence[int], batch: in
         names = [f"{impl} {bs}" for bs in block_sizes if f"{impl} {bs}" in c.timings]
         if not names:
             continue
-        best = min(names, key=lambda n: c[n].median)
+        ranked = sorted(names, key=lambda n: c[n].median)
+        best = ranked[0]
         r = c.ratio(best, "contiguous")
         verdict = ("slower" if r.value > 1 else "faster") if r.separated else "not separable from it"
-        parts.append(f"{impl} at its best block size ({best.rsplit(' ', 1)[1]}) took {r} the time of contiguous "
-                     f"SDPA ({verdict})")
+        size = best.rsplit(" ", 1)[1]
+        ties = [n.rsplit(" ", 1)[1] for n in ranked[1:] if not c.ratio(n, best).separated]
+        which = (f"at its best block size ({size})" if not ties else  # named best only when no other block size ties
+                 f"at the block size with the lowest median ({size}; its IQR overlaps {', '.join(ties)}'s, so this "
+                 f"run cannot name a best block size)")
+        parts.append(f"{impl} {which} took {r} the time of contiguous SDPA ({verdict})")
         if impl == "paged triton":
             best_triton = r
     text = (f"Decode attention over {batch} sequences of {context} tokens in scattered blocks, one comparison with "

@@ -320,3 +320,18 @@ def fx_cache_counts() -> dict[str, int]:
     from torch._dynamo.utils import counters  # Dynamo's process-wide counters
 
     return {"hit": counters["inductor"]["fxgraph_cache_hit"], "miss": counters["inductor"]["fxgraph_cache_miss"]}
+
+
+def cache_note(cache: dict[str, int]) -> str:
+    """Where a compile's graphs came from, in words, from Inductor's FX-graph cache lookups over it ({"hit",
+    "miss"}: `fx_cache_counts` differences): loaded from the disk cache (a warm start: a break-even
+    counted from it is a warm one), compiled, or some of each."""
+    hit, miss = cache.get("hit", 0), cache.get("miss", 0)
+    if hit and not miss:
+        return (f"its {hit} graph(s) were loaded from Inductor's disk cache, so this is a warm start: a cold one (a "
+                "fresh machine, or the cache cleared) compiles them, and its first step costs more")
+    if miss and not hit:
+        return f"its {miss} graph(s) were compiled (none was in Inductor's disk cache): a cold start"
+    if hit and miss:
+        return f"{hit} of its graphs were loaded from Inductor's disk cache and {miss} compiled: partly warm"
+    return "Inductor's FX-graph cache was not consulted (it is off in this process), so it compiled"

@@ -220,14 +220,18 @@ def train_step_compare(config, batch_size: int, *, device: str = "cpu", reps: in
     compiles on this thread, else wall seconds); `check_steps` steps of both must give losses within rtol=1e-4, atol=1e-5 in fp32 (the
     compiled kernels sum in another order, and the difference grows slowly over steps), rtol=2e-2 under
     bf16 autocast (`autocast_dtype`; eager rounds each op's output to bf16, fused kernels do not); then both
-    are timed by the protocol (`compiler_lab.timed`, at most `reps` rounds). Returns times, tokens/s, TFLOP/s (counted as
+    are timed by the protocol (`compiler_lab.timed`, at most `reps` rounds). "first_step_cache": Inductor's FX-graph
+    cache {"hit", "miss"} over that first step (`compiler.cache_note` says it in words). Returns times, tokens/s, TFLOP/s (counted as
     in notebook 02), "speedup" (eager/compiled: the median of the per-round ratios of the interleaved rounds, their
     quartiles as bounds, `protocol.paired_ratio`), "ratio" (its value, lo, hi) and "note".
     """
     eager, comp, (opt_e, opt_c), x, y = _train_pair(config, batch_size, device, lr, seed)
     ac = autocast_dtype
     _step(eager, opt_e, x, y, ac)
+    before = compiler.fx_cache_counts()
     first = first_call(lambda: _step(comp, opt_c, x, y, ac), device=device)
+    after = compiler.fx_cache_counts()  # whether its graphs came from Inductor's disk cache or were compiled
+    first_cache = {k: after[k] - before[k] for k in after}
     losses = [(float(_step(eager, opt_e, x, y, ac)), float(_step(comp, opt_c, x, y, ac))) for _ in range(check_steps)]
     for a, b in losses:
         torch.testing.assert_close(b, a, rtol=1e-4 if ac is None else 2e-2, atol=1e-5)
@@ -238,7 +242,7 @@ def train_step_compare(config, batch_size: int, *, device: str = "cpu", reps: in
     tokens = batch_size * config.seq_len
     flops = transformer_flops(config, batch_size, config.seq_len)["total"]["total"]
     ratio = protocol.paired_ratio(timings["eager"], timings["compiled"])
-    return {"first_step_s": counted_seconds(first), "first_step": first, "losses": losses, "timings": timings, "tokens": tokens, "flops": flops,
+    return {"first_step_s": counted_seconds(first), "first_step": first, "first_step_cache": first_cache, "losses": losses, "timings": timings, "tokens": tokens, "flops": flops,
             "eager_step": lambda: _step(eager, opt_e, x, y, ac),
             "tokens_per_s": {k: tokens / t.median for k, t in timings.items()},
             "tflops": {k: flops / t.median / 1e12 for k, t in timings.items()},

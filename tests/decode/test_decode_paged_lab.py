@@ -111,3 +111,22 @@ def test_the_speed_note_names_each_variant_by_its_block_size_apart_from_its_warm
     assert ("30 interleaved rounds, after a warm-up until steady that took 4 calls for contiguous SDPA, 6 for paged torch "
             "at block size 4, 3 for paged torch at block size 16;") in note
     assert note.endswith("the rounds stopped when they reached the most allowed")
+
+
+def test_the_speed_sentence_names_a_best_block_size_only_when_no_other_ties_it():
+    from helpers.measure.bench import Timing
+    from helpers.measure.protocol import Comparison
+
+    def t(med, half):  # a timing with median `med` and quartiles med -/+ half
+        return Timing(med, med - half, med + half, [med - half, med, med + half])
+
+    def sentence(t16, t64):
+        c = Comparison({"contiguous": t(400e-6, 8e-6), "paged torch 16": t16, "paged torch 64": t64},
+                       {"contiguous": 1, "paged torch 16": 1, "paged torch 64": 1}, 3, "max_reps")
+        return paged_lab.speed_sentence(c, [16, 64], batch=4, context=512)
+
+    tied = sentence(t(497e-6, 8e-6), t(480e-6, 10e-6))  # 64's median lowest, its IQR overlapping 16's
+    assert "at the block size with the lowest median (64; its IQR overlaps 16's" in tied
+    assert "best block size (" not in tied
+    apart = sentence(t(600e-6, 5e-6), t(480e-6, 5e-6))
+    assert "paged torch at its best block size (64) took" in apart and "overlaps" not in apart

@@ -5,7 +5,7 @@ on-disk cache. No test asserts a speed."""
 import pytest
 import torch
 
-from helpers.fusion import compiler_lab, compiler_model_lab
+from helpers.fusion import compiler, compiler_lab, compiler_model_lab
 from helpers.measure import bench, protocol
 
 
@@ -18,7 +18,16 @@ def test_gpt_training_step_compiled_equals_eager(results_tmp):
     assert len(r["losses"]) == 2 and all(abs(a - b) <= 1e-4 * abs(a) + 1e-5 for a, b in r["losses"])
     assert r["tokens"] == 4 * 32 and r["flops"] > 0 and r["first_step_s"] > 0 and r["first_step"].wall > 0
     assert r["ratio"][0] == r["speedup"].value  # the paired ratio: median of the per-round ratios
+    assert set(r["first_step_cache"]) == {"hit", "miss"} and sum(r["first_step_cache"].values()) >= 1  # looked up
     assert 0 < compiler_model_lab.matmul_share(r["eager_step"], name="test_gpt_step") < 1  # the step is not only matmuls
+
+
+def test_a_compile_says_whether_its_graphs_came_from_the_disk_cache():
+    warm = compiler.cache_note({"hit": 2, "miss": 0})
+    assert warm.startswith("its 2 graph(s) were loaded from Inductor's disk cache") and "warm start" in warm
+    assert "a cold start" in compiler.cache_note({"hit": 0, "miss": 3})
+    assert "partly warm" in compiler.cache_note({"hit": 1, "miss": 1})
+    assert "not consulted" in compiler.cache_note({"hit": 0, "miss": 0})
 
 
 def test_break_even_and_modes_that_need_cuda():
