@@ -15,7 +15,8 @@ outputs written once, counted by a TorchDispatchMode as the ops run); `fused_byt
 fused kernel: the function's inputs read once and its outputs written once. `kernel_launches` counts the
 kernels a call runs; `generated_code`, `fused_kernels` and `kernel_excerpt` read what Inductor wrote;
 `compile_blocks` is regional compilation (each transformer block compiled, one compiled code shared by all
-of them); `fx_cache_counts` reads Inductor's FX-graph cache hits and misses.
+of them); `fx_cache_counts` reads Inductor's FX-graph cache hits and misses, and `cache_note` says in words
+whether a compile's graphs came from that cache.
 
 On a CPU Inductor writes C++ (with OpenMP loops when torch has more than one thread); on a GPU, Triton. Inductor imports triton, so this module
 switches Triton's interpreter on where there is no GPU (`helpers.measure.triton_mode`) before anything it
