@@ -143,26 +143,31 @@ def sweep_micro_batches(model: torch.nn.Module, optimizer: torch.optim.Optimizer
 
 # ---------------------------------------------------------------- what the sweep says
 
+def _shared_rounds(a: dict, b: dict) -> bool:
+    """Whether rows a and b were timed in the same rounds (step-time samples of equal count), so that their times
+    can be paired round by round."""
+    sa, sb = a.get("seconds_samples"), b.get("seconds_samples")
+    return bool(sa and sb and len(sa) == len(sb))
+
+
 def _overlap(a: dict, b: dict) -> bool:
     """True when this run cannot tell the tokens/s of two rows apart. Rows timed in the same interleaved rounds
     (equal-length "seconds_samples", as `sweep_micro_batches` records them) are compared round by round: the
     quartiles of the per-round time ratio include 1 (`protocol.paired_samples_ratio`; each row's step handles the
     same tokens, so the time ratio is the tokens/s ratio inverted, and a round's load slows both alike). Otherwise
     their tokens/s IQRs overlap."""
-    sa, sb = a.get("seconds_samples"), b.get("seconds_samples")
-    if sa and sb and len(sa) == len(sb):
-        return not protocol.paired_samples_ratio(sa, sb).separated
+    if _shared_rounds(a, b):
+        return not protocol.paired_samples_ratio(a["seconds_samples"], b["seconds_samples"]).separated
     return a["tokens_per_s_q25"] <= b["tokens_per_s_q75"] and b["tokens_per_s_q25"] <= a["tokens_per_s_q75"]
 
 
 def _noise_words(a: dict, b: dict) -> str:
     """How `_overlap` compared rows a and b, in words: a's step time over b's round by round (median and quartiles)
     where they share their rounds, else their tokens/s IQRs."""
-    sa, sb = a.get("seconds_samples"), b.get("seconds_samples")
-    if sa and sb and len(sa) == len(sb):
-        r = protocol.paired_samples_ratio(sa, sb)
+    if _shared_rounds(a, b):
+        r = protocol.paired_samples_ratio(a["seconds_samples"], b["seconds_samples"])
         return (f"b={a['micro_batch']}'s step took {r.value:.2f}x b={b['micro_batch']}'s round by round "
-                f"(quartiles {r.lo:.2f}-{r.hi:.2f} over {len(sa)} interleaved rounds)")
+                f"(quartiles {r.lo:.2f}-{r.hi:.2f} over {len(a['seconds_samples'])} interleaved rounds)")
     return (f"b={a['micro_batch']}'s tokens/s IQR {a['tokens_per_s_q25']:.4g}-{a['tokens_per_s_q75']:.4g} against "
             f"b={b['micro_batch']}'s {b['tokens_per_s_q25']:.4g}-{b['tokens_per_s_q75']:.4g}")
 
@@ -170,18 +175,16 @@ def _noise_words(a: dict, b: dict) -> str:
 def _faster(a: dict, b: dict) -> bool:
     """Whether row a was faster than row b beyond the noise: round by round, the lower quartile of b's step time
     over a's above 1, where they share their rounds; else a's tokens/s IQR wholly above b's."""
-    sa, sb = a.get("seconds_samples"), b.get("seconds_samples")
-    if sa and sb and len(sa) == len(sb):
-        return protocol.paired_samples_ratio(sb, sa).lo > 1
+    if _shared_rounds(a, b):
+        return protocol.paired_samples_ratio(b["seconds_samples"], a["seconds_samples"]).lo > 1
     return a["tokens_per_s_q25"] > b["tokens_per_s_q75"]
 
 
 def _step_ratio(a: dict, b: dict) -> tuple[float, float, float]:
     """(value, lo, hi) of row a's step time over row b's: the paired rounds' median and quartiles where the rows share
     their rounds, else the ratio of medians bounded by the opposite quartiles of their tokens/s."""
-    sa, sb = a.get("seconds_samples"), b.get("seconds_samples")
-    if sa and sb and len(sa) == len(sb):
-        r = protocol.paired_samples_ratio(sa, sb)
+    if _shared_rounds(a, b):
+        r = protocol.paired_samples_ratio(a["seconds_samples"], b["seconds_samples"])
         return r.value, r.lo, r.hi
     return (b["tokens_per_s"] / a["tokens_per_s"], b["tokens_per_s_q25"] / a["tokens_per_s_q75"],
             b["tokens_per_s_q75"] / a["tokens_per_s_q25"])
@@ -268,8 +271,7 @@ def efficiency_claim(rows: Sequence[dict]) -> dict:
     rows = sorted(rows, key=lambda r: r["micro_batch"])
     most, least = rows[0], rows[-1]
     ratio, lo, hi = _step_ratio(least, most)  # same tokens per step: that time ratio is most's tokens/s over least's
-    paired = most.get("seconds_samples") and len(most["seconds_samples"]) == len(least.get("seconds_samples") or [])
-    how = (f"median of {len(most['seconds_samples'])} paired rounds" if paired else
+    how = (f"median of {len(most['seconds_samples'])} paired rounds" if _shared_rounds(most, least) else
            "ratio of medians, bounded by the opposite quartiles")
     curve = ", ".join(f"b={r['micro_batch']}: {r['tokens_per_s'] / least['tokens_per_s']:.2f}x" for r in rows)
     return dict(claim_id="accumulation-efficiency", notebook="05", claim="gradient accumulation raises compute "

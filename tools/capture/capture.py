@@ -669,6 +669,16 @@ def kept_sections(readme: Path) -> str:
     return "".join("\n" + sections[m] for m in MARKS if m in sections)
 
 
+def earlier_record(path: Path, key: str, kind: type) -> dict | None:
+    """The record already imported at `path` (a gpu-smoke.json or goals.json), for a later import to merge over:
+    None when it is absent, torn, or has no `key` of type `kind` (such a record is replaced, not merged)."""
+    try:
+        doc = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) and isinstance(doc.get(key), kind) else None
+
+
 def set_section(readme: Path, mark: str, section: str, title: str) -> None:
     """Write `section` (which starts with `mark`) into README.md at `readme`, in place of the section under that
     mark, keeping the rest; a README that is not there starts with `title`."""

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from helpers.measure.results import REPO_ROOT, write_atomic
 from helpers.show.tables import table
-from tools.capture.capture import GOALS_MARK, set_section, slug_of_gpu
+from tools.capture.capture import GOALS_MARK, earlier_record, set_section, slug_of_gpu
 
 NOT_STARTED = ("skipped", "not run")  # outcomes that say nothing about the goal: an earlier one is kept over them
 
@@ -40,14 +40,16 @@ def merge_goals(earlier: dict | None, later: dict) -> dict:
         merged[key] = g
     order = [k for k in later.get("planned", []) if k in merged] + sorted(k for k in merged
                                                                           if k not in later.get("planned", []))
-    runs = sorted({*(earlier or {}).get("runs", [(earlier or {}).get("started")]), later.get("started")} - {None})
+    earlier_runs = (earlier.get("runs") or [earlier.get("started")]) if earlier else []
+    runs = sorted({*earlier_runs, later.get("started")} - {None})
     return {**later, "runs": runs, "goals": [merged[k] for k in order]}
 
 
 def _measured(g: dict) -> str:
     if g.get("status") == "measured" and g.get("ratio") is not None:
         return f"{g['ratio']:.3g} ({g.get('headline', '')})"
-    return f"{g.get('status', '?')}: {str(g.get('reason') or '').splitlines()[0][:70] if g.get('reason') else '-'}"
+    reason = (str(g.get("reason") or "").splitlines() or ["-"])[0][:70]
+    return f"{g.get('status', '?')}: {reason}"
 
 
 def goals_section(doc: dict) -> str:
@@ -78,15 +80,7 @@ def import_goals(path: Path, into: Path = REPO_ROOT / "results", device: str | N
     device = device or doc.get("machine", {}).get("gpu") or "none (CPU)"
     target = Path(into) / slug_of_gpu("CPU" if device.startswith("none") else device)
     target.mkdir(parents=True, exist_ok=True)
-    earlier = None
-    if (target / "goals.json").is_file():
-        try:
-            earlier = json.loads((target / "goals.json").read_text())
-        except ValueError:
-            earlier = None  # a torn record is replaced, not merged
-        if not isinstance(earlier, dict) or not isinstance(earlier.get("goals"), list):
-            earlier = None
-    doc = merge_goals(earlier, doc)
+    doc = merge_goals(earlier_record(target / "goals.json", "goals", list), doc)
     out = write_atomic(target / "goals.json", json.dumps(doc, indent=1) + "\n")
     set_section(target / "README.md", GOALS_MARK, goals_section(doc), f"# Reference: {device}")
     return out

@@ -36,8 +36,8 @@ from helpers.course.processes import OneLineParser, Stop, folder_problem, positi
 from helpers.measure.params import is_finite_number
 from helpers.measure.results import REPO_ROOT, write_atomic
 from helpers.show.tables import table
-from tools.capture.capture import (SMOKE_MARK, BadPack, available_notebooks, gpu_facts, read_pack, run_notebook,
-                                   set_section, slug_of_gpu)
+from tools.capture.capture import (SMOKE_MARK, BadPack, available_notebooks, earlier_record, gpu_facts, read_pack,
+                                   run_notebook, set_section, slug_of_gpu)
 
 NOTEBOOKS_DIR = REPO_ROOT / "notebooks"
 PACK_NAME = "smoke.tgz"
@@ -237,15 +237,7 @@ def import_smoke(pack: Path, into: Path = REPO_ROOT / "results") -> Path:
         raise ValueError(f"{pack}: this smoke pass ran without a GPU ({gpu or 'no GPU named'}); nothing to import")
     target = Path(into) / slug_of_gpu(gpu)
     target.mkdir(parents=True, exist_ok=True)
-    earlier = None
-    if (target / SMOKE_FILE).is_file():
-        try:
-            earlier = json.loads((target / SMOKE_FILE).read_text())
-        except ValueError:
-            earlier = None  # a torn record is replaced, not merged
-        if not isinstance(earlier, dict) or not isinstance(earlier.get("notebooks"), dict):
-            earlier = None
-    doc = merge_passes(earlier, doc)
+    doc = merge_passes(earlier_record(target / SMOKE_FILE, "notebooks", dict), doc)
     path = write_atomic(target / SMOKE_FILE, json.dumps(doc, indent=2) + "\n")
     set_section(target / "README.md", SMOKE_MARK, smoke_section(doc), f"# Reference: {gpu}")
     return path
