@@ -461,3 +461,21 @@ def test_a_later_goals_run_merges_over_the_earlier_and_the_readme_keeps_both_tab
     assert again.count(capture.GOALS_MARK) == 1 and "1.88 (a / b)" in again
     assert capture.kept_sections(target / "README.md").count(capture.SMOKE_MARK) == 1
     assert goals_record.merge_goals(None, second)["runs"] == [second["started"]]
+
+
+def test_a_torn_or_foreign_record_is_replaced_not_merged(tmp_path):
+    from tools.capture import capture, goals_record
+
+    target = tmp_path / "results" / "nvidia-h200"
+    target.mkdir(parents=True)
+    run = _goals_doc("2026-12-04T13:28:00+00:00", [_planted_goal("12.pinned", "measured", 3.3, True)])
+    (tmp_path / "goals.json").write_text(json.dumps(run))
+    for torn in ("{torn", json.dumps({"goals": "not a list"}), json.dumps(["a list"])):
+        (target / "goals.json").write_text(torn)
+        assert capture.earlier_record(target / "goals.json", "goals", list) is None
+        goals_record.import_goals(tmp_path / "goals.json", tmp_path / "results")
+        doc = json.loads((target / "goals.json").read_text())
+        assert [g["goal"] for g in doc["goals"]] == ["12.pinned"] and "earlier" not in doc["goals"][0]
+        assert doc["runs"] == [run["started"]]
+    assert capture.earlier_record(target / "absent.json", "goals", list) is None
+    assert capture.earlier_record(target / "goals.json", "goals", list)["goals"][0]["ratio"] == 3.3
